@@ -1,0 +1,441 @@
+"""``deltamq.Broker``: open a warehouse, administer it, produce, and tick.
+
+Example:
+    >>> from deltamq import Broker, Message, FakeClock
+    >>> broker = Broker.open("/tmp/wh", clock=FakeClock())
+    >>> broker.create_topic("orders", queues=4)
+    >>> broker.producer("shop").send(Message("orders", b"hello"))
+    >>> broker.sql("SELECT topic, count(*) FROM commit_log GROUP BY topic").show()
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+from deltamq.clock import Clock, SystemClock
+from deltamq.config import BrokerConfig
+from deltamq.constants import MAX_QUEUES, Perm, dlq_topic, retry_topic
+from deltamq.engine import Engine
+from deltamq.errors import (
+    AlreadyExists,
+    ConfigError,
+    DeltaMQError,
+    ReadOnlyQuery,
+    TopicNotWritable,
+    UnknownGroup,
+    UnknownTopic,
+)
+from deltamq.message import validate_group_name, validate_topic_name
+from deltamq.producer import Producer
+from deltamq.tables.sqltext import sql_bool, sql_int, sql_long, sql_str
+from deltamq.tables.warehouse import Warehouse
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+ConsumeFrom = Literal["LAST_OFFSET", "FIRST_OFFSET", "TIMESTAMP"]
+CONSUME_FROM = ("LAST_OFFSET", "FIRST_OFFSET", "TIMESTAMP")
+MessageModel = Literal["CLUSTERING", "BROADCASTING"]
+MESSAGE_MODELS = ("CLUSTERING", "BROADCASTING")
+_TOPIC_CACHE_TTL_S = 5.0
+_READ_ONLY_START = ("SELECT", "WITH", "SHOW", "DESCRIBE", "EXPLAIN", "VALUES", "(")
+
+
+class Broker:
+    """One warehouse of deltamq tables and the engine that works on them."""
+
+    def __init__(
+        self, engine: Engine, warehouse: Warehouse, clock: Clock, config: BrokerConfig
+    ) -> None:
+        self.engine = engine
+        self.warehouse = warehouse
+        self.clock = clock
+        self.config = config
+        self._lock = threading.RLock()
+        self._topics: dict[str, tuple[int, str, bool]] = {}
+        self._topics_loaded_at = 0.0
+        self._max_level: int | None = None
+        self._views_registered = False
+        self.listeners: dict[str, Callable[..., Any]] = {}
+        self._runner = None
+
+    # --- opening ---------------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        warehouse: str | os.PathLike[str],
+        *,
+        remote: str | None = None,
+        spark: SparkSession | None = None,
+        clock: Clock | None = None,
+        config: BrokerConfig | None = None,
+        create: bool = True,
+        levels: str | None = None,
+    ) -> Broker:
+        """Open (and by default create) the warehouse at ``warehouse``.
+
+        ``remote`` is a Spark Connect URL; ``spark`` an existing session (classic or
+        Connect); neither means the embedded Sail engine. ``clock`` defaults to the
+        system clock. A new warehouse is initialised; an existing one must be at this
+        release's schema version (``deltamq init`` upgrades older ones).
+        """
+        if config is None:
+            config = BrokerConfig.from_env(**({"remote": remote} if remote else {}))
+        elif remote:
+            config = BrokerConfig(**{**config.__dict__, "remote": remote, "engine": "remote"})
+        engine = Engine.open(config, spark=spark)
+        wh = Warehouse(engine, warehouse)
+        broker = cls(engine, wh, clock or SystemClock(), config)
+        if create and wh.schema_version() is None:
+            wh.init(levels)
+        wh.ensure_ready()
+        return broker
+
+    def close(self) -> None:
+        """Release this broker's leases and stop its Spark session (the embedded
+        server stays up for other brokers of the process)."""
+        if self._runner is not None:
+            self._runner.release()
+        try:
+            self.engine.spark.stop()
+        except Exception:  # noqa: BLE001 - closing twice or after the server stopped
+            pass
+
+    def __enter__(self) -> Broker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Broker({self.warehouse.location!r}, engine={self.engine.mode})"
+
+    # --- SQL -------------------------------------------------------------------------------
+    def sql(self, query: str, *, write: bool = False) -> DataFrame:
+        """Run SQL with every table registered as a view under its own name.
+
+        Read-only unless ``write=True`` (then DML on ``delta.`path``` works too).
+        """
+        if not write and not query.lstrip().upper().startswith(_READ_ONLY_START):
+            raise ReadOnlyQuery(
+                f"only queries (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN, VALUES) are allowed here; "
+                f"got {query.strip()[:60]!r}. Pass write=True (CLI: --write) to change tables"
+            )
+        if not self._views_registered:
+            self.warehouse.register_views()
+            self._views_registered = True
+        return self.engine.sql(query)
+
+    def table(self, name: str) -> DataFrame:
+        """A table as a DataFrame."""
+        return self.warehouse.read(name)
+
+    # --- topics ----------------------------------------------------------------------------
+    def _load_topics(self) -> None:
+        rows = self.engine.rows(f"SELECT topic, queues, perm, ordered FROM {self.warehouse.ref('topic_config')}")
+        with self._lock:
+            self._topics = {r["topic"]: (r["queues"], r["perm"], bool(r["ordered"])) for r in rows}
+            self._topics_loaded_at = time.monotonic()
+
+    def _topic(self, topic: str) -> tuple[int, str, bool] | None:
+        stale = time.monotonic() - self._topics_loaded_at > _TOPIC_CACHE_TTL_S
+        if stale or topic not in self._topics:
+            self._load_topics()
+        return self._topics.get(topic)
+
+    def topics(self) -> dict[str, dict[str, Any]]:
+        """Every topic with its queues, perm and order flag."""
+        self._load_topics()
+        return {t: {"queues": q, "perm": p, "ordered": o} for t, (q, p, o) in sorted(self._topics.items())}
+
+    def topic_queues(self, topic: str) -> int:
+        info = self._topic(topic)
+        if info is None:
+            raise UnknownTopic(f"topic {topic!r} does not exist; create it with create_topic({topic!r})")
+        return info[0]
+
+    def validate_writable_topic(self, topic: Any) -> str:
+        """Producer rules: name, not a system topic, exists, writable."""
+        validate_topic_name(topic)
+        info = self._topic(topic)
+        if info is None:
+            raise UnknownTopic(
+                f"topic {topic!r} does not exist; create it first (deltamq topic create {topic})"
+            )
+        if not Perm(info[1]).writable:
+            raise TopicNotWritable(f"topic {topic!r} has perm {info[1]}; producers need RW or W")
+        return topic
+
+    def create_topic(
+        self, name: str, queues: int | None = None, perm: str = "RW", *, ordered: bool = False,
+        exist_ok: bool = False,
+    ) -> None:
+        """Create a topic with ``queues`` queues (default 4) and a permission (RW/R/W/DENY)."""
+        validate_topic_name(name)
+        self._upsert_topic(name, queues or self.config.default_queues, perm, ordered, create=True, exist_ok=exist_ok)
+
+    def update_topic(self, name: str, *, queues: int | None = None, perm: str | None = None,
+                     ordered: bool | None = None) -> None:
+        """Change a topic's queue count, permission or order flag."""
+        validate_topic_name(name)
+        info = self._topic(name)
+        if info is None:
+            raise UnknownTopic(f"topic {name!r} does not exist")
+        self._upsert_topic(
+            name,
+            info[0] if queues is None else queues,
+            info[1] if perm is None else perm,
+            info[2] if ordered is None else ordered,
+            create=False,
+        )
+
+    def _create_system_topic(self, name: str, queues: int) -> None:
+        validate_topic_name(name, allow_system=True)
+        if self._topic(name) is None:
+            self._upsert_topic(name, queues, "RW", False, create=True, exist_ok=True)
+
+    def _upsert_topic(self, name: str, queues: int, perm: str, ordered: bool, *, create: bool,
+                      exist_ok: bool = False) -> None:
+        if isinstance(queues, bool) or not isinstance(queues, int) or not 1 <= queues <= MAX_QUEUES:
+            raise ConfigError(f"queues={queues!r} is not allowed; a topic has 1..{MAX_QUEUES} queues")
+        try:
+            perm = Perm(perm).value
+        except ValueError:
+            raise ConfigError(f"perm={perm!r} is not allowed; use one of {[p.value for p in Perm]}") from None
+        if create:
+            existing = self._topic(name)
+            if existing is not None:
+                if exist_ok:
+                    return
+                raise AlreadyExists(f"topic {name!r} already exists ({existing[0]} queues, {existing[1]})")
+        now = self.clock.now_ms()
+        statement = (
+            f"MERGE INTO {self.warehouse.ref('topic_config')} t USING (SELECT {sql_str(name)} AS topic, "
+            f"{sql_int(queues)} AS queues, {sql_str(perm)} AS perm, {sql_bool(ordered)} AS ordered, "
+            f"{sql_long(now)} AS ts) s ON t.topic = s.topic "
+            "WHEN MATCHED THEN UPDATE SET t.queues = s.queues, t.perm = s.perm, t.ordered = s.ordered, "
+            "t.updated_ts = s.ts "
+            "WHEN NOT MATCHED THEN INSERT (topic, queues, perm, ordered, created_ts, updated_ts) "
+            "VALUES (s.topic, s.queues, s.perm, s.ordered, s.ts, s.ts)"
+        )
+        self.engine.commit(lambda: self.engine.execute(statement), what="topic_config")
+        self._load_topics()
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic's configuration and its subscriptions. Stored messages stay
+        until retention removes them (SPEC §8); producers are refused at once."""
+        validate_topic_name(name)
+        if self._topic(name) is None:
+            raise UnknownTopic(f"topic {name!r} does not exist")
+        t = sql_str(name)
+        self.engine.commit(
+            lambda: self.engine.execute(f"DELETE FROM {self.warehouse.ref('subscription')} WHERE topic = {t}"),
+            what="subscription",
+        )
+        self.engine.commit(
+            lambda: self.engine.execute(f"DELETE FROM {self.warehouse.ref('topic_config')} WHERE topic = {t}"),
+            what="topic_config",
+        )
+        self._load_topics()
+
+    # --- groups ----------------------------------------------------------------------------
+    def groups(self) -> dict[str, dict[str, Any]]:
+        rows = self.engine.rows(f"SELECT * FROM {self.warehouse.ref('group_config')} ORDER BY consumer_group")
+        return {r["consumer_group"]: r.asDict() for r in rows}
+
+    def _group_exists(self, name: str) -> bool:
+        return bool(
+            self.engine.rows(
+                f"SELECT 1 FROM {self.warehouse.ref('group_config')} WHERE consumer_group = {sql_str(name)}"
+            )
+        )
+
+    def create_group(
+        self,
+        name: str,
+        listener: Callable[..., Any] | str | None = None,
+        *,
+        mode: MessageModel = "CLUSTERING",
+        orderly: bool = False,
+        max_reconsume_times: int | None = None,
+        pull_batch_size: int = 10_000,
+        consume_message_batch_max_size: int = 1,
+        consume_from: ConsumeFrom = "LAST_OFFSET",
+        consume_timestamp: int | None = None,
+        consume_timeout_ms: int = 15 * 60_000,
+        dedup_key: str | None = None,
+        retry_policy: dict[str, Any] | None = None,
+        instances: list[str] | None = None,
+        exist_ok: bool = False,
+    ) -> None:
+        """Create a consumer group (SPEC §3).
+
+        ``listener`` is a callable or an import path ``"package.module:function"``; the
+        path is stored in ``group_config`` so jobs started by Airflow or spark-submit
+        find it. A CLUSTERING group is subscribed to its own ``%RETRY%<group>``.
+        """
+        validate_group_name(name)
+        if mode not in MESSAGE_MODELS:
+            raise ConfigError(f"mode={mode!r} is not allowed; use one of {MESSAGE_MODELS}")
+        if consume_from not in CONSUME_FROM:
+            raise ConfigError(f"consume_from={consume_from!r} is not allowed; use one of {CONSUME_FROM}")
+        if consume_from == "TIMESTAMP" and consume_timestamp is None:
+            raise ConfigError("consume_from='TIMESTAMP' needs consume_timestamp (epoch ms)")
+        if max_reconsume_times is None:
+            max_reconsume_times = -1 if orderly else 16  # orderly: unlimited (SPEC §4)
+        for field_name, value, low in (
+            ("pull_batch_size", pull_batch_size, 1),
+            ("consume_message_batch_max_size", consume_message_batch_max_size, 1),
+            ("consume_timeout_ms", consume_timeout_ms, 1),
+            ("max_reconsume_times", max_reconsume_times, -1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"{field_name}={value!r} is not allowed; it must be an integer >= {low}")
+        listener_path = self._listener_path(name, listener)
+        if self._group_exists(name):
+            if exist_ok:
+                return
+            raise AlreadyExists(f"consumer group {name!r} already exists")
+        now = self.clock.now_ms()
+        inst = "CAST(NULL AS ARRAY<STRING>)"
+        if instances:
+            inst = "array(" + ", ".join(sql_str(validate_group_name(i, "instance")) for i in instances) + ")"
+        statement = (
+            f"MERGE INTO {self.warehouse.ref('group_config')} t USING (SELECT "
+            f"{sql_str(name)} AS consumer_group, {sql_str(mode)} AS mode, {sql_bool(orderly)} AS orderly, "
+            f"{sql_int(max_reconsume_times)} AS max_reconsume_times, {sql_int(pull_batch_size)} AS pull_batch_size, "
+            f"{sql_int(consume_message_batch_max_size)} AS consume_batch_size, "
+            f"{sql_str(consume_from)} AS consume_from, {sql_long(consume_timestamp)} AS consume_timestamp, "
+            f"{sql_long(consume_timeout_ms)} AS consume_timeout_ms, {sql_str(dedup_key)} AS dedup_key, "
+            f"{sql_str(listener_path)} AS listener, "
+            f"{sql_str(json.dumps(retry_policy) if retry_policy else None)} AS retry_policy, "
+            f"{sql_long(now)} AS created_ts, {inst} AS instances) s "
+            "ON t.consumer_group = s.consumer_group WHEN NOT MATCHED THEN INSERT *"
+        )
+        self.engine.commit(lambda: self.engine.execute(statement), what="group_config")
+        if mode == "CLUSTERING":
+            self._create_system_topic(retry_topic(name), 1)
+            self._create_system_topic(dlq_topic(name), 1)
+            self._subscribe(name, retry_topic(name), "*", "TAG")
+
+    def _listener_path(self, group: str, listener: Callable[..., Any] | str | None) -> str | None:
+        if listener is None:
+            return None
+        if isinstance(listener, str):
+            module, sep, attr = listener.partition(":")
+            if not sep or not module or not attr:
+                raise ConfigError(
+                    f"listener {listener!r} is not an import path; use 'package.module:function'"
+                )
+            return listener
+        if not callable(listener):
+            raise ConfigError(f"listener {listener!r} is neither a callable nor an import path")
+        self.listeners[group] = listener
+        module = inspect.getmodule(listener)
+        qualname = getattr(listener, "__qualname__", "")
+        if module is None or "<" in qualname or module.__name__ == "__main__":
+            return None  # in-process only: jobs started elsewhere cannot import it
+        return f"{module.__name__}:{qualname}"
+
+    def delete_group(self, name: str) -> None:
+        """Delete a group's configuration, subscriptions and offsets."""
+        validate_group_name(name)
+        if not self._group_exists(name):
+            raise UnknownGroup(f"consumer group {name!r} does not exist")
+        g = sql_str(name)
+        for table in ("subscription", "offsets", "group_config"):
+            statement = f"DELETE FROM {self.warehouse.ref(table)} WHERE consumer_group = {g}"
+            self.engine.commit(lambda s=statement: self.engine.execute(s), what=table)
+        self.listeners.pop(name, None)
+
+    # --- subscriptions --------------------------------------------------------------------
+    def subscribe(self, group: str, topic: str, expression: str = "*", type: str = "TAG") -> None:
+        """Subscribe ``group`` to ``topic`` with a tag expression (``*`` or ``A || B``)."""
+        validate_group_name(group)
+        validate_topic_name(topic, allow_system=True)
+        if not self._group_exists(group):
+            raise UnknownGroup(f"consumer group {group!r} does not exist; create it first")
+        if self._topic(topic) is None:
+            raise UnknownTopic(f"topic {topic!r} does not exist; create it first")
+        from deltamq.filters import validate_expression
+
+        expression = validate_expression(expression, type)
+        self._subscribe(group, topic, expression, type)
+
+    def _subscribe(self, group: str, topic: str, expression: str, expr_type: str) -> None:
+        statement = (
+            f"MERGE INTO {self.warehouse.ref('subscription')} t USING (SELECT {sql_str(group)} AS consumer_group, "
+            f"{sql_str(topic)} AS topic, {sql_str(expr_type)} AS expr_type, {sql_str(expression)} AS expression, "
+            f"{sql_long(self.clock.now_ms())} AS created_ts) s "
+            "ON t.consumer_group = s.consumer_group AND t.topic = s.topic "
+            "WHEN MATCHED THEN UPDATE SET t.expr_type = s.expr_type, t.expression = s.expression "
+            "WHEN NOT MATCHED THEN INSERT *"
+        )
+        self.engine.commit(lambda: self.engine.execute(statement), what="subscription")
+
+    def subscriptions(self, group: str | None = None) -> list[dict[str, Any]]:
+        where = "" if group is None else f" WHERE consumer_group = {sql_str(group)}"
+        rows = self.engine.rows(
+            f"SELECT consumer_group, topic, expr_type, expression FROM {self.warehouse.ref('subscription')}"
+            f"{where} ORDER BY consumer_group, topic"
+        )
+        return [r.asDict() for r in rows]
+
+    # --- producing --------------------------------------------------------------------------
+    def producer(self, group: str = "DEFAULT_PRODUCER") -> Producer:
+        """A producer for ``group``."""
+        return Producer(self, group)
+
+    def max_delay_level(self) -> int:
+        if self._max_level is None:
+            levels = self.warehouse.levels()
+            self._max_level = max((lvl for lvl, _ in levels), default=0)
+        return self._max_level
+
+    def append_commit_log(self, rows: pa.Table | DataFrame, *, what: str) -> None:
+        """Blind-append stored messages to commit_log (one commit)."""
+        df = rows if not _is_arrow(rows) else self.engine.spark.createDataFrame(rows)
+        self.engine.commit(lambda: self.warehouse.append("commit_log", df), what=what)
+
+    # --- status -----------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """Per topic and queue: messages stored and indexed so far."""
+        stored = self.engine.rows(
+            f"SELECT topic, queue_id, count(*) AS stored, max(store_ts) AS last_store_ts "
+            f"FROM {self.warehouse.ref('commit_log')} GROUP BY topic, queue_id ORDER BY topic, queue_id"
+        )
+        indexed = {
+            (r["topic"], r["queue_id"]): (r["min_offset"], r["max_offset"])
+            for r in self.engine.rows(
+                f"SELECT topic, queue_id, min(queue_offset) AS min_offset, max(queue_offset) AS max_offset "
+                f"FROM {self.warehouse.ref('consume_queue')} GROUP BY topic, queue_id"
+            )
+        }
+        queues = []
+        for r in stored:
+            lo, hi = indexed.get((r["topic"], r["queue_id"]), (None, None))
+            queues.append(
+                {
+                    "topic": r["topic"],
+                    "queue_id": r["queue_id"],
+                    "stored": r["stored"],
+                    "min_offset": lo,
+                    "max_offset": None if hi is None else hi + 1,
+                    "last_store_ts": r["last_store_ts"],
+                }
+            )
+        return {"topics": self.topics(), "queues": queues}
+
+
+def _is_arrow(obj: object) -> bool:
+    return type(obj).__module__.startswith("pyarrow")
+
+
+__all__ = ["Broker", "DeltaMQError"]

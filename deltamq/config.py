@@ -1,0 +1,114 @@
+"""Broker configuration: frozen, validated data; ``DELTAMQ_*`` variables override it.
+
+Example:
+    >>> cfg = BrokerConfig(commit_retries=5)
+    >>> cfg = BrokerConfig.from_env({"DELTAMQ_COMMIT_RETRIES": "3"})
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from deltamq.constants import DEFAULT_LEVELS, DEFAULT_QUEUES, MAX_BODY_BYTES
+from deltamq.errors import ConfigError
+
+EngineMode = Literal["embedded", "remote", "classic"]
+ENGINE_MODES: tuple[str, ...] = get_args(EngineMode)
+
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
+
+
+def parse_duration_ms(text: str) -> int:
+    """``"30s"`` → 30000. Units: ms, s, m, h, d."""
+    m = _DURATION.match(text.strip())
+    if not m:
+        raise ConfigError(
+            f"bad duration {text!r}: expected a positive integer with a unit ms, s, m, h or d "
+            "(e.g. 500ms, 30s, 2h)"
+        )
+    value = int(m.group(1)) * _UNIT_MS[m.group(2)]
+    if value <= 0:
+        raise ConfigError(f"bad duration {text!r}: must be greater than zero")
+    return value
+
+
+def parse_levels(level_string: str) -> list[tuple[int, int, str]]:
+    """Parse RocketMQ's ``messageDelayLevel`` string into (level, delay_ms, label).
+
+    >>> parse_levels("1s 5s")[1]
+    (2, 5000, '5s')
+    """
+    labels = level_string.split()
+    if not labels:
+        raise ConfigError("the delay level string is empty; expected e.g. '1s 5s 10s 30s 1m'")
+    return [(i + 1, parse_duration_ms(lab), lab) for i, lab in enumerate(labels)]
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Every tunable of the broker. Defaults follow RocketMQ (SPEC)."""
+
+    engine: EngineMode = "embedded"
+    remote: str | None = None
+    delay_levels: str = DEFAULT_LEVELS
+    default_queues: int = DEFAULT_QUEUES
+    max_body_bytes: int = MAX_BODY_BYTES
+    timer_horizon_ms: int = 365 * 86_400_000
+    file_reserved_time_ms: int = 72 * 3_600_000
+    dlq_reserved_time_ms: int = 7 * 86_400_000
+    lease_ttl_ms: int = 60_000
+    commit_retries: int = 8
+    commit_backoff_ms: int = 50
+    dispatch_max_versions: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINE_MODES:
+            raise ConfigError(f"engine={self.engine!r} is not allowed; use one of {ENGINE_MODES}")
+        if self.remote is not None and not self.remote.startswith("sc://"):
+            raise ConfigError(f"remote={self.remote!r} is not a Spark Connect URL (sc://host:port)")
+        parse_levels(self.delay_levels)
+        for name in (
+            "default_queues",
+            "max_body_bytes",
+            "timer_horizon_ms",
+            "file_reserved_time_ms",
+            "dlq_reserved_time_ms",
+            "lease_ttl_ms",
+            "dispatch_max_versions",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be greater than zero")
+        if self.commit_retries < 0 or self.commit_backoff_ms < 0:
+            raise ConfigError("commit_retries and commit_backoff_ms must be zero or more")
+
+    @property
+    def levels(self) -> list[tuple[int, int, str]]:
+        return parse_levels(self.delay_levels)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> BrokerConfig:
+        """Defaults, then ``overrides``, then ``DELTAMQ_<FIELD>`` environment variables."""
+        env = os.environ if env is None else env
+        values: dict[str, object] = dict(overrides)
+        for f in dataclasses.fields(cls):
+            raw = env.get("DELTAMQ_" + f.name.upper())
+            if raw is None:
+                if f.name == "remote" and env.get("DELTAMQ_SPARK_REMOTE"):
+                    values["remote"] = env["DELTAMQ_SPARK_REMOTE"]
+                continue
+            if f.type in ("int", int):
+                try:
+                    values[f.name] = int(raw)
+                except ValueError:
+                    raise ConfigError(f"DELTAMQ_{f.name.upper()}={raw!r} is not an integer") from None
+            else:
+                values[f.name] = raw
+        if values.get("remote") and "engine" not in values:
+            values["engine"] = "remote"
+        return cls(**values)  # type: ignore[arg-type]

@@ -1,0 +1,106 @@
+"""Names shared with RocketMQ: system topics, property keys, statuses, flags.
+
+The values are RocketMQ's own spellings (SPEC §1) so that SQL users and RocketMQ
+users recognise them in the tables.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+
+# --- system topics -------------------------------------------------------------
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+# RocketMQ 5 keeps its timer wheel in rmq_sys_wheel_timer; ours is an index by due time.
+TIMER_TOPIC = "rmq_sys_wheel_timer"
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+
+SYSTEM_TOPICS = frozenset(
+    {SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC, TIMER_TOPIC}
+)
+SYSTEM_TOPIC_PREFIXES = (RETRY_PREFIX, DLQ_PREFIX)
+
+
+def retry_topic(group: str) -> str:
+    """The retry topic of a consumer group (``%RETRY%<group>``)."""
+    return RETRY_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    """The dead-letter topic of a consumer group (``%DLQ%<group>``)."""
+    return DLQ_PREFIX + group
+
+
+def is_system_topic(topic: str) -> bool:
+    """True for topics only the engine may write (SPEC §1)."""
+    return topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIXES)
+
+
+# --- names ---------------------------------------------------------------------
+TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+TOPIC_MAX_LENGTH = 127
+# Group names become part of %RETRY%<group>, so they obey the topic rule minus the prefix.
+GROUP_PATTERN = re.compile(r"^[a-zA-Z0-9_-]+$")
+GROUP_MAX_LENGTH = TOPIC_MAX_LENGTH - len(RETRY_PREFIX)
+CLIENT_PATTERN = re.compile(r"^[a-zA-Z0-9_.@:-]+$")
+CLIENT_MAX_LENGTH = 255
+
+# --- message limits ------------------------------------------------------------
+MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_QUEUES = 4
+MAX_QUEUES = 1024
+DEFAULT_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+
+
+class Prop:
+    """System property keys (SPEC §1). Use these, never string literals."""
+
+    DELAY = "DELAY"
+    REAL_TOPIC = "REAL_TOPIC"
+    REAL_QID = "REAL_QID"
+    RETRY_TOPIC = "RETRY_TOPIC"
+    ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+    RECONSUME_TIME = "RECONSUME_TIME"
+    MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
+    TRAN_MSG = "TRAN_MSG"
+    PGROUP = "PGROUP"
+    TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
+    CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+    UNIQ_KEY = "UNIQ_KEY"
+    TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+    TRAN_ID = "TRAN_ID"
+    DLQ_REASON = "DLQ_REASON"
+
+
+class SysFlag:
+    """``sys_flag`` bits, as in RocketMQ's MessageSysFlag."""
+
+    TRANSACTION_NOT_TYPE = 0
+    TRANSACTION_PREPARED_TYPE = 0x1 << 2
+    TRANSACTION_COMMIT_TYPE = 0x2 << 2
+    TRANSACTION_ROLLBACK_TYPE = 0x3 << 2
+
+
+class Perm(str, Enum):
+    """Topic permissions: readable and/or writable, as RocketMQ's PermName."""
+
+    RW = "RW"
+    R = "R"
+    W = "W"
+    DENY = "DENY"
+
+    @property
+    def writable(self) -> bool:
+        return self in (Perm.RW, Perm.W)
+
+    @property
+    def readable(self) -> bool:
+        return self in (Perm.RW, Perm.R)
+
+
+# Internal system "groups" that keep job progress in the offsets table.
+DISPATCH_GROUP = "%DISPATCH%"

@@ -1,0 +1,96 @@
+"""Every error deltamq raises on purpose.
+
+Each class mixes in the matching builtin so that ordinary ``except ValueError``
+(or ``LookupError``, ``RuntimeError``) keeps working for callers who do not know
+deltamq's hierarchy.
+"""
+
+from __future__ import annotations
+
+
+class DeltaMQError(Exception):
+    """Base class of every deltamq error."""
+
+
+class ConfigError(DeltaMQError, ValueError):
+    """A configuration value is outside what is allowed."""
+
+
+class InvalidName(DeltaMQError, ValueError):
+    """A topic, group or client name breaks the naming rule."""
+
+
+class InvalidTopic(InvalidName):
+    """A topic name breaks the naming rule (pattern, length)."""
+
+
+class InvalidGroup(InvalidName):
+    """A consumer or producer group name breaks the naming rule."""
+
+
+class SystemTopicError(DeltaMQError, PermissionError):
+    """A producer or admin call tried to write to a topic only the engine may write."""
+
+
+class UnknownTopic(DeltaMQError, LookupError):
+    """The topic does not exist in this warehouse."""
+
+
+class UnknownGroup(DeltaMQError, LookupError):
+    """The consumer group does not exist in this warehouse."""
+
+
+class AlreadyExists(DeltaMQError, ValueError):
+    """A topic or group with that name already exists."""
+
+
+class TopicNotWritable(DeltaMQError, PermissionError):
+    """The topic's permission does not allow producers to write to it."""
+
+
+class InvalidMessage(DeltaMQError, ValueError):
+    """A message breaks a rule of SPEC §1 (body size, properties, delay level, ...)."""
+
+
+class BodyTooLarge(InvalidMessage):
+    """A message body is larger than the maximum message size."""
+
+
+class InvalidProperties(InvalidMessage):
+    """Message properties are not a string-to-string map."""
+
+
+class InvalidDelayLevel(InvalidMessage):
+    """A delay level is negative or not an integer."""
+
+
+class ClockError(DeltaMQError, ValueError):
+    """A tick's ``now`` is earlier than the warehouse's last tick."""
+
+
+class LeaseHeld(DeltaMQError, RuntimeError):
+    """Another holder owns the job lease and it has not expired."""
+
+
+class LeaseLost(DeltaMQError, RuntimeError):
+    """This holder's lease was taken over (its epoch is stale): it must stop writing."""
+
+
+class CommitConflict(DeltaMQError, RuntimeError):
+    """A Delta commit kept failing because other writers committed first."""
+
+
+class EngineError(DeltaMQError, RuntimeError):
+    """The Spark engine could not be started, reached or used as configured."""
+
+
+class SchemaVersionError(DeltaMQError, RuntimeError):
+    """The warehouse was written by a newer deltamq schema than this release knows."""
+
+
+class ReadOnlyQuery(DeltaMQError, PermissionError):
+    """A statement that changes tables was given where only reads are allowed."""
+
+
+class FilterSyntaxError(DeltaMQError, ValueError):
+    """A subscription expression cannot be parsed; the message gives the position."""

@@ -1,0 +1,1 @@
+"""One module per job: a pure plan function and a thin ``run()``."""

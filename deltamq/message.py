@@ -1,0 +1,182 @@
+"""Messages and the validation rules of SPEC §1.
+
+Every rule has its own error class (``deltamq.errors``) and a message that names the
+bad value and the rule. Validation runs before anything is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from deltamq.constants import (
+    CLIENT_MAX_LENGTH,
+    CLIENT_PATTERN,
+    GROUP_MAX_LENGTH,
+    GROUP_PATTERN,
+    MAX_BODY_BYTES,
+    TOPIC_MAX_LENGTH,
+    TOPIC_PATTERN,
+    is_system_topic,
+)
+from deltamq.errors import (
+    BodyTooLarge,
+    InvalidDelayLevel,
+    InvalidGroup,
+    InvalidMessage,
+    InvalidName,
+    InvalidProperties,
+    InvalidTopic,
+    SystemTopicError,
+)
+
+
+@dataclass(frozen=True)
+class Message:
+    """A message to send (SPEC §1).
+
+    Example:
+        >>> Message("orders", b'{"id": 1}', tags="created", keys="order-1")
+        Message(topic='orders', ...)
+    """
+
+    topic: str
+    body: bytes | str
+    tags: str | None = None
+    keys: str | None = None
+    delay_level: int = 0
+    properties: Mapping[str, str] | None = None
+    flag: int = 0
+    born_ts: int | None = field(default=None, compare=False)
+
+    def __repr__(self) -> str:
+        size = len(self.body) if isinstance(self.body, bytes | bytearray | str) else "?"
+        return (
+            f"Message(topic={self.topic!r}, body=<{size} bytes>, tags={self.tags!r}, "
+            f"keys={self.keys!r}, delay_level={self.delay_level!r})"
+        )
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """A message as stored and handed to consumers."""
+
+    msg_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int | None
+    body: bytes
+    tags: str | None
+    keys: str | None
+    properties: dict[str, str]
+    born_ts: int
+    store_ts: int
+    reconsume_times: int = 0
+    flag: int = 0
+    sys_flag: int = 0
+
+
+def validate_topic_name(topic: Any, *, allow_system: bool = False) -> str:
+    """Check a topic name against SPEC §1; returns it."""
+    if not isinstance(topic, str) or not topic:
+        raise InvalidTopic(f"topic {topic!r} is not allowed: a topic is a non-empty string")
+    if len(topic) > TOPIC_MAX_LENGTH:
+        raise InvalidTopic(
+            f"topic {topic[:40]!r}... is {len(topic)} characters; at most {TOPIC_MAX_LENGTH} are allowed"
+        )
+    if not TOPIC_PATTERN.match(topic):
+        raise InvalidTopic(
+            f"topic {topic!r} is not allowed: use only letters, digits, '%', '|', '_' and '-' "
+            f"(pattern {TOPIC_PATTERN.pattern})"
+        )
+    if not allow_system and is_system_topic(topic):
+        raise SystemTopicError(
+            f"topic {topic!r} is a system topic (SCHEDULE_TOPIC_XXXX, RMQ_SYS_TRANS_*, "
+            "TRANS_CHECK_MAX_TIME_TOPIC, %RETRY%*, %DLQ%*); only the engine writes it"
+        )
+    return topic
+
+
+def validate_group_name(group: Any, what: str = "group") -> str:
+    """Check a consumer/producer group name; it becomes part of %RETRY%<group>."""
+    if not isinstance(group, str) or not group:
+        raise InvalidGroup(f"{what} {group!r} is not allowed: a {what} name is a non-empty string")
+    if len(group) > GROUP_MAX_LENGTH:
+        raise InvalidGroup(
+            f"{what} {group[:40]!r}... is {len(group)} characters; at most {GROUP_MAX_LENGTH} are allowed"
+        )
+    if not GROUP_PATTERN.match(group):
+        raise InvalidGroup(
+            f"{what} {group!r} is not allowed: use only letters, digits, '_' and '-' "
+            f"(pattern {GROUP_PATTERN.pattern})"
+        )
+    return group
+
+
+def validate_client_id(client_id: Any) -> str:
+    if (
+        not isinstance(client_id, str)
+        or not client_id
+        or len(client_id) > CLIENT_MAX_LENGTH
+        or not CLIENT_PATTERN.match(client_id)
+    ):
+        raise InvalidName(
+            f"client id {client_id!r} is not allowed: 1..{CLIENT_MAX_LENGTH} characters of "
+            f"letters, digits and . _ @ : - (pattern {CLIENT_PATTERN.pattern})"
+        )
+    return client_id
+
+
+def body_bytes(body: Any, max_bytes: int = MAX_BODY_BYTES) -> bytes:
+    """The body as bytes (str is UTF-8 encoded); refuses other types and oversize bodies."""
+    if isinstance(body, str):
+        data = body.encode("utf-8")
+    elif isinstance(body, bytes | bytearray | memoryview):
+        data = bytes(body)
+    else:
+        raise InvalidMessage(f"body must be bytes or str, got {type(body).__name__}")
+    if len(data) > max_bytes:
+        raise BodyTooLarge(f"body is {len(data)} bytes; at most {max_bytes} bytes are allowed")
+    return data
+
+
+def validate_properties(props: Any) -> dict[str, str]:
+    """Properties must be a string→string mapping."""
+    if props is None:
+        return {}
+    if not isinstance(props, Mapping):
+        raise InvalidProperties(f"properties must be a mapping of str to str, got {type(props).__name__}")
+    out: dict[str, str] = {}
+    for k, v in props.items():
+        if not isinstance(k, str) or not k:
+            raise InvalidProperties(f"property name {k!r} is not allowed: names are non-empty strings")
+        if not isinstance(v, str):
+            raise InvalidProperties(
+                f"property {k!r} has value {v!r} of type {type(v).__name__}; values must be str"
+            )
+        out[k] = v
+    return out
+
+
+def validate_delay_level(level: Any) -> int:
+    """Delay levels are integers ≥ 0 (above the maximum they clamp, SPEC §2)."""
+    if isinstance(level, bool) or not isinstance(level, int):
+        raise InvalidDelayLevel(f"delay_level {level!r} is not an integer; allowed: 0 (none) or 1..N")
+    if level < 0:
+        raise InvalidDelayLevel(f"delay_level {level} is negative; allowed: 0 (no delay) or 1..N")
+    return level
+
+
+def validate_optional_text(value: Any, what: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidMessage(f"{what} must be a string or None, got {type(value).__name__}: {value!r}")
+    return value
+
+
+def validate_flag(flag: Any) -> int:
+    if isinstance(flag, bool) or not isinstance(flag, int) or not (-(2**31) <= flag < 2**31):
+        raise InvalidMessage(f"flag {flag!r} must be a 32-bit integer")
+    return flag

@@ -1,0 +1,1 @@
+"""Tick runner, leases, CLI helpers and metrics."""

@@ -1,0 +1,352 @@
+"""Producers: validated, batched blind appends to ``commit_log``.
+
+Every send is one Delta commit (a blind append, so producers on many machines never
+conflict with each other). Validation runs first; a batch with one bad message
+stores nothing.
+
+Example:
+    >>> producer = broker.producer("order-service")
+    >>> ids = producer.send_batch([Message("orders", b"..."), Message("orders", b"...")])
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from deltamq import ids
+from deltamq.constants import Prop, SysFlag
+from deltamq.errors import BodyTooLarge, InvalidDelayLevel, InvalidMessage, InvalidProperties
+from deltamq.message import (
+    Message,
+    body_bytes,
+    validate_delay_level,
+    validate_flag,
+    validate_group_name,
+    validate_optional_text,
+    validate_properties,
+)
+from deltamq.schemas import COMMIT_LOG, TABLES
+
+if TYPE_CHECKING:
+    from deltamq.broker import Broker
+
+Selector = Callable[[int, Message, Any], int]
+"""RocketMQ's MessageQueueSelector: (queue count, message, arg) -> queue id."""
+
+_ARROW_SCHEMA = pa.schema(
+    [
+        ("msg_id", pa.string()),
+        ("topic", pa.string()),
+        ("queue_id", pa.int32()),
+        ("tags", pa.string()),
+        ("keys", pa.string()),
+        ("body", pa.binary()),
+        ("flag", pa.int32()),
+        ("properties", pa.map_(pa.string(), pa.string())),
+        ("born_ts", pa.int64()),
+        ("store_ts", pa.int64()),
+        ("reconsume_times", pa.int32()),
+        ("sys_flag", pa.int32()),
+        ("producer_group", pa.string()),
+        ("batch_id", pa.int64()),
+        ("batch_pos", pa.int64()),
+        ("store_date", pa.date32()),
+    ]
+)
+assert _ARROW_SCHEMA.names == COMMIT_LOG.fieldNames()
+
+_DF_REQUIRED = ("topic", "body")
+_DF_OPTIONAL = {
+    "tags": T.StringType(),
+    "keys": T.StringType(),
+    "properties": T.MapType(T.StringType(), T.StringType()),
+    "delay_level": T.IntegerType(),
+    "flag": T.IntegerType(),
+    "queue_id": T.IntegerType(),
+}
+
+
+def queue_for_key(key: str | bytes, queues: int) -> int:
+    """Queue of a selector key: crc32 of its UTF-8 bytes mod the queue count.
+
+    The same function as ``pmod(crc32(key), queues)`` in Spark, so Python sends and
+    DataFrame sends put equal keys in one queue.
+    """
+    import zlib
+
+    data = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+    return zlib.crc32(data) % queues
+
+
+def rows_to_arrow(rows: list[dict[str, Any]]) -> pa.Table:
+    """commit_log rows (dicts) as an Arrow table with the commit_log schema."""
+    cols = {name: [r[name] for r in rows] for name in _ARROW_SCHEMA.names}
+    cols["properties"] = [list(r["properties"].items()) for r in rows]
+    return pa.table(cols, schema=_ARROW_SCHEMA)
+
+
+class Producer:
+    """Sends messages to one warehouse on behalf of a producer group."""
+
+    def __init__(self, broker: Broker, group: str) -> None:
+        self.broker = broker
+        self.group = validate_group_name(group, "producer group")
+        self._rr: dict[str, int] = {}
+
+    # --- helpers -------------------------------------------------------------------------
+    def _next_queue(self, topic: str, queues: int) -> int:
+        start = self._rr.get(topic)
+        if start is None:
+            start = random.randrange(queues)
+        self._rr[topic] = (start + 1) % queues
+        return start % queues
+
+    def _prepare(self, m: Message) -> tuple[Message, bytes, dict[str, str], int]:
+        if not isinstance(m, Message):
+            raise InvalidMessage(f"expected a deltamq.Message, got {type(m).__name__}: {m!r}")
+        self.broker.validate_writable_topic(m.topic)
+        body = body_bytes(m.body, self.broker.config.max_body_bytes)
+        props = validate_properties(m.properties)
+        level = validate_delay_level(m.delay_level)
+        validate_optional_text(m.tags, "tags")
+        validate_optional_text(m.keys, "keys")
+        validate_flag(m.flag)
+        return m, body, props, level
+
+    # --- sending -------------------------------------------------------------------------
+    def send(
+        self,
+        message: Message,
+        *,
+        queue_key: str | None = None,
+        selector: Selector | None = None,
+        arg: Any = None,
+    ) -> str:
+        """Store one message; returns its msg id.
+
+        Queue choice: round-robin, or ``queue_key`` (equal keys → one queue), or a
+        RocketMQ-style ``selector(queue_count, message, arg) -> queue_id``.
+        """
+        keys = None if queue_key is None else [queue_key]
+        return self.send_batch([message], queue_keys=keys, selector=selector, arg=arg)[0]
+
+    def send_batch(
+        self,
+        messages: Sequence[Message],
+        *,
+        queue_keys: Sequence[str | None] | None = None,
+        selector: Selector | None = None,
+        arg: Any = None,
+    ) -> list[str]:
+        """Store several messages in one commit; returns their msg ids in order.
+
+        Nothing is stored unless every message is valid.
+        """
+        messages = list(messages)
+        if not messages:
+            return []
+        if queue_keys is not None and len(queue_keys) != len(messages):
+            raise InvalidMessage(
+                f"queue_keys has {len(queue_keys)} entries for {len(messages)} messages; give one per message"
+            )
+        prepared = [self._prepare(m) for m in messages]
+        max_level = self.broker.max_delay_level()
+        now = self.broker.clock.now_ms()
+        batch = ids.new_batch_id(now)
+        day = ids.store_date(now)
+        rows = []
+        for pos, (m, body, props, level) in enumerate(prepared):
+            queues = self.broker.topic_queues(m.topic)
+            key = queue_keys[pos] if queue_keys is not None else None
+            if selector is not None:
+                qid = selector(queues, m, arg)
+                if isinstance(qid, bool) or not isinstance(qid, int) or not 0 <= qid < queues:
+                    raise InvalidMessage(
+                        f"selector returned queue {qid!r} for topic {m.topic!r}; allowed 0..{queues - 1}"
+                    )
+            elif key is not None:
+                qid = queue_for_key(key, queues)
+            else:
+                qid = self._next_queue(m.topic, queues)
+            mid = ids.msg_id(batch, pos)
+            props = dict(props)
+            props[Prop.UNIQ_KEY] = mid
+            if level > 0:
+                props[Prop.DELAY] = str(min(level, max_level))  # clamp, as RocketMQ's store does
+            else:
+                props.pop(Prop.DELAY, None)
+            rows.append(
+                {
+                    "msg_id": mid,
+                    "topic": m.topic,
+                    "queue_id": qid,
+                    "tags": m.tags,
+                    "keys": m.keys,
+                    "body": body,
+                    "flag": m.flag,
+                    "properties": props,
+                    "born_ts": m.born_ts if m.born_ts is not None else now,
+                    "store_ts": now,
+                    "reconsume_times": 0,
+                    "sys_flag": SysFlag.TRANSACTION_NOT_TYPE,
+                    "producer_group": self.group,
+                    "batch_id": batch,
+                    "batch_pos": pos,
+                    "store_date": day,
+                }
+            )
+        self.broker.append_commit_log(rows_to_arrow(rows), what="send")
+        return [r["msg_id"] for r in rows]
+
+    def send_dataframe(self, df: DataFrame, *, queue_key: str | None = None) -> DataFrame:
+        """Store every row of ``df`` in one commit; returns a DataFrame of the stored
+        ``msg_id, topic, queue_id`` (read back by batch, lazily).
+
+        Columns: ``topic``, ``body`` (binary or string) and optionally ``tags``, ``keys``,
+        ``properties`` (map<string,string>), ``delay_level``, ``flag``, ``queue_id``.
+        ``queue_key`` names a column whose equal values land in one queue.
+        """
+        df = self._check_dataframe_columns(df, queue_key)
+        now = self.broker.clock.now_ms()
+        batch = ids.new_batch_id(now)
+        stats = df.agg(
+            F.collect_set("topic").alias("topics"),
+            F.max(F.length("body")).alias("max_body"),
+            F.min("delay_level").alias("min_level"),
+            F.count(F.lit(1)).alias("n"),
+            F.max(F.when(F.col("queue_id").isNotNull(), F.col("queue_id"))).alias("max_qid"),
+            F.min("queue_id").alias("min_qid"),
+            F.count(F.when(F.col("topic").isNull(), 1)).alias("null_topics"),
+        ).collect()[0]
+        if stats["n"] == 0:
+            return self.broker.engine.spark.createDataFrame([], "msg_id string, topic string, queue_id int")
+        if stats["null_topics"]:
+            self.broker.validate_writable_topic(None)  # raises InvalidTopic naming the rule
+        topics = sorted(stats["topics"])
+        for topic in topics:
+            self.broker.validate_writable_topic(topic)
+        if stats["max_body"] is not None and stats["max_body"] > self.broker.config.max_body_bytes:
+            raise BodyTooLarge(
+                f"a body in the DataFrame is {stats['max_body']} bytes; at most "
+                f"{self.broker.config.max_body_bytes} bytes are allowed"
+            )
+        if stats["min_level"] is not None and stats["min_level"] < 0:
+            raise InvalidDelayLevel(
+                f"delay_level {stats['min_level']} is negative; allowed: 0 (no delay) or 1..N"
+            )
+        queues = {t: self.broker.topic_queues(t) for t in topics}
+        if stats["min_qid"] is not None and (
+            stats["min_qid"] < 0 or any(stats["max_qid"] >= q for q in queues.values())
+        ):
+            raise InvalidMessage(
+                f"queue_id values {stats['min_qid']}..{stats['max_qid']} are outside a topic's queues "
+                f"({', '.join(f'{t}: 0..{q - 1}' for t, q in queues.items())})"
+            )
+        rows = plan_send_dataframe(
+            df,
+            queues=queues,
+            batch_id=batch,
+            now_ms=now,
+            producer_group=self.group,
+            max_level=self.broker.max_delay_level(),
+            queue_key=queue_key,
+            rr_start=random.randrange(1 << 16),
+        )
+        self.broker.append_commit_log(rows, what="send_dataframe")
+        day = ids.store_date(now)
+        return (
+            self.broker.warehouse.read("commit_log")
+            .where((F.col("store_date") == F.lit(day)) & (F.col("batch_id") == F.lit(batch)))
+            .select("msg_id", "topic", "queue_id")
+        )
+
+    def _check_dataframe_columns(self, df: DataFrame, queue_key: str | None) -> DataFrame:
+        fields = {f.name: f.dataType for f in df.schema.fields}
+        missing = [c for c in _DF_REQUIRED if c not in fields]
+        if missing:
+            raise InvalidMessage(
+                f"send_dataframe needs columns {list(_DF_REQUIRED)}; missing {missing} "
+                f"(optional: {list(_DF_OPTIONAL)})"
+            )
+        if queue_key is not None and queue_key not in fields:
+            raise InvalidMessage(f"queue_key column {queue_key!r} is not in the DataFrame ({list(fields)})")
+        if "properties" in fields and not _is_string_map(fields["properties"]):
+            raise InvalidProperties(
+                f"properties column has type {fields['properties'].simpleString()}; "
+                "it must be map<string,string>"
+            )
+        if not isinstance(fields["body"], T.BinaryType | T.StringType):
+            raise InvalidMessage(f"body column has type {fields['body'].simpleString()}; use binary or string")
+        if "delay_level" in fields and not isinstance(fields["delay_level"], T.IntegralType):
+            raise InvalidDelayLevel(
+                f"delay_level column has type {fields['delay_level'].simpleString()}; it must be an integer type"
+            )
+        out = df
+        for name, dtype in _DF_OPTIONAL.items():
+            out = out.withColumn(name, F.col(name).cast(dtype) if name in fields else F.lit(None).cast(dtype))
+        return out.withColumn("body", F.col("body").cast("binary"))
+
+
+def _is_string_map(dtype: T.DataType) -> bool:
+    return (
+        isinstance(dtype, T.MapType)
+        and isinstance(dtype.keyType, T.StringType)
+        and isinstance(dtype.valueType, T.StringType)
+    )
+
+
+def plan_send_dataframe(
+    df: DataFrame,
+    *,
+    queues: dict[str, int],
+    batch_id: int,
+    now_ms: int,
+    producer_group: str,
+    max_level: int,
+    queue_key: str | None = None,
+    rr_start: int = 0,
+) -> DataFrame:
+    """Pure plan: user rows (topic, body, tags, keys, properties, delay_level, flag,
+    queue_id) → commit_log rows. Deterministic given its arguments and row order."""
+    pos = F.monotonically_increasing_id()
+    qmap = F.create_map(*[x for t, q in queues.items() for x in (F.lit(t), F.lit(q))])
+    nq = F.element_at(qmap, F.col("topic"))
+    if queue_key is not None:
+        chosen: Column = F.pmod(F.crc32(F.col(queue_key).cast("string").cast("binary")), nq)
+    else:
+        chosen = F.pmod(F.col("batch_pos") + F.lit(rr_start), nq)
+    user_props = F.coalesce(F.col("properties"), F.create_map().cast("map<string,string>"))
+    user_props = F.map_filter(
+        user_props, lambda k, v: ~k.isin(Prop.UNIQ_KEY, Prop.DELAY)
+    )
+    level = F.least(F.col("delay_level"), F.lit(max_level))
+    sys_props = F.when(
+        F.col("delay_level") > 0,
+        F.create_map(
+            F.lit(Prop.UNIQ_KEY), F.col("msg_id"), F.lit(Prop.DELAY), level.cast("string")
+        ),
+    ).otherwise(F.create_map(F.lit(Prop.UNIQ_KEY), F.col("msg_id")))
+    out = (
+        df.withColumn("batch_pos", pos)
+        .withColumn("batch_id", F.lit(batch_id).cast("bigint"))
+        .withColumn("msg_id", ids.msg_id_col(F.col("batch_id"), F.col("batch_pos")))
+        .withColumn(
+            "queue_id", F.coalesce(F.col("queue_id"), chosen.cast("int"))
+        )
+        .withColumn("properties", F.map_concat(user_props, sys_props))
+        .withColumn("flag", F.coalesce(F.col("flag"), F.lit(0)).cast("int"))
+        .withColumn("born_ts", F.lit(now_ms).cast("bigint"))
+        .withColumn("store_ts", F.lit(now_ms).cast("bigint"))
+        .withColumn("reconsume_times", F.lit(0).cast("int"))
+        .withColumn("sys_flag", F.lit(SysFlag.TRANSACTION_NOT_TYPE).cast("int"))
+        .withColumn("producer_group", F.lit(producer_group))
+        .withColumn("store_date", ids.store_date_col(F.col("store_ts")))
+    )
+    return out.select(*TABLES["commit_log"].columns)
