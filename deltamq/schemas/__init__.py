@@ -192,6 +192,7 @@ LEASES = T.StructType(
         _f("epoch", LONG, "incremented at every change of holder; fences stale holders"),
         _f("expires_at", LONG, "wall-clock epoch ms the lease expires"),
         _f("acquired_at", LONG, "wall-clock epoch ms the holder took it"),
+        _f("last_now", LONG, "the holder's latest tick now (fake or real clock), epoch ms"),
     ]
 )
 

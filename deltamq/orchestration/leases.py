@@ -1,0 +1,163 @@
+"""Job leases: one holder per job kind at a time, with epoch fencing.
+
+A lease row per job kind (``leases`` table) names its holder, an epoch that grows at
+every change of holder, and a wall-clock expiry. Taking a lease is a compare-and-set
+``MERGE`` (matched only while the row still has the holder and epoch that were read),
+verified by reading the row back: of two processes racing, exactly one sees itself.
+A holder renews only when less than half its time is left, so an idle tick commits
+nothing here. Leases use the wall clock, never the broker's (possibly fake) clock.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from deltamq.errors import LeaseHeld, LeaseLost
+from deltamq.tables.sqltext import sql_in, sql_long, sql_str
+
+if TYPE_CHECKING:
+    from deltamq.tables.warehouse import Warehouse
+
+JOB_KINDS = ("dispatch", "promote", "deliver", "check_transactions", "retain")
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def new_holder_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+@dataclass(frozen=True)
+class Lease:
+    job: str
+    holder: str
+    epoch: int
+    expires_at: int
+    last_now: int | None
+
+
+class Leases:
+    """Acquire, renew, check and release job leases of one warehouse."""
+
+    def __init__(
+        self,
+        warehouse: Warehouse,
+        holder: str | None = None,
+        ttl_ms: int | None = None,
+        wall: Callable[[], int] = wall_ms,
+    ) -> None:
+        self.wh = warehouse
+        self.holder = holder or new_holder_id()
+        self.ttl_ms = ttl_ms or warehouse.engine.config.lease_ttl_ms
+        self.wall = wall
+        self.held: dict[str, Lease] = {}
+
+    def _read(self, jobs: Sequence[str]) -> dict[str, Lease]:
+        rows = self.wh.engine.rows(
+            f"SELECT job, holder, epoch, expires_at, last_now FROM {self.wh.ref('leases')} "
+            f"WHERE job IN {sql_in(jobs)}"
+        )
+        out: dict[str, Lease] = {}
+        for r in sorted(rows, key=lambda r: (-(r["epoch"] or 0), r["holder"] or "")):
+            out.setdefault(r["job"], Lease(r["job"], r["holder"] or "", r["epoch"] or 0,
+                                           r["expires_at"] or 0, r["last_now"]))
+        return out
+
+    def acquire(self, jobs: Sequence[str], *, last_now: int | None = None) -> dict[str, Lease]:
+        """Take (or renew) the leases of ``jobs``, all or none.
+
+        Raises LeaseHeld naming the holder if another live holder has any of them.
+        Commits only when a lease is new, expired, or past half its time.
+        """
+        jobs = list(dict.fromkeys(jobs))
+
+        def attempt() -> dict[str, Lease]:
+            now = self.wall()
+            current = self._read(jobs)
+            changes = []
+            for job in jobs:
+                cur = current.get(job)
+                if cur and cur.holder and cur.holder != self.holder and cur.expires_at > now:
+                    raise LeaseHeld(
+                        f"job {job!r} is held by {cur.holder} until {cur.expires_at} "
+                        f"(epoch {cur.epoch}); wait for it or stop that runner"
+                    )
+                mine = cur is not None and cur.holder == self.holder and cur.expires_at > now
+                if mine and cur.expires_at - now > self.ttl_ms // 2:
+                    continue  # more than half its time left: no commit
+                epoch = cur.epoch if mine else (cur.epoch if cur else 0) + 1
+                keep_now = max(x for x in (last_now, cur.last_now if cur else None, -1) if x is not None)
+                changes.append((job, cur, epoch, keep_now))
+            if changes:
+                self._cas(changes, now)
+                current = self._read(jobs)
+                for job, _cur, epoch, _ in changes:
+                    got = current.get(job)
+                    if got is None or got.holder != self.holder or got.epoch != epoch:
+                        raise LeaseHeld(
+                            f"job {job!r} was taken by {got.holder if got else '?'} while acquiring"
+                        )
+            self.held.update({j: current[j] for j in jobs})
+            return {j: current[j] for j in jobs}
+
+        return self.wh.engine.commit(attempt, what="leases")
+
+    def _cas(self, changes: list, now: int) -> None:
+        selects = []
+        for job, cur, epoch, keep_now in changes:
+            selects.append(
+                f"SELECT {sql_str(job)} AS job, {sql_str(self.holder)} AS holder, {sql_long(epoch)} AS epoch, "
+                f"{sql_long(now + self.ttl_ms)} AS expires_at, {sql_long(now)} AS acquired_at, "
+                f"{sql_long(keep_now if keep_now >= 0 else None)} AS last_now, "
+                f"{sql_str(cur.holder if cur else None)} AS old_holder, "
+                f"{sql_long(cur.epoch if cur else None)} AS old_epoch"
+            )
+        self.wh.engine.execute(
+            f"MERGE INTO {self.wh.ref('leases')} t USING ({' UNION ALL '.join(selects)}) s "
+            "ON t.job = s.job "
+            "WHEN MATCHED AND t.holder <=> s.old_holder AND t.epoch <=> s.old_epoch THEN UPDATE SET "
+            "t.holder = s.holder, t.epoch = s.epoch, t.expires_at = s.expires_at, "
+            "t.acquired_at = CASE WHEN t.holder <=> s.holder THEN t.acquired_at ELSE s.acquired_at END, "
+            "t.last_now = s.last_now "
+            "WHEN NOT MATCHED THEN INSERT (job, holder, epoch, expires_at, acquired_at, last_now) "
+            "VALUES (s.job, s.holder, s.epoch, s.expires_at, s.acquired_at, s.last_now)"
+        )
+
+    def check(self, jobs: Sequence[str]) -> None:
+        """Raise LeaseLost if any of ``jobs`` is no longer ours at the epoch we took it
+        (a stale holder must not write): call before committing progress."""
+        current = self._read(list(jobs))
+        now = self.wall()
+        for job in jobs:
+            mine = self.held.get(job)
+            got = current.get(job)
+            if mine is None or got is None or got.holder != self.holder or got.epoch != mine.epoch:
+                raise LeaseLost(
+                    f"lease of job {job!r} is now held by {got.holder if got else 'nobody'} "
+                    f"(epoch {got.epoch if got else '?'}); this runner ({self.holder}) stops writing"
+                )
+            if got.expires_at <= now:
+                raise LeaseLost(f"lease of job {job!r} expired at {got.expires_at}; renew before writing")
+
+    def release(self, jobs: Sequence[str] | None = None) -> None:
+        """Give up leases (expiry set to 0, epoch kept so a stale copy stays fenced)."""
+        jobs = list(jobs or self.held)
+        if not jobs:
+            return
+        self.wh.engine.commit(
+            lambda: self.wh.engine.execute(
+                f"UPDATE {self.wh.ref('leases')} SET expires_at = 0 "
+                f"WHERE job IN {sql_in(jobs)} AND holder = {sql_str(self.holder)}"
+            ),
+            what="leases",
+        )
+        for j in jobs:
+            self.held.pop(j, None)
