@@ -404,6 +404,23 @@ class Broker:
         df = rows if not _is_arrow(rows) else self.engine.spark.createDataFrame(rows)
         self.engine.commit(lambda: self.warehouse.append("commit_log", df), what=what)
 
+    # --- ticking ---------------------------------------------------------------------------
+    @property
+    def runner(self):
+        """This broker's tick runner (holds the job leases between ticks)."""
+        if self._runner is None:
+            from deltamq.orchestration.tick import TickRunner
+
+            self._runner = TickRunner(self)
+        return self._runner
+
+    def tick(self, now: int | None = None):
+        """Run one tick of the broker's jobs at ``now`` (default: the broker's clock).
+
+        Returns a TickResult with per-job counts; the tick is recorded in job_runs.
+        """
+        return self.runner.tick(now)
+
     # --- status -----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         """Per topic and queue: messages stored and indexed so far."""

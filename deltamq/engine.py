@@ -151,7 +151,10 @@ class Engine:
                     "or set DELTAMQ_SPARK_REMOTE"
                 )
             return cls(_connect(url), "remote", config)
-        return cls(_connect(_EmbeddedServer.url()), "embedded", config)
+        spark = _connect(_EmbeddedServer.url())
+        # Our own server: render times in UTC like the epoch-ms columns (session-local).
+        spark.conf.set("spark.sql.session.timeZone", "UTC")
+        return cls(spark, "embedded", config)
 
     @staticmethod
     def shutdown_embedded() -> None:

@@ -1,0 +1,315 @@
+"""The ``deltamq`` command line.
+
+Every command takes ``--warehouse`` (or ``DELTAMQ_WAREHOUSE``) and optionally
+``--remote sc://host:port`` (or ``DELTAMQ_SPARK_REMOTE``); without one it uses the
+embedded Sail engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from deltamq.errors import DeltaMQError
+
+EPILOG = """examples:
+  deltamq demo
+  deltamq init --warehouse ./wh
+  deltamq topic create orders --queues 4 --warehouse ./wh
+  deltamq group create billing --warehouse ./wh
+  deltamq subscribe billing orders 'created || paid' --warehouse ./wh
+  deltamq send orders '{"id": 1}' --tags created --warehouse ./wh
+  deltamq tick --loop --interval 1 --warehouse ./wh
+  deltamq sql "SELECT topic, count(*) FROM commit_log GROUP BY topic" --warehouse ./wh
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--warehouse", "-w", default=os.environ.get("DELTAMQ_WAREHOUSE"),
+                        help="warehouse directory or URI (env DELTAMQ_WAREHOUSE)")
+    common.add_argument("--remote", default=None,
+                        help="Spark Connect URL sc://host:port (env DELTAMQ_SPARK_REMOTE); default: embedded Sail")
+
+    p = argparse.ArgumentParser(prog="deltamq", description="RocketMQ semantics on Delta Lake.",
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("init", parents=[common], help="create or upgrade a warehouse (idempotent)")
+    s.add_argument("--levels", help="delay level string, default '1s 5s 10s 30s 1m ... 2h'")
+
+    s = sub.add_parser("topic", parents=[common], help="create, update or delete a topic")
+    s.add_argument("action", choices=["create", "update", "delete", "list"])
+    s.add_argument("name", nargs="?")
+    s.add_argument("--queues", type=int)
+    s.add_argument("--perm", choices=["RW", "R", "W", "DENY"])
+    s.add_argument("--ordered", action="store_true", default=None)
+
+    s = sub.add_parser("group", parents=[common], help="create or delete a consumer group")
+    s.add_argument("action", choices=["create", "delete", "list"])
+    s.add_argument("name", nargs="?")
+    s.add_argument("--listener", help="import path package.module:function")
+    s.add_argument("--mode", choices=["CLUSTERING", "BROADCASTING"], default="CLUSTERING")
+    s.add_argument("--orderly", action="store_true")
+    s.add_argument("--max-reconsume-times", type=int)
+    s.add_argument("--consume-from", choices=["LAST_OFFSET", "FIRST_OFFSET", "TIMESTAMP"],
+                   default="LAST_OFFSET")
+    s.add_argument("--consume-timestamp", type=int, help="epoch ms, with --consume-from TIMESTAMP")
+
+    s = sub.add_parser("subscribe", parents=[common], help="subscribe a group to a topic")
+    s.add_argument("group")
+    s.add_argument("topic")
+    s.add_argument("expression", nargs="?", default="*", help="'*' or 'TagA || TagB'")
+    s.add_argument("--type", default="TAG", choices=["TAG", "SQL92"])
+
+    s = sub.add_parser("send", parents=[common], help="send messages (arguments or a JSON-lines file)")
+    s.add_argument("topic", nargs="?")
+    s.add_argument("body", nargs="?")
+    s.add_argument("--tags")
+    s.add_argument("--keys")
+    s.add_argument("--delay-level", type=int, default=0)
+    s.add_argument("--property", "-p", action="append", default=[], metavar="K=V")
+    s.add_argument("--queue-key")
+    s.add_argument("--producer-group", default="DEFAULT_PRODUCER")
+    s.add_argument("--file", "-f", help="JSON lines: {topic, body, tags?, keys?, delay_level?, properties?}")
+    s.add_argument("--batch-size", type=int, default=10_000, help="messages per commit with --file")
+
+    s = sub.add_parser("sql", parents=[common], help="run SQL over the warehouse tables")
+    s.add_argument("query")
+    s.add_argument("--write", action="store_true", help="allow statements that change tables")
+    s.add_argument("--limit", type=int, default=100)
+
+    sub.add_parser("status", parents=[common], help="topics, queues and counts so far")
+
+    s = sub.add_parser("tick", parents=[common], help="run the broker's jobs once, or in a loop")
+    s.add_argument("--now", help="the tick's now: epoch ms or ISO time (default: wall clock)")
+    s.add_argument("--loop", action="store_true")
+    s.add_argument("--interval", type=float, default=1.0, help="seconds between ticks with --loop")
+    s.add_argument("--for", dest="for_s", type=float, help="stop the loop after this many seconds")
+
+    s = sub.add_parser("job", parents=[common], help="run one job (with its lease), e.g. for spark-submit")
+    s.add_argument("name", choices=["dispatch"])
+    s.add_argument("--now", help="epoch ms or ISO time (default: wall clock)")
+
+    s = sub.add_parser("demo", help="a guided tour on a fresh warehouse (about half a minute)")
+    s.add_argument("--warehouse", "-w", help="directory for the demo warehouse (default: a temp dir)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except DeltaMQError as e:
+        print(f"deltamq: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _open(args: argparse.Namespace):
+    from deltamq.broker import Broker
+
+    if not args.warehouse:
+        raise SystemExit("deltamq: error: give --warehouse DIR (or set DELTAMQ_WAREHOUSE)")
+    return Broker.open(args.warehouse, remote=args.remote)
+
+
+def _run(args: argparse.Namespace) -> int:
+    cmd = args.command
+    if cmd == "demo":
+        from deltamq.demo import run_demo
+
+        run_demo(args.warehouse)
+        return 0
+    if cmd == "init":
+        from deltamq.config import BrokerConfig
+        from deltamq.engine import Engine
+        from deltamq.tables.warehouse import Warehouse
+
+        if not args.warehouse:
+            raise SystemExit("deltamq: error: give --warehouse DIR (or set DELTAMQ_WAREHOUSE)")
+        engine = Engine.open(BrokerConfig.from_env(**({"remote": args.remote} if args.remote else {})))
+        done = Warehouse(engine, args.warehouse).init(args.levels)
+        print(json.dumps(done))
+        return 0
+    broker = _open(args)
+    if cmd == "topic":
+        return _topic(broker, args)
+    if cmd == "group":
+        return _group(broker, args)
+    if cmd == "subscribe":
+        broker.subscribe(args.group, args.topic, args.expression, args.type)
+        print(f"subscribed {args.group} to {args.topic} ({args.type} {args.expression})")
+        return 0
+    if cmd == "send":
+        return _send(broker, args)
+    if cmd == "sql":
+        df = broker.sql(args.query, write=args.write)
+        rows = df.limit(args.limit).collect() if df.columns else df.collect()
+        print_table(df.columns, [list(r) for r in rows])
+        return 0
+    if cmd == "status":
+        st = broker.status()
+        print_table(["topic", "queues", "perm", "ordered"],
+                    [[t, v["queues"], v["perm"], v["ordered"]] for t, v in st["topics"].items()])
+        print()
+        print_table(["topic", "queue", "stored", "min offset", "max offset"],
+                    [[q["topic"], q["queue_id"], q["stored"], q["min_offset"], q["max_offset"]]
+                     for q in st["queues"]])
+        return 0
+    if cmd == "tick":
+        return _tick(broker, args)
+    if cmd == "job":
+        from deltamq.orchestration.tick import SEQUENCE, TickRunner
+
+        runner = TickRunner(broker, sequence=tuple(s for s in SEQUENCE if s[0] == args.name))
+        print("READY", flush=True)  # the crash harness waits for this line
+        result = runner.tick(_now_arg(args.now))
+        print(result.summary(), flush=True)
+        return 0
+    raise SystemExit(f"unknown command {cmd}")  # pragma: no cover
+
+
+def _topic(broker, args) -> int:
+    if args.action == "list":
+        print_table(["topic", "queues", "perm", "ordered"],
+                    [[t, v["queues"], v["perm"], v["ordered"]] for t, v in broker.topics().items()])
+        return 0
+    if not args.name:
+        raise SystemExit(f"deltamq: error: topic {args.action} needs a topic name")
+    if args.action == "create":
+        broker.create_topic(args.name, args.queues, args.perm or "RW", ordered=bool(args.ordered))
+    elif args.action == "update":
+        broker.update_topic(args.name, queues=args.queues, perm=args.perm, ordered=args.ordered)
+    else:
+        broker.delete_topic(args.name)
+    print(f"topic {args.action}d: {args.name}")
+    return 0
+
+
+def _group(broker, args) -> int:
+    if args.action == "list":
+        rows = broker.groups()
+        print_table(["group", "mode", "orderly", "max reconsume", "consume from", "listener"],
+                    [[g, r["mode"], r["orderly"], r["max_reconsume_times"], r["consume_from"], r["listener"]]
+                     for g, r in rows.items()])
+        return 0
+    if not args.name:
+        raise SystemExit(f"deltamq: error: group {args.action} needs a group name")
+    if args.action == "create":
+        broker.create_group(args.name, args.listener, mode=args.mode, orderly=args.orderly,
+                            max_reconsume_times=args.max_reconsume_times, consume_from=args.consume_from,
+                            consume_timestamp=args.consume_timestamp)
+    else:
+        broker.delete_group(args.name)
+    print(f"group {args.action}d: {args.name}")
+    return 0
+
+
+def _parse_props(items: list[str]) -> dict[str, str]:
+    props = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise SystemExit(f"deltamq: error: --property {item!r} is not K=V")
+        props[k] = v
+    return props
+
+
+def _send(broker, args) -> int:
+    from deltamq.message import Message
+
+    producer = broker.producer(args.producer_group)
+    if args.file:
+        total = 0
+        batch: list[Message] = []
+        with open(args.file, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                    body = obj["body"] if isinstance(obj["body"], str) else json.dumps(obj["body"])
+                    batch.append(Message(obj["topic"], body, tags=obj.get("tags"), keys=obj.get("keys"),
+                                         delay_level=obj.get("delay_level", 0),
+                                         properties=obj.get("properties")))
+                except (KeyError, ValueError, TypeError) as e:
+                    raise SystemExit(f"deltamq: error: {args.file}:{lineno}: {e}") from e
+                if len(batch) >= args.batch_size:
+                    total += len(producer.send_batch(batch))
+                    batch = []
+                    print(f"sent {total} messages...", file=sys.stderr)
+        if batch:
+            total += len(producer.send_batch(batch))
+        print(f"sent {total} messages from {args.file}")
+        return 0
+    if not args.topic or args.body is None:
+        raise SystemExit("deltamq: error: send needs TOPIC BODY, or --file FILE")
+    msg = Message(args.topic, args.body, tags=args.tags, keys=args.keys, delay_level=args.delay_level,
+                  properties=_parse_props(args.property) or None)
+    print(producer.send(msg, queue_key=args.queue_key))
+    return 0
+
+
+def _tick(broker, args) -> int:
+    if args.loop:
+        n = broker.runner.loop(args.interval, args.for_s, on_tick=lambda r: print(r.summary(), flush=True))
+        print(f"stopped after {n} ticks")
+        return 0
+    result = broker.tick(_now_arg(args.now))
+    print(result.summary())
+    return 0
+
+
+def _now_arg(text: str | None) -> int | None:
+    from deltamq.clock import to_ms
+
+    if not text:
+        return None
+    return int(text) if text.isdigit() else to_ms(_parse_iso(text))
+
+
+def _parse_iso(text: str):
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise SystemExit(f"deltamq: error: --now {text!r} is neither epoch ms nor an ISO time") from None
+
+
+def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], out=None) -> None:
+    """Print rows as an aligned text table."""
+    out = out or sys.stdout
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [len(c) for c in columns]
+    for row in cells:
+        widths = [max(w, len(v)) for w, v in zip(widths, row, strict=False)]
+    line = "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=False))
+    print(line.rstrip(), file=out)
+    print("  ".join("-" * w for w in widths), file=out)
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=False)).rstrip(), file=out)
+    if not rows:
+        print("(no rows)", file=out)
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, bytes | bytearray):
+        try:
+            text = bytes(v).decode("utf-8")
+        except UnicodeDecodeError:
+            return f"<{len(v)} bytes>"
+        return text if len(text) <= 60 else text[:57] + "..."
+    if isinstance(v, dict):
+        return json.dumps(v, sort_keys=True)
+    return str(v)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

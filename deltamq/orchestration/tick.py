@@ -1,0 +1,209 @@
+"""The tick: one pass of the broker's jobs in DESIGN.md's order.
+
+``TickRunner.tick(now)`` takes the job leases (committing only when a lease is new or
+past half its time), refuses a ``now`` earlier than the warehouse's last tick, runs
+each job with ``now``, and appends one ``job_runs`` commit with a row per job. An idle
+tick therefore commits nothing but that one append.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from deltamq import ids
+from deltamq.clock import ms_to_iso, to_ms
+from deltamq.errors import ClockError
+from deltamq.jobs import dispatch
+from deltamq.orchestration.leases import Leases, wall_ms
+
+if TYPE_CHECKING:
+    from deltamq.broker import Broker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """What one job did in one tick."""
+
+    job: str
+    status: str  # OK, FAILED, SKIPPED
+    rows_in: int = 0
+    rows_out: int = 0
+    start_ts: int = 0
+    end_ts: int = 0
+    error: str | None = None
+    details: dict[str, int] = field(default_factory=dict)
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class TickResult:
+    """What a tick did, job by job."""
+
+    tick_id: str
+    now: int
+    holder: str
+    jobs: tuple[JobRun, ...]
+
+    def job(self, name: str) -> JobRun:
+        for j in self.jobs:
+            if j.job == name:
+                return j
+        raise KeyError(f"job {name!r} did not run in this tick; ran {[j.job for j in self.jobs]}")
+
+    @property
+    def ok(self) -> bool:
+        return all(j.status != "FAILED" for j in self.jobs)
+
+    def summary(self) -> str:
+        parts = [f"{j.job}: {j.status} in={j.rows_in} out={j.rows_out}" for j in self.jobs]
+        return f"tick {ms_to_iso(self.now)} — " + "; ".join(parts)
+
+
+JobFn = Callable[..., Any]
+
+
+def _dispatch(broker: Broker, now: int, fence: Callable[[], None]) -> JobRun:
+    r = dispatch.run(broker.warehouse, now, fence=fence)
+    return JobRun("dispatch", "OK", r.rows_in, r.rows_out, details=r.details, result=r)
+
+
+# DESIGN.md order: dispatch → promote → dispatch (if promote wrote) → deliver →
+# check_transactions → retain. Later issues add their jobs here in place.
+SEQUENCE: tuple[tuple[str, JobFn], ...] = (("dispatch", _dispatch),)
+
+
+class TickRunner:
+    """Runs ticks for one Broker, holding the job leases between ticks."""
+
+    def __init__(self, broker: Broker, holder: str | None = None,
+                 sequence: tuple[tuple[str, JobFn], ...] = SEQUENCE) -> None:
+        self.broker = broker
+        self.sequence = sequence
+        self.jobs = tuple(dict.fromkeys(name for name, _ in sequence))
+        self.leases = Leases(broker.warehouse, holder)
+        self.last_now: int | None = None
+        self._stop = threading.Event()
+
+    @property
+    def holder(self) -> str:
+        return self.leases.holder
+
+    def _load_last_now(self, lease_last_now: int | None) -> int | None:
+        wh = self.broker.warehouse
+        where = ""
+        if lease_last_now is not None:
+            where = f" WHERE run_date >= date_from_unix_date({lease_last_now // ids.DAY_MS})"
+        row = self.broker.engine.rows(f"SELECT max(now_ts) AS m FROM {wh.ref('job_runs')}{where}")[0]
+        candidates = [x for x in (row["m"], lease_last_now) if x is not None]
+        return max(candidates) if candidates else None
+
+    def tick(self, now: int | datetime | None = None) -> TickResult:
+        """Run one tick at ``now`` (default: the broker's clock)."""
+        now_ms = self.broker.clock.now_ms() if now is None else to_ms(now)
+        first = self.last_now is None
+        held = self.leases.acquire(self.jobs, last_now=now_ms)
+        if first:
+            lease_now = max((lease.last_now for lease in held.values() if lease.last_now is not None),
+                            default=None)
+            self.last_now = self._load_last_now(lease_now)
+        if self.last_now is not None and now_ms < self.last_now:
+            raise ClockError(
+                f"now={now_ms} ({ms_to_iso(now_ms)}) is earlier than the warehouse's last tick "
+                f"{self.last_now} ({ms_to_iso(self.last_now)}); a tick's now never goes back"
+            )
+        tick_id = f"{now_ms:013d}-{self.holder.rsplit(':', 1)[-1]}"
+        runs: list[JobRun] = []
+        failed: BaseException | None = None
+        for name, fn in self.sequence:
+            start = wall_ms()
+            if failed is not None:
+                runs.append(JobRun(name, "SKIPPED", start_ts=start, end_ts=start))
+                continue
+            try:
+                run = fn(self.broker, now_ms, lambda n=name: self.leases.check([n]))
+                runs.append(_stamped(run, start))
+            except Exception as e:  # noqa: BLE001 - recorded, then re-raised after the append
+                failed = e
+                runs.append(JobRun(name, "FAILED", start_ts=start, end_ts=wall_ms(),
+                                   error="".join(traceback.format_exception_only(type(e), e)).strip()))
+        self.last_now = now_ms
+        result = TickResult(tick_id, now_ms, self.holder, tuple(runs))
+        self._record(result)
+        if failed is not None:
+            raise failed
+        return result
+
+    def _record(self, result: TickResult) -> None:
+        spark = self.broker.engine.spark
+        day = ids.store_date(result.now)
+        rows = [
+            (result.tick_id, result.now, j.job, j.start_ts, j.end_ts, j.rows_in, j.rows_out, j.status,
+             j.error, result.holder, day, {k: int(v) for k, v in j.details.items()})
+            for j in result.jobs
+        ]
+        df = spark.createDataFrame(
+            rows,
+            "tick_id string, now_ts bigint, job string, start_ts bigint, end_ts bigint, rows_in bigint, "
+            "rows_out bigint, status string, error string, holder string, run_date date, "
+            "details map<string,bigint>",
+        )
+        self.broker.engine.commit(lambda: self.broker.warehouse.append("job_runs", df), what="job_runs")
+
+    def release(self) -> None:
+        self.leases.release()
+
+    # --- loop ---------------------------------------------------------------------------------
+    def stop(self, *_: object) -> None:
+        self._stop.set()
+
+    def loop(self, interval_s: float, for_s: float | None = None,
+             on_tick: Callable[[TickResult], None] | None = None) -> int:
+        """Tick every ``interval_s`` (wall clock) until stopped or ``for_s`` elapsed.
+
+        SIGTERM/SIGINT stop the loop between ticks. Returns the number of ticks.
+        """
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self.stop)
+            signal.signal(signal.SIGINT, self.stop)
+        deadline = None if for_s is None else time.monotonic() + for_s
+        n = 0
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                result = self.tick()
+                if on_tick:
+                    on_tick(result)
+            except Exception:  # noqa: BLE001 - a loop survives one failed tick; it was recorded
+                log.exception("tick failed")
+            n += 1
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            wait = max(0.0, interval_s - (time.monotonic() - started))
+            if deadline is not None:
+                wait = min(wait, max(0.0, deadline - time.monotonic()))
+            self._stop.wait(wait)
+        return n
+
+
+def _stamped(run: JobRun, start: int) -> JobRun:
+    return JobRun(run.job, run.status, run.rows_in, run.rows_out, start, wall_ms(), run.error,
+                  run.details, run.result)
+
+
+def last_tick_now(broker: Broker) -> int | None:
+    """The latest tick ``now`` recorded in job_runs (operators' view)."""
+    row = broker.engine.rows(f"SELECT max(now_ts) AS m FROM {broker.warehouse.ref('job_runs')}")[0]
+    return row["m"]
+
+
+__all__ = ["JobRun", "TickResult", "TickRunner", "SEQUENCE", "last_tick_now"]
