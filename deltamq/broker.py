@@ -103,10 +103,8 @@ class Broker:
         server stays up for other brokers of the process)."""
         if self._runner is not None:
             self._runner.release()
-        try:
-            self.engine.spark.stop()
-        except Exception:  # noqa: BLE001 - closing twice or after the server stopped
-            pass
+            self._runner = None
+        self.engine.close()
 
     def __enter__(self) -> Broker:
         return self
@@ -179,7 +177,10 @@ class Broker:
     ) -> None:
         """Create a topic with ``queues`` queues (default 4) and a permission (RW/R/W/DENY)."""
         validate_topic_name(name)
-        self._upsert_topic(name, queues or self.config.default_queues, perm, ordered, create=True, exist_ok=exist_ok)
+        self._upsert_topic(
+            name, self.config.default_queues if queues is None else queues, perm, ordered,
+            create=True, exist_ok=exist_ok,
+        )
 
     def update_topic(self, name: str, *, queues: int | None = None, perm: str | None = None,
                      ordered: bool | None = None) -> None:

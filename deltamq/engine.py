@@ -53,6 +53,9 @@ _CONFLICT_MARKERS = (
     "DELTA_CONCURRENT",
     "version already exists",
     "Version already exists",
+    # Sail: a snapshot read racing another writer's commit/checkpoint (seen at the
+    # 10-commit checkpoint). A failed read before our commit: safe to re-plan.
+    "Missing commit file",
 )
 
 _DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
@@ -74,6 +77,7 @@ class _EmbeddedServer:
     _lock = threading.Lock()
     _server = None
     _url: str | None = None
+    sessions: list = []
 
     @classmethod
     def url(cls) -> str:
@@ -95,6 +99,13 @@ class _EmbeddedServer:
     @classmethod
     def stop(cls) -> None:
         with cls._lock:
+            # Close our clients first: a server stop waits for open streams otherwise.
+            for spark in cls.sessions:
+                try:
+                    spark.client.close()
+                except Exception:  # noqa: BLE001 - already closed
+                    pass
+            cls.sessions = []
             if cls._server is not None:
                 try:
                     cls._server.stop()
@@ -152,6 +163,7 @@ class Engine:
                 )
             return cls(_connect(url), "remote", config)
         spark = _connect(_EmbeddedServer.url())
+        _EmbeddedServer.sessions.append(spark)
         # Our own server: render times in UTC like the epoch-ms columns (session-local).
         spark.conf.set("spark.sql.session.timeZone", "UTC")
         return cls(spark, "embedded", config)
@@ -164,6 +176,17 @@ class Engine:
     @staticmethod
     def embedded_running() -> bool:
         return _EmbeddedServer.running()
+
+    def close(self) -> None:
+        """Forget this engine. The Spark session is deliberately left open.
+
+        In pyspark 4.0 a Connect client's ``stop()``/``close()`` shuts down a
+        process-wide thread pool that other live sessions' queries use, and releasing
+        the server-side session breaks ``pyspark.sql.functions`` whenever the released
+        session is the process's default one (docs/engines.md). Sessions are cheap;
+        the embedded server goes away with the process. A classic session belongs to
+        the caller.
+        """
 
     # --- SQL ----------------------------------------------------------------------
     def sql(self, statement: str) -> DataFrame:

@@ -1,0 +1,1 @@
+"""Data-quality checks over the warehouse tables."""

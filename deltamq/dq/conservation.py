@@ -1,0 +1,76 @@
+"""The conservation query (minimal form; the data-quality issue extends it).
+
+Checks that dispatch lost and repeated nothing: every ``commit_log`` row is indexed in
+``consume_queue`` exactly once, every index row points at a stored message, and
+offsets are dense per (topic, queue). A DQ check, not a hot-path job: it reads the
+tables whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from deltamq.tables.warehouse import Warehouse
+
+_SAMPLE = 20
+
+
+@dataclass(frozen=True)
+class DispatchConservation:
+    stored: int
+    indexed: int
+    unindexed: tuple[str, ...]  # msg ids stored but not (yet) indexed
+    duplicated: tuple[str, ...]  # msg ids indexed more than once
+    orphans: tuple[str, ...]  # index rows with no stored message
+    duplicate_offsets: tuple[tuple[str, int, int], ...]  # (topic, queue, offset) used twice
+    gaps: tuple[tuple[str, int], ...]  # queues whose offsets are not 0..n-1 (or min..max)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.unindexed or self.duplicated or self.orphans or self.duplicate_offsets or self.gaps)
+
+    def describe(self) -> str:
+        return (
+            f"stored={self.stored} indexed={self.indexed} unindexed={len(self.unindexed)} "
+            f"duplicated={len(self.duplicated)} orphans={len(self.orphans)} "
+            f"duplicate_offsets={len(self.duplicate_offsets)} gaps={list(self.gaps)}"
+        )
+
+
+def check_dispatch(wh: Warehouse) -> DispatchConservation:
+    """Reconcile commit_log with consume_queue."""
+    cl, cq = wh.ref("commit_log"), wh.ref("consume_queue")
+    rows = wh.engine.rows
+    stored = rows(f"SELECT count(*) AS n FROM {cl}")[0]["n"]
+    indexed = rows(f"SELECT count(*) AS n FROM {cq}")[0]["n"]
+    unindexed = rows(
+        f"SELECT c.msg_id FROM {cl} c LEFT ANTI JOIN {cq} q ON c.msg_id = q.msg_id "
+        f"ORDER BY c.msg_id LIMIT {_SAMPLE}"
+    )
+    duplicated = rows(
+        f"SELECT msg_id FROM {cq} GROUP BY msg_id HAVING count(*) > 1 ORDER BY msg_id LIMIT {_SAMPLE}"
+    )
+    orphans = rows(
+        f"SELECT q.msg_id FROM {cq} q LEFT ANTI JOIN {cl} c ON c.msg_id = q.msg_id "
+        f"ORDER BY q.msg_id LIMIT {_SAMPLE}"
+    )
+    dup_offsets = rows(
+        f"SELECT topic, queue_id, queue_offset FROM {cq} GROUP BY topic, queue_id, queue_offset "
+        f"HAVING count(*) > 1 ORDER BY 1, 2, 3 LIMIT {_SAMPLE}"
+    )
+    gaps = rows(
+        f"SELECT topic, queue_id FROM {cq} GROUP BY topic, queue_id "
+        "HAVING max(queue_offset) - min(queue_offset) + 1 <> count(DISTINCT queue_offset) "
+        "OR min(queue_offset) <> 0 ORDER BY 1, 2"
+    )
+    return DispatchConservation(
+        stored=stored,
+        indexed=indexed,
+        unindexed=tuple(r["msg_id"] for r in unindexed),
+        duplicated=tuple(r["msg_id"] for r in duplicated),
+        orphans=tuple(r["msg_id"] for r in orphans),
+        duplicate_offsets=tuple((r[0], r[1], r[2]) for r in dup_offsets),
+        gaps=tuple((r[0], r[1]) for r in gaps),
+    )

@@ -1,0 +1,146 @@
+"""Engine seam: embedded start/stop, several brokers per process, conflict retries."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from deltamq import Broker, BrokerConfig, Message
+from deltamq.engine import Engine, is_commit_conflict
+from deltamq.errors import CommitConflict, ConfigError, EngineError
+
+
+def test_two_brokers_in_one_process_share_the_server(tmp_path, clock):
+    a = Broker.open(tmp_path / "a", clock=clock)
+    b = Broker.open(tmp_path / "b", clock=clock)
+    assert Engine.embedded_running()
+    a.create_topic("t1")
+    b.create_topic("t2")
+    # each broker has its own session: its views name its own tables
+    assert [r["topic"] for r in a.sql("SELECT topic FROM topic_config").collect()] == ["t1"]
+    assert [r["topic"] for r in b.sql("SELECT topic FROM topic_config").collect()] == ["t2"]
+    a.close()
+    assert b.topics()["t2"]["queues"] == 4  # closing one broker leaves the other working
+    b.close()
+
+
+def test_embedded_server_stops_and_restarts_cleanly(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        from deltamq import Broker
+        from deltamq.engine import Engine
+        b = Broker.open({str(tmp_path / 'w')!r})
+        b.create_topic("t")
+        b.close()
+        Engine.shutdown_embedded()
+        assert not Engine.embedded_running()
+        b2 = Broker.open({str(tmp_path / 'w')!r})
+        assert "t" in b2.topics()
+        print("OK")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("OK")
+
+
+def test_remote_mode_needs_a_url(monkeypatch):
+    monkeypatch.delenv("DELTAMQ_SPARK_REMOTE", raising=False)
+    with pytest.raises(EngineError, match="DELTAMQ_SPARK_REMOTE"):
+        Engine.open(BrokerConfig(engine="remote"))
+    with pytest.raises(ConfigError, match="sc://"):
+        BrokerConfig(remote="http://x")
+
+
+def test_remote_mode_against_a_spark_connect_endpoint(tmp_path, broker):
+    """The embedded server is a Spark Connect endpoint: use it as a 'remote'."""
+    from deltamq.engine import _EmbeddedServer
+
+    url = _EmbeddedServer.url()
+    b = Broker.open(tmp_path / "r", remote=url)
+    assert b.engine.mode == "remote"
+    b.create_topic("t")
+    b.producer("p").send(Message("t", b"x"))
+    assert b.sql("SELECT count(*) AS n FROM commit_log").collect()[0]["n"] == 1
+    b.close()
+
+
+def test_config_from_env():
+    cfg = BrokerConfig.from_env({"DELTAMQ_COMMIT_RETRIES": "3", "DELTAMQ_SPARK_REMOTE": "sc://h:1"})
+    assert cfg.commit_retries == 3 and cfg.engine == "remote" and cfg.remote == "sc://h:1"
+    with pytest.raises(ConfigError, match="not an integer"):
+        BrokerConfig.from_env({"DELTAMQ_COMMIT_RETRIES": "many"})
+    with pytest.raises(ConfigError, match="engine='sparkly'"):
+        BrokerConfig(engine="sparkly")
+    with pytest.raises(ConfigError, match="bad duration"):
+        BrokerConfig(delay_levels="1s 5x")
+
+
+def test_commit_retries_replan_and_are_counted(broker):
+    engine = broker.engine
+    calls = []
+
+    def attempt():
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError("Failed to commit transaction: version 7 already exists")
+        return "done"
+
+    before = engine.stats.conflicts_retried
+    assert engine.commit(attempt, what="unit") == "done"
+    assert len(calls) == 3
+    assert engine.stats.conflicts_retried - before == 2
+
+
+def test_commit_gives_up_after_bounded_retries(tmp_path, clock):
+    b = Broker.open(tmp_path / "w", clock=clock, config=BrokerConfig(commit_retries=2, commit_backoff_ms=1))
+
+    def always():
+        raise RuntimeError("ConcurrentAppendException: files were added")
+
+    with pytest.raises(CommitConflict, match="after 2 retries"):
+        b.engine.commit(always, what="unit")
+    with pytest.raises(ValueError):  # other errors are not retried
+        b.engine.commit(lambda: (_ for _ in ()).throw(ValueError("boom")), what="unit")
+    b.close()
+
+
+def test_real_conflicts_between_two_writers_are_retried(tmp_path, clock):
+    """Two sessions MERGE into one row at once; losers re-plan; no increment is lost."""
+    import threading
+
+    brokers = [Broker.open(tmp_path / "w", clock=clock) for _ in range(2)]
+    brokers[0].create_topic("t", queues=1)
+    n = 8
+
+    def work(b):
+        ref = b.warehouse.ref("topic_config")
+        for _ in range(n):
+            def attempt():
+                # Self-contained: the new value is computed inside the MERGE's own snapshot.
+                b.engine.execute(
+                    f"MERGE INTO {ref} t USING (SELECT 't' AS topic) s ON t.topic = s.topic "
+                    "WHEN MATCHED THEN UPDATE SET t.queues = t.queues + 1"
+                )
+
+            b.engine.commit(attempt, what="cas")
+
+    threads = [threading.Thread(target=work, args=(b,)) for b in brokers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert brokers[0].topics()["t"]["queues"] == 1 + 2 * n
+    assert sum(b.engine.stats.conflicts_retried for b in brokers) > 0
+    for b in brokers:
+        b.close()
+
+
+def test_conflict_markers():
+    assert is_commit_conflict(RuntimeError("Failed to commit transaction"))
+    assert is_commit_conflict(Exception("io.delta.exceptions.ConcurrentAppendException: x"))
+    assert not is_commit_conflict(ValueError("bad value"))

@@ -1,0 +1,112 @@
+"""Producers: fake-clock stamps, sortable ids, queue choice, DataFrame sends, one commit each."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import table_versions
+
+from deltamq import Message
+from deltamq.producer import queue_for_key
+
+
+@pytest.fixture
+def orders(broker):
+    broker.create_topic("orders", queues=4)
+    return broker
+
+
+def _rows(broker, where="TRUE"):
+    return broker.sql(
+        f"SELECT msg_id, topic, queue_id, born_ts, store_ts, properties, producer_group, tags, keys, body "
+        f"FROM commit_log WHERE {where} ORDER BY msg_id"
+    ).collect()
+
+
+def test_fake_clock_stamps_sends(orders, clock):
+    p = orders.producer("shop")
+    first = p.send(Message("orders", b"a"))
+    clock.advance(minutes=90)
+    second = p.send(Message("orders", b"b"))
+    rows = {r["msg_id"]: r for r in _rows(orders)}
+    assert rows[first]["store_ts"] == rows[first]["born_ts"] == 1_767_225_600_000
+    assert rows[second]["store_ts"] == 1_767_225_600_000 + 90 * 60_000
+    assert first < second  # ids sort by store time
+    assert rows[first]["properties"]["UNIQ_KEY"] == first
+    assert rows[first]["producer_group"] == "shop"
+
+
+def test_ids_sort_by_time_within_and_across_batches(orders, clock):
+    p = orders.producer("shop")
+    ids1 = p.send_batch([Message("orders", f"m{i}") for i in range(5)])
+    clock.advance(ms=1)
+    ids2 = p.send_batch([Message("orders", f"n{i}") for i in range(5)])
+    assert ids1 == sorted(ids1) and ids2 == sorted(ids2) and ids1[-1] < ids2[0]
+    assert len(set(ids1 + ids2)) == 10
+
+
+def test_each_send_is_one_commit(orders, tmp_path):
+    before = table_versions(tmp_path / "wh")["commit_log"]
+    orders.producer("p").send_batch([Message("orders", b"x")] * 50)
+    assert table_versions(tmp_path / "wh")["commit_log"] == before + 1
+
+
+def test_round_robin_spreads_over_queues(orders):
+    orders.producer("p").send_batch([Message("orders", f"{i}") for i in range(8)])
+    counts = orders.sql("SELECT queue_id, count(*) AS n FROM commit_log GROUP BY queue_id").collect()
+    assert sorted(r["n"] for r in counts) == [2, 2, 2, 2]
+
+
+def test_equal_keys_land_in_one_queue_in_python_and_dataframe(orders):
+    p = orders.producer("p")
+    keys = ["order-1", "order-2", "order-3", "order-1", "order-2", "order-1"]
+    p.send_batch([Message("orders", k, keys=k) for k in keys], queue_keys=keys)
+    df = orders.engine.spark.createDataFrame([(k, k) for k in keys], "topic_key string, body string")
+    p.send_dataframe(df.selectExpr("'orders' AS topic", "body", "topic_key"), queue_key="topic_key")
+    rows = orders.sql("SELECT CAST(body AS STRING) AS k, queue_id FROM commit_log").collect()
+    by_key: dict[str, set[int]] = {}
+    for r in rows:
+        by_key.setdefault(r["k"], set()).add(r["queue_id"])
+    assert all(len(q) == 1 for q in by_key.values())
+    assert {k: q.pop() for k, q in by_key.items()} == {k: queue_for_key(k, 4) for k in set(keys)}
+
+
+def test_selector_picks_the_queue(orders):
+    mid = orders.producer("p").send(Message("orders", b"x"), selector=lambda n, m, arg: arg % n, arg=7)
+    assert _rows(orders, f"msg_id = '{mid}'")[0]["queue_id"] == 3
+
+
+def test_send_dataframe(orders, clock):
+    spark = orders.engine.spark
+    df = spark.range(1000).selectExpr(
+        "'orders' AS topic",
+        "CAST(id AS STRING) AS body",
+        "CASE WHEN id % 10 = 0 THEN 'A' ELSE 'B' END AS tags",
+        "CAST(id % 3 AS INT) AS delay_level",
+        "map('order', CAST(id AS STRING)) AS properties",
+    )
+    ids = orders.producer("bulk").send_dataframe(df)
+    assert ids.count() == 1000
+    stats = orders.sql(
+        "SELECT count(*) AS n, count(DISTINCT msg_id) AS ids, min(store_ts) AS lo, max(store_ts) AS hi, "
+        "count(DISTINCT batch_id) AS batches, sum(CASE WHEN properties['DELAY'] IS NOT NULL THEN 1 ELSE 0 END) "
+        "AS delayed, sum(CASE WHEN properties['UNIQ_KEY'] = msg_id THEN 1 ELSE 0 END) AS uniq "
+        "FROM commit_log"
+    ).collect()[0]
+    assert (stats["n"], stats["ids"], stats["batches"]) == (1000, 1000, 1)
+    assert stats["lo"] == stats["hi"] == clock.now_ms()
+    assert stats["delayed"] == 666 and stats["uniq"] == 1000
+
+
+def test_send_dataframe_empty_commits_nothing(orders, tmp_path):
+    before = table_versions(tmp_path / "wh")
+    df = orders.engine.spark.createDataFrame([], "topic string, body binary")
+    assert orders.producer("p").send_dataframe(df).count() == 0
+    assert table_versions(tmp_path / "wh") == before
+
+
+def test_str_and_binary_bodies(orders):
+    p = orders.producer("p")
+    a = p.send(Message("orders", "héllo"))
+    b = p.send(Message("orders", b"\x00\xff"))
+    rows = {r["msg_id"]: r["body"] for r in _rows(orders)}
+    assert bytes(rows[a]) == "héllo".encode() and bytes(rows[b]) == b"\x00\xff"

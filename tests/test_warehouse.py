@@ -1,0 +1,86 @@
+"""init is idempotent, upgrades an older warehouse in place, refuses a newer one."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import table_versions
+
+from deltamq import Broker
+from deltamq.errors import SchemaVersionError
+from deltamq.schemas import SCHEMA_VERSION, TABLES
+from deltamq.tables.warehouse import Warehouse
+
+
+def test_init_creates_every_table_once(broker, tmp_path):
+    wh = broker.warehouse
+    assert {p.name for p in (tmp_path / "wh").iterdir()} == set(TABLES)
+    before = table_versions(tmp_path / "wh")
+    again = wh.init()
+    assert again["created"] == [] and again["upgraded"] == {}
+    assert table_versions(tmp_path / "wh") == before
+    assert wh.schema_version() == SCHEMA_VERSION
+
+
+def test_default_levels_seeded(broker):
+    rows = broker.sql("SELECT level, delay_ms, label FROM schedule_levels ORDER BY level").collect()
+    assert [r["label"] for r in rows] == "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h".split()
+    assert rows[0]["delay_ms"] == 1000 and rows[-1]["delay_ms"] == 7_200_000
+
+
+def test_levels_configurable_at_init(tmp_path):
+    b = Broker.open(tmp_path / "custom", levels="2s 1m 3h")
+    assert b.warehouse.levels() == [(1, 2000), (2, 60_000), (3, 10_800_000)]
+    assert b.max_delay_level() == 3
+    b.close()
+
+
+def test_upgrade_v1_warehouse_in_place(tmp_path, broker):
+    wh = Warehouse(broker.engine, tmp_path / "old")
+    wh.init(target_version=1)
+    assert wh.schema_version() == 1
+    assert not (tmp_path / "old" / "dq_results").exists()
+    assert "instances" not in wh.table_columns("group_config")
+    wh.engine.execute(
+        f"MERGE INTO {wh.ref('topic_config')} t USING (SELECT 'kept' AS topic, 2 AS queues, 'RW' AS perm, "
+        "FALSE AS ordered, CAST(1 AS BIGINT) AS created_ts, CAST(1 AS BIGINT) AS updated_ts) s "
+        "ON t.topic = s.topic WHEN NOT MATCHED THEN INSERT *"
+    )
+    with pytest.raises(SchemaVersionError, match="run `deltamq init` to upgrade"):
+        Broker.open(tmp_path / "old")
+    done = Warehouse(broker.engine, tmp_path / "old").init()
+    assert done["from_version"] == 1
+    assert done["created"] == ["dq_results"]
+    assert done["upgraded"] == {"group_config": ["instances"], "job_runs": ["details"]}
+    upgraded = Broker.open(tmp_path / "old")
+    assert upgraded.topics()["kept"]["queues"] == 2
+    upgraded.create_group("g", instances=["a", "b"])
+    assert upgraded.groups()["g"]["instances"] == ["a", "b"]
+    upgraded.close()
+
+
+def test_newer_warehouse_is_refused(tmp_path, broker):
+    wh = Warehouse(broker.engine, tmp_path / "future")
+    wh.init()
+    wh._set_meta("schema_version", str(SCHEMA_VERSION + 1))
+    before = table_versions(tmp_path / "future")
+    with pytest.raises(SchemaVersionError, match="newer than this release"):
+        Broker.open(tmp_path / "future")
+    with pytest.raises(SchemaVersionError, match="newer"):
+        Warehouse(broker.engine, tmp_path / "future").init()
+    assert table_versions(tmp_path / "future") == before
+
+
+@pytest.mark.parametrize("location", ["/tmp/a`b", "/tmp/a'b", "x;DROP", ""])
+def test_hostile_warehouse_locations_refused(broker, location):
+    from deltamq.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        Warehouse(broker.engine, location)
+
+
+def test_sql_is_read_only_unless_asked(broker):
+    from deltamq.errors import ReadOnlyQuery
+
+    with pytest.raises(ReadOnlyQuery, match="write=True"):
+        broker.sql("DELETE FROM topic_config")
+    assert broker.sql("SELECT count(*) AS n FROM topic_config").collect()[0]["n"] == 0
