@@ -51,9 +51,7 @@ _READ_ONLY_START = ("SELECT", "WITH", "SHOW", "DESCRIBE", "EXPLAIN", "VALUES", "
 class Broker:
     """One warehouse of deltamq tables and the engine that works on them."""
 
-    def __init__(
-        self, engine: Engine, warehouse: Warehouse, clock: Clock, config: BrokerConfig
-    ) -> None:
+    def __init__(self, engine: Engine, warehouse: Warehouse, clock: Clock, config: BrokerConfig) -> None:
         self.engine = engine
         self.warehouse = warehouse
         self.clock = clock
@@ -137,7 +135,9 @@ class Broker:
 
     # --- topics ----------------------------------------------------------------------------
     def _load_topics(self) -> None:
-        rows = self.engine.rows(f"SELECT topic, queues, perm, ordered FROM {self.warehouse.ref('topic_config')}")
+        rows = self.engine.rows(
+            f"SELECT topic, queues, perm, ordered FROM {self.warehouse.ref('topic_config')}"
+        )
         with self._lock:
             self._topics = {r["topic"]: (r["queues"], r["perm"], bool(r["ordered"])) for r in rows}
             self._topics_loaded_at = time.monotonic()
@@ -172,18 +172,28 @@ class Broker:
         return topic
 
     def create_topic(
-        self, name: str, queues: int | None = None, perm: str = "RW", *, ordered: bool = False,
+        self,
+        name: str,
+        queues: int | None = None,
+        perm: str = "RW",
+        *,
+        ordered: bool = False,
         exist_ok: bool = False,
     ) -> None:
         """Create a topic with ``queues`` queues (default 4) and a permission (RW/R/W/DENY)."""
         validate_topic_name(name)
         self._upsert_topic(
-            name, self.config.default_queues if queues is None else queues, perm, ordered,
-            create=True, exist_ok=exist_ok,
+            name,
+            self.config.default_queues if queues is None else queues,
+            perm,
+            ordered,
+            create=True,
+            exist_ok=exist_ok,
         )
 
-    def update_topic(self, name: str, *, queues: int | None = None, perm: str | None = None,
-                     ordered: bool | None = None) -> None:
+    def update_topic(
+        self, name: str, *, queues: int | None = None, perm: str | None = None, ordered: bool | None = None
+    ) -> None:
         """Change a topic's queue count, permission or order flag."""
         validate_topic_name(name)
         info = self._topic(name)
@@ -202,8 +212,9 @@ class Broker:
         if self._topic(name) is None:
             self._upsert_topic(name, queues, "RW", False, create=True, exist_ok=True)
 
-    def _upsert_topic(self, name: str, queues: int, perm: str, ordered: bool, *, create: bool,
-                      exist_ok: bool = False) -> None:
+    def _upsert_topic(
+        self, name: str, queues: int, perm: str, ordered: bool, *, create: bool, exist_ok: bool = False
+    ) -> None:
         if isinstance(queues, bool) or not isinstance(queues, int) or not 1 <= queues <= MAX_QUEUES:
             raise ConfigError(f"queues={queues!r} is not allowed; a topic has 1..{MAX_QUEUES} queues")
         try:
@@ -237,11 +248,15 @@ class Broker:
             raise UnknownTopic(f"topic {name!r} does not exist")
         t = sql_str(name)
         self.engine.commit(
-            lambda: self.engine.execute(f"DELETE FROM {self.warehouse.ref('subscription')} WHERE topic = {t}"),
+            lambda: self.engine.execute(
+                f"DELETE FROM {self.warehouse.ref('subscription')} WHERE topic = {t}"
+            ),
             what="subscription",
         )
         self.engine.commit(
-            lambda: self.engine.execute(f"DELETE FROM {self.warehouse.ref('topic_config')} WHERE topic = {t}"),
+            lambda: self.engine.execute(
+                f"DELETE FROM {self.warehouse.ref('topic_config')} WHERE topic = {t}"
+            ),
             what="topic_config",
         )
         self._load_topics()
@@ -311,7 +326,8 @@ class Broker:
         statement = (
             f"MERGE INTO {self.warehouse.ref('group_config')} t USING (SELECT "
             f"{sql_str(name)} AS consumer_group, {sql_str(mode)} AS mode, {sql_bool(orderly)} AS orderly, "
-            f"{sql_int(max_reconsume_times)} AS max_reconsume_times, {sql_int(pull_batch_size)} AS pull_batch_size, "
+            f"{sql_int(max_reconsume_times)} AS max_reconsume_times, "
+            f"{sql_int(pull_batch_size)} AS pull_batch_size, "
             f"{sql_int(consume_message_batch_max_size)} AS consume_batch_size, "
             f"{sql_str(consume_from)} AS consume_from, {sql_long(consume_timestamp)} AS consume_timestamp, "
             f"{sql_long(consume_timeout_ms)} AS consume_timeout_ms, {sql_str(dedup_key)} AS dedup_key, "
@@ -372,8 +388,9 @@ class Broker:
 
     def _subscribe(self, group: str, topic: str, expression: str, expr_type: str) -> None:
         statement = (
-            f"MERGE INTO {self.warehouse.ref('subscription')} t USING (SELECT {sql_str(group)} AS consumer_group, "
-            f"{sql_str(topic)} AS topic, {sql_str(expr_type)} AS expr_type, {sql_str(expression)} AS expression, "
+            f"MERGE INTO {self.warehouse.ref('subscription')} t USING (SELECT "
+            f"{sql_str(group)} AS consumer_group, {sql_str(topic)} AS topic, "
+            f"{sql_str(expr_type)} AS expr_type, {sql_str(expression)} AS expression, "
             f"{sql_long(self.clock.now_ms())} AS created_ts) s "
             "ON t.consumer_group = s.consumer_group AND t.topic = s.topic "
             "WHEN MATCHED THEN UPDATE SET t.expr_type = s.expr_type, t.expression = s.expression "

@@ -30,13 +30,24 @@ EPILOG = """examples:
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--warehouse", "-w", default=os.environ.get("DELTAMQ_WAREHOUSE"),
-                        help="warehouse directory or URI (env DELTAMQ_WAREHOUSE)")
-    common.add_argument("--remote", default=None,
-                        help="Spark Connect URL sc://host:port (env DELTAMQ_SPARK_REMOTE); default: embedded Sail")
+    common.add_argument(
+        "--warehouse",
+        "-w",
+        default=os.environ.get("DELTAMQ_WAREHOUSE"),
+        help="warehouse directory or URI (env DELTAMQ_WAREHOUSE)",
+    )
+    common.add_argument(
+        "--remote",
+        default=None,
+        help="Spark Connect URL sc://host:port (env DELTAMQ_SPARK_REMOTE); default: embedded Sail",
+    )
 
-    p = argparse.ArgumentParser(prog="deltamq", description="RocketMQ semantics on Delta Lake.",
-                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="deltamq",
+        description="RocketMQ semantics on Delta Lake.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("init", parents=[common], help="create or upgrade a warehouse (idempotent)")
@@ -56,8 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", choices=["CLUSTERING", "BROADCASTING"], default="CLUSTERING")
     s.add_argument("--orderly", action="store_true")
     s.add_argument("--max-reconsume-times", type=int)
-    s.add_argument("--consume-from", choices=["LAST_OFFSET", "FIRST_OFFSET", "TIMESTAMP"],
-                   default="LAST_OFFSET")
+    s.add_argument(
+        "--consume-from", choices=["LAST_OFFSET", "FIRST_OFFSET", "TIMESTAMP"], default="LAST_OFFSET"
+    )
     s.add_argument("--consume-timestamp", type=int, help="epoch ms, with --consume-from TIMESTAMP")
 
     s = sub.add_parser("subscribe", parents=[common], help="subscribe a group to a topic")
@@ -136,6 +148,14 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(done))
         return 0
     broker = _open(args)
+    try:
+        return _dispatch_command(broker, args)
+    finally:
+        broker.close()  # a one-shot command (or a stopped loop) gives its leases back
+
+
+def _dispatch_command(broker, args: argparse.Namespace) -> int:
+    cmd = args.command
     if cmd == "topic":
         return _topic(broker, args)
     if cmd == "group":
@@ -153,12 +173,18 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if cmd == "status":
         st = broker.status()
-        print_table(["topic", "queues", "perm", "ordered"],
-                    [[t, v["queues"], v["perm"], v["ordered"]] for t, v in st["topics"].items()])
+        print_table(
+            ["topic", "queues", "perm", "ordered"],
+            [[t, v["queues"], v["perm"], v["ordered"]] for t, v in st["topics"].items()],
+        )
         print()
-        print_table(["topic", "queue", "stored", "min offset", "max offset"],
-                    [[q["topic"], q["queue_id"], q["stored"], q["min_offset"], q["max_offset"]]
-                     for q in st["queues"]])
+        print_table(
+            ["topic", "queue", "stored", "min offset", "max offset"],
+            [
+                [q["topic"], q["queue_id"], q["stored"], q["min_offset"], q["max_offset"]]
+                for q in st["queues"]
+            ],
+        )
         return 0
     if cmd == "tick":
         return _tick(broker, args)
@@ -167,7 +193,10 @@ def _run(args: argparse.Namespace) -> int:
 
         runner = TickRunner(broker, sequence=tuple(s for s in SEQUENCE if s[0] == args.name))
         print("READY", flush=True)  # the crash harness waits for this line
-        result = runner.tick(_now_arg(args.now))
+        try:
+            result = runner.tick(_now_arg(args.now))
+        finally:
+            runner.release()
         print(result.summary(), flush=True)
         return 0
     raise SystemExit(f"unknown command {cmd}")  # pragma: no cover
@@ -175,8 +204,10 @@ def _run(args: argparse.Namespace) -> int:
 
 def _topic(broker, args) -> int:
     if args.action == "list":
-        print_table(["topic", "queues", "perm", "ordered"],
-                    [[t, v["queues"], v["perm"], v["ordered"]] for t, v in broker.topics().items()])
+        print_table(
+            ["topic", "queues", "perm", "ordered"],
+            [[t, v["queues"], v["perm"], v["ordered"]] for t, v in broker.topics().items()],
+        )
         return 0
     if not args.name:
         raise SystemExit(f"deltamq: error: topic {args.action} needs a topic name")
@@ -193,16 +224,26 @@ def _topic(broker, args) -> int:
 def _group(broker, args) -> int:
     if args.action == "list":
         rows = broker.groups()
-        print_table(["group", "mode", "orderly", "max reconsume", "consume from", "listener"],
-                    [[g, r["mode"], r["orderly"], r["max_reconsume_times"], r["consume_from"], r["listener"]]
-                     for g, r in rows.items()])
+        print_table(
+            ["group", "mode", "orderly", "max reconsume", "consume from", "listener"],
+            [
+                [g, r["mode"], r["orderly"], r["max_reconsume_times"], r["consume_from"], r["listener"]]
+                for g, r in rows.items()
+            ],
+        )
         return 0
     if not args.name:
         raise SystemExit(f"deltamq: error: group {args.action} needs a group name")
     if args.action == "create":
-        broker.create_group(args.name, args.listener, mode=args.mode, orderly=args.orderly,
-                            max_reconsume_times=args.max_reconsume_times, consume_from=args.consume_from,
-                            consume_timestamp=args.consume_timestamp)
+        broker.create_group(
+            args.name,
+            args.listener,
+            mode=args.mode,
+            orderly=args.orderly,
+            max_reconsume_times=args.max_reconsume_times,
+            consume_from=args.consume_from,
+            consume_timestamp=args.consume_timestamp,
+        )
     else:
         broker.delete_group(args.name)
     print(f"group {args.action}d: {args.name}")
@@ -233,9 +274,16 @@ def _send(broker, args) -> int:
                 try:
                     obj = json.loads(line)
                     body = obj["body"] if isinstance(obj["body"], str) else json.dumps(obj["body"])
-                    batch.append(Message(obj["topic"], body, tags=obj.get("tags"), keys=obj.get("keys"),
-                                         delay_level=obj.get("delay_level", 0),
-                                         properties=obj.get("properties")))
+                    batch.append(
+                        Message(
+                            obj["topic"],
+                            body,
+                            tags=obj.get("tags"),
+                            keys=obj.get("keys"),
+                            delay_level=obj.get("delay_level", 0),
+                            properties=obj.get("properties"),
+                        )
+                    )
                 except (KeyError, ValueError, TypeError) as e:
                     raise SystemExit(f"deltamq: error: {args.file}:{lineno}: {e}") from e
                 if len(batch) >= args.batch_size:
@@ -248,8 +296,14 @@ def _send(broker, args) -> int:
         return 0
     if not args.topic or args.body is None:
         raise SystemExit("deltamq: error: send needs TOPIC BODY, or --file FILE")
-    msg = Message(args.topic, args.body, tags=args.tags, keys=args.keys, delay_level=args.delay_level,
-                  properties=_parse_props(args.property) or None)
+    msg = Message(
+        args.topic,
+        args.body,
+        tags=args.tags,
+        keys=args.keys,
+        delay_level=args.delay_level,
+        properties=_parse_props(args.property) or None,
+    )
     print(producer.send(msg, queue_key=args.queue_key))
     return 0
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 
@@ -71,7 +71,7 @@ def to_ms(when: int | float | datetime) -> int:
     """Epoch milliseconds of an int/float (already ms) or a datetime (naive = UTC)."""
     if isinstance(when, datetime):
         if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
+            when = when.replace(tzinfo=UTC)
         return int(when.timestamp() * 1000)
     if isinstance(when, bool) or not isinstance(when, int | float):
         raise TypeError(f"expected epoch milliseconds or a datetime, got {when!r}")
@@ -82,4 +82,4 @@ def ms_to_iso(ms: int | None) -> str:
     """Readable UTC time of epoch ms, for the CLI and the demo."""
     if ms is None:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]

@@ -7,7 +7,7 @@ users recognise them in the tables.
 from __future__ import annotations
 
 import re
-from enum import Enum
+from enum import StrEnum
 
 # --- system topics -------------------------------------------------------------
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
@@ -85,7 +85,7 @@ class SysFlag:
     TRANSACTION_ROLLBACK_TYPE = 0x3 << 2
 
 
-class Perm(str, Enum):
+class Perm(StrEnum):
     """Topic permissions: readable and/or writable, as RocketMQ's PermName."""
 
     RW = "RW"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from deltamq.broker import Broker
 from deltamq.cli import print_table
@@ -19,7 +19,7 @@ from deltamq.clock import FakeClock, ms_to_iso
 from deltamq.constants import Prop
 from deltamq.message import Message
 
-START = datetime(2026, 1, 1, 9, 0, tzinfo=timezone.utc)
+START = datetime(2026, 1, 1, 9, 0, tzinfo=UTC)
 
 
 def _say(text: str = "") -> None:
@@ -37,9 +37,11 @@ def run_demo(warehouse: str | None = None) -> None:
     location = warehouse or tempfile.mkdtemp(prefix="deltamq-demo-")
     clock = FakeClock(START)
     _say(f"deltamq demo — warehouse {location}")
-    _say("Story: every new order is stored in 'orders' and a payment check is scheduled "
-         "30 minutes later\nin 'order-timeout' (delay level 16 = 30m). The clock is fake: "
-         "half an hour passes in a few ticks.\n")
+    _say(
+        "Story: every new order is stored in 'orders' and a payment check is scheduled "
+        "30 minutes later\nin 'order-timeout' (delay level 16 = 30m). The clock is fake: "
+        "half an hour passes in a few ticks.\n"
+    )
     broker = Broker.open(location, clock=clock)
     broker.create_topic("orders", queues=4, exist_ok=True)
     broker.create_topic("order-timeout", queues=2, exist_ok=True)
@@ -47,50 +49,90 @@ def run_demo(warehouse: str | None = None) -> None:
     broker.subscribe("billing", "orders", "created || paid")
     broker.create_group("order-canceller", exist_ok=True)
     broker.subscribe("order-canceller", "order-timeout", "*")
-    _say("created topics 'orders' (4 queues) and 'order-timeout' (2 queues); groups 'billing' and "
-         "'order-canceller'")
+    _say(
+        "created topics 'orders' (4 queues) and 'order-timeout' (2 queues); groups 'billing' and "
+        "'order-canceller'"
+    )
 
     shop = broker.producer("shop")
     orders = [f"order-{i}" for i in range(1, 6)]
-    created = [Message("orders", json.dumps({"order": o, "amount": 10 * i}), tags="created", keys=o)
-               for i, o in enumerate(orders, 1)]
+    created = [
+        Message("orders", json.dumps({"order": o, "amount": 10 * i}), tags="created", keys=o)
+        for i, o in enumerate(orders, 1)
+    ]
     shop.send_batch(created, queue_keys=orders)
-    checks = [Message("order-timeout", json.dumps({"order": o, "action": "cancel-if-unpaid"}),
-                      tags="timeout", keys=o, delay_level=16) for o in orders]
+    checks = [
+        Message(
+            "order-timeout",
+            json.dumps({"order": o, "action": "cancel-if-unpaid"}),
+            tags="timeout",
+            keys=o,
+            delay_level=16,
+        )
+        for o in orders
+    ]
     shop.send_batch(checks, queue_keys=orders)
     reminder_at = clock.now_ms() + 45 * 60_000
-    shop.send(Message("order-timeout", json.dumps({"report": "daily unpaid summary"}), tags="report",
-                      properties={Prop.TIMER_DELIVER_MS: str(reminder_at)}))
-    _say(f"{ms_to_iso(clock.now_ms())}  sent 5 'created' orders (queue chosen by order id), 5 payment "
-         f"checks at level 16,\n                         and a report timer due at {ms_to_iso(reminder_at)} "
-         "(TIMER_DELIVER_MS)")
+    shop.send(
+        Message(
+            "order-timeout",
+            json.dumps({"report": "daily unpaid summary"}),
+            tags="report",
+            properties={Prop.TIMER_DELIVER_MS: str(reminder_at)},
+        )
+    )
+    _say(
+        f"{ms_to_iso(clock.now_ms())}  sent 5 'created' orders (queue chosen by order id), 5 payment "
+        f"checks at level 16,\n                         and a report timer due at {ms_to_iso(reminder_at)} "
+        "(TIMER_DELIVER_MS)"
+    )
 
     for step in range(4):
         result = broker.tick()
         d = result.job("dispatch")
         routes = ", ".join(f"{k}={v}" for k, v in sorted(d.details.items()) if k.startswith("route_"))
-        _say(f"{ms_to_iso(result.now)}  tick: dispatch indexed {d.rows_out} new messages"
-             + (f" ({routes})" if routes else " (idle: only the job_runs append was committed)"))
+        _say(
+            f"{ms_to_iso(result.now)}  tick: dispatch indexed {d.rows_out} new messages"
+            + (f" ({routes})" if routes else " (idle: only the job_runs append was committed)")
+        )
         clock.advance(minutes=10)
         if step == 1:
-            shop.send(Message("orders", json.dumps({"order": "order-2", "paid": True}), tags="paid",
-                              keys="order-2"), queue_key="order-2")
+            shop.send(
+                Message(
+                    "orders", json.dumps({"order": "order-2", "paid": True}), tags="paid", keys="order-2"
+                ),
+                queue_key="order-2",
+            )
             _say(f"{ms_to_iso(clock.now_ms())}  order-2 is paid: a 'paid' message joins order-2's queue")
 
-    _show(broker, "where every message went (consume_queue: dense offsets per topic and queue)",
-          "SELECT topic, queue_id, count(*) AS messages, min(queue_offset) AS first, "
-          "max(queue_offset) AS last FROM consume_queue GROUP BY topic, queue_id ORDER BY topic, queue_id")
-    _show(broker, "held payment checks: real topic and due time (the schedule service promotes them)",
-          "SELECT keys AS order_id, properties['REAL_TOPIC'] AS real_topic, "
-          "properties['REAL_QID'] AS real_queue, queue_id + 1 AS level, "
-          "from_unixtime(due_ts DIV 1000, 'HH:mm:ss') AS due_utc FROM consume_queue "
-          "WHERE topic = 'SCHEDULE_TOPIC_XXXX' ORDER BY queue_offset")
-    _show(broker, "order-2's messages stay in one queue, in order",
-          "SELECT queue_id, queue_offset, tags, keys FROM consume_queue "
-          "WHERE topic = 'orders' AND keys = 'order-2' ORDER BY queue_offset")
-    _show(broker, "the ticks (job_runs: one append per tick)",
-          "SELECT from_unixtime(now_ts DIV 1000, 'HH:mm:ss') AS now_utc, job, status, rows_out "
-          "FROM job_runs ORDER BY now_ts")
-    _say(f"\ndone in {time.monotonic() - started:.1f}s. Query it yourself:\n"
-         f"  deltamq sql \"SELECT * FROM consume_queue\" --warehouse {location}")
+    _show(
+        broker,
+        "where every message went (consume_queue: dense offsets per topic and queue)",
+        "SELECT topic, queue_id, count(*) AS messages, min(queue_offset) AS first, "
+        "max(queue_offset) AS last FROM consume_queue GROUP BY topic, queue_id ORDER BY topic, queue_id",
+    )
+    _show(
+        broker,
+        "held payment checks: real topic and due time (the schedule service promotes them)",
+        "SELECT keys AS order_id, properties['REAL_TOPIC'] AS real_topic, "
+        "properties['REAL_QID'] AS real_queue, queue_id + 1 AS level, "
+        "from_unixtime(due_ts DIV 1000, 'HH:mm:ss') AS due_utc FROM consume_queue "
+        "WHERE topic = 'SCHEDULE_TOPIC_XXXX' ORDER BY queue_offset",
+    )
+    _show(
+        broker,
+        "order-2's messages stay in one queue, in order",
+        "SELECT queue_id, queue_offset, tags, keys FROM consume_queue "
+        "WHERE topic = 'orders' AND keys = 'order-2' ORDER BY queue_offset",
+    )
+    _show(
+        broker,
+        "the ticks (job_runs: one append per tick)",
+        "SELECT from_unixtime(now_ts DIV 1000, 'HH:mm:ss') AS now_utc, job, status, rows_out "
+        "FROM job_runs ORDER BY now_ts",
+    )
+    _say(
+        f"\ndone in {time.monotonic() - started:.1f}s. Query it yourself:\n"
+        f'  deltamq sql "SELECT * FROM consume_queue" --warehouse {location}'
+    )
     broker.close()

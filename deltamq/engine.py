@@ -278,5 +278,6 @@ def _check_classic_delta(spark: SparkSession) -> None:
         raise EngineError(
             "the active Spark session is not configured for Delta Lake; set "
             + " and ".join(missing)
-            + " (and put the delta-spark jars on the classpath, e.g. --packages io.delta:delta-spark_2.13:4.0.0)"
+            + " (and put the delta-spark jars on the classpath, e.g."
+            + " --packages io.delta:delta-spark_2.13:4.0.0)"
         )

@@ -54,7 +54,9 @@ def _split(text: str) -> list[tuple[int, str]]:
 def validate_expression(expression: str, expr_type: str = "TAG") -> str:
     """Check a subscription expression at subscribe time; returns its normal form."""
     if expr_type not in EXPRESSION_TYPES:
-        raise FilterSyntaxError(f"expression type {expr_type!r} is not allowed; use one of {EXPRESSION_TYPES}")
+        raise FilterSyntaxError(
+            f"expression type {expr_type!r} is not allowed; use one of {EXPRESSION_TYPES}"
+        )
     if expr_type == "SQL92":
         raise FilterSyntaxError(
             "SQL92 subscriptions are not available in this release; subscribe with a TAG "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
@@ -47,7 +47,7 @@ def msg_id_col(batch_id: Column, pos: Column) -> Column:
 
 def store_date(ms: int) -> date:
     """UTC date of epoch ms (the commit_log partition)."""
-    return datetime.fromtimestamp(ms // 1000, tz=timezone.utc).date()
+    return datetime.fromtimestamp(ms // 1000, tz=UTC).date()
 
 
 def store_date_col(ms: Column) -> Column:

@@ -283,10 +283,13 @@ class Producer:
                 "it must be map<string,string>"
             )
         if not isinstance(fields["body"], T.BinaryType | T.StringType):
-            raise InvalidMessage(f"body column has type {fields['body'].simpleString()}; use binary or string")
+            raise InvalidMessage(
+                f"body column has type {fields['body'].simpleString()}; use binary or string"
+            )
         if "delay_level" in fields and not isinstance(fields["delay_level"], T.IntegralType):
             raise InvalidDelayLevel(
-                f"delay_level column has type {fields['delay_level'].simpleString()}; it must be an integer type"
+                f"delay_level column has type {fields['delay_level'].simpleString()}; "
+                "it must be an integer type"
             )
         out = df
         for name, dtype in _DF_OPTIONAL.items():
@@ -323,23 +326,17 @@ def plan_send_dataframe(
     else:
         chosen = F.pmod(F.col("batch_pos") + F.lit(rr_start), nq)
     user_props = F.coalesce(F.col("properties"), F.create_map().cast("map<string,string>"))
-    user_props = F.map_filter(
-        user_props, lambda k, v: ~k.isin(Prop.UNIQ_KEY, Prop.DELAY)
-    )
+    user_props = F.map_filter(user_props, lambda k, v: ~k.isin(Prop.UNIQ_KEY, Prop.DELAY))
     level = F.least(F.col("delay_level"), F.lit(max_level))
     sys_props = F.when(
         F.col("delay_level") > 0,
-        F.create_map(
-            F.lit(Prop.UNIQ_KEY), F.col("msg_id"), F.lit(Prop.DELAY), level.cast("string")
-        ),
+        F.create_map(F.lit(Prop.UNIQ_KEY), F.col("msg_id"), F.lit(Prop.DELAY), level.cast("string")),
     ).otherwise(F.create_map(F.lit(Prop.UNIQ_KEY), F.col("msg_id")))
     out = (
         df.withColumn("batch_pos", pos)
         .withColumn("batch_id", F.lit(batch_id).cast("bigint"))
         .withColumn("msg_id", ids.msg_id_col(F.col("batch_id"), F.col("batch_pos")))
-        .withColumn(
-            "queue_id", F.coalesce(F.col("queue_id"), chosen.cast("int"))
-        )
+        .withColumn("queue_id", F.coalesce(F.col("queue_id"), chosen.cast("int")))
         .withColumn("properties", F.map_concat(user_props, sys_props))
         .withColumn("flag", F.coalesce(F.col("flag"), F.lit(0)).cast("int"))
         .withColumn("born_ts", F.lit(now_ms).cast("bigint"))

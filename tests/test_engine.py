@@ -33,12 +33,12 @@ def test_embedded_server_stops_and_restarts_cleanly(tmp_path):
         import os, sys
         from deltamq import Broker
         from deltamq.engine import Engine
-        b = Broker.open({str(tmp_path / 'w')!r})
+        b = Broker.open({str(tmp_path / "w")!r})
         b.create_topic("t")
         b.close()
         Engine.shutdown_embedded()
         assert not Engine.embedded_running()
-        b2 = Broker.open({str(tmp_path / 'w')!r})
+        b2 = Broker.open({str(tmp_path / "w")!r})
         assert "t" in b2.topics()
         print("OK")
         """
@@ -120,6 +120,7 @@ def test_real_conflicts_between_two_writers_are_retried(tmp_path, clock):
     def work(b):
         ref = b.warehouse.ref("topic_config")
         for _ in range(n):
+
             def attempt():
                 # Self-contained: the new value is computed inside the MERGE's own snapshot.
                 b.engine.execute(

@@ -34,7 +34,9 @@ _ACQUIRE = textwrap.dedent(
 def _spawn(wh, holder, ttl_ms, start_at):
     return subprocess.Popen(
         [sys.executable, "-c", _ACQUIRE, str(wh), holder, str(ttl_ms), str(start_at)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 

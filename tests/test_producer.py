@@ -88,7 +88,8 @@ def test_send_dataframe(orders, clock):
     assert ids.count() == 1000
     stats = orders.sql(
         "SELECT count(*) AS n, count(DISTINCT msg_id) AS ids, min(store_ts) AS lo, max(store_ts) AS hi, "
-        "count(DISTINCT batch_id) AS batches, sum(CASE WHEN properties['DELAY'] IS NOT NULL THEN 1 ELSE 0 END) "
+        "count(DISTINCT batch_id) AS batches, "
+        "sum(CASE WHEN properties['DELAY'] IS NOT NULL THEN 1 ELSE 0 END) "
         "AS delayed, sum(CASE WHEN properties['UNIQ_KEY'] = msg_id THEN 1 ELSE 0 END) AS uniq "
         "FROM commit_log"
     ).collect()[0]

@@ -44,14 +44,17 @@ BAD_MESSAGES = [
     pytest.param(Message("%DLQ%g", b"x"), SystemTopicError, "system topic", id="dlq"),
     pytest.param(Message("orders", b"x" * (4 * 1024 * 1024 + 1)), BodyTooLarge, "at most 4194304", id="body"),
     pytest.param(Message("orders", 42), InvalidMessage, "bytes or str", id="body-type"),
-    pytest.param(Message("orders", b"x", properties={"a": 1}), InvalidProperties, "values must be str",
-                 id="prop-value"),
-    pytest.param(Message("orders", b"x", properties={1: "a"}), InvalidProperties, "non-empty strings",
-                 id="prop-name"),
+    pytest.param(
+        Message("orders", b"x", properties={"a": 1}), InvalidProperties, "values must be str", id="prop-value"
+    ),
+    pytest.param(
+        Message("orders", b"x", properties={1: "a"}), InvalidProperties, "non-empty strings", id="prop-name"
+    ),
     pytest.param(Message("orders", b"x", properties=["a"]), InvalidProperties, "mapping", id="prop-type"),
     pytest.param(Message("orders", b"x", delay_level=-1), InvalidDelayLevel, "negative", id="negative-level"),
-    pytest.param(Message("orders", b"x", delay_level=1.5), InvalidDelayLevel, "not an integer",
-                 id="float-level"),
+    pytest.param(
+        Message("orders", b"x", delay_level=1.5), InvalidDelayLevel, "not an integer", id="float-level"
+    ),
     pytest.param(Message("orders", b"x", tags=5), InvalidMessage, "tags", id="tags-type"),
 ]
 
@@ -88,14 +91,26 @@ def test_bad_dataframe_stores_nothing(ready, tmp_path):
         (spark.createDataFrame([("nope", "b")], "topic string, body string"), UnknownTopic, "nope"),
         (spark.createDataFrame([("%DLQ%x", "b")], "topic string, body string"), SystemTopicError, "system"),
         (spark.createDataFrame([(None, "b")], "topic string, body string"), InvalidTopic, "non-empty"),
-        (spark.createDataFrame([("orders", "b", -2)], "topic string, body string, delay_level int"),
-         InvalidDelayLevel, "-2"),
-        (spark.createDataFrame([("orders", "b", 1)], "topic string, body string, properties int"),
-         InvalidProperties, "map<string,string>"),
-        (spark.createDataFrame([("orders", "b", 9)], "topic string, body string, queue_id int"),
-         InvalidMessage, "outside"),
-        (spark.range(1).selectExpr("'orders' AS topic", "repeat('x', 4194305) AS body"), BodyTooLarge,
-         "4194305"),
+        (
+            spark.createDataFrame([("orders", "b", -2)], "topic string, body string, delay_level int"),
+            InvalidDelayLevel,
+            "-2",
+        ),
+        (
+            spark.createDataFrame([("orders", "b", 1)], "topic string, body string, properties int"),
+            InvalidProperties,
+            "map<string,string>",
+        ),
+        (
+            spark.createDataFrame([("orders", "b", 9)], "topic string, body string, queue_id int"),
+            InvalidMessage,
+            "outside",
+        ),
+        (
+            spark.range(1).selectExpr("'orders' AS topic", "repeat('x', 4194305) AS body"),
+            BodyTooLarge,
+            "4194305",
+        ),
     ]
     for df, error, text in cases:
         with pytest.raises(error, match=text):

@@ -141,7 +141,9 @@ def read_new_rows(wh: Warehouse, commits: list[deltalog.Commit]) -> DataFrame | 
         parts.append(data.join(F.broadcast(versions), "batch_id"))
     for version, paths in sorted(odd.items()):
         parts.append(
-            spark.read.schema(_FILE_SCHEMA).parquet(*paths).withColumn("cl_version", F.lit(version).cast("bigint"))
+            spark.read.schema(_FILE_SCHEMA)
+            .parquet(*paths)
+            .withColumn("cl_version", F.lit(version).cast("bigint"))
         )
     if not parts:
         return None
@@ -158,9 +160,7 @@ def _int_prop(props: Column, key: str, digits: int) -> Column:
     return F.when(raw.rlike(f"^[0-9]{{1,{digits}}}$"), raw.cast("bigint"))
 
 
-def plan_dispatch(
-    rows: DataFrame, heads: DataFrame, levels: list[tuple[int, int]]
-) -> DataFrame:
+def plan_dispatch(rows: DataFrame, heads: DataFrame, levels: list[tuple[int, int]]) -> DataFrame:
     """Pure plan: new commit_log rows (+ ``cl_version``) and queue heads → consume_queue rows
     with a ``route`` column (plain / schedule / timer / half)."""
     max_level = max((lvl for lvl, _ in levels), default=0)
@@ -186,12 +186,17 @@ def plan_dispatch(
         .when(F.col("route") == "schedule", F.lit(SCHEDULE_TOPIC))
         .otherwise(F.col("topic"))
     )
-    qid = F.when(F.col("route") == "schedule", (F.col("level") - 1).cast("int")).when(
-        F.col("route").isin("half", "timer"), F.lit(0)
-    ).otherwise(F.col("queue_id"))
+    qid = (
+        F.when(F.col("route") == "schedule", (F.col("level") - 1).cast("int"))
+        .when(F.col("route").isin("half", "timer"), F.lit(0))
+        .otherwise(F.col("queue_id"))
+    )
     due = (
         F.when(F.col("route") == "timer", timer_ms)
-        .when(F.col("route") == "schedule", F.col("store_ts") + F.element_at(delay_of, F.col("level").cast("int")))
+        .when(
+            F.col("route") == "schedule",
+            F.col("store_ts") + F.element_at(delay_of, F.col("level").cast("int")),
+        )
         .cast("bigint")
     )
     clean = F.map_filter(
@@ -317,7 +322,8 @@ def write_progress(wh: Warehouse, version: int, queues: dict[tuple[str, int], in
         "t.updated_ts = s.updated_ts "
         "WHEN NOT MATCHED THEN INSERT (consumer_group, topic, queue_id, client_id, next_offset, attempts, "
         "suspend_until, progress_version, updated_ts) VALUES (s.consumer_group, s.topic, s.queue_id, "
-        "s.client_id, s.next_offset, CAST(NULL AS INT), CAST(NULL AS BIGINT), s.progress_version, s.updated_ts)"
+        "s.client_id, s.next_offset, CAST(NULL AS INT), CAST(NULL AS BIGINT), s.progress_version, "
+        "s.updated_ts)"
     )
 
 

@@ -32,7 +32,11 @@ def wall_ms() -> int:
 
 
 def new_holder_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+    """``DELTAMQ_RUNNER_ID`` if set (a restarted runner keeps its leases), else
+    host:pid:random."""
+    return os.environ.get("DELTAMQ_RUNNER_ID") or (
+        f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+    )
 
 
 @dataclass(frozen=True)
@@ -67,8 +71,10 @@ class Leases:
         )
         out: dict[str, Lease] = {}
         for r in sorted(rows, key=lambda r: (-(r["epoch"] or 0), r["holder"] or "")):
-            out.setdefault(r["job"], Lease(r["job"], r["holder"] or "", r["epoch"] or 0,
-                                           r["expires_at"] or 0, r["last_now"]))
+            out.setdefault(
+                r["job"],
+                Lease(r["job"], r["holder"] or "", r["epoch"] or 0, r["expires_at"] or 0, r["last_now"]),
+            )
         return out
 
     def acquire(self, jobs: Sequence[str], *, last_now: int | None = None) -> dict[str, Lease]:
@@ -114,7 +120,8 @@ class Leases:
         selects = []
         for job, cur, epoch, keep_now in changes:
             selects.append(
-                f"SELECT {sql_str(job)} AS job, {sql_str(self.holder)} AS holder, {sql_long(epoch)} AS epoch, "
+                f"SELECT {sql_str(job)} AS job, {sql_str(self.holder)} AS holder, "
+                f"{sql_long(epoch)} AS epoch, "
                 f"{sql_long(now + self.ttl_ms)} AS expires_at, {sql_long(now)} AS acquired_at, "
                 f"{sql_long(keep_now if keep_now >= 0 else None)} AS last_now, "
                 f"{sql_str(cur.holder if cur else None)} AS old_holder, "

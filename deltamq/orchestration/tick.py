@@ -85,8 +85,9 @@ SEQUENCE: tuple[tuple[str, JobFn], ...] = (("dispatch", _dispatch),)
 class TickRunner:
     """Runs ticks for one Broker, holding the job leases between ticks."""
 
-    def __init__(self, broker: Broker, holder: str | None = None,
-                 sequence: tuple[tuple[str, JobFn], ...] = SEQUENCE) -> None:
+    def __init__(
+        self, broker: Broker, holder: str | None = None, sequence: tuple[tuple[str, JobFn], ...] = SEQUENCE
+    ) -> None:
         self.broker = broker
         self.sequence = sequence
         self.jobs = tuple(dict.fromkeys(name for name, _ in sequence))
@@ -113,8 +114,9 @@ class TickRunner:
         first = self.last_now is None
         held = self.leases.acquire(self.jobs, last_now=now_ms)
         if first:
-            lease_now = max((lease.last_now for lease in held.values() if lease.last_now is not None),
-                            default=None)
+            lease_now = max(
+                (lease.last_now for lease in held.values() if lease.last_now is not None), default=None
+            )
             self.last_now = self._load_last_now(lease_now)
         if self.last_now is not None and now_ms < self.last_now:
             raise ClockError(
@@ -134,8 +136,15 @@ class TickRunner:
                 runs.append(_stamped(run, start))
             except Exception as e:  # noqa: BLE001 - recorded, then re-raised after the append
                 failed = e
-                runs.append(JobRun(name, "FAILED", start_ts=start, end_ts=wall_ms(),
-                                   error="".join(traceback.format_exception_only(type(e), e)).strip()))
+                runs.append(
+                    JobRun(
+                        name,
+                        "FAILED",
+                        start_ts=start,
+                        end_ts=wall_ms(),
+                        error="".join(traceback.format_exception_only(type(e), e)).strip(),
+                    )
+                )
         self.last_now = now_ms
         result = TickResult(tick_id, now_ms, self.holder, tuple(runs))
         self._record(result)
@@ -147,8 +156,20 @@ class TickRunner:
         spark = self.broker.engine.spark
         day = ids.store_date(result.now)
         rows = [
-            (result.tick_id, result.now, j.job, j.start_ts, j.end_ts, j.rows_in, j.rows_out, j.status,
-             j.error, result.holder, day, {k: int(v) for k, v in j.details.items()})
+            (
+                result.tick_id,
+                result.now,
+                j.job,
+                j.start_ts,
+                j.end_ts,
+                j.rows_in,
+                j.rows_out,
+                j.status,
+                j.error,
+                result.holder,
+                day,
+                {k: int(v) for k, v in j.details.items()},
+            )
             for j in result.jobs
         ]
         df = spark.createDataFrame(
@@ -166,8 +187,12 @@ class TickRunner:
     def stop(self, *_: object) -> None:
         self._stop.set()
 
-    def loop(self, interval_s: float, for_s: float | None = None,
-             on_tick: Callable[[TickResult], None] | None = None) -> int:
+    def loop(
+        self,
+        interval_s: float,
+        for_s: float | None = None,
+        on_tick: Callable[[TickResult], None] | None = None,
+    ) -> int:
         """Tick every ``interval_s`` (wall clock) until stopped or ``for_s`` elapsed.
 
         SIGTERM/SIGINT stop the loop between ticks. Returns the number of ticks.
@@ -196,8 +221,9 @@ class TickRunner:
 
 
 def _stamped(run: JobRun, start: int) -> JobRun:
-    return JobRun(run.job, run.status, run.rows_in, run.rows_out, start, wall_ms(), run.error,
-                  run.details, run.result)
+    return JobRun(
+        run.job, run.status, run.rows_in, run.rows_out, start, wall_ms(), run.error, run.details, run.result
+    )
 
 
 def last_tick_now(broker: Broker) -> int | None:

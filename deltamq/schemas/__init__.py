@@ -64,7 +64,9 @@ class TableSpec:
 
     def ddl_columns(self, version: int = SCHEMA_VERSION) -> str:
         """``col TYPE, ...`` for CREATE TABLE (names are constants, never user text)."""
-        return ", ".join(f"{f.name} {f.dataType.simpleString().upper()}" for f in self.columns_at(version).fields)
+        return ", ".join(
+            f"{f.name} {f.dataType.simpleString().upper()}" for f in self.columns_at(version).fields
+        )
 
 
 COMMIT_LOG = T.StructType(

@@ -139,7 +139,8 @@ class Warehouse:
             )
         if current is not None and current > target_version:
             raise SchemaVersionError(
-                f"warehouse {self.location} is at schema version {current}; cannot init it at {target_version}"
+                f"warehouse {self.location} is at schema version {current}; "
+                f"cannot init it at {target_version}"
             )
         created: list[str] = []
         upgraded: dict[str, list[str]] = {}
@@ -188,9 +189,7 @@ class Warehouse:
 
     def levels(self) -> list[tuple[int, int]]:
         """(level, delay_ms) rows of ``schedule_levels``, by level."""
-        rows = self.engine.rows(
-            f"SELECT level, delay_ms FROM {self.ref('schedule_levels')} ORDER BY level"
-        )
+        rows = self.engine.rows(f"SELECT level, delay_ms FROM {self.ref('schedule_levels')} ORDER BY level")
         return [(r["level"], r["delay_ms"]) for r in rows]
 
     def ensure_ready(self) -> None:
@@ -198,7 +197,8 @@ class Warehouse:
         version = self.schema_version()
         if version is None:
             raise SchemaVersionError(
-                f"{self.location} is not a deltamq warehouse yet; run `deltamq init --warehouse {self.location}`"
+                f"{self.location} is not a deltamq warehouse yet; "
+                f"run `deltamq init --warehouse {self.location}`"
             )
         if version != SCHEMA_VERSION:
             raise SchemaVersionError(

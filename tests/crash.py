@@ -1,0 +1,69 @@
+"""Crash harness: run a named job in a subprocess and SIGKILL it at a chosen point.
+
+Points are injected by ``deltamq.faults`` (``DELTAMQ_CRASH_AT=<point>[:<n>]``): the
+child kills itself exactly there, before or after a commit. Random kills wait for the
+child's ``READY`` line (printed once the broker is open, right before the job runs)
+and then kill it after a random delay. Every later job issue reuses this module.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+RUNNER_ID = "crash-harness-runner"
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    returncode: int
+    killed: bool
+    stdout: str
+    stderr: str
+
+
+def run_job(
+    warehouse: str | Path,
+    job: str,
+    now: int,
+    *,
+    crash_at: str | None = None,
+    kill_after_s: float | None = None,
+    timeout_s: float = 180,
+) -> JobOutcome:
+    """Run ``deltamq job <job>`` in a subprocess; optionally kill it at a point or time."""
+    env = dict(os.environ)
+    env["RUST_LOG"] = "error"
+    env["DELTAMQ_RUNNER_ID"] = RUNNER_ID  # a restarted runner keeps its lease
+    env.pop("DELTAMQ_CRASH_AT", None)
+    if crash_at:
+        env["DELTAMQ_CRASH_AT"] = crash_at
+    cmd = [sys.executable, "-m", "deltamq.cli", "job", job, "--warehouse", str(warehouse), "--now", str(now)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    killed_by_us = False
+    if kill_after_s is not None:
+        deadline = time.monotonic() + timeout_s
+        line = ""
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line or line.strip() == "READY":
+                break
+        if line.strip() == "READY":
+            time.sleep(kill_after_s)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                killed_by_us = True
+    out, err = proc.communicate(timeout=timeout_s)
+    killed = proc.returncode == -signal.SIGKILL
+    assert killed or not killed_by_us
+    return JobOutcome(proc.returncode, killed, out, err)
+
+
+def random_delay(rng: random.Random, low: float = 0.0, high: float = 0.25) -> float:
+    return rng.uniform(low, high)

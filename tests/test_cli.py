@@ -1,0 +1,68 @@
+"""The deltamq command line, in-process (same embedded engine)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from deltamq.cli import main
+
+
+def _run(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_admin_send_tick_sql_status(tmp_path, capsys):
+    wh = str(tmp_path / "wh")
+    assert _run(capsys, "init", "--warehouse", wh)[0] == 0
+    code, out, _ = _run(capsys, "init", "--warehouse", wh)
+    assert json.loads(out)["created"] == []
+    assert _run(capsys, "topic", "create", "orders", "--queues", "2", "--warehouse", wh)[0] == 0
+    assert _run(capsys, "topic", "update", "orders", "--queues", "3", "--warehouse", wh)[0] == 0
+    assert _run(capsys, "group", "create", "billing", "--warehouse", wh)[0] == 0
+    assert _run(capsys, "subscribe", "billing", "orders", "A || B", "--warehouse", wh)[0] == 0
+    code, out, _ = _run(capsys, "send", "orders", "hello", "--tags", "A", "-p", "k=v", "--warehouse", wh)
+    assert code == 0 and len(out.strip()) == 24
+    lines = tmp_path / "m.jsonl"
+    lines.write_text(
+        "\n".join(json.dumps({"topic": "orders", "body": {"n": i}, "delay_level": i % 2}) for i in range(25))
+    )
+    code, out, _ = _run(capsys, "send", "--file", str(lines), "--batch-size", "10", "--warehouse", wh)
+    assert code == 0 and "sent 25 messages" in out
+    code, out, _ = _run(capsys, "tick", "--now", "2026-01-01T00:00:00", "--warehouse", wh)
+    assert code == 0 and "dispatch: OK in=26 out=26" in out
+    code, out, _ = _run(capsys, "sql", "SELECT count(*) AS n FROM consume_queue", "--warehouse", wh)
+    assert "26" in out
+    code, _, err = _run(capsys, "sql", "DELETE FROM commit_log", "--warehouse", wh)
+    assert code == 2 and "--write" in err
+    code, out, _ = _run(capsys, "status", "--warehouse", wh)
+    assert "orders" in out and "%RETRY%billing" in out
+    code, out, _ = _run(capsys, "topic", "list", "--warehouse", wh)
+    assert "orders" in out and "3" in out
+
+
+def test_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
+    wh = str(tmp_path / "wh")
+    code, _, err = _run(capsys, "send", "missing", "x", "--warehouse", wh)
+    assert code == 2 and "topic 'missing' does not exist" in err
+    code, _, err = _run(capsys, "topic", "create", "bad/name", "--warehouse", wh)
+    assert code == 2 and "not allowed" in err
+    code, _, err = _run(capsys, "tick", "--now", "1000", "--warehouse", wh)
+    code, _, err = _run(capsys, "tick", "--now", "999", "--warehouse", wh)
+    assert code == 2 and "earlier than the warehouse's last tick" in err
+
+
+def test_console_script_help():
+    out = subprocess.run([sys.executable, "-m", "deltamq.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    for cmd in ("init", "topic", "group", "subscribe", "send", "sql", "status", "tick", "demo"):
+        assert cmd in out.stdout
+
+
+def test_demo_runs(tmp_path, capsys):
+    assert main(["demo", "--warehouse", str(tmp_path / "demo")]) == 0
+    out = capsys.readouterr().out
+    assert "route_schedule=5" in out and "SCHEDULE_TOPIC_XXXX" in out and "order-2" in out

@@ -1,0 +1,80 @@
+"""Dispatch killed at every commit point and at random times: re-run loses and repeats nothing."""
+
+from __future__ import annotations
+
+import random
+
+from crash import run_job
+
+from deltamq import Message
+from deltamq.constants import Prop
+from deltamq.dq.conservation import check_dispatch
+
+POINTS = [
+    "dispatch.before_index_commit",
+    "dispatch.after_index_commit",
+    "dispatch.after_progress_commit",
+]
+
+
+def _produce(broker, clock, round_no: int) -> None:
+    p = broker.producer("p")
+    now = clock.now_ms()
+    for k in range(3):
+        p.send_batch(
+            [
+                Message(
+                    "orders",
+                    f"r{round_no}b{k}m{i}",
+                    keys=f"{round_no}-{k}-{i}",
+                    delay_level=(i % 4),
+                    properties={Prop.TIMER_DELIVER_MS: str(now + 60_000)} if i == 7 else None,
+                )
+                for i in range(40)
+            ]
+        )
+    df = broker.engine.spark.range(500).selectExpr("'orders' AS topic", "CAST(id AS STRING) AS body")
+    p.send_dataframe(df)
+
+
+def _check(broker, expected: int) -> None:
+    report = check_dispatch(broker.warehouse)
+    assert report.ok, report.describe()
+    assert report.stored == report.indexed == expected
+    heads = {
+        (r["topic"], r["queue_id"]): r["next_offset"]
+        for r in broker.sql(
+            "SELECT topic, queue_id, next_offset FROM offsets WHERE consumer_group = '%DISPATCH%' "
+            "AND queue_id >= 0"
+        ).collect()
+    }
+    counts = {
+        (r["topic"], r["queue_id"]): r["n"]
+        for r in broker.sql(
+            "SELECT topic, queue_id, count(*) AS n FROM consume_queue GROUP BY 1, 2"
+        ).collect()
+    }
+    assert heads == counts
+
+
+def test_dispatch_survives_kills(broker, clock, tmp_path):
+    broker.create_topic("orders", queues=4)
+    wh = tmp_path / "wh"
+    rng = random.Random(20261123)
+    plan = [(p, None) for p in POINTS for _ in range(2)] + [(None, "random")] * 8
+    kills = 0
+    expected = 0
+    for round_no, (point, mode) in enumerate(plan):
+        _produce(broker, clock, round_no)
+        expected += 620
+        clock.advance(seconds=1)
+        if mode == "random":
+            outcome = run_job(wh, "dispatch", clock.now_ms(), kill_after_s=rng.uniform(0.0, 0.3))
+        else:
+            outcome = run_job(wh, "dispatch", clock.now_ms(), crash_at=point)
+            assert outcome.killed, outcome.stderr[-2000:]
+        kills += outcome.killed
+        rerun = run_job(wh, "dispatch", clock.now_ms())
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        _check(broker, expected)
+    assert kills >= 10

@@ -1,0 +1,252 @@
+"""Dispatch: commit order → dense offsets, routing, exactness, idle ticks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import table_versions
+
+from deltamq import Message
+from deltamq.constants import SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, Prop, SysFlag
+from deltamq.dq.conservation import check_dispatch
+from deltamq.jobs import dispatch
+
+_PRODUCER = textwrap.dedent(
+    """
+    import sys, time
+    from deltamq import Broker, Message
+    wh, name, batches, start_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+    b = Broker.open(wh)
+    p = b.producer(name)
+    time.sleep(max(0.0, start_at - time.time()))
+    for i in range(batches):
+        p.send_batch([Message("orders", f"{name}:{i}:{j}", keys=f"{name}:{i:04d}:{j:02d}")
+                      for j in range(10)], queue_keys=[name] * 10)
+    print("DONE", flush=True)
+    """
+)
+
+
+@pytest.fixture
+def orders(broker):
+    broker.create_topic("orders", queues=4)
+    return broker
+
+
+def _queue(broker, topic, qid):
+    return broker.sql(
+        f"SELECT queue_offset, msg_id, keys, due_ts, properties FROM consume_queue "
+        f"WHERE topic = '{topic}' AND queue_id = {qid} ORDER BY queue_offset"
+    ).collect()
+
+
+def test_two_producer_processes_dense_offsets_in_commit_order(orders, tmp_path):
+    import time
+
+    start = time.time() + 6.0
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _PRODUCER, str(tmp_path / "wh"), name, "15", str(start)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("alpha", "beta")
+    ]
+    orders.tick()  # a dispatch while the producers are (about to be) running
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        assert "DONE" in out, err[-2000:]
+    orders.tick()
+    report = check_dispatch(orders.warehouse)
+    assert report.ok, report.describe()
+    assert report.stored == report.indexed == 300
+    queues = orders.sql(
+        "SELECT queue_id, count(*) AS n, min(queue_offset) AS lo, max(queue_offset) AS hi "
+        "FROM consume_queue WHERE topic = 'orders' GROUP BY queue_id"
+    ).collect()
+    for q in queues:
+        assert (q["lo"], q["hi"]) == (0, q["n"] - 1)
+    # each producer's messages keep their send order within their queue
+    for name in ("alpha", "beta"):
+        rows = orders.sql(
+            f"SELECT keys FROM consume_queue WHERE topic = 'orders' AND keys LIKE '{name}:%' "
+            "ORDER BY queue_id, queue_offset"
+        ).collect()
+        keys = [r["keys"] for r in rows]
+        assert keys == sorted(keys) and len(keys) == 150
+
+
+def test_late_committing_producer_is_still_indexed(orders, clock):
+    """A producer whose commit lands after later producers' commits (and after a dispatch)
+    is indexed, after them, in commit order — whatever its clock said."""
+    slow = orders.producer("slow")
+    held = []
+    real_append = orders.append_commit_log
+    orders.append_commit_log = lambda rows, what: held.append(rows)  # stalls the slow commit
+    slow_id = slow.send(Message("orders", b"slow"), queue_key="k")
+    orders.append_commit_log = real_append
+    clock.advance(seconds=5)
+    fast_id = orders.producer("fast").send(Message("orders", b"fast"), queue_key="k")
+    assert slow_id < fast_id  # the slow one was stored "earlier" by its clock
+    orders.tick()
+    real_append(held[0], what="send")  # the slow commit finally lands
+    clock.advance(seconds=1)
+    orders.tick()
+    from deltamq.producer import queue_for_key
+
+    rows = _queue(orders, "orders", queue_for_key("k", 4))
+    assert [r["msg_id"] for r in rows] == [fast_id, slow_id]
+    assert [r["queue_offset"] for r in rows] == [0, 1]
+    assert check_dispatch(orders.warehouse).ok
+
+
+def test_routing_delay_timer_half(orders, clock):
+    p = orders.producer("p")
+    now = clock.now_ms()
+    plain = p.send(Message("orders", b"p"), selector=lambda n, m, a: 2)
+    d3 = p.send(Message("orders", b"d", delay_level=3), selector=lambda n, m, a: 1)
+    d99 = p.send(Message("orders", b"d", delay_level=99), selector=lambda n, m, a: 0)
+    timer_due = now + 123_456
+    t = p.send(Message("orders", b"t", properties={Prop.TIMER_DELIVER_MS: str(timer_due)}))
+    _write_half_message(orders, now)
+    result = orders.tick().job("dispatch")
+    assert result.details["route_plain"] == 1 and result.details["route_schedule"] == 2
+    assert result.details["route_timer"] == 1 and result.details["route_half"] == 1
+    assert [r["msg_id"] for r in _queue(orders, "orders", 2)] == [plain]
+    (s3,) = _queue(orders, SCHEDULE_TOPIC, 2)
+    assert s3["msg_id"] == d3 and s3["due_ts"] == now + 10_000
+    assert s3["properties"][Prop.REAL_TOPIC] == "orders" and s3["properties"][Prop.REAL_QID] == "1"
+    (s18,) = _queue(orders, SCHEDULE_TOPIC, 17)
+    assert s18["msg_id"] == d99 and s18["due_ts"] == now + 7_200_000
+    (tm,) = _queue(orders, TIMER_TOPIC, 0)
+    assert tm["msg_id"] == t and tm["due_ts"] == timer_due
+    (half,) = _queue(orders, TRANS_HALF_TOPIC, 0)
+    assert half["properties"][Prop.REAL_TOPIC] == "orders" and half["properties"][Prop.TRAN_MSG] == "true"
+    assert half["due_ts"] is None
+
+
+def _write_half_message(broker, now):
+    from deltamq import ids
+    from deltamq.producer import rows_to_arrow
+
+    batch = ids.new_batch_id(now)
+    mid = ids.msg_id(batch, 0)
+    row = {
+        "msg_id": mid,
+        "topic": "orders",
+        "queue_id": 3,
+        "tags": None,
+        "keys": None,
+        "body": b"half",
+        "flag": 0,
+        "properties": {Prop.TRAN_MSG: "true", Prop.PGROUP: "p", Prop.DELAY: "2"},
+        "born_ts": now,
+        "store_ts": now,
+        "reconsume_times": 0,
+        "sys_flag": SysFlag.TRANSACTION_PREPARED_TYPE,
+        "producer_group": "p",
+        "batch_id": batch,
+        "batch_pos": 0,
+        "store_date": ids.store_date(now),
+    }
+    broker.append_commit_log(rows_to_arrow([row]), what="test")
+    return mid
+
+
+def test_idle_tick_commits_only_job_runs(orders, clock, tmp_path):
+    orders.producer("p").send_batch([Message("orders", b"x")] * 3)
+    orders.tick()
+    before = table_versions(tmp_path / "wh")
+    clock.advance(seconds=1)
+    result = orders.tick()
+    after = table_versions(tmp_path / "wh")
+    assert result.job("dispatch").rows_out == 0
+    changed = {t: (before[t], after[t]) for t in before if before[t] != after[t]}
+    assert changed == {"job_runs": (before["job_runs"], before["job_runs"] + 1)}
+
+
+def test_busy_tick_commits_once_per_table(orders, clock, tmp_path):
+    orders.tick()
+    orders.producer("p").send_batch([Message("orders", b"x", delay_level=i % 3) for i in range(30)])
+    before = table_versions(tmp_path / "wh")
+    clock.advance(seconds=1)
+    orders.tick()
+    after = table_versions(tmp_path / "wh")
+    assert {t: after[t] - before[t] for t in before if after[t] != before[t]} == {
+        "consume_queue": 1,
+        "offsets": 1,
+        "job_runs": 1,
+    }
+
+
+def test_rerun_after_index_commit_without_progress_repeats_nothing(orders, monkeypatch):
+    p = orders.producer("p")
+    p.send_batch([Message("orders", f"{i}") for i in range(20)])
+    monkeypatch.setattr(dispatch, "write_progress", lambda *a, **k: (_ for _ in ()).throw(OSError("killed")))
+    with pytest.raises(OSError):
+        dispatch.run(orders.warehouse, 0)
+    monkeypatch.undo()
+    p.send_batch([Message("orders", f"b{i}") for i in range(8)])
+    result = dispatch.run(orders.warehouse, 0)
+    assert result.rows_out == 8  # the first 20 were already indexed (progress is in the rows)
+    report = check_dispatch(orders.warehouse)
+    assert report.ok and report.indexed == 28, report.describe()
+
+
+def test_non_append_commits_are_not_reindexed(orders, clock):
+    p = orders.producer("p")
+    p.send_batch([Message("orders", f"{i}") for i in range(6)])
+    orders.tick()
+    # an operator rewrites commit_log rows (e.g. retention): the rewrite re-adds files
+    orders.engine.execute(f"UPDATE {orders.warehouse.ref('commit_log')} SET flag = 7 WHERE flag = 0")
+    clock.advance(seconds=1)
+    assert orders.tick().job("dispatch").rows_out == 0
+    assert check_dispatch(orders.warehouse).indexed == 6
+
+
+def test_offsets_continue_across_runs(orders, clock):
+    p = orders.producer("p")
+    for _ in range(3):
+        p.send_batch([Message("orders", b"x")] * 4, queue_keys=["same"] * 4)
+        orders.tick()
+        clock.advance(seconds=1)
+    from deltamq.producer import queue_for_key
+
+    rows = _queue(orders, "orders", queue_for_key("same", 4))
+    assert [r["queue_offset"] for r in rows] == list(range(12))
+    hint = orders.sql(
+        "SELECT next_offset FROM offsets WHERE consumer_group = '%DISPATCH%' AND topic = 'orders' "
+        f"AND queue_id = {queue_for_key('same', 4)}"
+    ).collect()
+    assert hint[0]["next_offset"] == 12
+
+
+@pytest.mark.plan
+def test_plan_dispatch_routes_and_numbers(spark):
+    from deltamq.jobs.dispatch import plan_dispatch
+
+    rows = spark.createDataFrame(
+        [
+            ("m1", "t", 0, "A", None, {}, 1000, 0, 0, 5, 0, 10),
+            ("m2", "t", 0, None, None, {"DELAY": "2"}, 1000, 0, 0, 5, 1, 10),
+            ("m3", "t", 0, "B", None, {}, 2000, 0, 0, 7, 0, 11),
+            ("m4", "t", 1, None, None, {"TIMER_DELIVER_MS": "99999"}, 2000, 0, 0, 7, 1, 11),
+            ("m5", "t", 0, None, None, {"DELAY": "x"}, 3000, 0, 0, 9, 0, 12),
+            ("m6", "t", 1, None, None, {"TRAN_MSG": "true"}, 3000, 0, 4, 9, 1, 12),
+        ],
+        "msg_id string, topic string, queue_id int, tags string, keys string, properties map<string,string>, "
+        "store_ts bigint, reconsume_times int, sys_flag int, cl_version bigint, batch_pos bigint, "
+        "batch_id bigint",
+    )
+    heads = spark.createDataFrame([("t", 0, 40)], "topic string, queue_id int, next_offset bigint")
+    out = {r["msg_id"]: r for r in plan_dispatch(rows, heads, [(1, 1000), (2, 5000)]).collect()}
+    assert (out["m1"]["topic"], out["m1"]["queue_id"], out["m1"]["queue_offset"]) == ("t", 0, 40)
+    assert (out["m3"]["queue_offset"], out["m5"]["queue_offset"]) == (41, 42)  # bad DELAY: plain
+    assert (out["m2"]["topic"], out["m2"]["queue_id"], out["m2"]["due_ts"]) == (SCHEDULE_TOPIC, 1, 6000)
+    assert (out["m4"]["topic"], out["m4"]["due_ts"], out["m4"]["route"]) == (TIMER_TOPIC, 99999, "timer")
+    assert (out["m6"]["topic"], out["m6"]["route"]) == (TRANS_HALF_TOPIC, "half")
+    assert out["m1"]["tags_hash"] is not None and out["m2"]["tags_hash"] is None

@@ -1,0 +1,83 @@
+"""The Apache Spark guard (runs last).
+
+(a) Every SQL statement the engine issued during this test session is parsed by
+Apache Spark's own parser; (b) the pure plan-function tests (marker ``plan``) run
+again on a classic local Apache Spark session. Both in subprocesses: one engine kind
+per process (STACK.md). Delta cannot run on classic Spark here (no Maven Central),
+so this keeps the Apache Spark + delta-spark path honest as far as it can be checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import RECORDED_SQL
+
+from deltamq import Broker, FakeClock, Message
+
+HERE = Path(__file__).parent
+
+
+def classic_env(**extra: str) -> dict[str, str]:
+    """The environment for a classic-Spark child: pyspark marks the process as Spark
+    Connect (SPARK_CONNECT_MODE_ENABLED) once a remote session exists; drop that."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")}
+    env.update(extra)
+    return env
+
+
+def _workload(path: Path) -> None:
+    """Make sure the common statements are recorded even when this test runs alone."""
+    b = Broker.open(path, clock=FakeClock())
+    b.create_topic("t", exist_ok=True)
+    b.create_group("g", exist_ok=True)
+    b.subscribe("g", "t", "A || B")
+    b.producer("p").send_batch([Message("t", b"x", delay_level=2), Message("t", b"y")])
+    b.tick()
+    b.status()
+    b.update_topic("t", queues=8)
+    b.delete_group("g")
+    b.delete_topic("t")
+    b.close()
+
+
+@pytest.mark.spark_guard
+def test_every_recorded_statement_parses_with_apache_spark(tmp_path):
+    _workload(tmp_path / "wh")
+    statements = sorted(RECORDED_SQL)
+    assert len(statements) > 20
+    kinds = {s.split()[0].upper() for s in statements}
+    assert {"SELECT", "MERGE", "DELETE"} <= kinds, kinds
+    path = tmp_path / "statements.json"
+    path.write_text(json.dumps(statements))
+    out = subprocess.run(
+        [sys.executable, str(HERE / "spark_guard_parse.py"), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=classic_env(),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["failed"] == [], json.dumps(report["failed"][:5], indent=1)
+    assert report["parsed"] == len(statements)
+
+
+@pytest.mark.spark_guard
+def test_plan_functions_on_classic_apache_spark():
+    env = classic_env(DELTAMQ_TEST_ENGINE="classic")
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-m", "plan", "-p", "no:cacheprovider", str(HERE)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=HERE.parent,
+    )
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout and "failed" not in out.stdout
