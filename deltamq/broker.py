@@ -441,32 +441,36 @@ class Broker:
 
     # --- status -----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        """Per topic and queue: messages stored and indexed so far."""
-        stored = self.engine.rows(
-            f"SELECT topic, queue_id, count(*) AS stored, max(store_ts) AS last_store_ts "
-            f"FROM {self.warehouse.ref('commit_log')} GROUP BY topic, queue_id ORDER BY topic, queue_id"
-        )
-        indexed = {
-            (r["topic"], r["queue_id"]): (r["min_offset"], r["max_offset"])
+        """Topics, and per (topic, queue) the offsets indexed so far; messages stored
+        but not yet dispatched (from the Delta commit entries' record counts)."""
+        from deltamq.jobs.dispatch import load_state
+        from deltamq.tables import deltalog
+
+        state = load_state(self.warehouse)
+        minimums = {
+            (r["topic"], r["queue_id"]): r["lo"]
             for r in self.engine.rows(
-                f"SELECT topic, queue_id, min(queue_offset) AS min_offset, max(queue_offset) AS max_offset "
-                f"FROM {self.warehouse.ref('consume_queue')} GROUP BY topic, queue_id"
+                f"SELECT topic, queue_id, min(queue_offset) AS lo FROM {self.warehouse.ref('consume_queue')} "
+                "GROUP BY topic, queue_id"
             )
         }
-        queues = []
-        for r in stored:
-            lo, hi = indexed.get((r["topic"], r["queue_id"]), (None, None))
-            queues.append(
-                {
-                    "topic": r["topic"],
-                    "queue_id": r["queue_id"],
-                    "stored": r["stored"],
-                    "min_offset": lo,
-                    "max_offset": None if hi is None else hi + 1,
-                    "last_store_ts": r["last_store_ts"],
-                }
+        queues = [
+            {"topic": t, "queue_id": q, "min_offset": minimums.get((t, q), 0), "max_offset": nxt}
+            for (t, q), nxt in sorted(state.heads.items())
+        ]
+        pending = sum(
+            f.num_records or 0
+            for c in deltalog.commits_after(
+                self.warehouse.local_path + "/commit_log", state.version, 1_000_000
             )
-        return {"topics": self.topics(), "queues": queues}
+            for f in c.files
+        )
+        return {
+            "topics": self.topics(),
+            "queues": queues,
+            "dispatched_version": state.version,
+            "undispatched": pending,
+        }
 
 
 def _is_arrow(obj: object) -> bool:

@@ -179,11 +179,16 @@ def _dispatch_command(broker, args: argparse.Namespace) -> int:
         )
         print()
         print_table(
-            ["topic", "queue", "stored", "min offset", "max offset"],
+            ["topic", "queue", "min offset", "max offset", "messages"],
             [
-                [q["topic"], q["queue_id"], q["stored"], q["min_offset"], q["max_offset"]]
+                [q["topic"], q["queue_id"], q["min_offset"], q["max_offset"], n]
                 for q in st["queues"]
+                for n in [q["max_offset"] - q["min_offset"]]
             ],
+        )
+        print(
+            f"\nstored, not yet dispatched: {st['undispatched']} (dispatched up to commit_log "
+            f"version {st['dispatched_version']})"
         )
         return 0
     if cmd == "tick":

@@ -26,9 +26,23 @@ def test_spark_submit_dispatch_over_spark_connect(broker, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_MODE_ENABLED"}
     env.update(PATH=f"{bindir}:{env['PATH']}", PYSPARK_PYTHON=sys.executable)
     out = subprocess.run(
-        [submit, "--remote", _EmbeddedServer.url(), "--conf", "spark.api.mode=connect", entry.__file__,
-         "dispatch", "--warehouse", str(tmp_path / "wh"), "--now", str(broker.clock.now_ms())],
-        capture_output=True, text=True, timeout=300, env=env,
+        [
+            submit,
+            "--remote",
+            _EmbeddedServer.url(),
+            "--conf",
+            "spark.api.mode=connect",
+            entry.__file__,
+            "dispatch",
+            "--warehouse",
+            str(tmp_path / "wh"),
+            "--now",
+            str(broker.clock.now_ms()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "dispatch: OK in=3 out=3" in out.stdout

@@ -19,22 +19,22 @@ def sql_str(value: str | None) -> str:
     return f"'{escaped}'"
 
 
-def sql_long(value: int | None) -> str:
-    """A BIGINT literal (NULL for None)."""
+def _sql_integer(value: int | None, sql_type: str) -> str:
     if value is None:
-        return "CAST(NULL AS BIGINT)"
+        return f"CAST(NULL AS {sql_type})"
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an integer, got {value!r}")
-    return f"CAST({value} AS BIGINT)"
+    return f"CAST({value} AS {sql_type})"
+
+
+def sql_long(value: int | None) -> str:
+    """A BIGINT literal (NULL for None)."""
+    return _sql_integer(value, "BIGINT")
 
 
 def sql_int(value: int | None) -> str:
     """An INT literal (NULL for None)."""
-    if value is None:
-        return "CAST(NULL AS INT)"
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected an integer, got {value!r}")
-    return f"CAST({value} AS INT)"
+    return _sql_integer(value, "INT")
 
 
 def sql_bool(value: bool | None) -> str:
