@@ -104,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--for", dest="for_s", type=float, help="stop the loop after this many seconds")
 
     s = sub.add_parser("job", parents=[common], help="run one job (with its lease), e.g. for spark-submit")
-    s.add_argument("name", choices=["dispatch"])
+    s.add_argument("name", choices=["dispatch", "promote"])
     s.add_argument("--now", help="epoch ms or ISO time (default: wall clock)")
 
     s = sub.add_parser("demo", help="a guided tour on a fresh warehouse (about half a minute)")
@@ -194,9 +194,9 @@ def _dispatch_command(broker, args: argparse.Namespace) -> int:
     if cmd == "tick":
         return _tick(broker, args)
     if cmd == "job":
-        from deltamq.orchestration.tick import SEQUENCE, TickRunner
+        from deltamq.orchestration.tick import TickRunner, job_sequence
 
-        runner = TickRunner(broker, sequence=tuple(s for s in SEQUENCE if s[0] == args.name))
+        runner = TickRunner(broker, sequence=job_sequence(args.name))
         print("READY", flush=True)  # the crash harness waits for this line
         try:
             result = runner.tick(_now_arg(args.now))

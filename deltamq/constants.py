@@ -104,3 +104,4 @@ class Perm(StrEnum):
 
 # Internal system "groups" that keep job progress in the offsets table.
 DISPATCH_GROUP = "%DISPATCH%"
+PROMOTE_GROUP = "%PROMOTE%"

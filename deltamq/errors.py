@@ -94,3 +94,7 @@ class ReadOnlyQuery(DeltaMQError, PermissionError):
 
 class FilterSyntaxError(DeltaMQError, ValueError):
     """A subscription expression cannot be parsed; the message gives the position."""
+
+
+class InvalidTimer(InvalidMessage):
+    """A timer's due time is malformed or outside the allowed horizon."""

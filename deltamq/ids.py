@@ -1,15 +1,18 @@
 """Message ids, batch ids and store dates, in Python and as Spark expressions.
 
-A producer commit gets one ``batch_id = (store_ms << 20) | random 20 bits``; a row's
-``msg_id`` is the 16 hex digits of its batch id followed by 8 hex digits of its
-position in the batch. Ids therefore sort by store time (so an id range prunes
-Delta files) and are a pure function of (batch, position): ids of rows the engine
-writes are derived from their inputs by choosing the batch id from them.
+A producer commit gets one ``batch_id = (store_ms << 20) | 0x80000 | random 19 bits``;
+a row's ``msg_id`` is the 16 hex digits of its batch id followed by 8 hex digits of
+its position in the batch. Ids therefore sort by store time (so an id range prunes
+Delta files) and are a pure function of (batch, position).
+
+Rows the engine writes get ids derived from their inputs: ``batch_id = (store_ms <<
+20) | kind`` with ``kind`` below 0x80000 (so never a producer's), and a position from
+the source (e.g. a promoted message: store time = its due time, kind = its delay
+level or the timer kind, position = the schedule entry's queue offset).
 """
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from datetime import UTC, date, datetime
 
@@ -20,15 +23,25 @@ BATCH_RANDOM_BITS = 20
 DAY_MS = 86_400_000
 
 
+PRODUCER_BIT = 1 << (BATCH_RANDOM_BITS - 1)
+KIND_TIMER = 0x1000  # engine kinds: 1..18.. schedule levels, timers, later retries
+
+
 def new_batch_id(store_ms: int) -> int:
     """A fresh batch id for a producer commit stored at ``store_ms``."""
-    return (store_ms << BATCH_RANDOM_BITS) | secrets.randbits(BATCH_RANDOM_BITS)
+    return (store_ms << BATCH_RANDOM_BITS) | PRODUCER_BIT | secrets.randbits(BATCH_RANDOM_BITS - 1)
 
 
-def derived_batch_id(store_ms: int, *parts: str) -> int:
-    """A batch id that is a function of its inputs (engine-written rows)."""
-    digest = hashlib.blake2b("\x1f".join(parts).encode(), digest_size=8).digest()
-    return (store_ms << BATCH_RANDOM_BITS) | (int.from_bytes(digest, "big") & ((1 << BATCH_RANDOM_BITS) - 1))
+def engine_batch_id(store_ms: int, kind: int) -> int:
+    """A batch id for an engine-written row: a function of its inputs only."""
+    if not 0 <= kind < PRODUCER_BIT:
+        raise ValueError(f"engine kind {kind} must be in 0..{PRODUCER_BIT - 1}")
+    return (store_ms << BATCH_RANDOM_BITS) | kind
+
+
+def engine_batch_id_col(store_ms: Column, kind: Column) -> Column:
+    """Spark expression equal to :func:`engine_batch_id`."""
+    return F.shiftleft(store_ms.cast("bigint"), BATCH_RANDOM_BITS).bitwiseOR(kind.cast("bigint"))
 
 
 def batch_store_ms(batch_id: int) -> int:

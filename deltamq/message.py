@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from deltamq.constants import (
@@ -27,6 +28,7 @@ from deltamq.errors import (
     InvalidMessage,
     InvalidName,
     InvalidProperties,
+    InvalidTimer,
     InvalidTopic,
     SystemTopicError,
 )
@@ -49,6 +51,8 @@ class Message:
     properties: Mapping[str, str] | None = None
     flag: int = 0
     born_ts: int | None = field(default=None, compare=False)
+    deliver_at: int | datetime | None = None
+    delay: timedelta | None = None
 
     def __repr__(self) -> str:
         size = len(self.body) if isinstance(self.body, bytes | bytearray | str) else "?"
@@ -180,3 +184,58 @@ def validate_flag(flag: Any) -> int:
     if isinstance(flag, bool) or not isinstance(flag, int) or not (-(2**31) <= flag < 2**31):
         raise InvalidMessage(f"flag {flag!r} must be a 32-bit integer")
     return flag
+
+
+def timer_due_ms(message: Message, props: Mapping[str, str], now_ms: int, horizon_ms: int) -> int | None:
+    """The absolute due time of a timer message (``deliver_at``, ``delay`` or a
+    ``TIMER_DELIVER_MS`` property), checked against the horizon; None for no timer."""
+    from deltamq.clock import to_ms
+    from deltamq.constants import Prop
+
+    given = [
+        name
+        for name, value in (
+            ("deliver_at", message.deliver_at),
+            ("delay", message.delay),
+            (Prop.TIMER_DELIVER_MS, props.get(Prop.TIMER_DELIVER_MS)),
+        )
+        if value is not None
+    ]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise InvalidTimer(f"a message takes one of deliver_at, delay, TIMER_DELIVER_MS; got {given}")
+    if message.delay is not None:
+        if not isinstance(message.delay, timedelta):
+            raise InvalidTimer(f"delay must be a datetime.timedelta, got {message.delay!r}")
+        due = now_ms + int(message.delay / timedelta(milliseconds=1))
+    elif message.deliver_at is not None:
+        try:
+            due = to_ms(message.deliver_at)
+        except TypeError as e:
+            raise InvalidTimer(f"deliver_at {message.deliver_at!r}: {e}") from e
+    else:
+        raw = props[Prop.TIMER_DELIVER_MS]
+        if not raw.isdigit() or len(raw) > 18:
+            raise InvalidTimer(
+                f"{Prop.TIMER_DELIVER_MS}={raw!r} is not an absolute time in epoch milliseconds"
+            )
+        due = int(raw)
+    return check_timer_horizon(due, now_ms, horizon_ms)
+
+
+def check_timer_horizon(due: int, now_ms: int, horizon_ms: int) -> int:
+    """Refuse a due time beyond ``now + horizon`` or earlier than ``now - horizon``."""
+    from deltamq.clock import ms_to_iso
+
+    if due > now_ms + horizon_ms:
+        raise InvalidTimer(
+            f"timer due at {ms_to_iso(due)} is {(due - now_ms) / 86_400_000:.1f} days ahead; the "
+            f"horizon allows at most {horizon_ms / 86_400_000:g} days (timer_horizon_ms={horizon_ms})"
+        )
+    if due < now_ms - horizon_ms:
+        raise InvalidTimer(
+            f"timer due at {ms_to_iso(due)} is {(now_ms - due) / 86_400_000:.1f} days in the past; "
+            f"at most {horizon_ms / 86_400_000:g} days are allowed (timer_horizon_ms={horizon_ms})"
+        )
+    return due

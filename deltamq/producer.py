@@ -22,10 +22,18 @@ from pyspark.sql import types as T
 
 from deltamq import ids
 from deltamq.constants import Prop, SysFlag
-from deltamq.errors import BodyTooLarge, InvalidDelayLevel, InvalidMessage, InvalidProperties
+from deltamq.errors import (
+    BodyTooLarge,
+    InvalidDelayLevel,
+    InvalidMessage,
+    InvalidProperties,
+    InvalidTimer,
+)
 from deltamq.message import (
     Message,
     body_bytes,
+    check_timer_horizon,
+    timer_due_ms,
     validate_delay_level,
     validate_flag,
     validate_group_name,
@@ -70,6 +78,7 @@ _DF_OPTIONAL = {
     "delay_level": T.IntegerType(),
     "flag": T.IntegerType(),
     "queue_id": T.IntegerType(),
+    "deliver_at_ms": T.LongType(),
 }
 
 
@@ -108,7 +117,7 @@ class Producer:
         self._rr[topic] = (start + 1) % queues
         return start % queues
 
-    def _prepare(self, m: Message) -> tuple[Message, bytes, dict[str, str], int]:
+    def _prepare(self, m: Message, now: int) -> tuple[Message, bytes, dict[str, str], int]:
         if not isinstance(m, Message):
             raise InvalidMessage(f"expected a deltamq.Message, got {type(m).__name__}: {m!r}")
         self.broker.validate_writable_topic(m.topic)
@@ -118,6 +127,9 @@ class Producer:
         validate_optional_text(m.tags, "tags")
         validate_optional_text(m.keys, "keys")
         validate_flag(m.flag)
+        due = timer_due_ms(m, props, now, self.broker.config.timer_horizon_ms)
+        if due is not None:
+            props[Prop.TIMER_DELIVER_MS] = str(due)
         return m, body, props, level
 
     # --- sending -------------------------------------------------------------------------
@@ -156,9 +168,9 @@ class Producer:
             raise InvalidMessage(
                 f"queue_keys has {len(queue_keys)} entries for {len(messages)} messages; give one per message"
             )
-        prepared = [self._prepare(m) for m in messages]
-        max_level = self.broker.max_delay_level()
         now = self.broker.clock.now_ms()
+        prepared = [self._prepare(m, now) for m in messages]
+        max_level = self.broker.max_delay_level()
         batch = ids.new_batch_id(now)
         day = ids.store_date(now)
         rows = []
@@ -224,6 +236,15 @@ class Producer:
             F.max(F.when(F.col("queue_id").isNotNull(), F.col("queue_id"))).alias("max_qid"),
             F.min("queue_id").alias("min_qid"),
             F.count(F.when(F.col("topic").isNull(), 1)).alias("null_topics"),
+            F.min(_timer_col()).alias("min_due"),
+            F.max(_timer_col()).alias("max_due"),
+            F.count(
+                F.when(
+                    F.col("properties").getItem(Prop.TIMER_DELIVER_MS).isNotNull()
+                    & ~F.col("properties").getItem(Prop.TIMER_DELIVER_MS).rlike("^[0-9]{1,18}$"),
+                    1,
+                )
+            ).alias("bad_timers"),
         ).collect()[0]
         if stats["n"] == 0:
             return self.broker.engine.spark.createDataFrame([], "msg_id string, topic string, queue_id int")
@@ -241,6 +262,14 @@ class Producer:
             raise InvalidDelayLevel(
                 f"delay_level {stats['min_level']} is negative; allowed: 0 (no delay) or 1..N"
             )
+        if stats["bad_timers"]:
+            raise InvalidTimer(
+                f"{stats['bad_timers']} rows have a {Prop.TIMER_DELIVER_MS} property that is not an "
+                "absolute time in epoch milliseconds"
+            )
+        for due in (stats["min_due"], stats["max_due"]):
+            if due is not None:
+                check_timer_horizon(due, now, self.broker.config.timer_horizon_ms)
         queues = {t: self.broker.topic_queues(t) for t in topics}
         if stats["min_qid"] is not None and (
             stats["min_qid"] < 0 or any(stats["max_qid"] >= q for q in queues.values())
@@ -297,6 +326,12 @@ class Producer:
         return out.withColumn("body", F.col("body").cast("binary"))
 
 
+def _timer_col() -> Column:
+    """A row's absolute due time: ``deliver_at_ms`` or a ``TIMER_DELIVER_MS`` property."""
+    raw = F.col("properties").getItem(Prop.TIMER_DELIVER_MS)
+    return F.coalesce(F.col("deliver_at_ms"), F.when(raw.rlike("^[0-9]{1,18}$"), raw.cast("bigint")))
+
+
 def _is_string_map(dtype: T.DataType) -> bool:
     return (
         isinstance(dtype, T.MapType)
@@ -333,7 +368,8 @@ def plan_send_dataframe(
         F.create_map(F.lit(Prop.UNIQ_KEY), F.col("msg_id"), F.lit(Prop.DELAY), level.cast("string")),
     ).otherwise(F.create_map(F.lit(Prop.UNIQ_KEY), F.col("msg_id")))
     out = (
-        df.withColumn("batch_pos", pos)
+        df.withColumn("timer_ms", _timer_col())
+        .withColumn("batch_pos", pos)
         .withColumn("batch_id", F.lit(batch_id).cast("bigint"))
         .withColumn("msg_id", ids.msg_id_col(F.col("batch_id"), F.col("batch_pos")))
         .withColumn("queue_id", F.coalesce(F.col("queue_id"), chosen.cast("int")))

@@ -43,12 +43,14 @@ from deltamq.constants import (
 )
 from deltamq.schemas import SCHEMA_VERSION, TABLES
 from deltamq.tables import deltalog
+from deltamq.tables.offsets import advance_offsets
 from deltamq.tables.sqltext import sql_long, sql_str
 
 if TYPE_CHECKING:
     from deltamq.tables.warehouse import Warehouse
 
 JOB = "dispatch"
+TIMER_SLOT_MS = 3_600_000  # the timer index is partitioned by due hour
 ROUTES = ("plain", "schedule", "timer", "half")
 _SRC_VIEW = "dmq_dispatch_src"
 _HEADS_SCHEMA = "topic string, queue_id int, next_offset bigint"
@@ -223,6 +225,11 @@ def plan_dispatch(rows: DataFrame, heads: DataFrame, levels: list[tuple[int, int
         F.col("batch_id").alias("cl_batch_id"),
         F.col("batch_pos").alias("cl_batch_pos"),
         "route",
+        F.when(F.col("route") == "schedule", qid)
+        .when(F.col("route") == "timer", F.floor(due / F.lit(TIMER_SLOT_MS)))
+        .otherwise(F.lit(0))
+        .cast("int")
+        .alias("slot"),
     )
     order = Window.partitionBy("q_topic", "q_id").orderBy("cl_version", "cl_batch_id", "cl_batch_pos")
     h = heads.select(F.col("topic").alias("h_topic"), F.col("queue_id").alias("h_qid"), "next_offset")
@@ -302,29 +309,8 @@ def run(wh: Warehouse, now: int, *, fence=None) -> DispatchResult:
 
 def write_progress(wh: Warehouse, version: int, queues: dict[tuple[str, int], int], now: int) -> None:
     """Record the hint: version reached and per-queue next offsets (%DISPATCH% rows)."""
-    rows = [(DISPATCH_GROUP, "", -1, "", None, version, now)] + [
-        (DISPATCH_GROUP, t, q, "", o, None, now) for (t, q), o in sorted(queues.items())
-    ]
-    values = ", ".join(
-        f"({sql_str(g)}, {sql_str(t)}, {q}, {sql_str(c)}, {sql_long(o)}, {sql_long(v)}, {sql_long(ts)})"
-        for g, t, q, c, o, v, ts in rows
-    )
-    wh.engine.execute(
-        f"MERGE INTO {wh.ref('offsets')} t USING (SELECT * FROM VALUES {values} "
-        "AS v(consumer_group, topic, queue_id, client_id, next_offset, progress_version, updated_ts)) s "
-        "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
-        "AND t.client_id = s.client_id "
-        "WHEN MATCHED THEN UPDATE SET "
-        "t.next_offset = CASE WHEN s.next_offset IS NULL THEN t.next_offset "
-        "ELSE greatest(coalesce(t.next_offset, 0), s.next_offset) END, "
-        "t.progress_version = CASE WHEN s.progress_version IS NULL THEN t.progress_version "
-        "ELSE greatest(coalesce(t.progress_version, -1), s.progress_version) END, "
-        "t.updated_ts = s.updated_ts "
-        "WHEN NOT MATCHED THEN INSERT (consumer_group, topic, queue_id, client_id, next_offset, attempts, "
-        "suspend_until, progress_version, updated_ts) VALUES (s.consumer_group, s.topic, s.queue_id, "
-        "s.client_id, s.next_offset, CAST(NULL AS INT), CAST(NULL AS BIGINT), s.progress_version, "
-        "s.updated_ts)"
-    )
+    rows = [("", -1, None, version)] + [(t, q, o, None) for (t, q), o in sorted(queues.items())]
+    advance_offsets(wh, DISPATCH_GROUP, rows, now)
 
 
 def describe(result: DispatchResult) -> str:

@@ -20,17 +20,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     from deltamq.broker import Broker
-    from deltamq.orchestration.tick import SEQUENCE, TickRunner
+    from deltamq.orchestration.tick import JOB_NAMES, SEQUENCE, TickRunner, job_sequence
 
-    jobs = [name for name, _ in SEQUENCE]
     p = argparse.ArgumentParser(prog="deltamq-submit", description="run deltamq jobs under spark-submit")
-    p.add_argument("job", choices=[*jobs, "tick"])
+    p.add_argument("job", choices=[*JOB_NAMES, "tick"])
     p.add_argument("--warehouse", required=True)
     p.add_argument("--now", type=int, help="epoch ms (default: wall clock)")
     args = p.parse_args(argv)
     spark = SparkSession.builder.getOrCreate()
     broker = Broker.open(args.warehouse, spark=spark)
-    sequence = SEQUENCE if args.job == "tick" else tuple(s for s in SEQUENCE if s[0] == args.job)
+    sequence = SEQUENCE if args.job == "tick" else job_sequence(args.job)
     runner = TickRunner(broker, sequence=sequence)
     try:
         print(runner.tick(args.now).summary(), flush=True)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from deltamq import ids
 from deltamq.clock import ms_to_iso, to_ms
 from deltamq.errors import ClockError
-from deltamq.jobs import dispatch
+from deltamq.jobs import dispatch, promote
 from deltamq.orchestration.leases import Leases, wall_ms
 
 if TYPE_CHECKING:
@@ -72,25 +72,56 @@ class TickResult:
 JobFn = Callable[..., Any]
 
 
-def _dispatch(broker: Broker, now: int, fence: Callable[[], None]) -> JobRun:
+def _dispatch(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
     r = dispatch.run(broker.warehouse, now, fence=fence)
     return JobRun("dispatch", "OK", r.rows_in, r.rows_out, details=r.details, result=r)
 
 
+def _promote(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
+    r = promote.run(broker.warehouse, now, fence=fence)
+    return JobRun("promote", "OK", r.rows_in, r.rows_out, details=r.details, result=r)
+
+
+def _redispatch(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun | None:
+    """Dispatch again only if promote wrote: a message due at ``now`` is then visible in
+    its real topic in this same tick."""
+    if not any(r.job == "promote" and r.rows_out for r in runs):
+        return None
+    r = dispatch.run(broker.warehouse, now, fence=fence)
+    return JobRun("redispatch", "OK", r.rows_in, r.rows_out, details=r.details, result=r)
+
+
 # DESIGN.md order: dispatch → promote → dispatch (if promote wrote) → deliver →
 # check_transactions → retain. Later issues add their jobs here in place.
-SEQUENCE: tuple[tuple[str, JobFn], ...] = (("dispatch", _dispatch),)
+# (name, lease kind, function)
+SEQUENCE: tuple[tuple[str, str, JobFn], ...] = (
+    ("dispatch", "dispatch", _dispatch),
+    ("promote", "promote", _promote),
+    ("redispatch", "dispatch", _redispatch),
+)
+
+JOB_NAMES = tuple(dict.fromkeys(lease for _, lease, _ in SEQUENCE))
+
+
+def job_sequence(job: str) -> tuple[tuple[str, str, JobFn], ...]:
+    """The sequence that runs one job kind on its own (e.g. ``deltamq job promote``)."""
+    if job not in JOB_NAMES:
+        raise ValueError(f"unknown job {job!r}; jobs are {JOB_NAMES}")
+    return tuple(s for s in SEQUENCE if s[0] == job)
 
 
 class TickRunner:
     """Runs ticks for one Broker, holding the job leases between ticks."""
 
     def __init__(
-        self, broker: Broker, holder: str | None = None, sequence: tuple[tuple[str, JobFn], ...] = SEQUENCE
+        self,
+        broker: Broker,
+        holder: str | None = None,
+        sequence: tuple[tuple[str, str, JobFn], ...] = SEQUENCE,
     ) -> None:
         self.broker = broker
         self.sequence = sequence
-        self.jobs = tuple(dict.fromkeys(name for name, _ in sequence))
+        self.jobs = tuple(dict.fromkeys(lease for _, lease, _ in sequence))
         self.leases = Leases(broker.warehouse, holder)
         self.last_now: int | None = None
         self._stop = threading.Event()
@@ -126,14 +157,15 @@ class TickRunner:
         tick_id = f"{now_ms:013d}-{self.holder.rsplit(':', 1)[-1]}"
         runs: list[JobRun] = []
         failed: BaseException | None = None
-        for name, fn in self.sequence:
+        for name, lease, fn in self.sequence:
             start = wall_ms()
             if failed is not None:
                 runs.append(JobRun(name, "SKIPPED", start_ts=start, end_ts=start))
                 continue
             try:
-                run = fn(self.broker, now_ms, lambda n=name: self.leases.check([n]))
-                runs.append(_stamped(run, start))
+                run = fn(self.broker, now_ms, lambda n=lease: self.leases.check([n]), runs)
+                if run is not None:
+                    runs.append(_stamped(run, start))
             except Exception as e:  # noqa: BLE001 - recorded, then re-raised after the append
                 failed = e
                 runs.append(
@@ -232,4 +264,4 @@ def last_tick_now(broker: Broker) -> int | None:
     return row["m"]
 
 
-__all__ = ["JobRun", "TickResult", "TickRunner", "SEQUENCE", "last_tick_now"]
+__all__ = ["JOB_NAMES", "JobRun", "SEQUENCE", "TickResult", "TickRunner", "job_sequence", "last_tick_now"]

@@ -107,6 +107,12 @@ CONSUME_QUEUE = T.StructType(
         _f("cl_version", LONG, "commit_log table version that added the row"),
         _f("cl_batch_id", LONG, "commit_log batch_id (body lookups by range)"),
         _f("cl_batch_pos", LONG, "commit_log batch_pos"),
+        _f(
+            "slot",
+            INT,
+            "partition within the topic: SCHEDULE_TOPIC_XXXX its queue (one per level), the "
+            "timer index the due hour (due_ts DIV 3600000), every other topic 0",
+        ),
     ]
 )
 
@@ -275,8 +281,8 @@ TABLES: dict[str, TableSpec] = {
         TableSpec(
             "consume_queue",
             CONSUME_QUEUE,
-            ("topic",),
-            doc="per (topic, queue) dense offsets -> messages; held timers by due time",
+            ("topic", "slot"),
+            doc="per (topic, queue) dense offsets -> messages; held timers by due hour",
         ),
         TableSpec("offsets", OFFSETS, doc="group offsets and system job progress"),
         TableSpec("deliveries", DELIVERIES, doc="in-flight pull deliveries"),

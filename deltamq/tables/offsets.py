@@ -1,0 +1,47 @@
+"""Typed writes to the ``offsets`` table (group offsets and system job progress)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from deltamq.tables.sqltext import sql_long, sql_str
+
+if TYPE_CHECKING:
+    from deltamq.tables.warehouse import Warehouse
+
+ProgressRow = tuple[str, int, int | None, int | None]
+"""(topic, queue_id, next_offset or None to keep, progress_version or None to keep)."""
+
+
+def advance_offsets(
+    wh: Warehouse, group: str, rows: Sequence[ProgressRow], now: int, client_id: str = ""
+) -> None:
+    """MERGE rows into ``offsets`` for ``group``; values only ever move forward.
+
+    Self-contained (``greatest(t.x, s.x)`` inside the MERGE), so a re-run or a racing
+    stale writer can never move an offset back.
+    """
+    if not rows:
+        return
+    values = ", ".join(
+        f"({sql_str(group)}, {sql_str(topic)}, {int(qid)}, {sql_str(client_id)}, {sql_long(nxt)}, "
+        f"{sql_long(progress)}, {sql_long(now)})"
+        for topic, qid, nxt, progress in rows
+    )
+    wh.engine.execute(
+        f"MERGE INTO {wh.ref('offsets')} t USING (SELECT * FROM VALUES {values} "
+        "AS v(consumer_group, topic, queue_id, client_id, next_offset, progress_version, updated_ts)) s "
+        "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
+        "AND t.client_id = s.client_id "
+        "WHEN MATCHED THEN UPDATE SET "
+        "t.next_offset = CASE WHEN s.next_offset IS NULL THEN t.next_offset "
+        "ELSE greatest(coalesce(t.next_offset, 0), s.next_offset) END, "
+        "t.progress_version = CASE WHEN s.progress_version IS NULL THEN t.progress_version "
+        "ELSE greatest(coalesce(t.progress_version, -1), s.progress_version) END, "
+        "t.updated_ts = s.updated_ts "
+        "WHEN NOT MATCHED THEN INSERT (consumer_group, topic, queue_id, client_id, next_offset, attempts, "
+        "suspend_until, progress_version, updated_ts) VALUES (s.consumer_group, s.topic, s.queue_id, "
+        "s.client_id, s.next_offset, CAST(NULL AS INT), CAST(NULL AS BIGINT), s.progress_version, "
+        "s.updated_ts)"
+    )
