@@ -60,7 +60,6 @@ class Broker:
         self._topics: dict[str, tuple[int, str, bool]] = {}
         self._topics_loaded_at = 0.0
         self._max_level: int | None = None
-        self._views_registered = False
         self.listeners: dict[str, Callable[..., Any]] = {}
         self._runner = None
 
@@ -124,9 +123,9 @@ class Broker:
                 f"only queries (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN, VALUES) are allowed here; "
                 f"got {query.strip()[:60]!r}. Pass write=True (CLI: --write) to change tables"
             )
-        if not self._views_registered:
-            self.warehouse.register_views()
-            self._views_registered = True
+        # Re-registered on every call: Sail resolves a temp view's Delta snapshot when the
+        # view is created, so a view made earlier would not see later commits.
+        self.warehouse.register_views()
         return self.engine.sql(query)
 
     def table(self, name: str) -> DataFrame:

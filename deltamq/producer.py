@@ -361,12 +361,21 @@ def plan_send_dataframe(
     else:
         chosen = F.pmod(F.col("batch_pos") + F.lit(rr_start), nq)
     user_props = F.coalesce(F.col("properties"), F.create_map().cast("map<string,string>"))
-    user_props = F.map_filter(user_props, lambda k, v: ~k.isin(Prop.UNIQ_KEY, Prop.DELAY))
+    user_props = F.map_filter(
+        user_props, lambda k, v: ~k.isin(Prop.UNIQ_KEY, Prop.DELAY, Prop.TIMER_DELIVER_MS)
+    )
     level = F.least(F.col("delay_level"), F.lit(max_level))
-    sys_props = F.when(
-        F.col("delay_level") > 0,
-        F.create_map(F.lit(Prop.UNIQ_KEY), F.col("msg_id"), F.lit(Prop.DELAY), level.cast("string")),
-    ).otherwise(F.create_map(F.lit(Prop.UNIQ_KEY), F.col("msg_id")))
+    empty = F.create_map().cast("map<string,string>")
+    sys_props = F.map_concat(
+        F.create_map(F.lit(Prop.UNIQ_KEY), F.col("msg_id")),
+        F.when(F.col("delay_level") > 0, F.create_map(F.lit(Prop.DELAY), level.cast("string"))).otherwise(
+            empty
+        ),
+        F.when(
+            F.col("timer_ms").isNotNull(),
+            F.create_map(F.lit(Prop.TIMER_DELIVER_MS), F.col("timer_ms").cast("string")),
+        ).otherwise(empty),
+    )
     out = (
         df.withColumn("timer_ms", _timer_col())
         .withColumn("batch_pos", pos)

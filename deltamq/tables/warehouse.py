@@ -209,11 +209,10 @@ class Warehouse:
                 f"release's {SCHEMA_VERSION}; upgrade deltamq"
             )
 
-    def register_views(self, spark=None) -> None:
-        """Register every table as a temp view named after it (SQL-defined, so each
-        query reads the newest version)."""
+    def register_views(self) -> None:
+        """Register every table as a temp view named after it, at its newest version."""
         for name in TABLES:
-            if self.table_exists(name):
+            if name in self._known or self.table_exists(name):
                 self.engine.execute(
                     f"CREATE OR REPLACE TEMPORARY VIEW {name} AS SELECT * FROM {self.ref(name)}"
                 )

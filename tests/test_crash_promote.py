@@ -1,0 +1,51 @@
+"""Promote killed at every commit point and at random times: each due message is promoted
+exactly once."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+from crash import run_job
+
+from deltamq import Message
+from deltamq.dq.conservation import check_dispatch
+from deltamq.jobs import dispatch
+
+POINTS = ["promote.before_output_commit", "promote.after_output_commit", "promote.after_progress_commit"]
+
+
+def test_promote_survives_kills(broker, clock, tmp_path):
+    broker.create_topic("orders", queues=4)
+    wh = tmp_path / "wh"
+    rng = random.Random(5)
+    plan = [(p, None) for p in POINTS for _ in range(2)] + [(None, "random")] * 7
+    kills = sent = 0
+    p = broker.producer("p")
+    for round_no, (point, mode) in enumerate(plan):
+        batch = [Message("orders", f"r{round_no}d{i}", delay_level=1 + i % 2) for i in range(30)]
+        batch += [
+            Message("orders", f"r{round_no}t{i}", delay=timedelta(milliseconds=700 + i)) for i in range(10)
+        ]
+        p.send_batch(batch)
+        sent += len(batch)
+        dispatch.run(broker.warehouse, clock.now_ms())
+        clock.advance(seconds=6)  # everything of this round is due
+        now = clock.now_ms()
+        if mode == "random":
+            outcome = run_job(wh, "promote", now, kill_after_s=rng.uniform(0.0, 0.4))
+        else:
+            outcome = run_job(wh, "promote", now, crash_at=point)
+            assert outcome.killed, outcome.stderr[-2000:]
+        kills += outcome.killed
+        rerun = run_job(wh, "promote", now)
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        dispatch.run(broker.warehouse, now)
+        report = check_dispatch(broker.warehouse)
+        assert report.ok, report.describe()
+        real = broker.sql(
+            "SELECT count(*) AS n, count(DISTINCT properties['UNIQ_KEY']) AS uniq FROM consume_queue "
+            "WHERE topic = 'orders'"
+        ).collect()[0]
+        assert real["n"] == real["uniq"] == sent, (round_no, real)
+    assert kills >= 10

@@ -1,0 +1,282 @@
+"""Delay levels and timers (SPEC §2), driven by a fake clock."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from conftest import table_versions
+
+from deltamq import Broker, Message
+from deltamq.config import parse_levels
+from deltamq.constants import DEFAULT_LEVELS, SCHEDULE_TOPIC, TRANS_HALF_TOPIC, Prop
+from deltamq.errors import InvalidTimer
+
+
+@pytest.fixture
+def orders(broker):
+    broker.create_topic("orders", queues=2)
+    return broker
+
+
+def _visible(broker, topic="orders"):
+    """Bodies handed to consumers so far: rows in the real topic's consume queue."""
+    rows = broker.sql(
+        f"SELECT CAST(c.body AS STRING) AS body, q.queue_id, q.queue_offset FROM consume_queue q "
+        f"JOIN commit_log c ON c.msg_id = q.msg_id WHERE q.topic = '{topic}' ORDER BY q.queue_id, q.queue_offset"
+    ).collect()
+    return [r["body"] for r in rows]
+
+
+def test_every_default_level_is_promoted_exactly_at_its_due_time(orders, clock):
+    t0 = clock.now_ms()
+    levels = parse_levels(DEFAULT_LEVELS)
+    orders.producer("p").send_batch([Message("orders", f"L{lvl}", delay_level=lvl) for lvl, _, _ in levels])
+    orders.tick(t0)
+    assert _visible(orders) == []
+    for lvl, delay_ms, _ in levels:
+        due = t0 + delay_ms
+        orders.tick(due - 1)
+        assert f"L{lvl}" not in _visible(orders), f"level {lvl} visible 1 ms early"
+        result = orders.tick(due)
+        assert f"L{lvl}" in _visible(orders), f"level {lvl} not visible at its due time"
+        assert result.job("promote").details[f"level_{lvl}"] == 1
+    assert len(_visible(orders)) == 18
+
+
+def test_promoted_message_is_a_new_message_without_delay_properties(orders, clock):
+    t0 = clock.now_ms()
+    original = orders.producer("p").send(
+        Message("orders", b"x", tags="T", keys="k1", delay_level=3, properties={"a": "b"}),
+        selector=lambda n, m, arg: 1,
+    )
+    orders.tick(t0)
+    orders.tick(t0 + 10_000)
+    row = orders.sql(
+        "SELECT c.msg_id, c.topic, c.queue_id, c.tags, c.keys, c.properties, c.store_ts, c.born_ts "
+        "FROM consume_queue q JOIN commit_log c ON c.msg_id = q.msg_id WHERE q.topic = 'orders'"
+    ).collect()[0]
+    assert row["msg_id"] != original
+    assert (row["topic"], row["queue_id"], row["tags"], row["keys"]) == ("orders", 1, "T", "k1")
+    assert row["properties"] == {"a": "b", Prop.UNIQ_KEY: original}
+    assert row["store_ts"] == t0 + 10_000 and row["born_ts"] == t0
+
+
+def test_level_above_maximum_behaves_as_the_maximum(orders, clock):
+    t0 = clock.now_ms()
+    orders.producer("p").send_batch(
+        [Message("orders", "L19", delay_level=19), Message("orders", "L18", delay_level=18)]
+    )
+    orders.tick(t0)
+    q = orders.sql(
+        f"SELECT count(*) AS n FROM consume_queue WHERE topic = '{SCHEDULE_TOPIC}' AND queue_id = 17"
+    )
+    assert q.collect()[0]["n"] == 2
+    orders.tick(t0 + 7_200_000 - 1)
+    assert _visible(orders) == []
+    orders.tick(t0 + 7_200_000)
+    assert sorted(_visible(orders)) == ["L18", "L19"]
+
+
+def test_custom_level_string(tmp_path, clock):
+    b = Broker.open(tmp_path / "custom", clock=clock, levels="1s 2s 4s")
+    b.create_topic("t")
+    t0 = clock.now_ms()
+    b.producer("p").send_batch([Message("t", f"L{i}", delay_level=i) for i in (1, 2, 3, 7)])
+    b.tick(t0)
+    b.tick(t0 + 2000)
+    assert sorted(_visible(b, "t")) == ["L1", "L2"]
+    b.tick(t0 + 4000)
+    assert sorted(_visible(b, "t")) == ["L1", "L2", "L3", "L7"]  # level 7 clamps to 3 (4s)
+
+
+def test_fifo_per_level(orders, clock):
+    p = orders.producer("p")
+    t0 = clock.now_ms()
+    for i in range(5):
+        p.send(Message("orders", f"m{i}", delay_level=2), selector=lambda n, m, arg: 0)
+        clock.advance(ms=100)
+    orders.tick()
+    orders.tick(t0 + 5000 + 250)  # the first three are due
+    assert _visible(orders) == ["m0", "m1", "m2"]
+    orders.tick(t0 + 5000 + 1000)
+    assert _visible(orders) == ["m0", "m1", "m2", "m3", "m4"]
+
+
+def test_pass_stops_at_first_entry_not_yet_due(orders, clock):
+    """Stored out of due order (a producer with a fast clock): the later entries wait
+    behind the first one not yet due, as in RocketMQ."""
+    p = orders.producer("p")
+    t0 = clock.now_ms()
+    p.send(Message("orders", "early", delay_level=1))
+    clock.set(t0 + 500)
+    p.send(Message("orders", "ahead", delay_level=1))  # due t0 + 1500
+    clock.set(t0)
+    p.send(Message("orders", "behind", delay_level=1))  # due t0 + 1000, queued after "ahead"
+    orders.tick(t0)
+    orders.tick(t0 + 1000)
+    assert _visible(orders) == ["early"]
+    orders.tick(t0 + 1500)
+    assert sorted(_visible(orders)) == ["ahead", "behind", "early"]
+
+
+def test_clock_correction_due_beyond_now_plus_delay_is_due_now(orders, clock):
+    t0 = clock.now_ms()
+    clock.set(t0 + 3_600_000)  # this producer's clock is an hour ahead
+    orders.producer("p").send(Message("orders", "skewed", delay_level=2))  # due t0 + 1h + 5s
+    orders.tick(t0)
+    assert _visible(orders) == ["skewed"]  # due > now + 5s: treated as due now
+
+
+def test_half_topic_entry_is_skipped(orders, clock):
+    from deltamq import ids
+    from deltamq.producer import rows_to_arrow
+
+    t0 = clock.now_ms()
+    batch = ids.new_batch_id(t0)
+    row = {
+        "msg_id": ids.msg_id(batch, 0),
+        "topic": TRANS_HALF_TOPIC,
+        "queue_id": 0,
+        "tags": None,
+        "keys": None,
+        "body": b"h",
+        "flag": 0,
+        "properties": {Prop.DELAY: "1"},
+        "born_ts": t0,
+        "store_ts": t0,
+        "reconsume_times": 0,
+        "sys_flag": 0,
+        "producer_group": "p",
+        "batch_id": batch,
+        "batch_pos": 0,
+        "store_date": ids.store_date(t0),
+    }
+    orders.append_commit_log(rows_to_arrow([row]), what="test")
+    orders.producer("p").send(Message("orders", "after", delay_level=1))
+    orders.tick(t0)
+    result = orders.tick(t0 + 1000).job("promote")
+    assert result.details["skipped_half"] == 1 and result.rows_out == 1
+    assert _visible(orders) == ["after"] and _visible(orders, TRANS_HALF_TOPIC) == []
+    offs = orders.sql(
+        f"SELECT next_offset FROM offsets WHERE consumer_group = '%PROMOTE%' AND topic = '{SCHEDULE_TOPIC}'"
+    ).collect()
+    assert offs[0]["next_offset"] == 2  # moved past the skipped entry
+
+
+def test_timer_beyond_the_horizon_is_refused(orders, clock, tmp_path):
+    before = table_versions(tmp_path / "wh")
+    p = orders.producer("p")
+    with pytest.raises(InvalidTimer, match="400.0 days ahead"):
+        p.send(Message("orders", b"x", delay=timedelta(days=400)))
+    with pytest.raises(InvalidTimer, match="in the past"):
+        p.send(Message("orders", b"x", deliver_at=clock.now_ms() - 366 * 86_400_000))
+    with pytest.raises(InvalidTimer, match="epoch milliseconds"):
+        p.send(Message("orders", b"x", properties={Prop.TIMER_DELIVER_MS: "soon"}))
+    with pytest.raises(InvalidTimer, match="one of"):
+        p.send(Message("orders", b"x", delay=timedelta(seconds=1), deliver_at=clock.now_ms()))
+    df = orders.engine.spark.createDataFrame(
+        [("orders", "x", clock.now_ms() + 400 * 86_400_000)],
+        "topic string, body string, deliver_at_ms bigint",
+    )
+    with pytest.raises(InvalidTimer, match="days ahead"):
+        p.send_dataframe(df)
+    assert table_versions(tmp_path / "wh") == before
+
+
+def test_timers_in_30_days_and_in_1_5_seconds(orders, clock):
+    t0 = clock.now_ms()
+    p = orders.producer("p")
+    p.send(Message("orders", "soon", delay=timedelta(milliseconds=1500)))
+    p.send(Message("orders", "month", deliver_at=t0 + 30 * 86_400_000))
+    orders.tick(t0)
+    orders.tick(t0 + 1499)
+    assert _visible(orders) == []
+    orders.tick(t0 + 1500)
+    assert _visible(orders) == ["soon"]
+    orders.tick(t0 + 30 * 86_400_000 - 1)
+    assert _visible(orders) == ["soon"]
+    result = orders.tick(t0 + 30 * 86_400_000)
+    assert sorted(_visible(orders)) == ["month", "soon"] and result.job("promote").details["timers"] == 1
+
+
+def test_late_timer_sent_after_the_watermark_passed_its_due(orders, clock):
+    t0 = clock.now_ms()
+    p = orders.producer("p")
+    p.send(Message("orders", "first", delay=timedelta(seconds=1)))
+    orders.tick(t0)
+    orders.tick(t0 + 5000)  # watermark moves to t0 + 5s
+    assert _visible(orders) == ["first"]
+    clock.set(t0 + 5000)
+    p.send(Message("orders", "late", deliver_at=t0 + 2000))  # already overdue when sent
+    orders.tick(t0 + 5001)
+    assert sorted(_visible(orders)) == ["first", "late"]
+
+
+def test_dataframe_timers_and_levels(orders, clock):
+    t0 = clock.now_ms()
+    df = orders.engine.spark.createDataFrame(
+        [("orders", "a", t0 + 2500, None), ("orders", "b", None, 2), ("orders", "c", None, None)],
+        "topic string, body string, deliver_at_ms bigint, delay_level int",
+    )
+    orders.producer("p").send_dataframe(df)
+    orders.tick(t0)
+    assert _visible(orders) == ["c"]
+    orders.tick(t0 + 2500)
+    assert sorted(_visible(orders)) == ["a", "c"]
+    orders.tick(t0 + 5000)
+    assert sorted(_visible(orders)) == ["a", "b", "c"]
+
+
+def test_idle_promote_commits_nothing(orders, clock, tmp_path):
+    orders.producer("p").send_batch(
+        [Message("orders", b"x", delay_level=18), Message("orders", b"t", delay=timedelta(days=3))]
+    )
+    orders.tick()
+    before = table_versions(tmp_path / "wh")
+    clock.advance(seconds=30)
+    orders.tick()
+    after = table_versions(tmp_path / "wh")
+    assert {t for t in before if before[t] != after[t]} == {"job_runs"}
+
+
+def test_rerun_after_output_without_offsets_writes_nothing_twice(orders, clock, monkeypatch):
+    from deltamq.jobs import promote
+
+    t0 = clock.now_ms()
+    orders.producer("p").send_batch([Message("orders", f"m{i}", delay_level=1) for i in range(10)])
+    orders.tick(t0)
+    monkeypatch.setattr(promote, "write_progress", lambda *a, **k: (_ for _ in ()).throw(OSError("killed")))
+    with pytest.raises(OSError):
+        orders.tick(t0 + 1000)
+    monkeypatch.undo()
+    result = orders.tick(t0 + 1000)
+    assert result.job("promote").details["already_stored"] == 10 and result.job("promote").rows_out == 0
+    assert sorted(_visible(orders)) == sorted(f"m{i}" for i in range(10))
+
+
+@pytest.mark.plan
+def test_plan_due_takes_only_the_consecutive_head(spark):
+    from deltamq.jobs.promote import plan_due
+
+    rows = [
+        (SCHEDULE_TOPIC, 0, 5, 100, {"REAL_TOPIC": "t"}),
+        (SCHEDULE_TOPIC, 0, 6, 200, {"REAL_TOPIC": "t"}),
+        (SCHEDULE_TOPIC, 0, 8, 300, {"REAL_TOPIC": "t"}),  # 7 not due: 8 waits
+        (SCHEDULE_TOPIC, 1, 0, 100, {"REAL_TOPIC": TRANS_HALF_TOPIC}),
+        ("rmq_sys_wheel_timer", 0, 3, 50, {"REAL_TOPIC": "t"}),
+    ]
+    cands = spark.createDataFrame(
+        rows, "topic string, queue_id int, queue_offset bigint, due_ts bigint, properties map<string,string>"
+    )
+    base = spark.createDataFrame([(0, 5)], "queue_id int, next_offset bigint")
+    out = sorted(
+        (r["topic"], r["queue_id"], r["queue_offset"], r["skip"], r["kind"])
+        for r in plan_due(cands, base).collect()
+    )
+    assert out == [
+        (SCHEDULE_TOPIC, 0, 5, False, 1),
+        (SCHEDULE_TOPIC, 0, 6, False, 1),
+        (SCHEDULE_TOPIC, 1, 0, True, 2),
+        ("rmq_sys_wheel_timer", 0, 3, False, 0x1000),
+    ]
