@@ -464,11 +464,16 @@ class Broker:
             )
             for f in c.files
         )
+        from deltamq.jobs import promote
+
+        held = promote.pending(self.warehouse)
         return {
             "topics": self.topics(),
             "queues": queues,
             "dispatched_version": state.version,
             "undispatched": pending,
+            "levels": held["levels"],
+            "timers": held["timers"],
         }
 
 

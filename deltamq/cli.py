@@ -172,6 +172,8 @@ def _dispatch_command(broker, args: argparse.Namespace) -> int:
         print_table(df.columns, [list(r) for r in rows])
         return 0
     if cmd == "status":
+        from deltamq.clock import ms_to_iso
+
         st = broker.status()
         print_table(
             ["topic", "queues", "perm", "ordered"],
@@ -189,6 +191,25 @@ def _dispatch_command(broker, args: argparse.Namespace) -> int:
         print(
             f"\nstored, not yet dispatched: {st['undispatched']} (dispatched up to commit_log "
             f"version {st['dispatched_version']})"
+        )
+        print("\ndelay levels (SCHEDULE_TOPIC_XXXX):")
+        print_table(
+            ["level", "delay", "offset", "pending", "oldest due"],
+            [
+                [
+                    lv["level"],
+                    f"{lv['delay_ms'] / 1000:g}s",
+                    lv["offset"],
+                    lv["pending"],
+                    ms_to_iso(lv["oldest_due"]),
+                ]
+                for lv in st["levels"]
+            ],
+        )
+        print("\ntimers pending by due day (rmq_sys_wheel_timer):")
+        print_table(
+            ["due day", "pending", "first due"],
+            [[t["due_day"], t["pending"], ms_to_iso(t["first_due"])] for t in st["timers"]],
         )
         return 0
     if cmd == "tick":

@@ -32,6 +32,23 @@ def _show(broker: Broker, title: str, query: str) -> None:
     print_table(df.columns, [list(r) for r in df.collect()])
 
 
+def _describe(result) -> str:
+    if not any(r.rows_out for r in result.jobs):
+        return "idle: nothing new, nothing due (only the job_runs append was committed)"
+    parts = []
+    for run in result.jobs:
+        if run.job == "dispatch" and run.rows_out:
+            routes = ", ".join(
+                f"{k[6:]}={v}" for k, v in sorted(run.details.items()) if k.startswith("route_")
+            )
+            parts.append(f"dispatch indexed {run.rows_out} ({routes})")
+        elif run.job == "promote" and run.rows_out:
+            parts.append(f"promote re-stored {run.rows_out} due message(s) in their real topic")
+        elif run.job == "redispatch":
+            parts.append(f"dispatch indexed those {run.rows_out} in the same tick")
+    return "; ".join(parts)
+
+
 def run_demo(warehouse: str | None = None) -> None:
     started = time.monotonic()
     location = warehouse or tempfile.mkdtemp(prefix="deltamq-demo-")
@@ -40,7 +57,7 @@ def run_demo(warehouse: str | None = None) -> None:
     _say(
         "Story: every new order is stored in 'orders' and a payment check is scheduled "
         "30 minutes later\nin 'order-timeout' (delay level 16 = 30m). The clock is fake: "
-        "half an hour passes in a few ticks.\n"
+        "an hour passes in six ticks.\n"
     )
     broker = Broker.open(location, clock=clock)
     broker.create_topic("orders", queues=4, exist_ok=True)
@@ -87,14 +104,9 @@ def run_demo(warehouse: str | None = None) -> None:
         "(TIMER_DELIVER_MS)"
     )
 
-    for step in range(4):
+    for step in range(6):
         result = broker.tick()
-        d = result.job("dispatch")
-        routes = ", ".join(f"{k}={v}" for k, v in sorted(d.details.items()) if k.startswith("route_"))
-        _say(
-            f"{ms_to_iso(result.now)}  tick: dispatch indexed {d.rows_out} new messages"
-            + (f" ({routes})" if routes else " (idle: only the job_runs append was committed)")
-        )
+        _say(f"{ms_to_iso(result.now)}  tick: {_describe(result)}")
         clock.advance(minutes=10)
         if step == 1:
             shop.send(
@@ -113,11 +125,20 @@ def run_demo(warehouse: str | None = None) -> None:
     )
     _show(
         broker,
-        "held payment checks: real topic and due time (the schedule service promotes them)",
-        "SELECT keys AS order_id, properties['REAL_TOPIC'] AS real_topic, "
-        "properties['REAL_QID'] AS real_queue, queue_id + 1 AS level, "
-        "from_unixtime(due_ts DIV 1000, 'HH:mm:ss') AS due_utc FROM consume_queue "
-        "WHERE topic = 'SCHEDULE_TOPIC_XXXX' ORDER BY queue_offset",
+        "payment checks: held at level 16 in SCHEDULE_TOPIC_XXXX, re-stored in 'order-timeout' when due",
+        "SELECT s.keys AS order_id, s.queue_id + 1 AS level, from_unixtime(s.due_ts DIV 1000, 'HH:mm:ss') "
+        "AS due, t.queue_id AS real_queue, t.queue_offset AS real_offset, "
+        "from_unixtime(t.store_ts DIV 1000, 'HH:mm:ss') AS stored FROM consume_queue s "
+        "JOIN consume_queue t ON t.properties['UNIQ_KEY'] = s.properties['UNIQ_KEY'] "
+        "AND t.topic = 'order-timeout' WHERE s.topic = 'SCHEDULE_TOPIC_XXXX' ORDER BY s.queue_offset",
+    )
+    _show(
+        broker,
+        "the report timer: indexed by due time (rmq_sys_wheel_timer), promoted at 09:45",
+        "SELECT t.tags, from_unixtime(w.due_ts DIV 1000, 'HH:mm:ss') AS due, "
+        "from_unixtime(t.store_ts DIV 1000, 'HH:mm:ss') AS stored FROM consume_queue w "
+        "JOIN consume_queue t ON t.properties['UNIQ_KEY'] = w.properties['UNIQ_KEY'] "
+        "AND t.topic = 'order-timeout' WHERE w.topic = 'rmq_sys_wheel_timer'",
     )
     _show(
         broker,
@@ -127,9 +148,9 @@ def run_demo(warehouse: str | None = None) -> None:
     )
     _show(
         broker,
-        "the ticks (job_runs: one append per tick)",
-        "SELECT from_unixtime(now_ts DIV 1000, 'HH:mm:ss') AS now_utc, job, status, rows_out "
-        "FROM job_runs ORDER BY now_ts",
+        "the ticks (job_runs: one append per tick, a row per job)",
+        "SELECT from_unixtime(now_ts DIV 1000, 'HH:mm:ss') AS now, job, status, rows_out "
+        "FROM job_runs WHERE rows_out > 0 ORDER BY now_ts, start_ts",
     )
     _say(
         f"\ndone in {time.monotonic() - started:.1f}s. Query it yourself:\n"

@@ -68,4 +68,5 @@ def test_console_script_help():
 def test_demo_runs(tmp_path, capsys):
     assert main(["demo", "--warehouse", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out
-    assert "route_schedule=5" in out and "SCHEDULE_TOPIC_XXXX" in out and "order-2" in out
+    assert "schedule=5" in out and "promote re-stored 5" in out and "promote re-stored 1" in out
+    assert "report  09:45:00  09:45:00" in out

@@ -23,7 +23,8 @@ def _visible(broker, topic="orders"):
     """Bodies handed to consumers so far: rows in the real topic's consume queue."""
     rows = broker.sql(
         f"SELECT CAST(c.body AS STRING) AS body, q.queue_id, q.queue_offset FROM consume_queue q "
-        f"JOIN commit_log c ON c.msg_id = q.msg_id WHERE q.topic = '{topic}' ORDER BY q.queue_id, q.queue_offset"
+        f"JOIN commit_log c ON c.msg_id = q.msg_id WHERE q.topic = '{topic}' "
+        "ORDER BY q.queue_id, q.queue_offset"
     ).collect()
     return [r["body"] for r in rows]
 
@@ -280,3 +281,19 @@ def test_plan_due_takes_only_the_consecutive_head(spark):
         (SCHEDULE_TOPIC, 1, 0, True, 2),
         ("rmq_sys_wheel_timer", 0, 3, False, 0x1000),
     ]
+
+
+def test_status_shows_levels_and_timers(orders, clock):
+    t0 = clock.now_ms()
+    p = orders.producer("p")
+    p.send_batch([Message("orders", "a", delay_level=3), Message("orders", "b", delay_level=3)])
+    p.send(Message("orders", "t", deliver_at=t0 + 2 * 86_400_000))
+    orders.tick(t0)
+    st = orders.status()
+    level3 = st["levels"][2]
+    got = (level3["level"], level3["pending"], level3["oldest_due"], level3["offset"])
+    assert got == (3, 2, t0 + 10_000, 0)
+    assert st["timers"] == [{"due_day": "2026-01-03", "pending": 1, "first_due": t0 + 2 * 86_400_000}]
+    orders.tick(t0 + 10_000)
+    level3 = orders.status()["levels"][2]
+    assert (level3["pending"], level3["offset"]) == (0, 2)

@@ -66,6 +66,7 @@ class DispatchState:
 
     version: int
     heads: dict[tuple[str, int], int] = field(default_factory=dict)
+    stale: dict[tuple[str, int], int] = field(default_factory=dict)  # heads the hint lacked
 
 
 @dataclass(frozen=True)
@@ -101,11 +102,12 @@ def load_state(wh: Warehouse) -> DispatchState:
         f"SELECT topic, queue_id, max(queue_offset) + 1 AS next_offset, max(cl_version) AS v "
         f"FROM {wh.ref('consume_queue')} WHERE cl_version > {sql_long(version)} GROUP BY topic, queue_id"
     )
+    stale: dict[tuple[str, int], int] = {}
     for r in tail:
         key = (r["topic"], r["queue_id"])
-        heads[key] = max(heads.get(key, 0), r["next_offset"])
+        heads[key] = stale[key] = max(heads.get(key, 0), r["next_offset"])
         version = max(version, r["v"])
-    return DispatchState(version, heads)
+    return DispatchState(version, heads, stale)
 
 
 def read_new_rows(wh: Warehouse, commits: list[deltalog.Commit]) -> DataFrame | None:
@@ -263,7 +265,9 @@ def run(wh: Warehouse, now: int, *, fence=None) -> DispatchResult:
             wh.local_path + "/commit_log", state.version, engine.config.dispatch_max_versions
         )
         if not commits:
-            return DispatchResult(state.version, state.version, 0, 0, 0, {}, {})
+            # Nothing new; but a run killed after its index commit left the hint behind
+            # the index: report the corrected heads so the hint is brought up to date.
+            return DispatchResult(state.version, state.version, 0, 0, 0, {}, dict(state.stale))
         to_version = commits[-1].version
         rows = read_new_rows(wh, commits)
         routes: dict[str, int] = {}
@@ -301,7 +305,7 @@ def run(wh: Warehouse, now: int, *, fence=None) -> DispatchResult:
         return DispatchResult(state.version, to_version, len(commits), n, n, routes, queues)
 
     result = engine.commit(index, what=JOB)
-    if result.commits_read:
+    if result.commits_read or result.queues:
         engine.commit(lambda: write_progress(wh, result.to_version, result.queues, now), what="offsets")
         faults.point("dispatch.after_progress_commit")
     return result

@@ -276,3 +276,46 @@ def write_progress(wh: Warehouse, levels: dict[int, int], watermark: int, timer_
     rows = [(SCHEDULE_TOPIC, q, o, None) for q, o in sorted(levels.items())]
     rows.append((TIMER_TOPIC, 0, timer_next, watermark))
     advance_offsets(wh, PROMOTE_GROUP, rows, now)
+
+
+def pending(wh: Warehouse) -> dict[str, list[dict]]:
+    """What is held: per level (pending, oldest due, saved offset) and timers by due day."""
+    state = load_state(wh)
+    cq = wh.ref("consume_queue")
+    levels = wh.levels()
+    held_levels = (
+        " OR ".join(
+            f"(slot = {lvl - 1} AND queue_offset >= {sql_long(state.level_offsets.get(lvl - 1, 0))})"
+            for lvl, _ in levels
+        )
+        or "FALSE"
+    )
+    rows = {
+        r["queue_id"]: r
+        for r in wh.engine.rows(
+            f"SELECT queue_id, count(*) AS n, min(due_ts) AS oldest_due FROM {cq} "
+            f"WHERE topic = {sql_str(SCHEDULE_TOPIC)} AND ({held_levels}) GROUP BY queue_id"
+        )
+    }
+    per_level = [
+        {
+            "level": lvl,
+            "delay_ms": delay,
+            "offset": state.level_offsets.get(lvl - 1, 0),
+            "pending": rows[lvl - 1]["n"] if lvl - 1 in rows else 0,
+            "oldest_due": rows[lvl - 1]["oldest_due"] if lvl - 1 in rows else None,
+        }
+        for lvl, delay in levels
+    ]
+    timers = wh.engine.rows(
+        f"SELECT date_from_unix_date(CAST(floor(due_ts / {ids.DAY_MS}) AS INT)) AS due_day, count(*) AS n, "
+        f"min(due_ts) AS first_due FROM {cq} WHERE topic = {sql_str(TIMER_TOPIC)} "
+        f"AND (due_ts > {sql_long(state.timer_watermark)} "
+        f"OR queue_offset >= {sql_long(state.timer_next_offset)}) GROUP BY 1 ORDER BY 1"
+    )
+    return {
+        "levels": per_level,
+        "timers": [
+            {"due_day": str(r["due_day"]), "pending": r["n"], "first_due": r["first_due"]} for r in timers
+        ],
+    }
