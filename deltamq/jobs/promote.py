@@ -204,6 +204,34 @@ def plan_messages(due: DataFrame, bodies: DataFrame) -> DataFrame:
     return out.select(*TABLES["commit_log"].columns)
 
 
+def merge_ranges(
+    values: list[int], gap: int = 60_000 << ids.BATCH_RANDOM_BITS, most: int = 64
+) -> list[tuple[int, int]]:
+    """Sorted distinct values → at most ``most`` closed ranges; neighbours closer than
+    ``gap`` share a range. A predicate over these ranges lets file statistics prune."""
+    points = sorted(set(values))
+    if not points:
+        return []
+    ranges = [[points[0], points[0]]]
+    for v in points[1:]:
+        if v - ranges[-1][1] <= gap:
+            ranges[-1][1] = v
+        else:
+            ranges.append([v, v])
+    while len(ranges) > most:  # merge across the smallest gap
+        i = min(range(len(ranges) - 1), key=lambda k: ranges[k + 1][0] - ranges[k][1])
+        ranges[i][1] = ranges[i + 1][1]
+        del ranges[i + 1]
+    return [(lo, hi) for lo, hi in ranges]
+
+
+def ranges_predicate(column: str, ranges: list[tuple[int, int]]):
+    pred = F.lit(False)
+    for lo, hi in ranges:
+        pred = pred | F.col(column).between(lo, hi)
+    return pred
+
+
 # --- running ------------------------------------------------------------------------------
 def run(wh: Warehouse, now: int, *, fence=None) -> PromoteResult:
     """Promote everything due at ``now``; outputs first, offsets last."""
@@ -219,9 +247,7 @@ def run(wh: Warehouse, now: int, *, fence=None) -> PromoteResult:
     due.createOrReplaceTempView(_DUE_VIEW)
     summary = engine.rows(
         f"SELECT topic, queue_id, count(*) AS n, sum(CASE WHEN skip THEN 1 ELSE 0 END) AS skipped, "
-        f"max(queue_offset) AS hi, min(cl_batch_id) AS b_lo, max(cl_batch_id) AS b_hi, "
-        f"collect_set(cl_date) AS dates, min(due_ts) AS due_lo, max(due_ts) AS due_hi "
-        f"FROM {_DUE_VIEW} GROUP BY topic, queue_id"
+        f"max(queue_offset) AS hi FROM {_DUE_VIEW} GROUP BY topic, queue_id"
     )
     timer_hi = engine.rows(
         f"SELECT max(queue_offset) AS hi FROM {wh.ref('consume_queue')} "
@@ -233,20 +259,21 @@ def run(wh: Warehouse, now: int, *, fence=None) -> PromoteResult:
     timers = sum(r["n"] for r in summary if r["topic"] == TIMER_TOPIC)
     written = already = 0
     if n_in - skipped > 0:
-        dates = sorted({d for r in summary for d in r["dates"]})
-        b_lo, b_hi = min(r["b_lo"] for r in summary), max(r["b_hi"] for r in summary)
+        # Bodies and already-stored ids are looked up by narrow batch-id ranges (store
+        # times of the entries, and their due times), so the reads follow what falls due.
+        keys = engine.rows(f"SELECT DISTINCT cl_batch_id, cl_date, due_ts FROM {_DUE_VIEW} WHERE NOT skip")
         bodies = wh.read("commit_log").where(
-            F.col("store_date").isin(dates) & F.col("batch_id").between(b_lo, b_hi)
+            F.col("store_date").isin(sorted({r["cl_date"] for r in keys}))
+            & ranges_predicate("batch_id", merge_ranges([r["cl_batch_id"] for r in keys]))
         )
         messages = plan_messages(spark.table(_DUE_VIEW), bodies)
-        due_lo, due_hi = min(r["due_lo"] for r in summary), max(r["due_hi"] for r in summary)
+        dues = merge_ranges([r["due_ts"] for r in keys], gap=60_000)
+        shift = ids.BATCH_RANDOM_BITS
         stored = (
             wh.read("commit_log")
             .where(
-                F.col("store_date").between(ids.store_date(due_lo), ids.store_date(due_hi))
-                & F.col("batch_id").between(
-                    due_lo << ids.BATCH_RANDOM_BITS, (due_hi + 1) << ids.BATCH_RANDOM_BITS
-                )
+                F.col("store_date").isin(sorted({ids.store_date(d) for lo, hi in dues for d in (lo, hi)}))
+                & ranges_predicate("batch_id", [(lo << shift, ((hi + 1) << shift) - 1) for lo, hi in dues])
             )
             .select("msg_id")
         )
