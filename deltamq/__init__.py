@@ -1,21 +1,41 @@
-"""deltamq: Apache RocketMQ's consumption semantics on Delta Lake, as Spark batch jobs."""
+"""deltamq: Apache RocketMQ's consumption semantics on Delta Lake, as Spark batch jobs.
+
+Names are imported lazily, so that light modules (e.g. the listener worker processes)
+can import ``deltamq.message`` without loading PySpark.
+"""
 
 from __future__ import annotations
 
-from deltamq.broker import Broker
-from deltamq.clock import FakeClock, SystemClock
-from deltamq.config import BrokerConfig
-from deltamq.errors import DeltaMQError
-from deltamq.message import Message, StoredMessage
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = [
-    "Broker",
-    "BrokerConfig",
-    "DeltaMQError",
-    "FakeClock",
-    "Message",
-    "StoredMessage",
-    "SystemClock",
-    "__version__",
-]
+
+_EXPORTS = {
+    "Broker": "deltamq.broker",
+    "BrokerConfig": "deltamq.config",
+    "DeltaMQError": "deltamq.errors",
+    "FakeClock": "deltamq.clock",
+    "SystemClock": "deltamq.clock",
+    "Message": "deltamq.message",
+    "StoredMessage": "deltamq.message",
+    "ConsumeStatus": "deltamq.consumer",
+    "ConsumeContext": "deltamq.consumer",
+}
+__all__ = [*_EXPORTS, "__version__"]
+
+if TYPE_CHECKING:
+    from deltamq.broker import Broker  # noqa: F401
+    from deltamq.clock import FakeClock, SystemClock  # noqa: F401
+    from deltamq.config import BrokerConfig  # noqa: F401
+    from deltamq.consumer import ConsumeContext, ConsumeStatus  # noqa: F401
+    from deltamq.errors import DeltaMQError  # noqa: F401
+    from deltamq.message import Message, StoredMessage  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'deltamq' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -313,6 +313,9 @@ class Broker:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{field_name}={value!r} is not allowed; it must be an integer >= {low}")
+        from deltamq.consumer import validate_retry_policy
+
+        retry_policy = validate_retry_policy(retry_policy)
         listener_path = self._listener_path(name, listener)
         if self._group_exists(name):
             if exist_ok:
@@ -384,6 +387,74 @@ class Broker:
 
         expression = validate_expression(expression, type)
         self._subscribe(group, topic, expression, type)
+        self._init_offsets(group, topic)
+
+    def _start_offsets(self, topic: str, mode: str, timestamp: int | None) -> dict[int, int]:
+        """Per queue of ``topic``: where LAST_OFFSET / FIRST_OFFSET / TIMESTAMP starts."""
+        from deltamq.jobs.dispatch import load_state
+
+        heads = {q: o for (t, q), o in load_state(self.warehouse).heads.items() if t == topic}
+        if mode == "FIRST_OFFSET" or not heads:
+            return {q: 0 for q in heads}
+        if mode == "LAST_OFFSET":
+            return heads
+        firsts = {
+            r["queue_id"]: r["lo"]
+            for r in self.engine.rows(
+                f"SELECT queue_id, min(queue_offset) AS lo FROM {self.warehouse.ref('consume_queue')} "
+                f"WHERE topic = {sql_str(topic)} AND store_ts >= {sql_long(timestamp)} GROUP BY queue_id"
+            )
+        }
+        return {q: firsts.get(q, head) for q, head in heads.items()}
+
+    def _init_offsets(self, group: str, topic: str) -> None:
+        """Decide where a group starts on a topic, once, when it first subscribes (SPEC §3).
+
+        Queues that appear later start at 0 (no row); retry queues always start at 0."""
+        from deltamq.tables.offsets import advance_offsets
+
+        have = self.engine.rows(
+            f"SELECT count(*) AS n FROM {self.warehouse.ref('offsets')} "
+            f"WHERE consumer_group = {sql_str(group)} AND topic = {sql_str(topic)}"
+        )[0]["n"]
+        if have:
+            return
+        cfg = self.groups()[group]
+        starts = self._start_offsets(topic, cfg["consume_from"], cfg["consume_timestamp"])
+        rows = [(topic, q, o, None) for q, o in sorted(starts.items())]
+        if rows:
+            now = self.clock.now_ms()
+            self.engine.commit(lambda: advance_offsets(self.warehouse, group, rows, now), what="offsets")
+
+    def reset_offsets(self, group: str, to_time: int) -> dict[tuple[str, int], int]:
+        """Move a group's offsets on every subscribed topic to the first message stored at
+        or after ``to_time`` (epoch ms), back or forward. Returns the new offsets."""
+        from deltamq.clock import to_ms
+
+        validate_group_name(group)
+        if not self._group_exists(group):
+            raise UnknownGroup(f"consumer group {group!r} does not exist")
+        to_time = to_ms(to_time)
+        new: dict[tuple[str, int], int] = {}
+        for sub in self.subscriptions(group):
+            for q, o in self._start_offsets(sub["topic"], "TIMESTAMP", to_time).items():
+                new[(sub["topic"], q)] = o
+        if new:
+            values = ", ".join(f"({sql_str(t)}, {q}, {sql_long(o)})" for (t, q), o in sorted(new.items()))
+            statement = (
+                f"MERGE INTO {self.warehouse.ref('offsets')} t USING (SELECT * FROM VALUES {values} "
+                "AS v(topic, queue_id, next_offset)) s "
+                f"ON t.consumer_group = {sql_str(group)} AND t.topic = s.topic AND t.queue_id = s.queue_id "
+                "AND t.client_id = '' "
+                "WHEN MATCHED THEN UPDATE SET t.next_offset = s.next_offset, t.attempts = 0, "
+                f"t.attempt_ts = CAST(NULL AS BIGINT), t.updated_ts = {sql_long(self.clock.now_ms())} "
+                "WHEN NOT MATCHED THEN INSERT (consumer_group, topic, queue_id, client_id, next_offset, "
+                "attempts, suspend_until, progress_version, attempt_ts, updated_ts) VALUES "
+                f"({sql_str(group)}, s.topic, s.queue_id, '', s.next_offset, 0, CAST(NULL AS BIGINT), "
+                f"CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), {sql_long(self.clock.now_ms())})"
+            )
+            self.engine.commit(lambda: self.engine.execute(statement), what="offsets")
+        return new
 
     def _subscribe(self, group: str, topic: str, expression: str, expr_type: str) -> None:
         statement = (

@@ -104,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--for", dest="for_s", type=float, help="stop the loop after this many seconds")
 
     s = sub.add_parser("job", parents=[common], help="run one job (with its lease), e.g. for spark-submit")
-    s.add_argument("name", choices=["dispatch", "promote"])
+    s.add_argument("name", choices=["dispatch", "promote", "deliver"])
     s.add_argument("--now", help="epoch ms or ISO time (default: wall clock)")
 
     s = sub.add_parser("demo", help="a guided tour on a fresh warehouse (about half a minute)")

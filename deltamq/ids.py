@@ -24,7 +24,9 @@ DAY_MS = 86_400_000
 
 
 PRODUCER_BIT = 1 << (BATCH_RANDOM_BITS - 1)
-KIND_TIMER = 0x1000  # engine kinds: 1..18.. schedule levels, timers, later retries
+KIND_TIMER = 0x1000  # engine kinds: 1..N schedule levels, timers, sends-back
+KIND_RETRY = 0x2000
+KIND_DLQ = 0x3000
 
 
 def new_batch_id(store_ms: int) -> int:

@@ -38,6 +38,7 @@ from deltamq.constants import PROMOTE_GROUP, SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_
 from deltamq.jobs.dispatch import TIMER_SLOT_MS
 from deltamq.schemas import TABLES
 from deltamq.tables.offsets import advance_offsets
+from deltamq.tables.ranges import merge_ranges, ranges_predicate
 from deltamq.tables.sqltext import sql_long, sql_str
 
 if TYPE_CHECKING:
@@ -202,34 +203,6 @@ def plan_messages(due: DataFrame, bodies: DataFrame) -> DataFrame:
         ids.store_date_col(F.col("due_ts")).alias("store_date"),
     )
     return out.select(*TABLES["commit_log"].columns)
-
-
-def merge_ranges(
-    values: list[int], gap: int = 60_000 << ids.BATCH_RANDOM_BITS, most: int = 64
-) -> list[tuple[int, int]]:
-    """Sorted distinct values → at most ``most`` closed ranges; neighbours closer than
-    ``gap`` share a range. A predicate over these ranges lets file statistics prune."""
-    points = sorted(set(values))
-    if not points:
-        return []
-    ranges = [[points[0], points[0]]]
-    for v in points[1:]:
-        if v - ranges[-1][1] <= gap:
-            ranges[-1][1] = v
-        else:
-            ranges.append([v, v])
-    while len(ranges) > most:  # merge across the smallest gap
-        i = min(range(len(ranges) - 1), key=lambda k: ranges[k + 1][0] - ranges[k][1])
-        ranges[i][1] = ranges[i + 1][1]
-        del ranges[i + 1]
-    return [(lo, hi) for lo, hi in ranges]
-
-
-def ranges_predicate(column: str, ranges: list[tuple[int, int]]):
-    pred = F.lit(False)
-    for lo, hi in ranges:
-        pred = pred | F.col(column).between(lo, hi)
-    return pred
 
 
 # --- running ------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from deltamq import ids
 from deltamq.clock import ms_to_iso, to_ms
 from deltamq.errors import ClockError
-from deltamq.jobs import dispatch, promote
+from deltamq.jobs import deliver, dispatch, promote
 from deltamq.orchestration.leases import Leases, wall_ms
 
 if TYPE_CHECKING:
@@ -91,6 +91,13 @@ def _redispatch(broker: Broker, now: int, fence: Callable[[], None], runs: list[
     return JobRun("redispatch", "OK", r.rows_in, r.rows_out, details=r.details, result=r)
 
 
+def _deliver(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
+    r = deliver.run(broker, now, fence=fence)
+    return JobRun(
+        "deliver", "OK", r.taken, r.consumed + r.retried + r.dead_lettered, details=r.details, result=r
+    )
+
+
 # DESIGN.md order: dispatch → promote → dispatch (if promote wrote) → deliver →
 # check_transactions → retain. Later issues add their jobs here in place.
 # (name, lease kind, function)
@@ -98,6 +105,7 @@ SEQUENCE: tuple[tuple[str, str, JobFn], ...] = (
     ("dispatch", "dispatch", _dispatch),
     ("promote", "promote", _promote),
     ("redispatch", "dispatch", _redispatch),
+    ("deliver", "deliver", _deliver),
 )
 
 JOB_NAMES = tuple(dict.fromkeys(lease for _, lease, _ in SEQUENCE))

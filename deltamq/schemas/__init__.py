@@ -174,6 +174,7 @@ OFFSETS = T.StructType(
         _f("attempts", INT, "orderly: attempts of the message at next_offset"),
         _f("suspend_until", LONG, "orderly: epoch ms the queue is suspended until"),
         _f("progress_version", LONG, "system groups: source table version reached"),
+        _f("attempt_ts", LONG, "now of the delivery attempt in flight (attempts > 0): ids of its sends-back"),
         _f("updated_ts", LONG, "epoch ms (the tick's now) of the last change"),
     ]
 )

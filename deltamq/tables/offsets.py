@@ -41,7 +41,7 @@ def advance_offsets(
         "ELSE greatest(coalesce(t.progress_version, -1), s.progress_version) END, "
         "t.updated_ts = s.updated_ts "
         "WHEN NOT MATCHED THEN INSERT (consumer_group, topic, queue_id, client_id, next_offset, attempts, "
-        "suspend_until, progress_version, updated_ts) VALUES (s.consumer_group, s.topic, s.queue_id, "
-        "s.client_id, s.next_offset, CAST(NULL AS INT), CAST(NULL AS BIGINT), s.progress_version, "
-        "s.updated_ts)"
+        "suspend_until, progress_version, attempt_ts, updated_ts) VALUES (s.consumer_group, s.topic, "
+        "s.queue_id, s.client_id, s.next_offset, CAST(NULL AS INT), CAST(NULL AS BIGINT), "
+        "s.progress_version, CAST(NULL AS BIGINT), s.updated_ts)"
     )

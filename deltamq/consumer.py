@@ -1,0 +1,118 @@
+"""The listener contract of a push consumer group (SPEC §3).
+
+A listener is ``fn(messages: list[StoredMessage], context: ConsumeContext) ->
+ConsumeStatus``. ``None`` or an exception counts as ``RECONSUME_LATER``. On
+``CONSUME_SUCCESS`` the messages after ``context.ack_index`` count as failed; a failed
+message is sent back to ``%RETRY%<group>`` at ``context.delay_level_when_next_consume``
+if > 0, else at level ``3 + reconsume_times``; a level < 0 sends it to the DLQ.
+
+Example:
+    >>> def on_orders(messages, context):
+    ...     for m in messages:
+    ...         handle(m.body)
+    ...     return ConsumeStatus.CONSUME_SUCCESS
+    >>> broker.create_group("billing", listener="shop.listeners:on_orders")
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from deltamq.errors import ConfigError
+
+
+class ConsumeStatus(StrEnum):
+    """What a concurrent listener returns (RocketMQ's ConsumeConcurrentlyStatus)."""
+
+    CONSUME_SUCCESS = "CONSUME_SUCCESS"
+    RECONSUME_LATER = "RECONSUME_LATER"
+
+
+@dataclass
+class ConsumeContext:
+    """Mutable context of one listener call (RocketMQ's ConsumeConcurrentlyContext).
+
+    ``ack_index``: on success, messages after this index count as failed (default: all
+    acknowledged). ``delay_level_when_next_consume``: 0 = RocketMQ's ``3 +
+    reconsume_times``; > 0 that level; < 0 straight to the dead-letter queue.
+    """
+
+    group: str
+    ack_index: int
+    delay_level_when_next_consume: int = 0
+
+
+Listener = Callable[[list[Any], ConsumeContext], Any]
+
+
+def resolve_listener(path: str) -> Listener:
+    """Import ``package.module:function`` (the form stored in ``group_config``)."""
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        raise ConfigError(f"listener {path!r} is not an import path 'package.module:function'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"listener {path!r} cannot be imported: {e}") from e
+    if not callable(obj):
+        raise ConfigError(f"listener {path!r} is not callable")
+    return obj
+
+
+class ImportPathListener:
+    """A picklable listener that imports ``package.module:function`` where it runs."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fn: Listener | None = None
+
+    def __call__(self, messages: list[Any], context: ConsumeContext) -> Any:
+        if self._fn is None:
+            self._fn = resolve_listener(self.path)
+        return self._fn(messages, context)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.path, self._fn = state["path"], None
+
+
+def retry_delay_ms(policy: dict[str, Any], reconsume_times: int) -> int:
+    """Delay before retry ``reconsume_times + 1`` under a retry policy.
+
+    ``{"delays_ms": [1000, 5000, ...]}`` (the last repeats) or
+    ``{"base_ms": 1000, "cap_ms": 600000}`` (exponential: base × 2^n, capped).
+    """
+    if "delays_ms" in policy:
+        delays = policy["delays_ms"]
+        return int(delays[min(reconsume_times, len(delays) - 1)])
+    return int(min(policy["cap_ms"], policy["base_ms"] * (2**reconsume_times)))
+
+
+def validate_retry_policy(policy: Any) -> dict[str, Any] | None:
+    """Check a retry policy; the error names the allowed forms."""
+    if policy is None:
+        return None
+    allowed = "{'delays_ms': [ms, ...]} or {'base_ms': ms, 'cap_ms': ms}"
+    if not isinstance(policy, dict):
+        raise ConfigError(f"retry_policy {policy!r} is not allowed; use {allowed}")
+    if set(policy) == {"delays_ms"}:
+        d = policy["delays_ms"]
+        if (
+            isinstance(d, list)
+            and d
+            and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in d)
+        ):
+            return {"delays_ms": list(d)}
+    if set(policy) == {"base_ms", "cap_ms"}:
+        b, c = policy["base_ms"], policy["cap_ms"]
+        if all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (b, c)) and b <= c:
+            return {"base_ms": b, "cap_ms": c}
+    raise ConfigError(f"retry_policy {policy!r} is not allowed; use {allowed} with positive integers")

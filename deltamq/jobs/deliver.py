@@ -1,0 +1,504 @@
+"""Deliver: RocketMQ's concurrent push consumer on Delta (SPEC §3).
+
+Per CLUSTERING group, for every subscribed queue (its own ``%RETRY%<group>`` included):
+take up to ``pull_batch_size`` index rows from the group's offset, skip those whose tag
+does not match the subscription (tag hash first, tag string after, as RocketMQ does),
+join their bodies by batch-id ranges, and hand them to the group's listener in chunks
+of ``consume_message_batch_max_size`` — inside the engine (``mapInArrow``), each call in
+an isolated worker process (``listener_worker``).
+
+Order of effects, so a kill anywhere loses nothing:
+1. the attempt is recorded in ``offsets`` (``attempts + 1``, ``attempt_ts``) before any
+   listener runs;
+2. the listener outcomes are materialised exactly once (collected: one small row per
+   message) and every later write is derived from them;
+3. failures are sent back (one ``commit_log`` append; ids derived from the delivery,
+   already-stored ones skipped);
+4. offsets advance past every taken message and the attempt is cleared.
+A kill before 4 redelivers the in-flight messages (at-least-once). A queue whose attempts
+keep ending without an outcome is taken one message at a time, and its head message is
+dead-lettered (``poison``) after ``poison_tries`` such attempts.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql import functions as F
+
+from deltamq import faults, ids
+from deltamq.constants import RETRY_PREFIX, Prop
+from deltamq.consumer import ImportPathListener
+from deltamq.filters import parse_tag_expression
+from deltamq.jobs import dispatch, sendback
+from deltamq.tables.ranges import merge_ranges, ranges_predicate
+from deltamq.tables.sqltext import sql_in, sql_long, sql_str
+
+if TYPE_CHECKING:
+    from deltamq.broker import Broker
+
+JOB = "deliver"
+POISON_TRIES = 3
+_OUT_SCHEMA = (
+    "consumer_group string, topic string, queue_id int, queue_offset bigint, ok boolean, "
+    "level int, reason string, error string"
+)
+
+
+@dataclass(frozen=True)
+class QueueTake:
+    group: str
+    topic: str
+    queue_id: int
+    lo: int
+    hi: int  # exclusive
+    tags: tuple[str, ...] | None
+    attempts: int
+    attempt_ts: int
+
+
+@dataclass(frozen=True)
+class DeliverResult:
+    taken: int = 0
+    consumed: int = 0
+    filtered: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    poison: int = 0
+    groups: int = 0
+    errors: tuple[tuple[str, str, str], ...] = ()  # (group, msg id, error text), a sample
+    skipped_groups: tuple[str, ...] = ()
+    by_group: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def details(self) -> dict[str, int]:
+        return {
+            "taken": self.taken,
+            "consumed": self.consumed,
+            "filtered": self.filtered,
+            "retried": self.retried,
+            "dead_lettered": self.dead_lettered,
+            "poison": self.poison,
+            "groups": self.groups,
+            "groups_without_listener": len(self.skipped_groups),
+        }
+
+
+# --- reading ------------------------------------------------------------------------------
+def _groups(broker: Broker) -> dict[str, dict[str, Any]]:
+    rows = broker.engine.rows(
+        f"SELECT * FROM {broker.warehouse.ref('group_config')} "
+        "WHERE mode = 'CLUSTERING' AND NOT coalesce(orderly, FALSE)"
+    )
+    return {r["consumer_group"]: r.asDict() for r in rows}
+
+
+def _listener_bytes(broker: Broker, group: str, path: str | None) -> bytes | None:
+    from pyspark import cloudpickle
+
+    fn = broker.listeners.get(group)
+    if fn is not None:
+        return cloudpickle.dumps(fn)
+    if path:
+        return pickle.dumps(ImportPathListener(path))
+    return None
+
+
+def plan_takes(
+    groups: dict[str, dict[str, Any]],
+    subscriptions: list[dict[str, Any]],
+    heads: dict[tuple[str, int], int],
+    offsets: dict[tuple[str, str, int], tuple[int, int, int | None]],
+    now: int,
+    poison_tries: int = POISON_TRIES,
+) -> list[QueueTake]:
+    """Pure: which offsets of which queues each group takes in this pass."""
+    takes = []
+    for sub in subscriptions:
+        g = groups.get(sub["consumer_group"])
+        if g is None:
+            continue
+        tags = parse_tag_expression(sub["expression"]) if sub["expr_type"] == "TAG" else None
+        for (topic, qid), head in sorted(heads.items()):
+            if topic != sub["topic"]:
+                continue
+            nxt, attempts, attempt_ts = offsets.get((g["consumer_group"], topic, qid), (0, 0, None))
+            if nxt >= head:
+                continue
+            size = g["pull_batch_size"] if attempts == 0 else 1  # isolate after a lost attempt
+            takes.append(
+                QueueTake(
+                    g["consumer_group"],
+                    topic,
+                    qid,
+                    nxt,
+                    min(head, nxt + size),
+                    tuple(tags) if tags is not None else None,
+                    attempts,
+                    attempt_ts if attempts and attempt_ts is not None else now,
+                )
+            )
+    return takes
+
+
+def _read_offsets(
+    broker: Broker, groups: list[str]
+) -> dict[tuple[str, str, int], tuple[int, int, int | None]]:
+    rows = broker.engine.rows(
+        f"SELECT consumer_group, topic, queue_id, next_offset, attempts, attempt_ts "
+        f"FROM {broker.warehouse.ref('offsets')} WHERE consumer_group IN {sql_in(groups)} AND client_id = ''"
+    )
+    return {
+        (r["consumer_group"], r["topic"], r["queue_id"]): (
+            r["next_offset"] or 0,
+            r["attempts"] or 0,
+            r["attempt_ts"],
+        )
+        for r in rows
+    }
+
+
+# --- the listener call (runs inside the engine) ---------------------------------------------
+def _make_consumer(
+    listeners: dict[str, bytes], batch: dict[str, int], timeout_s: dict[str, float], tries: int
+):
+    def consume_partition(batches):
+        from deltamq.jobs.listener_worker import consume
+
+        for rb in batches:
+            rows = rb.to_pylist()
+            by_group: dict[str, list[dict]] = defaultdict(list)
+            for r in rows:
+                by_group[r["consumer_group"]].append(r)
+            out: list[dict] = []
+            for group, items in by_group.items():
+                items.sort(key=lambda r: (r["topic"], r["queue_id"], r["queue_offset"]))
+                messages = [_stored(r) for r in items]
+                outcomes = consume(listeners[group], group, messages, batch[group], timeout_s[group], tries)
+                for r, o in zip(items, outcomes, strict=True):
+                    out.append(
+                        {
+                            "consumer_group": group,
+                            "topic": r["topic"],
+                            "queue_id": r["queue_id"],
+                            "queue_offset": r["queue_offset"],
+                            "ok": o.ok,
+                            "level": o.level,
+                            "reason": o.reason,
+                            "error": o.error,
+                        }
+                    )
+            yield pa.RecordBatch.from_pylist(out, schema=_OUT_ARROW)
+
+    return consume_partition
+
+
+_OUT_ARROW = pa.schema(
+    [
+        ("consumer_group", pa.string()),
+        ("topic", pa.string()),
+        ("queue_id", pa.int32()),
+        ("queue_offset", pa.int64()),
+        ("ok", pa.bool_()),
+        ("level", pa.int32()),
+        ("reason", pa.string()),
+        ("error", pa.string()),
+    ]
+)
+
+
+def _stored(r: dict) -> dict:
+    """A consume_queue+commit_log row as the listener sees it (StoredMessage fields):
+    a retried message shows its original topic and id (RocketMQ clients show UNIQ_KEY)."""
+    props = dict(r["properties"] or [])
+    topic = r["topic"]
+    if topic.startswith(RETRY_PREFIX) and props.get(Prop.RETRY_TOPIC):
+        topic = props[Prop.RETRY_TOPIC]
+    return {
+        "msg_id": props.get(Prop.UNIQ_KEY) or props.get(Prop.ORIGIN_MESSAGE_ID) or r["msg_id"],
+        "topic": topic,
+        "queue_id": r["queue_id"],
+        "queue_offset": r["queue_offset"],
+        "body": r["body"],
+        "tags": r["tags"],
+        "keys": r["keys"],
+        "properties": props,
+        "born_ts": r["born_ts"],
+        "store_ts": r["store_ts"],
+        "reconsume_times": r["reconsume_times"] or 0,
+        "flag": r["flag"] or 0,
+        "sys_flag": r["sys_flag"] or 0,
+    }
+
+
+# --- running ------------------------------------------------------------------------------
+def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
+    wh = broker.warehouse
+    engine = broker.engine
+    spark = engine.spark
+    all_groups = _groups(broker)
+    listeners = {g: _listener_bytes(broker, g, cfg["listener"]) for g, cfg in all_groups.items()}
+    groups = {g: cfg for g, cfg in all_groups.items() if listeners[g] is not None}
+    skipped = tuple(sorted(set(all_groups) - set(groups)))
+    if not groups:
+        return DeliverResult(skipped_groups=skipped)
+    subs = broker.subscriptions()
+    heads = dispatch.load_state(wh).heads
+    offsets = _read_offsets(broker, sorted(groups))
+    takes = plan_takes(groups, subs, heads, offsets, now)
+    if not takes:
+        return DeliverResult(groups=len(groups), skipped_groups=skipped)
+
+    # 1. record the attempt before any listener runs
+    if fence:
+        fence()
+    _record_attempts(broker, takes, now)
+    faults.point("deliver.after_attempt_commit")
+
+    # 2. take, filter, join bodies, call listeners; materialise outcomes once
+    take_df = spark.createDataFrame(
+        [
+            (
+                t.group,
+                t.topic,
+                t.queue_id,
+                t.lo,
+                t.hi,
+                list(t.tags) if t.tags is not None else None,
+                t.attempts >= POISON_TRIES,
+            )
+            for t in takes
+        ],
+        "consumer_group string, t_topic string, t_qid int, lo bigint, hi bigint, tag_list array<string>, "
+        "poison boolean",
+    )
+    pred = F.lit(False)
+    for t in takes:
+        pred = pred | (
+            (F.col("topic") == t.topic)
+            & (F.col("queue_id") == t.queue_id)
+            & F.col("queue_offset").between(t.lo, t.hi - 1)
+        )
+    cq = wh.read("consume_queue").where(pred)
+    taken = cq.join(
+        F.broadcast(take_df),
+        (F.col("topic") == F.col("t_topic"))
+        & (F.col("queue_id") == F.col("t_qid"))
+        & (F.col("queue_offset") >= F.col("lo"))
+        & (F.col("queue_offset") < F.col("hi")),
+    )
+    matches = F.col("tag_list").isNull() | (
+        F.col("tags").isNotNull()
+        & F.exists(F.col("tag_list"), lambda x: F.xxhash64(x) == F.col("tags_hash"))
+        & F.array_contains(F.col("tag_list"), F.col("tags"))
+    )
+    taken = taken.withColumn("matched", matches)
+    taken.createOrReplaceTempView("dmq_deliver_taken")
+    index = engine.rows(
+        "SELECT consumer_group, topic, queue_id, queue_offset, msg_id, matched, poison, cl_date, "
+        "cl_batch_id, "
+        "cl_batch_pos, reconsume_times FROM dmq_deliver_taken"
+    )
+    deliverable = [r for r in index if r["matched"] and not r["poison"]]
+    outcomes: list[dict] = []
+    if deliverable:
+        bodies = wh.read("commit_log").where(
+            F.col("store_date").isin(sorted({r["cl_date"] for r in deliverable}))
+            & ranges_predicate("batch_id", merge_ranges([r["cl_batch_id"] for r in deliverable]))
+        )
+        b = bodies.select(
+            F.col("batch_id").alias("b_batch"),
+            F.col("batch_pos").alias("b_pos"),
+            "body",
+            "born_ts",
+            "flag",
+            "sys_flag",
+            F.col("properties").alias("cl_props"),
+        )
+        msgs = (
+            spark.table("dmq_deliver_taken")
+            .where(F.col("matched") & ~F.col("poison"))
+            .join(b, (F.col("cl_batch_id") == F.col("b_batch")) & (F.col("cl_batch_pos") == F.col("b_pos")))
+            .select(
+                "consumer_group",
+                "topic",
+                "queue_id",
+                "queue_offset",
+                "msg_id",
+                "tags",
+                "keys",
+                "body",
+                "properties",
+                "born_ts",
+                "store_ts",
+                "reconsume_times",
+                "flag",
+                "sys_flag",
+            )
+        )
+        consumer = _make_consumer(
+            {g: listeners[g] for g in groups},
+            {g: cfg["consume_batch_size"] for g, cfg in groups.items()},
+            {g: cfg["consume_timeout_ms"] / 1000.0 for g, cfg in groups.items()},
+            POISON_TRIES,
+        )
+        outcomes = [r.asDict() for r in msgs.mapInArrow(consumer, _OUT_SCHEMA).collect()]
+        if len(outcomes) != len(deliverable):
+            raise RuntimeError(
+                f"deliver: {len(deliverable)} messages taken but {len(outcomes)} outcomes; bodies missing?"
+            )
+    faults.point("deliver.after_listener")
+
+    # 3. failures → retry / DLQ
+    by_key = {(r["consumer_group"], r["topic"], r["queue_id"], r["queue_offset"]): r for r in index}
+    attempt_ts = {(t.group, t.topic, t.queue_id): t.attempt_ts for t in takes}
+    failures = []
+    max_level = broker.max_delay_level()
+    counts: dict[str, dict[str, int]] = {g: defaultdict(int) for g in groups}
+    errors = []
+    poisoned = [
+        {
+            "consumer_group": r["consumer_group"],
+            "topic": r["topic"],
+            "queue_id": r["queue_id"],
+            "queue_offset": r["queue_offset"],
+            "ok": False,
+            "level": 0,
+            "reason": "poison",
+            "error": f"{POISON_TRIES} delivery attempts ended without an outcome",
+        }
+        for r in index
+        if r["poison"] and r["matched"]
+    ]
+    for o in outcomes + poisoned:
+        key = (o["consumer_group"], o["topic"], o["queue_id"], o["queue_offset"])
+        src = by_key[key]
+        g = o["consumer_group"]
+        if o["ok"]:
+            counts[g]["consumed"] += 1
+            continue
+        cfg = groups[g]
+        if o["error"] and len(errors) < 20:
+            errors.append((g, src["msg_id"], o["error"]))
+        ts = attempt_ts[key[:3]]
+        d = sendback.decide(
+            reconsume_times=src["reconsume_times"] or 0,
+            requested_level=o["level"] or 0,
+            reason=o["reason"],
+            max_reconsume=cfg["max_reconsume_times"],
+            max_level=max_level,
+            retry_policy=json.loads(cfg["retry_policy"]) if cfg["retry_policy"] else None,
+            attempt_ts=ts,
+        )
+        counts[g]["retried" if d.target == "retry" else "dead_lettered"] += 1
+        if o["reason"]:
+            counts[g]["poison"] += 1
+        failures.append(
+            (
+                g,
+                o["topic"],
+                o["queue_id"],
+                o["queue_offset"],
+                src["msg_id"],
+                src["cl_batch_id"],
+                src["cl_batch_pos"],
+                src["cl_date"],
+                ts,
+                d.target,
+                d.level,
+                d.timer_ms,
+                d.dlq_reason,
+                cfg["max_reconsume_times"],
+            )
+        )
+    for r in index:
+        if not r["matched"]:
+            counts[r["consumer_group"]]["filtered"] += 1
+    if failures:
+        _send_back(broker, failures, fence)
+    faults.point("deliver.after_sendback_commit")
+
+    # 4. offsets past everything taken; attempt cleared
+    _advance(broker, takes, now)
+    faults.point("deliver.after_offsets_commit")
+    total = defaultdict(int)
+    for c in counts.values():
+        for k, v in c.items():
+            total[k] += v
+    return DeliverResult(
+        taken=len(index),
+        consumed=total["consumed"],
+        filtered=total["filtered"],
+        retried=total["retried"],
+        dead_lettered=total["dead_lettered"],
+        poison=total["poison"],
+        groups=len(groups),
+        errors=tuple(errors),
+        skipped_groups=skipped,
+        by_group={g: dict(c) for g, c in counts.items()},
+    )
+
+
+def _send_back(broker: Broker, failures: list[tuple], fence) -> None:
+    wh = broker.warehouse
+    spark = broker.engine.spark
+    fdf = spark.createDataFrame(failures, sendback.FAILURE_SCHEMA)
+    bodies = wh.read("commit_log").where(
+        F.col("store_date").isin(sorted({f[7] for f in failures}))
+        & ranges_predicate("batch_id", merge_ranges([f[5] for f in failures]))
+    )
+    rows = sendback.plan_sendback(fdf, bodies)
+    shift = ids.BATCH_RANDOM_BITS
+    stamps = sorted({f[8] for f in failures})
+    stored = (
+        wh.read("commit_log")
+        .where(
+            F.col("store_date").isin(sorted({ids.store_date(t) for t in stamps}))
+            & ranges_predicate("batch_id", [(t << shift, ((t + 1) << shift) - 1) for t in stamps])
+        )
+        .select("msg_id")
+    )
+    fresh = rows.join(stored, "msg_id", "left_anti")
+    if fence:
+        fence()
+    broker.engine.commit(lambda: wh.append("commit_log", fresh), what="sendback")
+
+
+def _record_attempts(broker: Broker, takes: list[QueueTake], now: int) -> None:
+    values = ", ".join(
+        f"({sql_str(t.group)}, {sql_str(t.topic)}, {t.queue_id}, {sql_long(t.lo)}, {sql_long(t.attempt_ts)})"
+        for t in takes
+    )
+    statement = (
+        f"MERGE INTO {broker.warehouse.ref('offsets')} t USING (SELECT * FROM VALUES {values} "
+        "AS v(consumer_group, topic, queue_id, next_offset, attempt_ts)) s "
+        "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
+        "AND t.client_id = '' "
+        "WHEN MATCHED THEN UPDATE SET t.attempts = coalesce(t.attempts, 0) + 1, t.attempt_ts = s.attempt_ts, "
+        f"t.updated_ts = {sql_long(now)} "
+        "WHEN NOT MATCHED THEN INSERT (consumer_group, topic, queue_id, client_id, next_offset, attempts, "
+        "suspend_until, progress_version, attempt_ts, updated_ts) VALUES (s.consumer_group, s.topic, "
+        "s.queue_id, '', s.next_offset, 1, CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), s.attempt_ts, "
+        f"{sql_long(now)})"
+    )
+    broker.engine.commit(lambda: broker.engine.execute(statement), what="offsets")
+
+
+def _advance(broker: Broker, takes: list[QueueTake], now: int) -> None:
+    values = ", ".join(
+        f"({sql_str(t.group)}, {sql_str(t.topic)}, {t.queue_id}, {sql_long(t.hi)})" for t in takes
+    )
+    statement = (
+        f"MERGE INTO {broker.warehouse.ref('offsets')} t USING (SELECT * FROM VALUES {values} "
+        "AS v(consumer_group, topic, queue_id, next_offset)) s "
+        "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
+        "AND t.client_id = '' "
+        "WHEN MATCHED THEN UPDATE SET t.next_offset = greatest(coalesce(t.next_offset, 0), s.next_offset), "
+        f"t.attempts = 0, t.attempt_ts = CAST(NULL AS BIGINT), t.updated_ts = {sql_long(now)}"
+    )
+    broker.engine.commit(lambda: broker.engine.execute(statement), what="offsets")

@@ -1,0 +1,234 @@
+"""Running listeners in isolated worker processes.
+
+Embedded Sail runs ``mapInPandas`` functions inside the broker's own process (STACK.md),
+so a listener that calls ``os._exit``, segfaults or hangs would take the broker with it.
+Each listener call therefore goes to a worker process (spawned once, reused across
+calls and ticks, replaced when it dies): a worker that dies mid-call ends the call with
+no outcome ("poison"), one that exceeds the consume timeout is killed ("timeout").
+
+A chunk that ends without an outcome is split into single messages and each is tried
+alone, up to ``poison_tries`` times in all; a message that still ends without an outcome
+gets the outcome ``poison`` or ``timeout`` (the caller dead-letters it), so one bad
+message never stalls its group.
+
+This module imports only the standard library and ``deltamq.message`` so that workers
+start fast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+_IDLE: dict[str, list[_Worker]] = {}
+_IDLE_LOCK = threading.Lock()
+_MAX_IDLE_PER_LISTENER = 4
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Result of one message: ``ok`` (consumed) or failed with a requested level, or no
+    outcome at all (``reason`` poison / timeout)."""
+
+    ok: bool
+    level: int = 0
+    reason: str | None = None
+    error: str | None = None
+
+
+def _send(stream, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(struct.pack(">Q", len(data)) + data)
+    stream.flush()
+
+
+def _recv(stream) -> Any:
+    head = stream.read(8)
+    if len(head) < 8:
+        raise EOFError("worker stream closed")
+    (size,) = struct.unpack(">Q", head)
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError("worker stream closed mid-frame")
+    return pickle.loads(data)
+
+
+def _worker_main() -> None:  # pragma: no cover - runs in the worker process
+    # The protocol owns the original stdout; whatever the listener prints goes to stderr.
+    proto_out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    proto_in = sys.stdin.buffer
+    sys.path[:] = _recv(proto_in)
+    listener = _recv(proto_in)
+
+    from deltamq.consumer import ConsumeContext, ConsumeStatus
+    from deltamq.message import StoredMessage
+
+    while True:
+        try:
+            request = _recv(proto_in)
+        except EOFError:
+            return
+        if request is None:
+            return
+        group, rows = request
+        messages = [StoredMessage(**r) for r in rows]
+        ctx = ConsumeContext(group=group, ack_index=len(messages) - 1)
+        error = None
+        try:
+            status = listener(messages, ctx)
+        except BaseException as e:  # noqa: BLE001 - any failure of the listener is RECONSUME_LATER
+            status, error = None, f"{type(e).__name__}: {e}"[:2000]
+        ok = status == ConsumeStatus.CONSUME_SUCCESS or status == "CONSUME_SUCCESS"
+        if not ok and error is None:
+            error = f"listener returned {status!r}"[:2000]
+        ack = ctx.ack_index
+        if not isinstance(ack, int) or isinstance(ack, bool):
+            ack = len(messages) - 1
+        level = ctx.delay_level_when_next_consume
+        level = level if isinstance(level, int) and not isinstance(level, bool) else 0
+        _send(proto_out, (ok, max(-1, min(ack, len(messages) - 1)), level, error))
+
+
+class _Worker:
+    """A listener worker: ``python -m deltamq.jobs.listener_worker`` on pipes (not
+    multiprocessing, whose spawn re-imports the parent's main module)."""
+
+    def __init__(self, key: str, listener_bytes: bytes) -> None:
+        self.key = key
+        env = dict(os.environ)
+        env.pop("DELTAMQ_CRASH_AT", None)  # crash points are for the broker, not its workers
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "deltamq.jobs.listener_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        _send(self.proc.stdin, list(sys.path))
+        self.proc.stdin.write(struct.pack(">Q", len(listener_bytes)) + listener_bytes)
+        self.proc.stdin.flush()
+
+    def call(self, payload: Any, timeout_s: float) -> tuple | str:
+        """The worker's reply, or "poison" (it died) or "timeout" (it was killed)."""
+        try:
+            _send(self.proc.stdin, payload)
+            ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+            if not ready:
+                self.kill()
+                return "timeout"
+            return _recv(self.proc.stdout)
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError, pickle.UnpicklingError):
+            self.kill()
+            return "poison"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        try:
+            _send(self.proc.stdin, None)
+            self.proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            self.kill()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+def _take(key: str, listener_bytes: bytes) -> _Worker:
+    with _IDLE_LOCK:
+        pool = _IDLE.get(key, [])
+        while pool:
+            w = pool.pop()
+            if w.alive:
+                return w
+    return _Worker(key, listener_bytes)
+
+
+def _give_back(w: _Worker) -> None:
+    if not w.alive:
+        return
+    with _IDLE_LOCK:
+        pool = _IDLE.setdefault(w.key, [])
+        if len(pool) < _MAX_IDLE_PER_LISTENER:
+            pool.append(w)
+            return
+    w.stop()
+
+
+def consume(
+    listener_bytes: bytes,
+    group: str,
+    messages: list[dict],
+    batch_size: int,
+    timeout_s: float,
+    poison_tries: int,
+) -> list[Outcome]:
+    """Hand ``messages`` to the listener in chunks of ``batch_size``; one Outcome each."""
+    key = hashlib.sha256(listener_bytes).hexdigest()
+    worker = _take(key, listener_bytes)
+    outcomes: list[Outcome] = []
+    try:
+        for start in range(0, len(messages), batch_size):
+            chunk = messages[start : start + batch_size]
+            reply = worker.call((group, chunk), timeout_s)
+            if isinstance(reply, tuple):
+                outcomes.extend(_apply(reply, len(chunk)))
+                continue
+            worker = _take(key, listener_bytes)
+            tries_left = poison_tries - 1  # the chunk's call was the first try of each message
+            for one in chunk:
+                result: tuple | str = reply
+                for _ in range(tries_left):
+                    result = worker.call((group, [one]), timeout_s)
+                    if isinstance(result, tuple):
+                        break
+                    worker = _take(key, listener_bytes)
+                if isinstance(result, tuple):
+                    outcomes.extend(_apply(result, 1))
+                else:
+                    outcomes.append(
+                        Outcome(False, reason=result, error=f"listener ended without an outcome ({result})")
+                    )
+    finally:
+        _give_back(worker)
+    return outcomes
+
+
+def _apply(reply: tuple, n: int) -> list[Outcome]:
+    ok, ack, level, error = reply
+    if ok:
+        return [
+            Outcome(True) if i <= ack else Outcome(False, level=level, error="after ack_index")
+            for i in range(n)
+        ]
+    return [Outcome(False, level=level, error=error) for _ in range(n)]
+
+
+def shutdown() -> None:
+    """Stop every idle worker (tests; workers are daemons and die with the process)."""
+    with _IDLE_LOCK:
+        workers = [w for pool in _IDLE.values() for w in pool]
+        _IDLE.clear()
+    for w in workers:
+        w.kill()
+
+
+if __name__ == "__main__":  # pragma: no cover - the worker process
+    _worker_main()

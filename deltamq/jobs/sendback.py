@@ -1,0 +1,148 @@
+"""Send-back: failed deliveries → ``%RETRY%<group>`` with back-off, or ``%DLQ%<group>``.
+
+RocketMQ's ``sendMessageBack`` (SPEC §3): a failed message becomes a new message in the
+group's retry topic (queue 0) with ``reconsume_times + 1``, ``RETRY_TOPIC`` = its
+original topic (set once), ``ORIGIN_MESSAGE_ID`` = the first message's id, and delay
+level ``delay_level_when_next_consume`` if > 0 else ``3 + reconsume_times``; a retry
+policy replaces the levels with absolute timers. With ``reconsume_times >=
+max_reconsume_times``, a level < 0, or no outcome at all (poison / timeout), it goes to
+``%DLQ%<group>`` instead, with ``DLQ_REASON``, and is never delivered again unless an
+operator resends it.
+
+Ids are derived from the failed delivery: store time = the delivery attempt's ``now``
+(recorded before the listener was called, so a re-run after a kill gets the same one),
+then a hash of (group, topic, queue, offset).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from deltamq import ids
+from deltamq.constants import Prop, dlq_topic, retry_topic
+from deltamq.consumer import retry_delay_ms
+from deltamq.schemas import TABLES
+
+FAILURE_SCHEMA = (
+    "consumer_group string, topic string, queue_id int, queue_offset bigint, msg_id string, "
+    "cl_batch_id bigint, cl_batch_pos bigint, cl_date date, attempt_ts bigint, target string, "
+    "level int, timer_ms bigint, dlq_reason string, max_reconsume int"
+)
+# Rewritten below (system values are recomputed from the original properties).
+_REMOVED = (
+    Prop.DELAY,
+    Prop.REAL_TOPIC,
+    Prop.REAL_QID,
+    Prop.TIMER_DELIVER_MS,
+    Prop.DLQ_REASON,
+    Prop.RETRY_TOPIC,
+    Prop.ORIGIN_MESSAGE_ID,
+    Prop.RECONSUME_TIME,
+    Prop.MAX_RECONSUME_TIMES,
+)
+
+
+@dataclass(frozen=True)
+class Decision:
+    target: str  # "retry" or "dlq"
+    level: int | None = None
+    timer_ms: int | None = None
+    dlq_reason: str | None = None
+
+
+def decide(
+    *,
+    reconsume_times: int,
+    requested_level: int,
+    reason: str | None,
+    max_reconsume: int,
+    max_level: int,
+    retry_policy: dict[str, Any] | None,
+    attempt_ts: int,
+) -> Decision:
+    """Where one failed message goes (pure)."""
+    if reason in ("poison", "timeout"):
+        return Decision("dlq", dlq_reason=reason)
+    if requested_level < 0:
+        return Decision("dlq", dlq_reason="negative_level")
+    if max_reconsume >= 0 and reconsume_times >= max_reconsume:
+        return Decision("dlq", dlq_reason="max_reconsume")
+    if retry_policy is not None and requested_level == 0:
+        return Decision("retry", timer_ms=attempt_ts + retry_delay_ms(retry_policy, reconsume_times))
+    level = requested_level if requested_level > 0 else 3 + reconsume_times
+    return Decision("retry", level=min(level, max_level))
+
+
+def plan_sendback(failures: DataFrame, bodies: DataFrame) -> DataFrame:
+    """Pure plan: failures (FAILURE_SCHEMA) + their commit_log rows → new commit_log rows."""
+    b = bodies.select(
+        F.col("batch_id").alias("b_batch"),
+        F.col("batch_pos").alias("b_pos"),
+        "tags",
+        "keys",
+        "body",
+        "flag",
+        F.col("properties").alias("orig_props"),
+        "born_ts",
+        F.col("reconsume_times").alias("orig_reconsume"),
+        "sys_flag",
+        "producer_group",
+    )
+    on = (F.col("cl_batch_id") == F.col("b_batch")) & (F.col("cl_batch_pos") == F.col("b_pos"))
+    j = failures.join(b, on)
+    is_dlq = F.col("target") == F.lit("dlq")
+    kind = F.when(is_dlq, F.lit(ids.KIND_DLQ)).otherwise(F.lit(ids.KIND_RETRY))
+    batch = ids.engine_batch_id_col(F.col("attempt_ts"), kind)
+    digest = F.lpad(
+        F.hex(F.xxhash64(F.col("consumer_group"), F.col("topic"), F.col("queue_id"), F.col("queue_offset"))),
+        16,
+        "0",
+    )
+    props = F.col("orig_props")
+    empty = F.create_map().cast("map<string,string>")
+    kept = F.map_filter(F.coalesce(props, empty), lambda k, v: ~k.isin(*_REMOVED))
+    new_reconsume = F.col("orig_reconsume") + 1
+    system = F.create_map(
+        F.lit(Prop.RETRY_TOPIC),
+        F.coalesce(props.getItem(Prop.RETRY_TOPIC), F.col("topic")),
+        F.lit(Prop.ORIGIN_MESSAGE_ID),
+        F.coalesce(props.getItem(Prop.ORIGIN_MESSAGE_ID), props.getItem(Prop.UNIQ_KEY), F.col("msg_id")),
+        F.lit(Prop.RECONSUME_TIME),
+        new_reconsume.cast("string"),
+        F.lit(Prop.MAX_RECONSUME_TIMES),
+        F.col("max_reconsume").cast("string"),
+    )
+    extra = (
+        F.when(is_dlq, F.create_map(F.lit(Prop.DLQ_REASON), F.col("dlq_reason")))
+        .when(
+            F.col("timer_ms").isNotNull(),
+            F.create_map(F.lit(Prop.TIMER_DELIVER_MS), F.col("timer_ms").cast("string")),
+        )
+        .otherwise(F.create_map(F.lit(Prop.DELAY), F.col("level").cast("string")))
+    )
+    target_topic = F.when(is_dlq, F.concat(F.lit(dlq_topic("")), F.col("consumer_group"))).otherwise(
+        F.concat(F.lit(retry_topic("")), F.col("consumer_group"))
+    )
+    out = j.select(
+        F.concat(ids.msg_id_col(batch, F.lit(0)).substr(1, 16), digest).alias("msg_id"),
+        target_topic.alias("topic"),
+        F.lit(0).cast("int").alias("queue_id"),
+        "tags",
+        "keys",
+        "body",
+        "flag",
+        F.map_concat(kept, system, extra).alias("properties"),
+        "born_ts",
+        F.col("attempt_ts").alias("store_ts"),
+        new_reconsume.cast("int").alias("reconsume_times"),
+        "sys_flag",
+        "producer_group",
+        batch.alias("batch_id"),
+        F.col("queue_offset").bitwiseAND(F.lit(0xFFFFFFFF)).alias("batch_pos"),
+        ids.store_date_col(F.col("attempt_ts")).alias("store_date"),
+    )
+    return out.select(*TABLES["commit_log"].columns)
