@@ -74,6 +74,8 @@ class Prop:
     TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
     TRAN_ID = "TRAN_ID"
     DLQ_REASON = "DLQ_REASON"
+    # our extension: the listener's exception text (or bad return) of the failed delivery
+    LAST_ERROR = "LAST_ERROR"
 
 
 class SysFlag:

@@ -414,6 +414,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
                 d.timer_ms,
                 d.dlq_reason,
                 cfg["max_reconsume_times"],
+                o["error"],
             )
         )
     for r in index:

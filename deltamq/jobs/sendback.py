@@ -30,7 +30,7 @@ from deltamq.schemas import TABLES
 FAILURE_SCHEMA = (
     "consumer_group string, topic string, queue_id int, queue_offset bigint, msg_id string, "
     "cl_batch_id bigint, cl_batch_pos bigint, cl_date date, attempt_ts bigint, target string, "
-    "level int, timer_ms bigint, dlq_reason string, max_reconsume int"
+    "level int, timer_ms bigint, dlq_reason string, max_reconsume int, error string"
 )
 # Rewritten below (system values are recomputed from the original properties).
 _REMOVED = (
@@ -43,6 +43,7 @@ _REMOVED = (
     Prop.ORIGIN_MESSAGE_ID,
     Prop.RECONSUME_TIME,
     Prop.MAX_RECONSUME_TIMES,
+    Prop.LAST_ERROR,
 )
 
 
@@ -116,6 +117,9 @@ def plan_sendback(failures: DataFrame, bodies: DataFrame) -> DataFrame:
         F.lit(Prop.MAX_RECONSUME_TIMES),
         F.col("max_reconsume").cast("string"),
     )
+    last_error = F.when(
+        F.col("error").isNotNull(), F.create_map(F.lit(Prop.LAST_ERROR), F.col("error"))
+    ).otherwise(empty)
     extra = (
         F.when(is_dlq, F.create_map(F.lit(Prop.DLQ_REASON), F.col("dlq_reason")))
         .when(
@@ -135,7 +139,7 @@ def plan_sendback(failures: DataFrame, bodies: DataFrame) -> DataFrame:
         "keys",
         "body",
         "flag",
-        F.map_concat(kept, system, extra).alias("properties"),
+        F.map_concat(kept, system, extra, last_error).alias("properties"),
         "born_ts",
         F.col("attempt_ts").alias("store_ts"),
         new_reconsume.cast("int").alias("reconsume_times"),

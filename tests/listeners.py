@@ -1,0 +1,100 @@
+"""Listeners for the tests. Importable without PySpark: worker processes load them.
+
+Every listener records what it was handed as JSON lines, so tests can assert on the
+calls made in worker processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from deltamq.consumer import ConsumeStatus
+
+
+def read_log(path) -> list[dict]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return [json.loads(line) for line in fh if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+class Recorder:
+    """A picklable listener: records each call, then behaves as ``behavior`` says."""
+
+    def __init__(self, log_path, behavior: str = "ok") -> None:
+        self.log_path = str(log_path)
+        self.behavior = behavior
+
+    def __call__(self, messages, context):
+        with open(self.log_path, "a", encoding="utf-8") as fh:
+            for m in messages:
+                fh.write(
+                    json.dumps(
+                        {
+                            "id": m.msg_id,
+                            "topic": m.topic,
+                            "body": m.body.decode("utf-8", "replace"),
+                            "reconsume": m.reconsume_times,
+                            "batch": len(messages),
+                            "queue_id": m.queue_id,
+                            "props": m.properties,
+                        }
+                    )
+                    + "\n"
+                )
+        return getattr(self, "_" + self.behavior)(messages, context)
+
+    def _ok(self, messages, context):
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    def _fail(self, messages, context):
+        return ConsumeStatus.RECONSUME_LATER
+
+    def _fail_twice(self, messages, context):
+        return (
+            ConsumeStatus.RECONSUME_LATER
+            if messages[0].reconsume_times < 2
+            else ConsumeStatus.CONSUME_SUCCESS
+        )
+
+    def _ack_first(self, messages, context):
+        context.ack_index = 0
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    def _none(self, messages, context):
+        return None
+
+    def _raise(self, messages, context):
+        raise ValueError(f"cannot handle {messages[0].body!r}")
+
+    def _garbage(self, messages, context):
+        return {"status": "maybe"}
+
+    def _level_from_body(self, messages, context):
+        context.delay_level_when_next_consume = int(messages[0].body)
+        return ConsumeStatus.RECONSUME_LATER
+
+    def _hostile(self, messages, context):
+        body = messages[0].body
+        if body == b"exit":
+            os._exit(3)
+        if body == b"sleep":
+            time.sleep(30)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+
+def env_recorder(messages, context):
+    """Import-path listener for subprocess jobs: logs to $DELTAMQ_TEST_LOG, always succeeds."""
+    return Recorder(os.environ["DELTAMQ_TEST_LOG"], "ok")(messages, context)
+
+
+def env_fail_odd(messages, context):
+    """Fails messages whose body ends in an odd digit on their first delivery."""
+    Recorder(os.environ["DELTAMQ_TEST_LOG"], "ok")(messages, context)
+    m = messages[0]
+    if m.reconsume_times == 0 and m.body[-1:] in b"13579":
+        return ConsumeStatus.RECONSUME_LATER
+    return ConsumeStatus.CONSUME_SUCCESS

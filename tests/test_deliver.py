@@ -1,0 +1,201 @@
+"""Push consumption, retry with back-off, dead letters, poison isolation (SPEC §3)."""
+
+from __future__ import annotations
+
+import pytest
+from listeners import Recorder, read_log
+
+from deltamq import Message
+from deltamq.config import parse_levels
+from deltamq.constants import DEFAULT_LEVELS, Prop
+
+
+@pytest.fixture
+def setup(broker, tmp_path):
+    broker.create_topic("orders", queues=2)
+    log = tmp_path / "calls.jsonl"
+
+    def group(behavior="ok", name="g", **kw):
+        broker.create_group(name, Recorder(log, behavior), consume_from="FIRST_OFFSET", **kw)
+        broker.subscribe(name, "orders")
+        return log
+
+    return broker, group
+
+
+def _dlq(broker, group="g"):
+    """Dead letters stored (dispatch indexes them in the next tick)."""
+    return broker.sql(
+        f"SELECT CAST(body AS STRING) AS body, reconsume_times, properties FROM commit_log "
+        f"WHERE topic = '%DLQ%{group}'"
+    ).collect()
+
+
+def test_always_failing_message_backs_off_through_levels_3_to_18_then_dead_letters(setup, clock):
+    broker, group = setup
+    log = group("fail")
+    sent = broker.producer("p").send(Message("orders", b"doomed"))
+    t = clock.now_ms()
+    broker.tick(t)
+    assert [c["reconsume"] for c in read_log(log)] == [0]
+    delays = [ms for lvl, ms, _ in parse_levels(DEFAULT_LEVELS) if lvl >= 3]  # 10s 30s 1m ... 2h
+    assert len(delays) == 16
+    for n, delay in enumerate(delays, start=1):
+        broker.tick(t + delay - 1)
+        assert len(read_log(log)) == n, f"retry {n} handed over before its {delay} ms back-off"
+        t += delay
+        broker.tick(t)
+        calls = read_log(log)
+        assert len(calls) == n + 1, f"retry {n} not handed over {delay} ms after the failure"
+        assert calls[-1]["reconsume"] == n and calls[-1]["topic"] == "orders" and calls[-1]["id"] == sent
+    (dead,) = _dlq(broker)
+    assert dead["body"] == "doomed" and dead["reconsume_times"] == 17
+    assert dead["properties"][Prop.DLQ_REASON] == "max_reconsume"
+    assert (
+        dead["properties"][Prop.ORIGIN_MESSAGE_ID] == sent
+        and dead["properties"][Prop.RETRY_TOPIC] == "orders"
+    )
+    broker.tick(t + 10 * 3_600_000)  # dead letters are never delivered again
+    assert len(read_log(log)) == 17
+
+
+def test_fails_twice_then_succeeds_is_consumed_once(setup, clock):
+    broker, group = setup
+    log = group("fail_twice")
+    broker.producer("p").send(Message("orders", b"flaky"))
+    t = clock.now_ms()
+    broker.tick(t)
+    broker.tick(t + 10_000)
+    broker.tick(t + 40_000)
+    broker.tick(t + 100_000)
+    assert [c["reconsume"] for c in read_log(log)] == [0, 1, 2]
+    assert _dlq(broker) == []
+    lag = broker.sql(
+        "SELECT sum(next_offset) AS n FROM offsets WHERE consumer_group = 'g' AND topic = '%RETRY%g'"
+    ).collect()[0]["n"]
+    assert lag == 2  # both retry copies consumed
+
+
+def test_ack_index_partial_success(setup, clock):
+    broker, group = setup
+    log = group("ack_first", consume_message_batch_max_size=3)
+    broker.producer("p").send_batch([Message("orders", f"m{i}") for i in range(3)], queue_keys=["k"] * 3)
+    t = clock.now_ms()
+    broker.tick(t)
+    assert [c["batch"] for c in read_log(log)] == [3, 3, 3]
+    broker.tick(t + 10_000)
+    retried = sorted(c["body"] for c in read_log(log)[3:])
+    assert retried == ["m1", "m2"]  # everything after ack_index 0 failed
+
+
+@pytest.mark.parametrize(
+    "behavior, text",
+    [("none", "returned None"), ("raise", "ValueError: cannot handle"), ("garbage", "returned {'status'")],
+)
+def test_none_exceptions_and_garbage_count_as_reconsume_later(setup, clock, behavior, text):
+    broker, group = setup
+    group(behavior)
+    sent = broker.producer("p").send(Message("orders", b"x"))
+    result = broker.tick(clock.now_ms()).job("deliver").result
+    assert result.retried == 1 and result.consumed == 0
+    assert any(text in err and mid for _, mid, err in result.errors)
+    row = broker.sql("SELECT properties FROM commit_log WHERE topic = '%RETRY%g'").collect()[0]
+    assert text in row["properties"][Prop.LAST_ERROR] and row["properties"][Prop.ORIGIN_MESSAGE_ID] == sent
+
+
+def test_delay_level_when_next_consume(setup, clock):
+    broker, group = setup
+    log = group("level_from_body")
+    broker.producer("p").send_batch([Message("orders", "5"), Message("orders", "-1")])
+    t = clock.now_ms()
+    broker.tick(t)
+    broker.tick(t + 60_000 - 1)
+    assert len(read_log(log)) == 2
+    broker.tick(t + 60_000)  # level 5 = 1m
+    assert [c["body"] for c in read_log(log)[2:]] == ["5"]
+    (dead,) = _dlq(broker)
+    assert dead["body"] == "-1" and dead["properties"][Prop.DLQ_REASON] == "negative_level"
+
+
+def test_custom_retry_policy(setup, clock):
+    broker, group = setup
+    log = group("fail", retry_policy={"delays_ms": [2000, 4000]}, max_reconsume_times=3)
+    broker.producer("p").send(Message("orders", b"x"))
+    t = clock.now_ms()
+    broker.tick(t)
+    for delay in (2000, 4000, 4000):
+        broker.tick(t + delay - 1)
+        before = len(read_log(log))
+        t += delay
+        broker.tick(t)
+        assert len(read_log(log)) == before + 1
+    (dead,) = _dlq(broker)
+    assert dead["reconsume_times"] == 4 and dead["properties"][Prop.DLQ_REASON] == "max_reconsume"
+
+
+def test_group_created_after_the_messages_gets_its_own_retries(broker, clock, tmp_path):
+    broker.create_topic("orders", queues=1)
+    p = broker.producer("p")
+    p.send(Message("orders", b"old"))
+    t = clock.now_ms()
+    broker.tick(t)
+    log = tmp_path / "late.jsonl"
+    broker.create_group("late", Recorder(log, "fail_twice"))  # LAST_OFFSET
+    broker.subscribe("late", "orders")
+    p.send(Message("orders", b"new"))
+    broker.tick(t + 1)
+    broker.tick(t + 10_001)
+    broker.tick(t + 40_001)
+    assert [(c["body"], c["reconsume"]) for c in read_log(log)] == [("new", 0), ("new", 1), ("new", 2)]
+
+
+def test_hostile_listeners_are_isolated(setup, clock):
+    broker, group = setup
+    log = group("hostile", consume_timeout_ms=700)
+    bodies = ["ok1", "exit", "ok2", "sleep", "ok3"]
+    broker.producer("p").send_batch([Message("orders", b) for b in bodies], queue_keys=["k"] * 5)
+    result = broker.tick(clock.now_ms()).job("deliver").result
+    assert result.consumed == 3 and result.dead_lettered == 2 and result.poison == 2
+    reasons = sorted((d["body"], d["properties"][Prop.DLQ_REASON]) for d in _dlq(broker))
+    assert reasons == [("exit", "poison"), ("sleep", "timeout")]
+    assert {c["body"] for c in read_log(log)} >= {"ok1", "ok2", "ok3"}
+    assert [c["body"] for c in read_log(log)].count("exit") == 3  # tried 3 times, then dead-lettered
+
+
+def test_offset_reset_redelivers(setup, clock):
+    broker, group = setup
+    log = group("ok")
+    t0 = clock.now_ms()
+    broker.producer("p").send_batch([Message("orders", f"m{i}") for i in range(4)])
+    broker.tick(t0)
+    assert len(read_log(log)) == 4
+    new = broker.reset_offsets("g", t0)
+    assert sum(new.values()) == 0
+    broker.tick(t0 + 1)
+    assert sorted(c["body"] for c in read_log(log)[4:]) == ["m0", "m1", "m2", "m3"]
+
+
+def test_tags_filter_skips_and_moves_past(broker, clock, tmp_path):
+    broker.create_topic("orders", queues=1)
+    log = tmp_path / "tags.jsonl"
+    broker.create_group("g", Recorder(log), consume_from="FIRST_OFFSET")
+    broker.subscribe("g", "orders", "A || C")
+    broker.producer("p").send_batch([Message("orders", t or "none", tags=t) for t in ["A", "B", None, "C"]])
+    result = broker.tick(clock.now_ms()).job("deliver").result
+    assert sorted(c["body"] for c in read_log(log)) == ["A", "C"]
+    assert (result.filtered, result.consumed) == (2, 2)
+    nxt = broker.sql("SELECT next_offset FROM offsets WHERE consumer_group = 'g' AND topic = 'orders'")
+    assert nxt.collect()[0]["next_offset"] == 4
+
+
+def test_idle_deliver_commits_nothing(setup, clock, tmp_path):
+    from conftest import table_versions
+
+    broker, group = setup
+    group("ok")
+    broker.producer("p").send(Message("orders", b"x"))
+    broker.tick(clock.now_ms())
+    before = table_versions(tmp_path / "wh")
+    broker.tick(clock.now_ms() + 1000)
+    after = table_versions(tmp_path / "wh")
+    assert {k for k in before if before[k] != after[k]} == {"job_runs"}
