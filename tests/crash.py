@@ -36,15 +36,21 @@ def run_job(
     crash_at: str | None = None,
     kill_after_s: float | None = None,
     timeout_s: float = 180,
+    env: dict[str, str] | None = None,
 ) -> JobOutcome:
-    """Run ``deltamq job <job>`` in a subprocess; optionally kill it at a point or time."""
+    """Run ``deltamq job <job>`` (or ``deltamq tick`` for job "tick") in a subprocess;
+    optionally kill it at a crash point or after a random time."""
+    extra = env or {}
     env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    env.update(extra)
     env["RUST_LOG"] = "error"
     env["DELTAMQ_RUNNER_ID"] = RUNNER_ID  # a restarted runner keeps its lease
     env.pop("DELTAMQ_CRASH_AT", None)
     if crash_at:
         env["DELTAMQ_CRASH_AT"] = crash_at
-    cmd = [sys.executable, "-m", "deltamq.cli", "job", job, "--warehouse", str(warehouse), "--now", str(now)]
+    verb = ["tick"] if job == "tick" else ["job", job]
+    cmd = [sys.executable, "-m", "deltamq.cli", *verb, "--warehouse", str(warehouse), "--now", str(now)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     killed_by_us = False
     if kill_after_s is not None:

@@ -41,6 +41,7 @@ class Recorder:
                             "batch": len(messages),
                             "queue_id": m.queue_id,
                             "props": m.properties,
+                            "run": os.environ.get("DELTAMQ_TEST_RUN"),
                         }
                     )
                     + "\n"

@@ -15,9 +15,11 @@ Order of effects, so a kill anywhere loses nothing:
 3. failures are sent back (one ``commit_log`` append; ids derived from the delivery,
    already-stored ones skipped);
 4. offsets advance past every taken message and the attempt is cleared.
-A kill before 4 redelivers the in-flight messages (at-least-once). A queue whose attempts
-keep ending without an outcome is taken one message at a time, and its head message is
-dead-lettered (``poison``) after ``poison_tries`` such attempts.
+A kill before 4 redelivers the in-flight messages (at-least-once): the re-run takes the
+same range with the recorded attempt time, so its sends-back have the same ids and are not
+stored twice. A listener that kills its worker or hangs is handled inside the call
+(``listener_worker``); should whole attempts keep ending without an outcome anyway, the
+queue's head message is dead-lettered (``poison``) after ``poison_tries`` of them.
 """
 
 from __future__ import annotations
@@ -130,7 +132,10 @@ def plan_takes(
             nxt, attempts, attempt_ts = offsets.get((g["consumer_group"], topic, qid), (0, 0, None))
             if nxt >= head:
                 continue
-            size = g["pull_batch_size"] if attempts == 0 else 1  # isolate after a lost attempt
+            # After a lost attempt the same range is taken again with the same attempt time, so
+            # its sends-back get the same ids (already-stored ones are skipped). Only a head that
+            # keeps ending attempts without an outcome is taken alone, to be dead-lettered.
+            size = g["pull_batch_size"] if attempts < poison_tries else 1
             takes.append(
                 QueueTake(
                     g["consumer_group"],
@@ -314,6 +319,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         b = bodies.select(
             F.col("batch_id").alias("b_batch"),
             F.col("batch_pos").alias("b_pos"),
+            F.col("msg_id").alias("b_id"),
             "body",
             "born_ts",
             "flag",
@@ -323,7 +329,12 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         msgs = (
             spark.table("dmq_deliver_taken")
             .where(F.col("matched") & ~F.col("poison"))
-            .join(b, (F.col("cl_batch_id") == F.col("b_batch")) & (F.col("cl_batch_pos") == F.col("b_pos")))
+            .join(
+                b,
+                (F.col("cl_batch_id") == F.col("b_batch"))
+                & (F.col("cl_batch_pos") == F.col("b_pos"))
+                & (F.col("msg_id") == F.col("b_id")),
+            )
             .select(
                 "consumer_group",
                 "topic",

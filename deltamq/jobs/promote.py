@@ -161,10 +161,12 @@ def plan_messages(due: DataFrame, bodies: DataFrame) -> DataFrame:
         F.col("properties").getItem(Prop.REAL_QID).cast("int").alias("real_qid"),
         F.col("cl_batch_id"),
         F.col("cl_batch_pos"),
+        F.col("msg_id").alias("src_msg_id"),
     )
     b = bodies.select(
         F.col("batch_id").alias("b_batch"),
         F.col("batch_pos").alias("b_pos"),
+        F.col("msg_id").alias("b_id"),
         "tags",
         "keys",
         "body",
@@ -176,7 +178,10 @@ def plan_messages(due: DataFrame, bodies: DataFrame) -> DataFrame:
         "producer_group",
     )
     joined = src.join(
-        b, (F.col("cl_batch_id") == F.col("b_batch")) & (F.col("cl_batch_pos") == F.col("b_pos"))
+        b,
+        (F.col("cl_batch_id") == F.col("b_batch"))
+        & (F.col("cl_batch_pos") == F.col("b_pos"))
+        & (F.col("src_msg_id") == F.col("b_id")),
     )
     batch = ids.engine_batch_id_col(F.col("due_ts"), F.col("kind"))
     pos = F.col("src_offset").bitwiseAND(F.lit(0xFFFFFFFF))

@@ -83,6 +83,7 @@ def plan_sendback(failures: DataFrame, bodies: DataFrame) -> DataFrame:
     b = bodies.select(
         F.col("batch_id").alias("b_batch"),
         F.col("batch_pos").alias("b_pos"),
+        F.col("msg_id").alias("b_id"),
         "tags",
         "keys",
         "body",
@@ -93,16 +94,19 @@ def plan_sendback(failures: DataFrame, bodies: DataFrame) -> DataFrame:
         "sys_flag",
         "producer_group",
     )
-    on = (F.col("cl_batch_id") == F.col("b_batch")) & (F.col("cl_batch_pos") == F.col("b_pos"))
+    on = (
+        (F.col("cl_batch_id") == F.col("b_batch"))
+        & (F.col("cl_batch_pos") == F.col("b_pos"))
+        & (F.col("msg_id") == F.col("b_id"))
+    )
     j = failures.join(b, on)
     is_dlq = F.col("target") == F.lit("dlq")
     kind = F.when(is_dlq, F.lit(ids.KIND_DLQ)).otherwise(F.lit(ids.KIND_RETRY))
     batch = ids.engine_batch_id_col(F.col("attempt_ts"), kind)
-    digest = F.lpad(
-        F.hex(F.xxhash64(F.col("consumer_group"), F.col("topic"), F.col("queue_id"), F.col("queue_offset"))),
-        16,
-        "0",
-    )
+    # (group, topic, queue, offset) names the delivery; its 64-bit hash is the row's position
+    # in the batch (unique among all sends-back of one attempt) and the id's suffix.
+    delivery = F.xxhash64(F.col("consumer_group"), F.col("topic"), F.col("queue_id"), F.col("queue_offset"))
+    digest = F.lpad(F.hex(delivery), 16, "0")
     props = F.col("orig_props")
     empty = F.create_map().cast("map<string,string>")
     kept = F.map_filter(F.coalesce(props, empty), lambda k, v: ~k.isin(*_REMOVED))
@@ -146,7 +150,7 @@ def plan_sendback(failures: DataFrame, bodies: DataFrame) -> DataFrame:
         "sys_flag",
         "producer_group",
         batch.alias("batch_id"),
-        F.col("queue_offset").bitwiseAND(F.lit(0xFFFFFFFF)).alias("batch_pos"),
+        delivery.alias("batch_pos"),
         ids.store_date_col(F.col("attempt_ts")).alias("store_date"),
     )
     return out.select(*TABLES["commit_log"].columns)

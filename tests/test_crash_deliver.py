@@ -1,0 +1,64 @@
+"""Deliver killed at every commit point and at random times: afterwards every message is
+consumed (none lost), and any message handed over twice was in flight at a kill."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from crash import run_job
+from listeners import read_log
+
+from deltamq import Message
+from deltamq.jobs import dispatch
+
+POINTS = [
+    "deliver.after_attempt_commit",
+    "deliver.after_listener",
+    "deliver.after_sendback_commit",
+    "deliver.after_offsets_commit",
+]
+
+
+def test_deliver_survives_kills(broker, clock, tmp_path):
+    broker.create_topic("orders", queues=4)
+    broker.create_group("g", "listeners:env_fail_odd", consume_from="FIRST_OFFSET")
+    broker.subscribe("g", "orders")
+    wh, log = tmp_path / "wh", tmp_path / "calls.jsonl"
+    rng = random.Random(7)
+    plan = [(p, None) for p in POINTS for _ in range(2)] + [(None, "random")] * 4
+    killed_runs, sent, kills = set(), [], 0
+    p = broker.producer("p")
+    for round_no, (point, mode) in enumerate(plan):
+        sent += p.send_batch([Message("orders", f"r{round_no}m{i}") for i in range(12)])
+        dispatch.run(broker.warehouse, clock.now_ms())
+        clock.advance(seconds=1)
+        run = f"round{round_no}"
+        env = {"DELTAMQ_TEST_LOG": str(log), "DELTAMQ_TEST_RUN": run}
+        if mode == "random":
+            outcome = run_job(wh, "deliver", clock.now_ms(), kill_after_s=rng.uniform(0.1, 1.2), env=env)
+        else:
+            outcome = run_job(wh, "deliver", clock.now_ms(), crash_at=point, env=env)
+            assert outcome.killed, outcome.stderr[-2000:]
+        if outcome.killed:
+            kills += 1
+            killed_runs.add(run)
+        rerun = run_job(wh, "deliver", clock.now_ms(), env={**env, "DELTAMQ_TEST_RUN": run + "-rerun"})
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+    # let every retry fall due and be consumed (a full tick: dispatch, promote, deliver)
+    for step in range(3):
+        clock.advance(minutes=1)
+        env = {"DELTAMQ_TEST_LOG": str(log), "DELTAMQ_TEST_RUN": f"final{step}"}
+        done = run_job(wh, "tick", clock.now_ms(), env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+    calls = read_log(log)
+    consumed = {c["id"] for c in calls if c["reconsume"] > 0 or c["body"][-1] not in "13579"}
+    assert set(sent) <= consumed, f"lost: {sorted(set(sent) - consumed)[:5]}"
+    handed = Counter((c["id"], c["reconsume"]) for c in calls)
+    for (mid, reconsume), n in handed.items():
+        if n > 1:
+            runs = {c["run"] for c in calls if c["id"] == mid and c["reconsume"] == reconsume}
+            assert runs & killed_runs, f"{mid} handed over {n} times without a kill: {runs}"
+    dead = broker.sql("SELECT count(*) AS n FROM commit_log WHERE topic = '%DLQ%g'").collect()[0]["n"]
+    assert dead == 0
+    assert kills >= 10
