@@ -199,3 +199,69 @@ def test_idle_deliver_commits_nothing(setup, clock, tmp_path):
     broker.tick(clock.now_ms() + 1000)
     after = table_versions(tmp_path / "wh")
     assert {k for k in before if before[k] != after[k]} == {"job_runs"}
+
+
+def test_decide_matches_rocketmq_rules():
+    from deltamq.jobs.sendback import decide
+
+    kw = dict(max_reconsume=16, max_level=18, retry_policy=None, attempt_ts=1000)
+    assert decide(reconsume_times=0, requested_level=0, reason=None, **kw).level == 3
+    assert decide(reconsume_times=5, requested_level=0, reason=None, **kw).level == 8
+    assert decide(reconsume_times=15, requested_level=0, reason=None, **kw).level == 18
+    assert decide(reconsume_times=16, requested_level=0, reason=None, **kw).dlq_reason == "max_reconsume"
+    assert decide(reconsume_times=0, requested_level=7, reason=None, **kw).level == 7
+    assert decide(reconsume_times=0, requested_level=-1, reason=None, **kw).dlq_reason == "negative_level"
+    assert decide(reconsume_times=0, requested_level=0, reason="timeout", **kw).dlq_reason == "timeout"
+    policy = {**kw, "retry_policy": {"base_ms": 100, "cap_ms": 250}}
+    assert decide(reconsume_times=2, requested_level=0, reason=None, **policy).timer_ms == 1250
+    unlimited = {**kw, "max_reconsume": -1}
+    assert decide(reconsume_times=99, requested_level=0, reason=None, **unlimited).level == 18
+
+
+@pytest.mark.plan
+def test_plan_sendback_builds_retry_and_dead_letter_rows(spark):
+    from deltamq.jobs.sendback import FAILURE_SCHEMA, plan_sendback
+
+    failures = spark.createDataFrame(
+        [
+            ("g", "orders", 1, 7, "M1", 10, 0, None, 5000, "retry", 4, None, None, 16, "boom"),
+            ("g", "%RETRY%g", 0, 3, "M2", 11, 0, None, 5000, "dlq", None, None, "max_reconsume", 16, None),
+        ],
+        FAILURE_SCHEMA,
+    )
+    bodies = spark.createDataFrame(
+        [
+            (10, 0, "M1", None, None, b"a", 0, {"UNIQ_KEY": "U1", "DELAY": "2"}, 1, 0, 0, "p"),
+            (
+                11,
+                0,
+                "M2",
+                None,
+                None,
+                b"b",
+                0,
+                {
+                    "UNIQ_KEY": "U2",
+                    "RETRY_TOPIC": "orders",
+                    "ORIGIN_MESSAGE_ID": "U2",
+                    "RECONSUME_TIME": "16",
+                },
+                1,
+                16,
+                0,
+                "p",
+            ),
+        ],
+        "batch_id bigint, batch_pos bigint, msg_id string, tags string, keys string, body binary, flag int, "
+        "properties map<string,string>, born_ts bigint, reconsume_times int, sys_flag int, "
+        "producer_group string",
+    )
+    rows = {r["topic"]: r for r in plan_sendback(failures, bodies).collect()}
+    retry, dead = rows["%RETRY%g"], rows["%DLQ%g"]
+    assert retry["properties"]["DELAY"] == "4" and retry["properties"]["RETRY_TOPIC"] == "orders"
+    assert retry["properties"]["ORIGIN_MESSAGE_ID"] == "U1" and retry["reconsume_times"] == 1
+    assert retry["properties"]["LAST_ERROR"] == "boom" and retry["store_ts"] == 5000
+    assert dead["properties"]["DLQ_REASON"] == "max_reconsume" and "DELAY" not in dead["properties"]
+    assert dead["reconsume_times"] == 17 and dead["properties"]["ORIGIN_MESSAGE_ID"] == "U2"
+    assert retry["msg_id"][:16] == f"{(5000 << 20) | 0x2000:016X}"  # store time + kind prefix
+    assert dead["msg_id"][:16] == f"{(5000 << 20) | 0x3000:016X}" and len(dead["msg_id"]) == 32
