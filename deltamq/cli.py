@@ -103,6 +103,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--interval", type=float, default=1.0, help="seconds between ticks with --loop")
     s.add_argument("--for", dest="for_s", type=float, help="stop the loop after this many seconds")
 
+    s = sub.add_parser("offsets", parents=[common], help="reset a group's offsets to a time")
+    s.add_argument("action", choices=["reset"])
+    s.add_argument("--group", required=True)
+    s.add_argument(
+        "--to-time", required=True, help="epoch ms or ISO time: first message stored at or after it"
+    )
+
     s = sub.add_parser("job", parents=[common], help="run one job (with its lease), e.g. for spark-submit")
     s.add_argument("name", choices=["dispatch", "promote", "deliver"])
     s.add_argument("--now", help="epoch ms or ISO time (default: wall clock)")
@@ -214,6 +221,10 @@ def _dispatch_command(broker, args: argparse.Namespace) -> int:
         return 0
     if cmd == "tick":
         return _tick(broker, args)
+    if cmd == "offsets":
+        new = broker.reset_offsets(args.group, _now_arg(args.to_time))
+        print_table(["topic", "queue", "next offset"], [[t, q, o] for (t, q), o in sorted(new.items())])
+        return 0
     if cmd == "job":
         from deltamq.orchestration.tick import TickRunner, job_sequence
 

@@ -9,6 +9,7 @@ half hour in a few ticks; the tables show where each message went.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -32,6 +33,20 @@ def _show(broker: Broker, title: str, query: str) -> None:
     print_table(df.columns, [list(r) for r in df.collect()])
 
 
+def _said(log_path: str, seen: int) -> int:
+    """Print what the listeners did since the last call; returns how many lines were read."""
+    try:
+        with open(log_path, encoding="utf-8") as fh:
+            lines = fh.readlines()
+    except FileNotFoundError:
+        return seen
+    for line in lines[seen:]:
+        e = json.loads(line)
+        retry = f" (retry {e['reconsume']})" if e["reconsume"] else ""
+        _say(f"{'':25}  {e['group']}: {e['order']} — {e['action']}{retry}")
+    return len(lines)
+
+
 def _describe(result) -> str:
     if not any(r.rows_out for r in result.jobs):
         return "idle: nothing new, nothing due (only the job_runs append was committed)"
@@ -46,6 +61,12 @@ def _describe(result) -> str:
             parts.append(f"promote re-stored {run.rows_out} due message(s) in their real topic")
         elif run.job == "redispatch":
             parts.append(f"dispatch indexed those {run.rows_out} in the same tick")
+        elif run.job == "deliver" and run.rows_in:
+            d = run.details
+            parts.append(
+                f"deliver handed {d['taken'] - d['filtered']} to listeners ({d['consumed']} consumed, "
+                f"{d['retried']} sent back to %RETRY%, {d['filtered']} skipped by tag)"
+            )
     return "; ".join(parts)
 
 
@@ -62,10 +83,11 @@ def run_demo(warehouse: str | None = None) -> None:
     broker = Broker.open(location, clock=clock)
     broker.create_topic("orders", queues=4, exist_ok=True)
     broker.create_topic("order-timeout", queues=2, exist_ok=True)
-    broker.create_group("billing", exist_ok=True)
+    os.environ["DELTAMQ_DEMO_LOG"] = log_path = os.path.join(location, "listeners.jsonl")
+    broker.create_group("billing", "deltamq.demo_listeners:billing", exist_ok=True)
     broker.subscribe("billing", "orders", "created || paid")
-    broker.create_group("order-canceller", exist_ok=True)
-    broker.subscribe("order-canceller", "order-timeout", "*")
+    broker.create_group("order-canceller", "deltamq.demo_listeners:cancel_unpaid", exist_ok=True)
+    broker.subscribe("order-canceller", "order-timeout", "timeout")
     _say(
         "created topics 'orders' (4 queues) and 'order-timeout' (2 queues); groups 'billing' and "
         "'order-canceller'"
@@ -104,9 +126,11 @@ def run_demo(warehouse: str | None = None) -> None:
         "(TIMER_DELIVER_MS)"
     )
 
+    seen = 0
     for step in range(6):
         result = broker.tick()
         _say(f"{ms_to_iso(result.now)}  tick: {_describe(result)}")
+        seen = _said(log_path, seen)
         clock.advance(minutes=10)
         if step == 1:
             shop.send(
@@ -130,7 +154,8 @@ def run_demo(warehouse: str | None = None) -> None:
         "AS due, t.queue_id AS real_queue, t.queue_offset AS real_offset, "
         "from_unixtime(t.store_ts DIV 1000, 'HH:mm:ss') AS stored FROM consume_queue s "
         "JOIN consume_queue t ON t.properties['UNIQ_KEY'] = s.properties['UNIQ_KEY'] "
-        "AND t.topic = 'order-timeout' WHERE s.topic = 'SCHEDULE_TOPIC_XXXX' ORDER BY s.queue_offset",
+        "AND t.topic = 'order-timeout' WHERE s.topic = 'SCHEDULE_TOPIC_XXXX' AND s.queue_id = 15 "
+        "ORDER BY s.queue_offset",
     )
     _show(
         broker,
@@ -139,6 +164,19 @@ def run_demo(warehouse: str | None = None) -> None:
         "from_unixtime(t.store_ts DIV 1000, 'HH:mm:ss') AS stored FROM consume_queue w "
         "JOIN consume_queue t ON t.properties['UNIQ_KEY'] = w.properties['UNIQ_KEY'] "
         "AND t.topic = 'order-timeout' WHERE w.topic = 'rmq_sys_wheel_timer'",
+    )
+    _show(
+        broker,
+        "order-3's check failed once: retried from %RETRY%order-canceller 10 s later (level 3)",
+        "SELECT topic, queue_id, queue_offset, reconsume_times, properties['RETRY_TOPIC'] AS retry_topic, "
+        "from_unixtime(store_ts DIV 1000, 'HH:mm:ss') AS stored FROM consume_queue "
+        "WHERE keys = 'order-3' AND topic LIKE '%order-canceller' ORDER BY store_ts",
+    )
+    _show(
+        broker,
+        "group offsets (what each group consumed, per queue)",
+        "SELECT consumer_group, topic, queue_id, next_offset FROM offsets "
+        "WHERE consumer_group NOT LIKE '\\%%' ORDER BY consumer_group, topic, queue_id",
     )
     _show(
         broker,

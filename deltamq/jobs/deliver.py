@@ -25,6 +25,7 @@ queue's head message is dead-lettered (``poison``) after ``poison_tries`` of the
 from __future__ import annotations
 
 import json
+import os
 import pickle
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -46,6 +47,16 @@ if TYPE_CHECKING:
 
 JOB = "deliver"
 POISON_TRIES = 3
+_PARALLEL_ABOVE = 10_000
+
+
+def _parallelism(spark) -> int:
+    try:
+        return max(1, int(spark.conf.get("spark.default.parallelism", "0")) or (os.cpu_count() or 1))
+    except Exception:  # noqa: BLE001 - engines without the setting
+        return os.cpu_count() or 1
+
+
 _OUT_SCHEMA = (
     "consumer_group string, topic string, queue_id int, queue_offset bigint, ok boolean, "
     "level int, reason string, error string"
@@ -358,6 +369,8 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
             {g: cfg["consume_timeout_ms"] / 1000.0 for g, cfg in groups.items()},
             POISON_TRIES,
         )
+        if len(deliverable) > _PARALLEL_ABOVE:  # spread big passes over the engine's cores
+            msgs = msgs.repartition(_parallelism(spark), "topic", "queue_id")
         outcomes = [r.asDict() for r in msgs.mapInArrow(consumer, _OUT_SCHEMA).collect()]
         if len(outcomes) != len(deliverable):
             raise RuntimeError(
