@@ -3,7 +3,8 @@
 1 KiB incompressible bodies, 4 queues, a trivial listener (import path, run in listener
 worker processes), ``consume_message_batch_max_size`` 1 and 32, at 100k and 1M messages,
 all acknowledged and with one listener call in ten failing (10 % of the messages with
-batch 1, ~10 % with batch 32). Sending and dispatch are not timed. Writes bench/results/deliver-<timestamp>.json. A benchmark, not a test.
+batch 1, ~10 % with batch 32). Sending and dispatch are not timed. Writes
+bench/results/deliver-<timestamp>.json. A benchmark, not a test.
 
     python bench/bench_deliver.py [--sizes 100000 1000000] [--batches 1 32]
 """
