@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark.sql import functions as F
 
-from deltamq import faults, ids
+from deltamq import faults
 from deltamq.constants import RETRY_PREFIX, Prop
 from deltamq.consumer import ImportPathListener
 from deltamq.filters import parse_tag_expression
 from deltamq.jobs import dispatch, sendback
-from deltamq.tables.ranges import merge_ranges, ranges_predicate
+from deltamq.tables.bodies import join_bodies, read_bodies, stored_ids
 from deltamq.tables.sqltext import sql_in, sql_long, sql_str
 
 if TYPE_CHECKING:
@@ -323,45 +323,27 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
     deliverable = [r for r in index if r["matched"] and not r["poison"]]
     outcomes: list[dict] = []
     if deliverable:
-        bodies = wh.read("commit_log").where(
-            F.col("store_date").isin(sorted({r["cl_date"] for r in deliverable}))
-            & ranges_predicate("batch_id", merge_ranges([r["cl_batch_id"] for r in deliverable]))
-        )
-        b = bodies.select(
-            F.col("batch_id").alias("b_batch"),
-            F.col("batch_pos").alias("b_pos"),
-            F.col("msg_id").alias("b_id"),
+        bodies = read_bodies(wh, (r["cl_date"] for r in deliverable), (r["cl_batch_id"] for r in deliverable))
+        taken_rows = spark.table("dmq_deliver_taken").where(F.col("matched") & ~F.col("poison"))
+        msgs = join_bodies(
+            taken_rows.drop("properties"),
+            bodies,
+            ["body", "born_ts", "flag", "sys_flag", "properties"],
+        ).select(
+            "consumer_group",
+            "topic",
+            "queue_id",
+            "queue_offset",
+            "msg_id",
+            "tags",
+            "keys",
             "body",
+            "properties",
             "born_ts",
+            "store_ts",
+            "reconsume_times",
             "flag",
             "sys_flag",
-            F.col("properties").alias("cl_props"),
-        )
-        msgs = (
-            spark.table("dmq_deliver_taken")
-            .where(F.col("matched") & ~F.col("poison"))
-            .join(
-                b,
-                (F.col("cl_batch_id") == F.col("b_batch"))
-                & (F.col("cl_batch_pos") == F.col("b_pos"))
-                & (F.col("msg_id") == F.col("b_id")),
-            )
-            .select(
-                "consumer_group",
-                "topic",
-                "queue_id",
-                "queue_offset",
-                "msg_id",
-                "tags",
-                "keys",
-                "body",
-                "properties",
-                "born_ts",
-                "store_ts",
-                "reconsume_times",
-                "flag",
-                "sys_flag",
-            )
         )
         consumer = _make_consumer(
             {g: listeners[g] for g in groups},
@@ -473,21 +455,9 @@ def _send_back(broker: Broker, failures: list[tuple], fence) -> None:
     wh = broker.warehouse
     spark = broker.engine.spark
     fdf = spark.createDataFrame(failures, sendback.FAILURE_SCHEMA)
-    bodies = wh.read("commit_log").where(
-        F.col("store_date").isin(sorted({f[7] for f in failures}))
-        & ranges_predicate("batch_id", merge_ranges([f[5] for f in failures]))
-    )
+    bodies = read_bodies(wh, (f[7] for f in failures), (f[5] for f in failures))
     rows = sendback.plan_sendback(fdf, bodies)
-    shift = ids.BATCH_RANDOM_BITS
-    stamps = sorted({f[8] for f in failures})
-    stored = (
-        wh.read("commit_log")
-        .where(
-            F.col("store_date").isin(sorted({ids.store_date(t) for t in stamps}))
-            & ranges_predicate("batch_id", [(t << shift, ((t + 1) << shift) - 1) for t in stamps])
-        )
-        .select("msg_id")
-    )
+    stored = stored_ids(wh, [(t, t) for t in sorted({f[8] for f in failures})])
     fresh = rows.join(stored, "msg_id", "left_anti")
     if fence:
         fence()

@@ -37,8 +37,9 @@ from deltamq import faults, ids
 from deltamq.constants import PROMOTE_GROUP, SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, Prop
 from deltamq.jobs.dispatch import TIMER_SLOT_MS
 from deltamq.schemas import TABLES
+from deltamq.tables.bodies import join_bodies, read_bodies, stored_ids
 from deltamq.tables.offsets import advance_offsets
-from deltamq.tables.ranges import merge_ranges, ranges_predicate
+from deltamq.tables.ranges import merge_ranges
 from deltamq.tables.sqltext import sql_long, sql_str
 
 if TYPE_CHECKING:
@@ -163,25 +164,21 @@ def plan_messages(due: DataFrame, bodies: DataFrame) -> DataFrame:
         F.col("cl_batch_pos"),
         F.col("msg_id").alias("src_msg_id"),
     )
-    b = bodies.select(
-        F.col("batch_id").alias("b_batch"),
-        F.col("batch_pos").alias("b_pos"),
-        F.col("msg_id").alias("b_id"),
-        "tags",
-        "keys",
-        "body",
-        "flag",
-        F.col("properties").alias("orig_props"),
-        "born_ts",
-        "reconsume_times",
-        "sys_flag",
-        "producer_group",
-    )
-    joined = src.join(
-        b,
-        (F.col("cl_batch_id") == F.col("b_batch"))
-        & (F.col("cl_batch_pos") == F.col("b_pos"))
-        & (F.col("src_msg_id") == F.col("b_id")),
+    joined = join_bodies(
+        src,
+        bodies,
+        [
+            "tags",
+            "keys",
+            "body",
+            "flag",
+            F.col("properties").alias("orig_props"),
+            "born_ts",
+            "reconsume_times",
+            "sys_flag",
+            "producer_group",
+        ],
+        msg_id="src_msg_id",
     )
     batch = ids.engine_batch_id_col(F.col("due_ts"), F.col("kind"))
     pos = F.col("src_offset").bitwiseAND(F.lit(0xFFFFFFFF))
@@ -240,21 +237,9 @@ def run(wh: Warehouse, now: int, *, fence=None) -> PromoteResult:
         # Bodies and already-stored ids are looked up by narrow batch-id ranges (store
         # times of the entries, and their due times), so the reads follow what falls due.
         keys = engine.rows(f"SELECT DISTINCT cl_batch_id, cl_date, due_ts FROM {_DUE_VIEW} WHERE NOT skip")
-        bodies = wh.read("commit_log").where(
-            F.col("store_date").isin(sorted({r["cl_date"] for r in keys}))
-            & ranges_predicate("batch_id", merge_ranges([r["cl_batch_id"] for r in keys]))
-        )
+        bodies = read_bodies(wh, (r["cl_date"] for r in keys), (r["cl_batch_id"] for r in keys))
         messages = plan_messages(spark.table(_DUE_VIEW), bodies)
-        dues = merge_ranges([r["due_ts"] for r in keys], gap=60_000)
-        shift = ids.BATCH_RANDOM_BITS
-        stored = (
-            wh.read("commit_log")
-            .where(
-                F.col("store_date").isin(sorted({ids.store_date(d) for lo, hi in dues for d in (lo, hi)}))
-                & ranges_predicate("batch_id", [(lo << shift, ((hi + 1) << shift) - 1) for lo, hi in dues])
-            )
-            .select("msg_id")
-        )
+        stored = stored_ids(wh, merge_ranges([r["due_ts"] for r in keys], gap=60_000))
         fresh = messages.join(stored, "msg_id", "left_anti")
         fresh.createOrReplaceTempView("dmq_promote_out")
         written = engine.rows("SELECT count(*) AS n FROM dmq_promote_out")[0]["n"]

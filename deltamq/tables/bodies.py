@@ -1,0 +1,69 @@
+"""Reading message bodies and stored ids from ``commit_log`` by ranges.
+
+Jobs that re-store messages (promote, send-back) or hand them to listeners (deliver)
+need the ``commit_log`` rows behind ``consume_queue`` entries. They read them by store
+date and merged batch-id ranges (so file statistics prune the read to what is needed)
+and join on (batch id, batch position, msg id).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import date
+from typing import TYPE_CHECKING
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from deltamq import ids
+from deltamq.tables.ranges import merge_ranges, ranges_predicate
+
+if TYPE_CHECKING:
+    from deltamq.tables.warehouse import Warehouse
+
+
+def read_bodies(wh: Warehouse, dates: Iterable[date], batch_ids: Iterable[int]) -> DataFrame:
+    """commit_log rows stored on ``dates`` whose batch id is near one of ``batch_ids``."""
+    return wh.read("commit_log").where(
+        F.col("store_date").isin(sorted(set(dates)))
+        & ranges_predicate("batch_id", merge_ranges(list(batch_ids)))
+    )
+
+
+def join_bodies(
+    rows: DataFrame, bodies: DataFrame, columns: Sequence[str | Column], msg_id: str = "msg_id"
+) -> DataFrame:
+    """``rows`` (with ``cl_batch_id``, ``cl_batch_pos`` and ``msg_id``) joined to their
+    commit_log row; ``columns`` are taken from the commit_log side."""
+    b = bodies.select(
+        F.col("batch_id").alias("_b_batch"),
+        F.col("batch_pos").alias("_b_pos"),
+        F.col("msg_id").alias("_b_id"),
+        *columns,
+    )
+    on = (
+        (F.col("cl_batch_id") == F.col("_b_batch"))
+        & (F.col("cl_batch_pos") == F.col("_b_pos"))
+        & (F.col(msg_id) == F.col("_b_id"))
+    )
+    return rows.join(b, on).drop("_b_batch", "_b_pos", "_b_id")
+
+
+def stored_ids(wh: Warehouse, store_ms_ranges: Sequence[tuple[int, int]]) -> DataFrame:
+    """msg ids of commit_log rows whose batch id encodes a store time in the ranges (the
+    ids engine jobs derive: look-ups for "already written" before a re-run appends)."""
+    shift = ids.BATCH_RANDOM_BITS
+    days = sorted(
+        {ids.store_date(ms) for lo, hi in store_ms_ranges for ms in range(lo, hi + 1, ids.DAY_MS)}
+        | {ids.store_date(hi) for _, hi in store_ms_ranges}
+    )
+    return (
+        wh.read("commit_log")
+        .where(
+            F.col("store_date").isin(days)
+            & ranges_predicate(
+                "batch_id", [(lo << shift, ((hi + 1) << shift) - 1) for lo, hi in store_ms_ranges]
+            )
+        )
+        .select("msg_id")
+    )
