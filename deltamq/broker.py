@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from deltamq.clock import Clock, SystemClock
@@ -285,6 +286,7 @@ class Broker:
         consume_from: ConsumeFrom = "LAST_OFFSET",
         consume_timestamp: int | None = None,
         consume_timeout_ms: int = 15 * 60_000,
+        consume_timeout: timedelta | None = None,
         dedup_key: str | None = None,
         retry_policy: dict[str, Any] | None = None,
         instances: list[str] | None = None,
@@ -303,6 +305,10 @@ class Broker:
             raise ConfigError(f"consume_from={consume_from!r} is not allowed; use one of {CONSUME_FROM}")
         if consume_from == "TIMESTAMP" and consume_timestamp is None:
             raise ConfigError("consume_from='TIMESTAMP' needs consume_timestamp (epoch ms)")
+        if consume_timeout is not None:
+            if not isinstance(consume_timeout, timedelta):
+                raise ConfigError(f"consume_timeout={consume_timeout!r} must be a datetime.timedelta")
+            consume_timeout_ms = int(consume_timeout / timedelta(milliseconds=1))
         if max_reconsume_times is None:
             max_reconsume_times = -1 if orderly else 16  # orderly: unlimited (SPEC §4)
         for field_name, value, low in (

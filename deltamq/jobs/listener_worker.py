@@ -31,6 +31,7 @@ from typing import Any
 _IDLE: dict[str, list[_Worker]] = {}
 _IDLE_LOCK = threading.Lock()
 _MAX_IDLE_PER_LISTENER = 4
+_START_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,8 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
 
     from deltamq.consumer import ConsumeContext, ConsumeStatus
     from deltamq.message import StoredMessage
+
+    _send(proto_out, "ready")  # start-up is not part of any call's timeout
 
     while True:
         try:
@@ -115,6 +118,15 @@ class _Worker:
         _send(self.proc.stdin, list(sys.path))
         self.proc.stdin.write(struct.pack(">Q", len(listener_bytes)) + listener_bytes)
         self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], _START_TIMEOUT_S)
+        try:
+            if not ready or _recv(self.proc.stdout) != "ready":
+                raise EOFError
+        except (EOFError, pickle.UnpicklingError) as e:
+            self.kill()
+            raise RuntimeError(
+                "listener worker did not start (the listener could not be loaded?); see its stderr"
+            ) from e
 
     def call(self, payload: Any, timeout_s: float) -> tuple | str:
         """The worker's reply, or "poison" (it died) or "timeout" (it was killed)."""
