@@ -37,7 +37,7 @@ from pyspark.sql import functions as F
 from deltamq import faults
 from deltamq.constants import RETRY_PREFIX, Prop
 from deltamq.consumer import ImportPathListener
-from deltamq.filters import parse_tag_expression
+from deltamq.filters import compile_sql92, parse_tag_expression
 from deltamq.jobs import dispatch, sendback
 from deltamq.tables.bodies import join_bodies, read_bodies, stored_ids
 from deltamq.tables.sqltext import sql_in, sql_long, sql_str
@@ -73,6 +73,7 @@ class QueueTake:
     tags: tuple[str, ...] | None
     attempts: int
     attempt_ts: int
+    sql92: str | None = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,7 @@ def plan_takes(
                     tuple(tags) if tags is not None else None,
                     attempts,
                     attempt_ts if attempts and attempt_ts is not None else now,
+                    sub["expression"] if sub["expr_type"] == "SQL92" else None,
                 )
             )
     return takes
@@ -313,6 +315,10 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         & F.exists(F.col("tag_list"), lambda x: F.xxhash64(x) == F.col("tags_hash"))
         & F.array_contains(F.col("tag_list"), F.col("tags"))
     )
+    for g, topic, expression in sorted({(t.group, t.topic, t.sql92) for t in takes if t.sql92}):
+        matches = F.when(
+            (F.col("consumer_group") == g) & (F.col("t_topic") == topic), compile_sql92(expression)
+        ).otherwise(matches)
     taken = taken.withColumn("matched", matches)
     taken.createOrReplaceTempView("dmq_deliver_taken")
     index = engine.rows(
