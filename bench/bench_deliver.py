@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE))
 from bench_send_dispatch import body_expr  # noqa: E402
 
 
-def one(root: Path, n: int, batch: int, listener: str) -> dict:
+def one(root: Path, n: int, batch: int, listener: str, sql92: str | None = None) -> dict:
     wh = root / f"wh-{n}-{batch}-{listener}"
     shutil.rmtree(wh, ignore_errors=True)
     clock = FakeClock()
@@ -41,9 +41,16 @@ def one(root: Path, n: int, batch: int, listener: str) -> dict:
         pull_batch_size=n,
         consume_message_batch_max_size=batch,
     )
-    b.subscribe("g", "bench")
+    if sql92:
+        b.subscribe("g", "bench", sql92, type="SQL92")
+    else:
+        b.subscribe("g", "bench")
     spark = b.engine.spark
-    b.producer("p").send_dataframe(spark.range(n).selectExpr("'bench' AS topic", f"{body_expr()} AS body"))
+    b.producer("p").send_dataframe(
+        spark.range(n).selectExpr(
+            "'bench' AS topic", f"{body_expr()} AS body", "map('n', CAST(id % 10 AS STRING)) AS properties"
+        )
+    )
     dispatch.run(b.warehouse, clock.now_ms())
     t0 = time.perf_counter()
     r = deliver.run(b, clock.now_ms())
@@ -66,10 +73,18 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--dir", default="/tmp/deltamq-bench-deliver")
+    ap.add_argument("--sql92", help="only run this SQL92 filter (e.g. \"n = '7'\" matches 10 %%)")
     args = ap.parse_args()
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
     results = []
+    if args.sql92:
+        for n in args.sizes:
+            for batch in args.batches:
+                r = one(root, n, batch, "ok", args.sql92)
+                print(json.dumps(r), flush=True)
+                results.append(r)
+        args.sizes = []
     for n in args.sizes:
         for batch in args.batches:
             for listener in ("ok", "fail_ten_percent"):
