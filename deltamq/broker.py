@@ -303,6 +303,11 @@ class Broker:
             raise ConfigError(f"mode={mode!r} is not allowed; use one of {MESSAGE_MODELS}")
         if consume_from not in CONSUME_FROM:
             raise ConfigError(f"consume_from={consume_from!r} is not allowed; use one of {CONSUME_FROM}")
+        if mode == "BROADCASTING" and listener is not None and not instances:
+            raise ConfigError(
+                "a BROADCASTING push group delivers to each of its instances: declare them, "
+                "e.g. instances=['host-a', 'host-b']"
+            )
         if consume_from == "TIMESTAMP" and consume_timestamp is None:
             raise ConfigError("consume_from='TIMESTAMP' needs consume_timestamp (epoch ms)")
         if consume_timeout is not None:
@@ -428,9 +433,14 @@ class Broker:
         cfg = self.groups()[group]
         starts = self._start_offsets(topic, cfg["consume_from"], cfg["consume_timestamp"])
         rows = [(topic, q, o, None) for q, o in sorted(starts.items())]
-        if rows:
-            now = self.clock.now_ms()
-            self.engine.commit(lambda: advance_offsets(self.warehouse, group, rows, now), what="offsets")
+        # CLUSTERING: one offset per queue for the group; BROADCASTING: one per instance.
+        clients = [""] if cfg["mode"] == "CLUSTERING" else list(cfg["instances"] or [])
+        now = self.clock.now_ms()
+        for client in clients if rows else []:
+            self.engine.commit(
+                lambda c=client: advance_offsets(self.warehouse, group, rows, now, client_id=c),
+                what="offsets",
+            )
 
     def reset_offsets(self, group: str, to_time: int) -> dict[tuple[str, int], int]:
         """Move a group's offsets on every subscribed topic to the first message stored at

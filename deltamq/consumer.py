@@ -44,6 +44,7 @@ class ConsumeContext:
     group: str
     ack_index: int
     delay_level_when_next_consume: int = 0
+    instance: str | None = None  # BROADCASTING: the instance this call is for
 
 
 Listener = Callable[[list[Any], ConsumeContext], Any]

@@ -42,6 +42,7 @@ class Recorder:
                             "queue_id": m.queue_id,
                             "props": m.properties,
                             "run": os.environ.get("DELTAMQ_TEST_RUN"),
+                            "instance": context.instance,
                         }
                     )
                     + "\n"
@@ -53,6 +54,11 @@ class Recorder:
 
     def _fail(self, messages, context):
         return ConsumeStatus.RECONSUME_LATER
+
+    def _fail_on_b(self, messages, context):
+        if context.instance == "b":
+            raise RuntimeError("instance b cannot handle it")
+        return ConsumeStatus.CONSUME_SUCCESS
 
     def _fail_twice(self, messages, context):
         return (

@@ -25,6 +25,7 @@ queue's head message is dead-lettered (``poison``) after ``poison_tries`` of the
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 from collections import defaultdict
@@ -45,6 +46,7 @@ from deltamq.tables.sqltext import sql_in, sql_long, sql_str
 if TYPE_CHECKING:
     from deltamq.broker import Broker
 
+log = logging.getLogger(__name__)
 JOB = "deliver"
 POISON_TRIES = 3
 _PARALLEL_ABOVE = 10_000
@@ -58,7 +60,7 @@ def _parallelism(spark) -> int:
 
 
 _OUT_SCHEMA = (
-    "consumer_group string, topic string, queue_id int, queue_offset bigint, ok boolean, "
+    "consumer_group string, client_id string, topic string, queue_id int, queue_offset bigint, ok boolean, "
     "level int, reason string, error string"
 )
 
@@ -74,6 +76,7 @@ class QueueTake:
     attempts: int
     attempt_ts: int
     sql92: str | None = None
+    client: str = ""  # BROADCASTING: the instance; CLUSTERING: ''
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class DeliverResult:
     retried: int = 0
     dead_lettered: int = 0
     poison: int = 0
+    dropped: int = 0  # BROADCASTING failures: logged and dropped
     groups: int = 0
     errors: tuple[tuple[str, str, str], ...] = ()  # (group, msg id, error text), a sample
     skipped_groups: tuple[str, ...] = ()
@@ -98,6 +102,7 @@ class DeliverResult:
             "retried": self.retried,
             "dead_lettered": self.dead_lettered,
             "poison": self.poison,
+            "dropped": self.dropped,
             "groups": self.groups,
             "groups_without_listener": len(self.skipped_groups),
         }
@@ -106,8 +111,7 @@ class DeliverResult:
 # --- reading ------------------------------------------------------------------------------
 def _groups(broker: Broker) -> dict[str, dict[str, Any]]:
     rows = broker.engine.rows(
-        f"SELECT * FROM {broker.warehouse.ref('group_config')} "
-        "WHERE mode = 'CLUSTERING' AND NOT coalesce(orderly, FALSE)"
+        f"SELECT * FROM {broker.warehouse.ref('group_config')} WHERE NOT coalesce(orderly, FALSE)"
     )
     return {r["consumer_group"]: r.asDict() for r in rows}
 
@@ -127,7 +131,7 @@ def plan_takes(
     groups: dict[str, dict[str, Any]],
     subscriptions: list[dict[str, Any]],
     heads: dict[tuple[str, int], int],
-    offsets: dict[tuple[str, str, int], tuple[int, int, int | None]],
+    offsets: dict[tuple[str, str, str, int], tuple[int, int, int | None]],
     now: int,
     poison_tries: int = POISON_TRIES,
 ) -> list[QueueTake]:
@@ -138,10 +142,11 @@ def plan_takes(
         if g is None:
             continue
         tags = parse_tag_expression(sub["expression"]) if sub["expr_type"] == "TAG" else None
-        for (topic, qid), head in sorted(heads.items()):
+        clients = [""] if g["mode"] == "CLUSTERING" else list(g.get("instances") or [])
+        for client, ((topic, qid), head) in ((c, h) for c in clients for h in sorted(heads.items())):
             if topic != sub["topic"]:
                 continue
-            nxt, attempts, attempt_ts = offsets.get((g["consumer_group"], topic, qid), (0, 0, None))
+            nxt, attempts, attempt_ts = offsets.get((g["consumer_group"], client, topic, qid), (0, 0, None))
             if nxt >= head:
                 continue
             # After a lost attempt the same range is taken again with the same attempt time, so
@@ -159,6 +164,7 @@ def plan_takes(
                     attempts,
                     attempt_ts if attempts and attempt_ts is not None else now,
                     sub["expression"] if sub["expr_type"] == "SQL92" else None,
+                    client,
                 )
             )
     return takes
@@ -166,13 +172,13 @@ def plan_takes(
 
 def _read_offsets(
     broker: Broker, groups: list[str]
-) -> dict[tuple[str, str, int], tuple[int, int, int | None]]:
+) -> dict[tuple[str, str, str, int], tuple[int, int, int | None]]:
     rows = broker.engine.rows(
-        f"SELECT consumer_group, topic, queue_id, next_offset, attempts, attempt_ts "
-        f"FROM {broker.warehouse.ref('offsets')} WHERE consumer_group IN {sql_in(groups)} AND client_id = ''"
+        f"SELECT consumer_group, client_id, topic, queue_id, next_offset, attempts, attempt_ts "
+        f"FROM {broker.warehouse.ref('offsets')} WHERE consumer_group IN {sql_in(groups)}"
     )
     return {
-        (r["consumer_group"], r["topic"], r["queue_id"]): (
+        (r["consumer_group"], r["client_id"] or "", r["topic"], r["queue_id"]): (
             r["next_offset"] or 0,
             r["attempts"] or 0,
             r["attempt_ts"],
@@ -190,18 +196,27 @@ def _make_consumer(
 
         for rb in batches:
             rows = rb.to_pylist()
-            by_group: dict[str, list[dict]] = defaultdict(list)
+            by_group: dict[tuple[str, str], list[dict]] = defaultdict(list)
             for r in rows:
-                by_group[r["consumer_group"]].append(r)
+                by_group[(r["consumer_group"], r["client_id"])].append(r)
             out: list[dict] = []
-            for group, items in by_group.items():
+            for (group, client), items in by_group.items():
                 items.sort(key=lambda r: (r["topic"], r["queue_id"], r["queue_offset"]))
                 messages = [_stored(r) for r in items]
-                outcomes = consume(listeners[group], group, messages, batch[group], timeout_s[group], tries)
+                outcomes = consume(
+                    listeners[group],
+                    group,
+                    messages,
+                    batch[group],
+                    timeout_s[group],
+                    tries,
+                    instance=client or None,
+                )
                 for r, o in zip(items, outcomes, strict=True):
                     out.append(
                         {
                             "consumer_group": group,
+                            "client_id": client,
                             "topic": r["topic"],
                             "queue_id": r["queue_id"],
                             "queue_offset": r["queue_offset"],
@@ -219,6 +234,7 @@ def _make_consumer(
 _OUT_ARROW = pa.schema(
     [
         ("consumer_group", pa.string()),
+        ("client_id", pa.string()),
         ("topic", pa.string()),
         ("queue_id", pa.int32()),
         ("queue_offset", pa.int64()),
@@ -283,6 +299,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         [
             (
                 t.group,
+                t.client,
                 t.topic,
                 t.queue_id,
                 t.lo,
@@ -292,7 +309,8 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
             )
             for t in takes
         ],
-        "consumer_group string, t_topic string, t_qid int, lo bigint, hi bigint, tag_list array<string>, "
+        "consumer_group string, client_id string, t_topic string, t_qid int, lo bigint, hi bigint, "
+        "tag_list array<string>, "
         "poison boolean",
     )
     pred = F.lit(False)
@@ -322,7 +340,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
     taken = taken.withColumn("matched", matches)
     taken.createOrReplaceTempView("dmq_deliver_taken")
     index = engine.rows(
-        "SELECT consumer_group, topic, queue_id, queue_offset, msg_id, matched, poison, cl_date, "
+        "SELECT consumer_group, client_id, topic, queue_id, queue_offset, msg_id, matched, poison, cl_date, "
         "cl_batch_id, "
         "cl_batch_pos, reconsume_times FROM dmq_deliver_taken"
     )
@@ -337,6 +355,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
             ["body", "born_ts", "flag", "sys_flag", "properties"],
         ).select(
             "consumer_group",
+            "client_id",
             "topic",
             "queue_id",
             "queue_offset",
@@ -367,8 +386,10 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
     faults.point("deliver.after_listener")
 
     # 3. failures → retry / DLQ
-    by_key = {(r["consumer_group"], r["topic"], r["queue_id"], r["queue_offset"]): r for r in index}
-    attempt_ts = {(t.group, t.topic, t.queue_id): t.attempt_ts for t in takes}
+    by_key = {
+        (r["consumer_group"], r["client_id"], r["topic"], r["queue_id"], r["queue_offset"]): r for r in index
+    }
+    attempt_ts = {(t.group, t.client, t.topic, t.queue_id): t.attempt_ts for t in takes}
     failures = []
     max_level = broker.max_delay_level()
     counts: dict[str, dict[str, int]] = {g: defaultdict(int) for g in groups}
@@ -376,6 +397,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
     poisoned = [
         {
             "consumer_group": r["consumer_group"],
+            "client_id": r["client_id"],
             "topic": r["topic"],
             "queue_id": r["queue_id"],
             "queue_offset": r["queue_offset"],
@@ -388,7 +410,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         if r["poison"] and r["matched"]
     ]
     for o in outcomes + poisoned:
-        key = (o["consumer_group"], o["topic"], o["queue_id"], o["queue_offset"])
+        key = (o["consumer_group"], o["client_id"], o["topic"], o["queue_id"], o["queue_offset"])
         src = by_key[key]
         g = o["consumer_group"]
         if o["ok"]:
@@ -397,7 +419,11 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         cfg = groups[g]
         if o["error"] and len(errors) < 20:
             errors.append((g, src["msg_id"], o["error"]))
-        ts = attempt_ts[key[:3]]
+        if cfg["mode"] == "BROADCASTING":  # logged and dropped, never retried (SPEC §3)
+            counts[g]["dropped"] += 1
+            log.warning("broadcast %s/%s dropped %s: %s", g, o["client_id"], src["msg_id"], o["error"])
+            continue
+        ts = attempt_ts[key[:4]]
         d = sendback.decide(
             reconsume_times=src["reconsume_times"] or 0,
             requested_level=o["level"] or 0,
@@ -450,6 +476,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         retried=total["retried"],
         dead_lettered=total["dead_lettered"],
         poison=total["poison"],
+        dropped=total["dropped"],
         groups=len(groups),
         errors=tuple(errors),
         skipped_groups=skipped,
@@ -472,33 +499,35 @@ def _send_back(broker: Broker, failures: list[tuple], fence) -> None:
 
 def _record_attempts(broker: Broker, takes: list[QueueTake], now: int) -> None:
     values = ", ".join(
-        f"({sql_str(t.group)}, {sql_str(t.topic)}, {t.queue_id}, {sql_long(t.lo)}, {sql_long(t.attempt_ts)})"
+        f"({sql_str(t.group)}, {sql_str(t.client)}, {sql_str(t.topic)}, {t.queue_id}, {sql_long(t.lo)}, "
+        f"{sql_long(t.attempt_ts)})"
         for t in takes
     )
     statement = (
         f"MERGE INTO {broker.warehouse.ref('offsets')} t USING (SELECT * FROM VALUES {values} "
-        "AS v(consumer_group, topic, queue_id, next_offset, attempt_ts)) s "
+        "AS v(consumer_group, client_id, topic, queue_id, next_offset, attempt_ts)) s "
         "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
-        "AND t.client_id = '' "
+        "AND t.client_id = s.client_id "
         "WHEN MATCHED THEN UPDATE SET t.attempts = coalesce(t.attempts, 0) + 1, t.attempt_ts = s.attempt_ts, "
         f"t.updated_ts = {sql_long(now)} "
         "WHEN NOT MATCHED THEN INSERT (consumer_group, topic, queue_id, client_id, next_offset, attempts, "
         "suspend_until, progress_version, attempt_ts, updated_ts) VALUES (s.consumer_group, s.topic, "
-        "s.queue_id, '', s.next_offset, 1, CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), s.attempt_ts, "
-        f"{sql_long(now)})"
+        "s.queue_id, s.client_id, s.next_offset, 1, CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), "
+        f"s.attempt_ts, {sql_long(now)})"
     )
     broker.engine.commit(lambda: broker.engine.execute(statement), what="offsets")
 
 
 def _advance(broker: Broker, takes: list[QueueTake], now: int) -> None:
     values = ", ".join(
-        f"({sql_str(t.group)}, {sql_str(t.topic)}, {t.queue_id}, {sql_long(t.hi)})" for t in takes
+        f"({sql_str(t.group)}, {sql_str(t.client)}, {sql_str(t.topic)}, {t.queue_id}, {sql_long(t.hi)})"
+        for t in takes
     )
     statement = (
         f"MERGE INTO {broker.warehouse.ref('offsets')} t USING (SELECT * FROM VALUES {values} "
-        "AS v(consumer_group, topic, queue_id, next_offset)) s "
+        "AS v(consumer_group, client_id, topic, queue_id, next_offset)) s "
         "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
-        "AND t.client_id = '' "
+        "AND t.client_id = s.client_id "
         "WHEN MATCHED THEN UPDATE SET t.next_offset = greatest(coalesce(t.next_offset, 0), s.next_offset), "
         f"t.attempts = 0, t.attempt_ts = CAST(NULL AS BIGINT), t.updated_ts = {sql_long(now)}"
     )

@@ -82,9 +82,9 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
             return
         if request is None:
             return
-        group, rows = request
+        group, instance, rows = request
         messages = [StoredMessage(**r) for r in rows]
-        ctx = ConsumeContext(group=group, ack_index=len(messages) - 1)
+        ctx = ConsumeContext(group=group, ack_index=len(messages) - 1, instance=instance)
         error = None
         try:
             status = listener(messages, ctx)
@@ -191,6 +191,7 @@ def consume(
     batch_size: int,
     timeout_s: float,
     poison_tries: int,
+    instance: str | None = None,
 ) -> list[Outcome]:
     """Hand ``messages`` to the listener in chunks of ``batch_size``; one Outcome each."""
     key = hashlib.sha256(listener_bytes).hexdigest()
@@ -199,7 +200,7 @@ def consume(
     try:
         for start in range(0, len(messages), batch_size):
             chunk = messages[start : start + batch_size]
-            reply = worker.call((group, chunk), timeout_s)
+            reply = worker.call((group, instance, chunk), timeout_s)
             if isinstance(reply, tuple):
                 outcomes.extend(_apply(reply, len(chunk)))
                 continue
@@ -208,7 +209,7 @@ def consume(
             for one in chunk:
                 result: tuple | str = reply
                 for _ in range(tries_left):
-                    result = worker.call((group, [one]), timeout_s)
+                    result = worker.call((group, instance, [one]), timeout_s)
                     if isinstance(result, tuple):
                         break
                     worker = _take(key, listener_bytes)
