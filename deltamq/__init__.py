@@ -20,6 +20,7 @@ _EXPORTS = {
     "StoredMessage": "deltamq.message",
     "ConsumeStatus": "deltamq.consumer",
     "ConsumeContext": "deltamq.consumer",
+    "ConsumeOrderlyStatus": "deltamq.consumer",
 }
 __all__ = [*_EXPORTS, "__version__"]
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from deltamq.broker import Broker  # noqa: F401
     from deltamq.clock import FakeClock, SystemClock  # noqa: F401
     from deltamq.config import BrokerConfig  # noqa: F401
-    from deltamq.consumer import ConsumeContext, ConsumeStatus  # noqa: F401
+    from deltamq.consumer import ConsumeContext, ConsumeOrderlyStatus, ConsumeStatus  # noqa: F401
     from deltamq.errors import DeltaMQError  # noqa: F401
     from deltamq.message import Message, StoredMessage  # noqa: F401
 

@@ -66,6 +66,7 @@ class BrokerConfig:
     commit_retries: int = 8
     commit_backoff_ms: int = 50
     dispatch_max_versions: int = 10_000
+    orderly_suspend_ms: int = 1000  # SUSPEND_CURRENT_QUEUE_A_MOMENT pause
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_MODES:
@@ -81,6 +82,7 @@ class BrokerConfig:
             "dlq_reserved_time_ms",
             "lease_ttl_ms",
             "dispatch_max_versions",
+            "orderly_suspend_ms",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be greater than zero")

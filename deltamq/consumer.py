@@ -32,6 +32,16 @@ class ConsumeStatus(StrEnum):
     RECONSUME_LATER = "RECONSUME_LATER"
 
 
+class ConsumeOrderlyStatus(StrEnum):
+    """What an orderly listener returns (RocketMQ's ConsumeOrderlyStatus)."""
+
+    SUCCESS = "SUCCESS"
+    SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUSPEND_CURRENT_QUEUE_A_MOMENT"
+
+
+SUCCESS_STATUSES = ("CONSUME_SUCCESS", "SUCCESS")
+
+
 @dataclass
 class ConsumeContext:
     """Mutable context of one listener call (RocketMQ's ConsumeConcurrentlyContext).

@@ -55,6 +55,20 @@ class Recorder:
     def _fail(self, messages, context):
         return ConsumeStatus.RECONSUME_LATER
 
+    def _suspend_bad_twice(self, messages, context):
+        from deltamq.consumer import ConsumeOrderlyStatus
+
+        if any(m.body.startswith(b"bad") and m.reconsume_times < 2 for m in messages):
+            return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+        return ConsumeOrderlyStatus.SUCCESS
+
+    def _suspend_bad(self, messages, context):
+        from deltamq.consumer import ConsumeOrderlyStatus
+
+        if any(m.body.startswith(b"bad") for m in messages):
+            return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+        return ConsumeOrderlyStatus.SUCCESS
+
     def _fail_on_b(self, messages, context):
         if context.instance == "b":
             raise RuntimeError("instance b cannot handle it")

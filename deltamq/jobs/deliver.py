@@ -30,6 +30,7 @@ import os
 import pickle
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -41,7 +42,7 @@ from deltamq.consumer import ImportPathListener
 from deltamq.filters import compile_sql92, parse_tag_expression
 from deltamq.jobs import dispatch, sendback
 from deltamq.tables.bodies import join_bodies, read_bodies, stored_ids
-from deltamq.tables.sqltext import sql_in, sql_long, sql_str
+from deltamq.tables.sqltext import sql_in, sql_int, sql_long, sql_str
 
 if TYPE_CHECKING:
     from deltamq.broker import Broker
@@ -77,6 +78,7 @@ class QueueTake:
     attempt_ts: int
     sql92: str | None = None
     client: str = ""  # BROADCASTING: the instance; CLUSTERING: ''
+    suspends: int = 0  # orderly: times the head message was suspended
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class DeliverResult:
     dead_lettered: int = 0
     poison: int = 0
     dropped: int = 0  # BROADCASTING failures: logged and dropped
+    suspended: int = 0  # orderly: messages of suspended chunks (their queue waits)
     groups: int = 0
     errors: tuple[tuple[str, str, str], ...] = ()  # (group, msg id, error text), a sample
     skipped_groups: tuple[str, ...] = ()
@@ -103,6 +106,7 @@ class DeliverResult:
             "dead_lettered": self.dead_lettered,
             "poison": self.poison,
             "dropped": self.dropped,
+            "suspended": self.suspended,
             "groups": self.groups,
             "groups_without_listener": len(self.skipped_groups),
         }
@@ -110,9 +114,7 @@ class DeliverResult:
 
 # --- reading ------------------------------------------------------------------------------
 def _groups(broker: Broker) -> dict[str, dict[str, Any]]:
-    rows = broker.engine.rows(
-        f"SELECT * FROM {broker.warehouse.ref('group_config')} WHERE NOT coalesce(orderly, FALSE)"
-    )
+    rows = broker.engine.rows(f"SELECT * FROM {broker.warehouse.ref('group_config')}")
     return {r["consumer_group"]: r.asDict() for r in rows}
 
 
@@ -131,7 +133,7 @@ def plan_takes(
     groups: dict[str, dict[str, Any]],
     subscriptions: list[dict[str, Any]],
     heads: dict[tuple[str, int], int],
-    offsets: dict[tuple[str, str, str, int], tuple[int, int, int | None]],
+    offsets: dict[tuple[str, str, str, int], tuple],
     now: int,
     poison_tries: int = POISON_TRIES,
 ) -> list[QueueTake]:
@@ -146,9 +148,13 @@ def plan_takes(
         for client, ((topic, qid), head) in ((c, h) for c in clients for h in sorted(heads.items())):
             if topic != sub["topic"]:
                 continue
-            nxt, attempts, attempt_ts = offsets.get((g["consumer_group"], client, topic, qid), (0, 0, None))
+            nxt, attempts, attempt_ts, suspends, suspend_until = offsets.get(
+                (g["consumer_group"], client, topic, qid), (0, 0, None, 0, None)
+            )
             if nxt >= head:
                 continue
+            if g["orderly"] and suspend_until is not None and suspend_until > now:
+                continue  # orderly: the queue waits behind its suspended message
             # After a lost attempt the same range is taken again with the same attempt time, so
             # its sends-back get the same ids (already-stored ones are skipped). Only a head that
             # keeps ending attempts without an outcome is taken alone, to be dead-lettered.
@@ -165,6 +171,7 @@ def plan_takes(
                     attempt_ts if attempts and attempt_ts is not None else now,
                     sub["expression"] if sub["expr_type"] == "SQL92" else None,
                     client,
+                    suspends if g["orderly"] else 0,
                 )
             )
     return takes
@@ -174,7 +181,8 @@ def _read_offsets(
     broker: Broker, groups: list[str]
 ) -> dict[tuple[str, str, str, int], tuple[int, int, int | None]]:
     rows = broker.engine.rows(
-        f"SELECT consumer_group, client_id, topic, queue_id, next_offset, attempts, attempt_ts "
+        f"SELECT consumer_group, client_id, topic, queue_id, next_offset, attempts, attempt_ts, suspends, "
+        f"suspend_until "
         f"FROM {broker.warehouse.ref('offsets')} WHERE consumer_group IN {sql_in(groups)}"
     )
     return {
@@ -182,6 +190,8 @@ def _read_offsets(
             r["next_offset"] or 0,
             r["attempts"] or 0,
             r["attempt_ts"],
+            r["suspends"] or 0,
+            r["suspend_until"],
         )
         for r in rows
     }
@@ -189,44 +199,74 @@ def _read_offsets(
 
 # --- the listener call (runs inside the engine) ---------------------------------------------
 def _make_consumer(
-    listeners: dict[str, bytes], batch: dict[str, int], timeout_s: dict[str, float], tries: int
+    listeners: dict[str, bytes],
+    batch: dict[str, int],
+    timeout_s: dict[str, float],
+    tries: int,
+    orderly: frozenset[str] = frozenset(),
 ):
     def consume_partition(batches):
-        from deltamq.jobs.listener_worker import consume
+        from deltamq.jobs.listener_worker import Outcome, consume
 
-        for rb in batches:
-            rows = rb.to_pylist()
-            by_group: dict[tuple[str, str], list[dict]] = defaultdict(list)
-            for r in rows:
-                by_group[(r["consumer_group"], r["client_id"])].append(r)
-            out: list[dict] = []
-            for (group, client), items in by_group.items():
-                items.sort(key=lambda r: (r["topic"], r["queue_id"], r["queue_offset"]))
-                messages = [_stored(r) for r in items]
+        # A partition holds whole queues (the input is partitioned by queue); orderly
+        # groups need all of a queue's rows before the first call, so gather them first.
+        rows = [r for rb in batches for r in rb.to_pylist()]
+        by_group: dict[tuple[str, str], list[dict]] = defaultdict(list)
+        for r in rows:
+            by_group[(r["consumer_group"], r["client_id"])].append(r)
+        out: list[dict] = []
+        for (group, client), items in by_group.items():
+            items.sort(key=lambda r: (r["topic"], r["queue_id"], r["queue_offset"]))
+            if group in orderly:
+                outcomes = []
+                for _, queue in groupby(items, key=lambda r: (r["topic"], r["queue_id"])):
+                    queue = list(queue)
+                    for start in range(0, len(queue), batch[group]):
+                        chunk = queue[start : start + batch[group]]
+                        got = consume(
+                            listeners[group],
+                            group,
+                            [_stored(r) for r in chunk],
+                            len(chunk),
+                            timeout_s[group],
+                            tries,
+                            instance=client or None,
+                        )
+                        ok = all(o.ok for o in got)
+                        # the whole chunk succeeds, or is suspended together (RocketMQ)
+                        outcomes += (
+                            got if ok else [Outcome(False, reason="suspend", error=o.error) for o in got]
+                        )
+                        if not ok:
+                            outcomes += [Outcome(False, reason="not_delivered")] * (
+                                len(queue) - start - len(chunk)
+                            )
+                            break
+            else:
                 outcomes = consume(
                     listeners[group],
                     group,
-                    messages,
+                    [_stored(r) for r in items],
                     batch[group],
                     timeout_s[group],
                     tries,
                     instance=client or None,
                 )
-                for r, o in zip(items, outcomes, strict=True):
-                    out.append(
-                        {
-                            "consumer_group": group,
-                            "client_id": client,
-                            "topic": r["topic"],
-                            "queue_id": r["queue_id"],
-                            "queue_offset": r["queue_offset"],
-                            "ok": o.ok,
-                            "level": o.level,
-                            "reason": o.reason,
-                            "error": o.error,
-                        }
-                    )
-            yield pa.RecordBatch.from_pylist(out, schema=_OUT_ARROW)
+            for r, o in zip(items, outcomes, strict=True):
+                out.append(
+                    {
+                        "consumer_group": group,
+                        "client_id": client,
+                        "topic": r["topic"],
+                        "queue_id": r["queue_id"],
+                        "queue_offset": r["queue_offset"],
+                        "ok": o.ok,
+                        "level": o.level,
+                        "reason": o.reason,
+                        "error": o.error,
+                    }
+                )
+        yield pa.RecordBatch.from_pylist(out, schema=_OUT_ARROW)
 
     return consume_partition
 
@@ -264,7 +304,9 @@ def _stored(r: dict) -> dict:
         "properties": props,
         "born_ts": r["born_ts"],
         "store_ts": r["store_ts"],
-        "reconsume_times": r["reconsume_times"] or 0,
+        # orderly: the suspends of the queue's head count as reconsumes (RocketMQ keeps
+        # them in client memory; here they are stored with the queue offset)
+        "reconsume_times": (r["reconsume_times"] or 0) + (r.get("suspends") or 0),
         "flag": r["flag"] or 0,
         "sys_flag": r["sys_flag"] or 0,
     }
@@ -306,12 +348,13 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
                 t.hi,
                 list(t.tags) if t.tags is not None else None,
                 t.attempts >= POISON_TRIES,
+                t.suspends,
             )
             for t in takes
         ],
         "consumer_group string, client_id string, t_topic string, t_qid int, lo bigint, hi bigint, "
         "tag_list array<string>, "
-        "poison boolean",
+        "poison boolean, suspends int",
     )
     pred = F.lit(False)
     for t in takes:
@@ -337,12 +380,15 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         matches = F.when(
             (F.col("consumer_group") == g) & (F.col("t_topic") == topic), compile_sql92(expression)
         ).otherwise(matches)
-    taken = taken.withColumn("matched", matches)
+    # orderly: the suspend count belongs to the queue's head message only
+    taken = taken.withColumn("matched", matches).withColumn(
+        "suspends", F.when(F.col("queue_offset") == F.col("lo"), F.col("suspends")).otherwise(F.lit(0))
+    )
     taken.createOrReplaceTempView("dmq_deliver_taken")
     index = engine.rows(
         "SELECT consumer_group, client_id, topic, queue_id, queue_offset, msg_id, matched, poison, cl_date, "
         "cl_batch_id, "
-        "cl_batch_pos, reconsume_times FROM dmq_deliver_taken"
+        "cl_batch_pos, reconsume_times, suspends FROM dmq_deliver_taken"
     )
     deliverable = [r for r in index if r["matched"] and not r["poison"]]
     outcomes: list[dict] = []
@@ -367,17 +413,21 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
             "born_ts",
             "store_ts",
             "reconsume_times",
+            "suspends",
             "flag",
             "sys_flag",
         )
+        orderly = frozenset(g for g, cfg in groups.items() if cfg["orderly"])
         consumer = _make_consumer(
             {g: listeners[g] for g in groups},
             {g: cfg["consume_batch_size"] for g, cfg in groups.items()},
             {g: cfg["consume_timeout_ms"] / 1000.0 for g, cfg in groups.items()},
             POISON_TRIES,
+            orderly,
         )
-        if len(deliverable) > _PARALLEL_ABOVE:  # spread big passes over the engine's cores
-            msgs = msgs.repartition(_parallelism(spark), "topic", "queue_id")
+        if orderly or len(deliverable) > _PARALLEL_ABOVE:
+            # whole queues per partition (orderly needs it), spread over the engine's cores
+            msgs = msgs.repartition(_parallelism(spark), "consumer_group", "client_id", "topic", "queue_id")
         outcomes = [r.asDict() for r in msgs.mapInArrow(consumer, _OUT_SCHEMA).collect()]
         if len(outcomes) != len(deliverable):
             raise RuntimeError(
@@ -409,7 +459,30 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         for r in index
         if r["poison"] and r["matched"]
     ]
+    # orderly queues: stop at the suspended chunk; its head waits (or, at the maximum,
+    # goes to the DLQ and the queue moves on)
+    positions: dict[tuple[str, str, str, int], tuple[int, int, int | None]] = {}
+    takes_by_queue = {(t.group, t.client, t.topic, t.queue_id): t for t in takes}
+    suspended: dict[tuple[str, str, str, int], list[dict]] = defaultdict(list)
+    for o in outcomes:
+        if o["reason"] == "suspend":
+            suspended[(o["consumer_group"], o["client_id"], o["topic"], o["queue_id"])].append(o)
+    for qkey, chunk in suspended.items():
+        t = takes_by_queue[qkey]
+        chunk.sort(key=lambda o: o["queue_offset"])
+        first = chunk[0]["queue_offset"]
+        reconsumed = t.suspends if first == t.lo else 0
+        cfg = groups[qkey[0]]
+        if 0 <= cfg["max_reconsume_times"] <= reconsumed:
+            for o in chunk:
+                o["reason"] = "orderly_max"
+            positions[qkey] = (chunk[-1]["queue_offset"] + 1, 0, None)
+        else:
+            counts[qkey[0]]["suspended"] += len(chunk)
+            positions[qkey] = (first, reconsumed + 1, now + broker.config.orderly_suspend_ms)
     for o in outcomes + poisoned:
+        if o["reason"] in ("suspend", "not_delivered"):
+            continue
         key = (o["consumer_group"], o["client_id"], o["topic"], o["queue_id"], o["queue_offset"])
         src = by_key[key]
         g = o["consumer_group"]
@@ -424,17 +497,20 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
             log.warning("broadcast %s/%s dropped %s: %s", g, o["client_id"], src["msg_id"], o["error"])
             continue
         ts = attempt_ts[key[:4]]
-        d = sendback.decide(
-            reconsume_times=src["reconsume_times"] or 0,
-            requested_level=o["level"] or 0,
-            reason=o["reason"],
-            max_reconsume=cfg["max_reconsume_times"],
-            max_level=max_level,
-            retry_policy=json.loads(cfg["retry_policy"]) if cfg["retry_policy"] else None,
-            attempt_ts=ts,
-        )
+        if o["reason"] == "orderly_max":
+            d = sendback.Decision("dlq", dlq_reason="orderly_max")
+        else:
+            d = sendback.decide(
+                reconsume_times=src["reconsume_times"] or 0,
+                requested_level=o["level"] or 0,
+                reason=o["reason"],
+                max_reconsume=cfg["max_reconsume_times"],
+                max_level=max_level,
+                retry_policy=json.loads(cfg["retry_policy"]) if cfg["retry_policy"] else None,
+                attempt_ts=ts,
+            )
         counts[g]["retried" if d.target == "retry" else "dead_lettered"] += 1
-        if o["reason"]:
+        if o["reason"] in ("poison", "timeout"):
             counts[g]["poison"] += 1
         failures.append(
             (
@@ -463,7 +539,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
     faults.point("deliver.after_sendback_commit")
 
     # 4. offsets past everything taken; attempt cleared
-    _advance(broker, takes, now)
+    _advance(broker, takes, now, positions)
     faults.point("deliver.after_offsets_commit")
     total = defaultdict(int)
     for c in counts.values():
@@ -477,6 +553,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         dead_lettered=total["dead_lettered"],
         poison=total["poison"],
         dropped=total["dropped"],
+        suspended=total["suspended"],
         groups=len(groups),
         errors=tuple(errors),
         skipped_groups=skipped,
@@ -518,17 +595,29 @@ def _record_attempts(broker: Broker, takes: list[QueueTake], now: int) -> None:
     broker.engine.commit(lambda: broker.engine.execute(statement), what="offsets")
 
 
-def _advance(broker: Broker, takes: list[QueueTake], now: int) -> None:
-    values = ", ".join(
-        f"({sql_str(t.group)}, {sql_str(t.client)}, {sql_str(t.topic)}, {t.queue_id}, {sql_long(t.hi)})"
-        for t in takes
-    )
+def _advance(
+    broker: Broker,
+    takes: list[QueueTake],
+    now: int,
+    positions: dict[tuple[str, str, str, int], tuple[int, int, int | None]],
+) -> None:
+    """Offsets past everything taken (or, for a suspended orderly queue, to its head with
+    the suspend count and time); the attempt is cleared."""
+    rows = []
+    for t in takes:
+        nxt, suspends, until = positions.get((t.group, t.client, t.topic, t.queue_id), (t.hi, 0, None))
+        rows.append(
+            f"({sql_str(t.group)}, {sql_str(t.client)}, {sql_str(t.topic)}, {t.queue_id}, {sql_long(nxt)}, "
+            f"{sql_int(suspends)}, {sql_long(until)})"
+        )
+    values = ", ".join(rows)
     statement = (
         f"MERGE INTO {broker.warehouse.ref('offsets')} t USING (SELECT * FROM VALUES {values} "
-        "AS v(consumer_group, client_id, topic, queue_id, next_offset)) s "
+        "AS v(consumer_group, client_id, topic, queue_id, next_offset, suspends, suspend_until)) s "
         "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
         "AND t.client_id = s.client_id "
         "WHEN MATCHED THEN UPDATE SET t.next_offset = greatest(coalesce(t.next_offset, 0), s.next_offset), "
+        "t.suspends = s.suspends, t.suspend_until = s.suspend_until, "
         f"t.attempts = 0, t.attempt_ts = CAST(NULL AS BIGINT), t.updated_ts = {sql_long(now)}"
     )
     broker.engine.commit(lambda: broker.engine.execute(statement), what="offsets")

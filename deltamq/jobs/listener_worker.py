@@ -70,7 +70,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
     sys.path[:] = _recv(proto_in)
     listener = _recv(proto_in)
 
-    from deltamq.consumer import ConsumeContext, ConsumeStatus
+    from deltamq.consumer import SUCCESS_STATUSES, ConsumeContext
     from deltamq.message import StoredMessage
 
     _send(proto_out, "ready")  # start-up is not part of any call's timeout
@@ -90,7 +90,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
             status = listener(messages, ctx)
         except BaseException as e:  # noqa: BLE001 - any failure of the listener is RECONSUME_LATER
             status, error = None, f"{type(e).__name__}: {e}"[:2000]
-        ok = status == ConsumeStatus.CONSUME_SUCCESS or status == "CONSUME_SUCCESS"
+        ok = isinstance(status, str) and status in SUCCESS_STATUSES
         if not ok and error is None:
             error = f"listener returned {status!r}"[:2000]
         ack = ctx.ack_index

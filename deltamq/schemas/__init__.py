@@ -175,6 +175,7 @@ OFFSETS = T.StructType(
         _f("suspend_until", LONG, "orderly: epoch ms the queue is suspended until"),
         _f("progress_version", LONG, "system groups: source table version reached"),
         _f("attempt_ts", LONG, "now of the delivery attempt in flight (attempts > 0): ids of its sends-back"),
+        _f("suspends", INT, "orderly: times the message at next_offset was suspended (its retry count)"),
         _f("updated_ts", LONG, "epoch ms (the tick's now) of the last change"),
     ]
 )

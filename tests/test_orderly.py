@@ -1,0 +1,84 @@
+"""Orderly consumption (SPEC §4): strictly in offset order per queue, suspend and retry
+the failing message after a pause, nothing later in that queue meanwhile."""
+
+from __future__ import annotations
+
+import pytest
+from listeners import Recorder, read_log
+
+from deltamq import Message
+
+
+@pytest.fixture
+def orderly(broker, tmp_path):
+    broker.create_topic("orders", queues=2)
+    log = tmp_path / "o.jsonl"
+
+    def group(behavior, **kw):
+        broker.create_group("seq", Recorder(log, behavior), orderly=True, consume_from="FIRST_OFFSET", **kw)
+        broker.subscribe("seq", "orders")
+        return log
+
+    return broker, group
+
+
+def _send(broker, queue, bodies):
+    broker.producer("p").send_batch(
+        [Message("orders", b) for b in bodies], selector=lambda n, m, arg: arg, arg=queue
+    )
+
+
+def test_order_preserved_across_suspends(orderly, clock):
+    broker, group = orderly
+    log = group("suspend_bad_twice")
+    _send(broker, 0, ["m0", "m1", "bad2", "m3", "m4"])
+    t = clock.now_ms()
+    result = broker.tick(t).job("deliver").result
+    assert [c["body"] for c in read_log(log)] == ["m0", "m1", "bad2"]
+    assert result.suspended == 1 and result.retried == 0
+    broker.tick(t + 500)  # still suspended (pause 1 s): nothing later in the queue is consumed
+    assert len(read_log(log)) == 3
+    broker.tick(t + 1000)
+    broker.tick(t + 2000)
+    calls = read_log(log)
+    assert [(c["body"], c["reconsume"]) for c in calls] == [
+        ("m0", 0),
+        ("m1", 0),
+        ("bad2", 0),
+        ("bad2", 1),
+        ("bad2", 2),
+        ("m3", 0),
+        ("m4", 0),
+    ]
+    nxt = broker.sql(
+        "SELECT next_offset, suspends FROM offsets WHERE consumer_group = 'seq' AND queue_id = 0"
+    )
+    row = nxt.collect()[0]
+    assert (row["next_offset"], row["suspends"]) == (5, 0)
+
+
+def test_blocked_queue_does_not_hold_back_other_queues(orderly, clock):
+    broker, group = orderly
+    log = group("suspend_bad")
+    _send(broker, 0, ["bad", "after-bad"])
+    _send(broker, 1, ["a1", "a2"])
+    t = clock.now_ms()
+    broker.tick(t)
+    _send(broker, 1, ["a3"])
+    broker.tick(t + 1000)
+    bodies = [c["body"] for c in read_log(log)]
+    assert bodies.count("bad") == 2 and "after-bad" not in bodies
+    assert [b for b in bodies if b.startswith("a")] == ["a1", "a2", "a3"]
+
+
+def test_dead_letter_at_the_set_maximum_then_the_queue_moves_on(orderly, clock):
+    broker, group = orderly
+    log = group("suspend_bad", max_reconsume_times=2)
+    _send(broker, 0, ["bad", "next"])
+    t = clock.now_ms()
+    for step in range(4):
+        broker.tick(t + step * 1000)
+    calls = [(c["body"], c["reconsume"]) for c in read_log(log)]
+    assert calls == [("bad", 0), ("bad", 1), ("bad", 2), ("next", 0)]
+    dead = broker.sql("SELECT properties FROM commit_log WHERE topic = '%DLQ%seq'").collect()
+    assert len(dead) == 1 and dead[0]["properties"]["DLQ_REASON"] == "orderly_max"
