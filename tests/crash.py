@@ -73,3 +73,34 @@ def run_job(
 
 def random_delay(rng: random.Random, low: float = 0.0, high: float = 0.25) -> float:
     return rng.uniform(low, high)
+
+
+class KillPlan:
+    """Rounds of a crash test: every crash point ``each`` times, then random-time kills —
+    at least ``random_rounds`` of them, and more (up to ``most_random``) until ``want``
+    kills have really happened (a random kill can miss a job that finished first)."""
+
+    def __init__(
+        self,
+        points: list[str],
+        *,
+        each: int = 2,
+        random_rounds: int = 4,
+        want: int = 10,
+        most_random: int = 24,
+    ) -> None:
+        self.points, self.each = points, each
+        self.random_rounds, self.want, self.most_random = random_rounds, want, most_random
+        self.kills = 0
+
+    def __iter__(self):
+        for point in self.points:
+            for _ in range(self.each):
+                yield point, None
+        n = 0
+        while n < self.most_random and (n < self.random_rounds or self.kills < self.want):
+            n += 1
+            yield None, "random"
+
+    def record(self, killed: bool) -> None:
+        self.kills += bool(killed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from crash import run_job
+from crash import KillPlan, run_job
 from listeners import read_log
 
 from deltamq import Message
@@ -26,8 +26,8 @@ def test_deliver_survives_kills(broker, clock, tmp_path):
     broker.subscribe("g", "orders")
     wh, log = tmp_path / "wh", tmp_path / "calls.jsonl"
     rng = random.Random(7)
-    plan = [(p, None) for p in POINTS for _ in range(2)] + [(None, "random")] * 4
-    killed_runs, sent, kills = set(), [], 0
+    plan = KillPlan(POINTS, random_rounds=4)
+    killed_runs, sent = set(), []
     p = broker.producer("p")
     for round_no, (point, mode) in enumerate(plan):
         sent += p.send_batch([Message("orders", f"r{round_no}m{i}") for i in range(12)])
@@ -40,8 +40,8 @@ def test_deliver_survives_kills(broker, clock, tmp_path):
         else:
             outcome = run_job(wh, "deliver", clock.now_ms(), crash_at=point, env=env)
             assert outcome.killed, outcome.stderr[-2000:]
+        plan.record(outcome.killed)
         if outcome.killed:
-            kills += 1
             killed_runs.add(run)
         rerun = run_job(wh, "deliver", clock.now_ms(), env={**env, "DELTAMQ_TEST_RUN": run + "-rerun"})
         assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -61,4 +61,4 @@ def test_deliver_survives_kills(broker, clock, tmp_path):
             assert runs & killed_runs, f"{mid} handed over {n} times without a kill: {runs}"
     dead = broker.sql("SELECT count(*) AS n FROM commit_log WHERE topic = '%DLQ%g'").collect()[0]["n"]
     assert dead == 0
-    assert kills >= 10
+    assert plan.kills >= 10

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from crash import run_job
+from crash import KillPlan, run_job
 
 from deltamq import Message
 from deltamq.constants import Prop
@@ -61,8 +61,7 @@ def test_dispatch_survives_kills(broker, clock, tmp_path):
     broker.create_topic("orders", queues=4)
     wh = tmp_path / "wh"
     rng = random.Random(20261123)
-    plan = [(p, None) for p in POINTS for _ in range(2)] + [(None, "random")] * 8
-    kills = 0
+    plan = KillPlan(POINTS, random_rounds=8)
     expected = 0
     for round_no, (point, mode) in enumerate(plan):
         _produce(broker, clock, round_no)
@@ -73,8 +72,8 @@ def test_dispatch_survives_kills(broker, clock, tmp_path):
         else:
             outcome = run_job(wh, "dispatch", clock.now_ms(), crash_at=point)
             assert outcome.killed, outcome.stderr[-2000:]
-        kills += outcome.killed
+        plan.record(outcome.killed)
         rerun = run_job(wh, "dispatch", clock.now_ms())
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         _check(broker, expected)
-    assert kills >= 10
+    assert plan.kills >= 10

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from datetime import timedelta
 
-from crash import run_job
+from crash import KillPlan, run_job
 
 from deltamq import Message
 from deltamq.dq.conservation import check_dispatch
@@ -19,8 +19,8 @@ def test_promote_survives_kills(broker, clock, tmp_path):
     broker.create_topic("orders", queues=4)
     wh = tmp_path / "wh"
     rng = random.Random(5)
-    plan = [(p, None) for p in POINTS for _ in range(2)] + [(None, "random")] * 7
-    kills = sent = 0
+    plan = KillPlan(POINTS, random_rounds=7)
+    sent = 0
     p = broker.producer("p")
     for round_no, (point, mode) in enumerate(plan):
         batch = [Message("orders", f"r{round_no}d{i}", delay_level=1 + i % 2) for i in range(30)]
@@ -37,7 +37,7 @@ def test_promote_survives_kills(broker, clock, tmp_path):
         else:
             outcome = run_job(wh, "promote", now, crash_at=point)
             assert outcome.killed, outcome.stderr[-2000:]
-        kills += outcome.killed
+        plan.record(outcome.killed)
         rerun = run_job(wh, "promote", now)
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         dispatch.run(broker.warehouse, now)
@@ -48,4 +48,4 @@ def test_promote_survives_kills(broker, clock, tmp_path):
             "WHERE topic = 'orders'"
         ).collect()[0]
         assert real["n"] == real["uniq"] == sent, (round_no, real)
-    assert kills >= 10
+    assert plan.kills >= 10
