@@ -56,6 +56,15 @@ def spark():
     yield Engine.open(BrokerConfig()).spark
 
 
+@pytest.fixture(autouse=True)
+def _stop_listener_workers():
+    """Each test's listeners get their own worker processes; stop them after the test."""
+    yield
+    from deltamq.jobs import listener_worker
+
+    listener_worker.shutdown()
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock(1_767_225_600_000)  # 2026-01-01 00:00:00 UTC
