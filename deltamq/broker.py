@@ -555,6 +555,25 @@ class Broker:
         from deltamq.jobs import promote
 
         held = promote.pending(self.warehouse)
+        lag = []
+        for r in self.engine.rows(
+            f"SELECT consumer_group, client_id, topic, queue_id, next_offset, suspend_until "
+            f"FROM {self.warehouse.ref('offsets')} WHERE consumer_group NOT LIKE '\\%%' "
+            "ORDER BY consumer_group, client_id, topic, queue_id"
+        ):
+            head = state.heads.get((r["topic"], r["queue_id"]), 0)
+            lag.append(
+                {
+                    "group": r["consumer_group"],
+                    "client": r["client_id"],
+                    "topic": r["topic"],
+                    "queue_id": r["queue_id"],
+                    "next_offset": r["next_offset"],
+                    "lag": max(0, head - (r["next_offset"] or 0)),
+                    "suspend_until": r["suspend_until"],
+                }
+            )
+        dlq = {t: n for (t, _), n in state.heads.items() if t.startswith("%DLQ%")}
         return {
             "topics": self.topics(),
             "queues": queues,
@@ -562,6 +581,8 @@ class Broker:
             "undispatched": pending,
             "levels": held["levels"],
             "timers": held["timers"],
+            "lag": lag,
+            "dead_letters": dlq,
         }
 
 

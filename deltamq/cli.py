@@ -199,6 +199,26 @@ def _dispatch_command(broker, args: argparse.Namespace) -> int:
             f"\nstored, not yet dispatched: {st['undispatched']} (dispatched up to commit_log "
             f"version {st['dispatched_version']})"
         )
+        print("\nconsumer groups (lag = messages indexed but not yet consumed):")
+        print_table(
+            ["group", "instance", "topic", "queue", "next offset", "lag", "suspended until"],
+            [
+                [
+                    g["group"],
+                    g["client"] or "-",
+                    g["topic"],
+                    g["queue_id"],
+                    g["next_offset"],
+                    g["lag"],
+                    ms_to_iso(g["suspend_until"]),
+                ]
+                for g in st["lag"]
+            ],
+        )
+        print(
+            "\ndead letters (indexed): "
+            + (", ".join(f"{t}: {n}" for t, n in sorted(st["dead_letters"].items())) or "none")
+        )
         print("\ndelay levels (SCHEDULE_TOPIC_XXXX):")
         print_table(
             ["level", "delay", "offset", "pending", "oldest due"],

@@ -265,3 +265,21 @@ def test_plan_sendback_builds_retry_and_dead_letter_rows(spark):
     assert dead["reconsume_times"] == 17 and dead["properties"]["ORIGIN_MESSAGE_ID"] == "U2"
     assert retry["msg_id"][:16] == f"{(5000 << 20) | 0x2000:016X}"  # store time + kind prefix
     assert dead["msg_id"][:16] == f"{(5000 << 20) | 0x3000:016X}" and len(dead["msg_id"]) == 32
+
+
+def test_status_shows_group_lag_and_dead_letters(setup, clock):
+    broker, group = setup
+    group("level_from_body")
+    broker.producer("p").send_batch([Message("orders", "-1"), Message("orders", "-1")], queue_keys=["k", "k"])
+    t = clock.now_ms()
+    broker.tick(t)
+    broker.producer("p").send(Message("orders", "5"), queue_key="k")
+    broker.tick(t + 1)  # dispatches the new message and the dead letters; deliver consumes "5"
+    broker.producer("p").send(Message("orders", "x"), queue_key="k")
+    from deltamq.jobs import dispatch
+
+    dispatch.run(broker.warehouse, t + 2)  # indexed, not yet delivered: lag 1
+    st = broker.status()
+    lag = {(g["topic"], g["queue_id"]): g["lag"] for g in st["lag"] if g["group"] == "g"}
+    assert sum(v for (topic, _), v in lag.items() if topic == "orders") == 1
+    assert st["dead_letters"] == {"%DLQ%g": 2}
