@@ -37,7 +37,7 @@ from deltamq import faults, ids
 from deltamq.constants import PROMOTE_GROUP, SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, Prop
 from deltamq.jobs.dispatch import TIMER_SLOT_MS
 from deltamq.schemas import TABLES
-from deltamq.tables.bodies import join_bodies, read_bodies, stored_ids
+from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns, stored_ids
 from deltamq.tables.offsets import advance_offsets
 from deltamq.tables.ranges import merge_ranges
 from deltamq.tables.sqltext import sql_long, sql_str
@@ -164,22 +164,7 @@ def plan_messages(due: DataFrame, bodies: DataFrame) -> DataFrame:
         F.col("cl_batch_pos"),
         F.col("msg_id").alias("src_msg_id"),
     )
-    joined = join_bodies(
-        src,
-        bodies,
-        [
-            "tags",
-            "keys",
-            "body",
-            "flag",
-            F.col("properties").alias("orig_props"),
-            "born_ts",
-            "reconsume_times",
-            "sys_flag",
-            "producer_group",
-        ],
-        msg_id="src_msg_id",
-    )
+    joined = join_bodies(src, bodies, restore_columns(), msg_id="src_msg_id")
     batch = ids.engine_batch_id_col(F.col("due_ts"), F.col("kind"))
     pos = F.col("src_offset").bitwiseAND(F.lit(0xFFFFFFFF))
     props = F.map_filter(
@@ -197,7 +182,7 @@ def plan_messages(due: DataFrame, bodies: DataFrame) -> DataFrame:
         props.alias("properties"),
         "born_ts",
         F.col("due_ts").alias("store_ts"),
-        "reconsume_times",
+        F.col("orig_reconsume").alias("reconsume_times"),
         "sys_flag",
         "producer_group",
         batch.alias("batch_id"),

@@ -26,7 +26,7 @@ from deltamq import ids
 from deltamq.constants import Prop, dlq_topic, retry_topic
 from deltamq.consumer import retry_delay_ms
 from deltamq.schemas import TABLES
-from deltamq.tables.bodies import join_bodies
+from deltamq.tables.bodies import join_bodies, restore_columns
 
 FAILURE_SCHEMA = (
     "consumer_group string, topic string, queue_id int, queue_offset bigint, msg_id string, "
@@ -81,21 +81,7 @@ def decide(
 
 def plan_sendback(failures: DataFrame, bodies: DataFrame) -> DataFrame:
     """Pure plan: failures (FAILURE_SCHEMA) + their commit_log rows → new commit_log rows."""
-    j = join_bodies(
-        failures,
-        bodies,
-        [
-            "tags",
-            "keys",
-            "body",
-            "flag",
-            F.col("properties").alias("orig_props"),
-            "born_ts",
-            F.col("reconsume_times").alias("orig_reconsume"),
-            "sys_flag",
-            "producer_group",
-        ],
-    )
+    j = join_bodies(failures, bodies, restore_columns())
     is_dlq = F.col("target") == F.lit("dlq")
     kind = F.when(is_dlq, F.lit(ids.KIND_DLQ)).otherwise(F.lit(ids.KIND_RETRY))
     batch = ids.engine_batch_id_col(F.col("attempt_ts"), kind)

@@ -30,6 +30,22 @@ def read_bodies(wh: Warehouse, dates: Iterable[date], batch_ids: Iterable[int]) 
     )
 
 
+def restore_columns() -> list[Column]:
+    """The commit_log columns a job copies when it re-stores a message (promote, send-back):
+    ``orig_props`` and ``orig_reconsume`` are the ones it rewrites."""
+    return [
+        F.col("tags"),
+        F.col("keys"),
+        F.col("body"),
+        F.col("flag"),
+        F.col("properties").alias("orig_props"),
+        F.col("born_ts"),
+        F.col("reconsume_times").alias("orig_reconsume"),
+        F.col("sys_flag"),
+        F.col("producer_group"),
+    ]
+
+
 def join_bodies(
     rows: DataFrame, bodies: DataFrame, columns: Sequence[str | Column], msg_id: str = "msg_id"
 ) -> DataFrame:
