@@ -46,8 +46,6 @@ TOPIC_MAX_LENGTH = 127
 # Group names become part of %RETRY%<group>, so they obey the topic rule minus the prefix.
 GROUP_PATTERN = re.compile(r"^[a-zA-Z0-9_-]+$")
 GROUP_MAX_LENGTH = TOPIC_MAX_LENGTH - len(RETRY_PREFIX)
-CLIENT_PATTERN = re.compile(r"^[a-zA-Z0-9_.@:-]+$")
-CLIENT_MAX_LENGTH = 255
 
 # --- message limits ------------------------------------------------------------
 MAX_BODY_BYTES = 4 * 1024 * 1024

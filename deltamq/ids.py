@@ -46,10 +46,6 @@ def engine_batch_id_col(store_ms: Column, kind: Column) -> Column:
     return F.shiftleft(store_ms.cast("bigint"), BATCH_RANDOM_BITS).bitwiseOR(kind.cast("bigint"))
 
 
-def batch_store_ms(batch_id: int) -> int:
-    return batch_id >> BATCH_RANDOM_BITS
-
-
 def msg_id(batch_id: int, pos: int) -> str:
     """``%016X%08X`` of (batch id, position)."""
     return f"{batch_id:016X}{pos:08X}"

@@ -12,8 +12,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from deltamq.constants import (
-    CLIENT_MAX_LENGTH,
-    CLIENT_PATTERN,
     GROUP_MAX_LENGTH,
     GROUP_PATTERN,
     MAX_BODY_BYTES,
@@ -26,7 +24,6 @@ from deltamq.errors import (
     InvalidDelayLevel,
     InvalidGroup,
     InvalidMessage,
-    InvalidName,
     InvalidProperties,
     InvalidTimer,
     InvalidTopic,
@@ -116,20 +113,6 @@ def validate_group_name(group: Any, what: str = "group") -> str:
             f"(pattern {GROUP_PATTERN.pattern})"
         )
     return group
-
-
-def validate_client_id(client_id: Any) -> str:
-    if (
-        not isinstance(client_id, str)
-        or not client_id
-        or len(client_id) > CLIENT_MAX_LENGTH
-        or not CLIENT_PATTERN.match(client_id)
-    ):
-        raise InvalidName(
-            f"client id {client_id!r} is not allowed: 1..{CLIENT_MAX_LENGTH} characters of "
-            f"letters, digits and . _ @ : - (pattern {CLIENT_PATTERN.pattern})"
-        )
-    return client_id
 
 
 def body_bytes(body: Any, max_bytes: int = MAX_BODY_BYTES) -> bytes:

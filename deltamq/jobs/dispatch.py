@@ -23,7 +23,6 @@ their real topic and queue in ``REAL_TOPIC`` / ``REAL_QID``.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -315,7 +314,3 @@ def write_progress(wh: Warehouse, version: int, queues: dict[tuple[str, int], in
     """Record the hint: version reached and per-queue next offsets (%DISPATCH% rows)."""
     rows = [("", -1, None, version)] + [(t, q, o, None) for (t, q), o in sorted(queues.items())]
     advance_offsets(wh, DISPATCH_GROUP, rows, now)
-
-
-def describe(result: DispatchResult) -> str:
-    return json.dumps({"rows": result.rows_out, "routes": result.routes, "to_version": result.to_version})

@@ -266,10 +266,4 @@ def _stamped(run: JobRun, start: int) -> JobRun:
     )
 
 
-def last_tick_now(broker: Broker) -> int | None:
-    """The latest tick ``now`` recorded in job_runs (operators' view)."""
-    row = broker.engine.rows(f"SELECT max(now_ts) AS m FROM {broker.warehouse.ref('job_runs')}")[0]
-    return row["m"]
-
-
-__all__ = ["JOB_NAMES", "JobRun", "SEQUENCE", "TickResult", "TickRunner", "job_sequence", "last_tick_now"]
+__all__ = ["JOB_NAMES", "JobRun", "SEQUENCE", "TickResult", "TickRunner", "job_sequence"]
