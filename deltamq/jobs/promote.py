@@ -36,8 +36,7 @@ from pyspark.sql import functions as F
 from deltamq import faults, ids
 from deltamq.constants import PROMOTE_GROUP, SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, Prop
 from deltamq.jobs.dispatch import TIMER_SLOT_MS
-from deltamq.schemas import TABLES
-from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns, stored_ids
+from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns, restored_message, stored_ids
 from deltamq.tables.offsets import advance_offsets
 from deltamq.tables.ranges import merge_ranges
 from deltamq.tables.sqltext import sql_long, sql_str
@@ -171,25 +170,17 @@ def plan_messages(due: DataFrame, bodies: DataFrame) -> DataFrame:
         F.coalesce(F.col("orig_props"), F.create_map().cast("map<string,string>")),
         lambda k, v: ~k.isin(*_REMOVED_PROPS),
     )
-    out = joined.select(
-        ids.msg_id_col(batch, pos).alias("msg_id"),
-        F.col("real_topic").alias("topic"),
-        F.col("real_qid").alias("queue_id"),
-        "tags",
-        "keys",
-        "body",
-        "flag",
-        props.alias("properties"),
-        "born_ts",
-        F.col("due_ts").alias("store_ts"),
-        F.col("orig_reconsume").alias("reconsume_times"),
-        "sys_flag",
-        "producer_group",
-        batch.alias("batch_id"),
-        pos.alias("batch_pos"),
-        ids.store_date_col(F.col("due_ts")).alias("store_date"),
+    return restored_message(
+        joined,
+        msg_id=ids.msg_id_col(batch, pos),
+        topic=F.col("real_topic"),
+        queue_id=F.col("real_qid"),
+        properties=props,
+        store_ts=F.col("due_ts"),
+        reconsume_times=F.col("orig_reconsume"),
+        batch_id=batch,
+        batch_pos=pos,
     )
-    return out.select(*TABLES["commit_log"].columns)
 
 
 # --- running ------------------------------------------------------------------------------

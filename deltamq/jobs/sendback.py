@@ -25,8 +25,7 @@ from pyspark.sql import functions as F
 from deltamq import ids
 from deltamq.constants import Prop, dlq_topic, retry_topic
 from deltamq.consumer import retry_delay_ms
-from deltamq.schemas import TABLES
-from deltamq.tables.bodies import join_bodies, restore_columns
+from deltamq.tables.bodies import join_bodies, restore_columns, restored_message
 
 FAILURE_SCHEMA = (
     "consumer_group string, topic string, queue_id int, queue_offset bigint, msg_id string, "
@@ -117,22 +116,14 @@ def plan_sendback(failures: DataFrame, bodies: DataFrame) -> DataFrame:
     target_topic = F.when(is_dlq, F.concat(F.lit(dlq_topic("")), F.col("consumer_group"))).otherwise(
         F.concat(F.lit(retry_topic("")), F.col("consumer_group"))
     )
-    out = j.select(
-        F.concat(ids.msg_id_col(batch, F.lit(0)).substr(1, 16), digest).alias("msg_id"),
-        target_topic.alias("topic"),
-        F.lit(0).cast("int").alias("queue_id"),
-        "tags",
-        "keys",
-        "body",
-        "flag",
-        F.map_concat(kept, system, extra, last_error).alias("properties"),
-        "born_ts",
-        F.col("attempt_ts").alias("store_ts"),
-        new_reconsume.cast("int").alias("reconsume_times"),
-        "sys_flag",
-        "producer_group",
-        batch.alias("batch_id"),
-        delivery.alias("batch_pos"),
-        ids.store_date_col(F.col("attempt_ts")).alias("store_date"),
+    return restored_message(
+        j,
+        msg_id=F.concat(ids.msg_id_col(batch, F.lit(0)).substr(1, 16), digest),
+        topic=target_topic,
+        queue_id=F.lit(0),
+        properties=F.map_concat(kept, system, extra, last_error),
+        store_ts=F.col("attempt_ts"),
+        reconsume_times=new_reconsume,
+        batch_id=batch,
+        batch_pos=delivery,
     )
-    return out.select(*TABLES["commit_log"].columns)

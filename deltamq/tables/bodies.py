@@ -16,6 +16,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from deltamq import ids
+from deltamq.schemas import TABLES
 from deltamq.tables.ranges import merge_ranges, ranges_predicate
 
 if TYPE_CHECKING:
@@ -44,6 +45,41 @@ def restore_columns() -> list[Column]:
         F.col("sys_flag"),
         F.col("producer_group"),
     ]
+
+
+def restored_message(
+    joined: DataFrame,
+    *,
+    msg_id: Column,
+    topic: Column,
+    queue_id: Column,
+    properties: Column,
+    store_ts: Column,
+    reconsume_times: Column,
+    batch_id: Column,
+    batch_pos: Column,
+) -> DataFrame:
+    """commit_log rows of re-stored messages: the :func:`restore_columns` copied as they
+    are, the rest given by the job (store date derived from the store time)."""
+    out = joined.select(
+        msg_id.alias("msg_id"),
+        topic.alias("topic"),
+        queue_id.cast("int").alias("queue_id"),
+        "tags",
+        "keys",
+        "body",
+        "flag",
+        properties.alias("properties"),
+        "born_ts",
+        store_ts.alias("store_ts"),
+        reconsume_times.cast("int").alias("reconsume_times"),
+        "sys_flag",
+        "producer_group",
+        batch_id.alias("batch_id"),
+        batch_pos.alias("batch_pos"),
+        ids.store_date_col(store_ts).alias("store_date"),
+    )
+    return out.select(*TABLES["commit_log"].columns)
 
 
 def join_bodies(
