@@ -62,6 +62,7 @@ class Broker:
         self._topics_loaded_at = 0.0
         self._max_level: int | None = None
         self.listeners: dict[str, Callable[..., Any]] = {}
+        self.check_listeners: dict[str, Callable[..., Any]] = {}
         self._runner = None
 
     # --- opening ---------------------------------------------------------------------------
@@ -327,7 +328,7 @@ class Broker:
         from deltamq.consumer import validate_retry_policy
 
         retry_policy = validate_retry_policy(retry_policy)
-        listener_path = self._listener_path(name, listener)
+        listener_path = _listener_path(self.listeners, name, listener)
         if self._group_exists(name):
             if exist_ok:
                 return
@@ -354,25 +355,6 @@ class Broker:
             self._create_system_topic(retry_topic(name), 1)
             self._create_system_topic(dlq_topic(name), 1)
             self._subscribe(name, retry_topic(name), "*", "TAG")
-
-    def _listener_path(self, group: str, listener: Callable[..., Any] | str | None) -> str | None:
-        if listener is None:
-            return None
-        if isinstance(listener, str):
-            module, sep, attr = listener.partition(":")
-            if not sep or not module or not attr:
-                raise ConfigError(
-                    f"listener {listener!r} is not an import path; use 'package.module:function'"
-                )
-            return listener
-        if not callable(listener):
-            raise ConfigError(f"listener {listener!r} is neither a callable nor an import path")
-        self.listeners[group] = listener
-        module = inspect.getmodule(listener)
-        qualname = getattr(listener, "__qualname__", "")
-        if module is None or "<" in qualname or module.__name__ == "__main__":
-            return None  # in-process only: jobs started elsewhere cannot import it
-        return f"{module.__name__}:{qualname}"
 
     def delete_group(self, name: str) -> None:
         """Delete a group's configuration, subscriptions and offsets."""
@@ -494,9 +476,105 @@ class Broker:
         return [r.asDict() for r in rows]
 
     # --- producing --------------------------------------------------------------------------
-    def producer(self, group: str = "DEFAULT_PRODUCER") -> Producer:
-        """A producer for ``group``."""
-        return Producer(self, group)
+    def producer(
+        self, group: str = "DEFAULT_PRODUCER", *, check_listener: Callable[..., Any] | str | None = None
+    ) -> Producer:
+        """A producer for ``group``.
+
+        ``check_listener`` answers transaction check-back for the group (SPEC §5):
+        ``fn(message) -> TxState`` as a callable (this process only, unless it is a
+        module-level function, whose import path is stored) or an import path
+        ``"package.module:function"`` stored in ``producer_config`` for jobs started
+        elsewhere. It replaces a table check set by :meth:`check_with_table`.
+        """
+        producer = Producer(self, group)
+        if check_listener is not None:
+            path = _listener_path(self.check_listeners, producer.group, check_listener)
+            self._set_check(producer.group, listener=path)
+        return producer
+
+    def check_with_table(
+        self,
+        producer_group: str,
+        table: str,
+        key_property: str,
+        state_expression: str,
+        *,
+        key_column: str | None = None,
+    ) -> None:
+        """Answer the group's transaction check-back from a Delta table of local state.
+
+        Each pass joins the group's half messages, by their ``key_property`` property,
+        with ``table`` (a Delta path or table name) on ``key_column`` (default: the same
+        name as the property) and evaluates ``state_expression`` over the table's row, e.g.
+        ``CASE WHEN status = 'PAID' THEN 'COMMIT' WHEN status = 'CANCELLED' THEN
+        'ROLLBACK' END``. NULL, anything else, a missing row or rows that disagree mean
+        UNKNOWN. It replaces a check listener set for the group.
+        """
+        from deltamq.transactions import CheckConfig, validate_table_check
+
+        group = validate_group_name(producer_group, "producer group")
+        for name, value in (
+            ("table", table),
+            ("key_property", key_property),
+            ("state_expression", state_expression),
+        ):
+            if not isinstance(value, str) or not value.strip():
+                raise ConfigError(f"{name}={value!r} must be a non-empty string")
+        cfg = CheckConfig(group, None, table, key_property, key_column or key_property, state_expression)
+        validate_table_check(self.engine.spark, cfg)
+        self.check_listeners.pop(group, None)
+        self._set_check(
+            group,
+            table=cfg.table,
+            key_property=cfg.key_property,
+            key_column=cfg.key_column,
+            state_expression=cfg.state_expression,
+        )
+
+    def _set_check(
+        self,
+        group: str,
+        *,
+        listener: str | None = None,
+        table: str | None = None,
+        key_property: str | None = None,
+        key_column: str | None = None,
+        state_expression: str | None = None,
+    ) -> None:
+        now = self.clock.now_ms()
+        source = (
+            f"SELECT {sql_str(group)} AS producer_group, {sql_str(listener)} AS check_listener, "
+            f"{sql_str(table)} AS check_table, {sql_str(key_property)} AS check_key_property, "
+            f"{sql_str(key_column)} AS check_key_column, "
+            f"{sql_str(state_expression)} AS check_state_expression, "
+            f"{sql_long(now)} AS updated_ts"
+        )
+        statement = (
+            f"MERGE INTO {self.warehouse.ref('producer_config')} t USING ({source}) s "
+            "ON t.producer_group = s.producer_group "
+            "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
+        )
+        self.engine.commit(lambda: self.engine.execute(statement), what="producer_config")
+
+    def check_configs(self) -> dict[str, Any]:
+        """Per producer group, how check-back is answered (``CheckConfig``), from
+        ``producer_config`` plus the check listeners registered in this process."""
+        from deltamq.transactions import CheckConfig
+
+        out: dict[str, Any] = {}
+        for r in self.engine.rows(f"SELECT * FROM {self.warehouse.ref('producer_config')}"):
+            out[r["producer_group"]] = CheckConfig(
+                r["producer_group"],
+                r["check_listener"],
+                r["check_table"],
+                r["check_key_property"],
+                r["check_key_column"],
+                r["check_state_expression"],
+            )
+        for group in self.check_listeners:
+            out.setdefault(group, CheckConfig(group))
+        return out
 
     def max_delay_level(self) -> int:
         if self._max_level is None:
@@ -574,6 +652,7 @@ class Broker:
                 }
             )
         dlq = {t: n for (t, _), n in state.heads.items() if t.startswith("%DLQ%")}
+        from deltamq.jobs import check_transactions
         return {
             "topics": self.topics(),
             "queues": queues,
@@ -583,7 +662,30 @@ class Broker:
             "timers": held["timers"],
             "lag": lag,
             "dead_letters": dlq,
+            "transactions": check_transactions.pending(self, self.clock.now_ms()),
         }
+
+
+def _listener_path(
+    registry: dict[str, Callable[..., Any]], group: str, listener: Callable[..., Any] | str | None
+) -> str | None:
+    """The import path to store for ``listener``; a callable is also kept in ``registry``
+    for this process (its path is stored only when another process could import it)."""
+    if listener is None:
+        return None
+    if isinstance(listener, str):
+        module, sep, attr = listener.partition(":")
+        if not sep or not module or not attr:
+            raise ConfigError(f"listener {listener!r} is not an import path; use 'package.module:function'")
+        return listener
+    if not callable(listener):
+        raise ConfigError(f"listener {listener!r} is neither a callable nor an import path")
+    registry[group] = listener
+    module = inspect.getmodule(listener)
+    qualname = getattr(listener, "__qualname__", "")
+    if module is None or "<" in qualname or module.__name__ == "__main__":
+        return None  # in-process only: jobs started elsewhere cannot import it
+    return f"{module.__name__}:{qualname}"
 
 
 def _is_arrow(obj: object) -> bool:

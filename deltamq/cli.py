@@ -111,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     s = sub.add_parser("job", parents=[common], help="run one job (with its lease), e.g. for spark-submit")
-    s.add_argument("name", choices=["dispatch", "promote", "deliver"])
+    s.add_argument("name", choices=["dispatch", "promote", "deliver", "check_transactions"])
     s.add_argument("--now", help="epoch ms or ISO time (default: wall clock)")
 
     s = sub.add_parser("demo", help="a guided tour on a fresh warehouse (about half a minute)")
@@ -218,6 +218,20 @@ def _dispatch_command(broker, args: argparse.Namespace) -> int:
         print(
             "\ndead letters (indexed): "
             + (", ".join(f"{t}: {n}" for t, n in sorted(st["dead_letters"].items())) or "none")
+        )
+        print("\ntransactions (half messages not yet settled, per producer group):")
+        print_table(
+            ["producer group", "pending", "oldest age (s)", "most checks", "discarded"],
+            [
+                [
+                    tx["producer_group"],
+                    tx["pending"],
+                    "-" if tx["oldest_age_ms"] is None else round(tx["oldest_age_ms"] / 1000, 1),
+                    "-" if tx["max_checks"] is None else tx["max_checks"],
+                    tx["discarded"],
+                ]
+                for tx in st["transactions"]
+            ],
         )
         print("\ndelay levels (SCHEDULE_TOPIC_XXXX):")
         print_table(

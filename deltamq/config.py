@@ -67,6 +67,12 @@ class BrokerConfig:
     commit_backoff_ms: int = 50
     dispatch_max_versions: int = 10_000
     orderly_suspend_ms: int = 1000  # SUSPEND_CURRENT_QUEUE_A_MOMENT pause
+    # SPEC §5: check-back pass interval, age before a half message is checked, checks
+    # before it is discarded (a half message born more than file_reserved_time_ms ago is
+    # discarded too)
+    transaction_check_interval_ms: int = 60_000
+    transaction_timeout_ms: int = 6_000
+    transaction_check_max: int = 15
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_MODES:
@@ -83,6 +89,9 @@ class BrokerConfig:
             "lease_ttl_ms",
             "dispatch_max_versions",
             "orderly_suspend_ms",
+            "transaction_check_interval_ms",
+            "transaction_timeout_ms",
+            "transaction_check_max",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be greater than zero")

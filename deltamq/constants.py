@@ -74,6 +74,8 @@ class Prop:
     DLQ_REASON = "DLQ_REASON"
     # our extension: the listener's exception text (or bad return) of the failed delivery
     LAST_ERROR = "LAST_ERROR"
+    # our extension: on an op record, how the transaction ended (COMMIT or ROLLBACK)
+    TRAN_STATE = "TRAN_STATE"
 
 
 class SysFlag:
@@ -105,3 +107,33 @@ class Perm(StrEnum):
 # Internal system "groups" that keep job progress in the offsets table.
 DISPATCH_GROUP = "%DISPATCH%"
 PROMOTE_GROUP = "%PROMOTE%"
+TRANSACTION_GROUP = "%TRANSACTION%"
+# Tag of op records (RocketMQ's TransactionalMessageUtil.REMOVE_TAG).
+OP_TAG = "d"
+
+
+_TX_ALIASES = {"COMMIT_MESSAGE": "COMMIT", "ROLLBACK_MESSAGE": "ROLLBACK", "UNKNOW": "UNKNOWN"}
+
+
+class TxState(StrEnum):
+    """How a local transaction ended (RocketMQ's LocalTransactionState)."""
+
+    COMMIT = "COMMIT"
+    ROLLBACK = "ROLLBACK"
+    UNKNOWN = "UNKNOWN"
+
+    @classmethod
+    def of(cls, value: object) -> TxState:
+        """A listener's answer as a state; RocketMQ's spellings (``COMMIT_MESSAGE``,
+        ``ROLLBACK_MESSAGE``, ``UNKNOW``) are accepted. Anything else raises ValueError."""
+        if isinstance(value, TxState):
+            return value
+        text = getattr(value, "name", value)
+        if isinstance(text, str):
+            key = text.strip().upper()
+            key = {"COMMIT_MESSAGE": "COMMIT", "ROLLBACK_MESSAGE": "ROLLBACK", "UNKNOW": "UNKNOWN"}.get(
+                key, key
+            )
+            if key in cls.__members__:
+                return cls[key]
+        raise ValueError(f"{value!r} is not a transaction state; allowed: COMMIT, ROLLBACK, UNKNOWN")

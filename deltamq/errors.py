@@ -98,3 +98,7 @@ class FilterSyntaxError(DeltaMQError, ValueError):
 
 class InvalidTimer(InvalidMessage):
     """A timer's due time is malformed or outside the allowed horizon."""
+
+
+class InvalidTransaction(DeltaMQError, ValueError):
+    """A transaction id or state is not allowed (unknown id, not a half message, bad state)."""

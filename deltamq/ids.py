@@ -27,6 +27,19 @@ PRODUCER_BIT = 1 << (BATCH_RANDOM_BITS - 1)
 KIND_TIMER = 0x1000  # engine kinds: 1..N schedule levels, timers, sends-back
 KIND_RETRY = 0x2000
 KIND_DLQ = 0x3000
+# transaction check-back (position = the half queue offset of the entry handled)
+KIND_TXN_HALF = 0x4000  # a half message written again at the end of the half queue
+KIND_TXN_COMMIT = 0x4001  # the real message of a committed transaction
+KIND_TXN_OP = 0x4002  # an op record
+KIND_TXN_DISCARD = 0x4003  # a half message moved to TRANS_CHECK_MAX_TIME_TOPIC
+
+
+def parse_msg_id(msg_id: str) -> tuple[int, int]:
+    """(batch id, position) of an id made by :func:`msg_id` (24 hex digits); ValueError
+    naming the rule otherwise."""
+    if not isinstance(msg_id, str) or len(msg_id) != 24 or any(c not in "0123456789ABCDEF" for c in msg_id):
+        raise ValueError(f"{msg_id!r} is not a deltamq message id (24 upper-case hex digits)")
+    return int(msg_id[:16], 16), int(msg_id[16:], 16)
 
 
 def new_batch_id(store_ms: int) -> int:

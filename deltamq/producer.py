@@ -12,22 +12,24 @@ Example:
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from deltamq import ids
-from deltamq.constants import Prop, SysFlag
+from deltamq.constants import Prop, SysFlag, TxState
 from deltamq.errors import (
     BodyTooLarge,
     InvalidDelayLevel,
     InvalidMessage,
     InvalidProperties,
     InvalidTimer,
+    InvalidTransaction,
 )
 from deltamq.message import (
     Message,
@@ -41,12 +43,43 @@ from deltamq.message import (
     validate_properties,
 )
 from deltamq.schemas import COMMIT_LOG, TABLES
+from deltamq.tables.bodies import read_bodies
+from deltamq.tables.sqltext import sql_str
+from deltamq.transactions import ask_state, settle_input, settle_rows
 
 if TYPE_CHECKING:
     from deltamq.broker import Broker
 
 Selector = Callable[[int, Message, Any], int]
 """RocketMQ's MessageQueueSelector: (queue count, message, arg) -> queue id."""
+
+LocalTransaction = Callable[[Message, Any], Any]
+"""RocketMQ's executeLocalTransaction: (message, arg) -> TxState (or its name)."""
+
+
+@dataclass(frozen=True)
+class TransactionHandle:
+    """A stored half message: end it with :meth:`Producer.end_transaction`."""
+
+    tran_id: str  # the half message's msg id, kept by every re-written copy (TRAN_ID)
+    topic: str
+    queue_id: int
+    producer_group: str
+
+
+@dataclass(frozen=True)
+class TransactionSendResult:
+    """What :meth:`Producer.send_in_transaction` did: the half message, how the local
+    transaction ended, and why it is UNKNOWN when the callback raised or answered badly."""
+
+    handle: TransactionHandle
+    state: TxState
+    error: str | None = None
+
+    @property
+    def msg_id(self) -> str:
+        return self.handle.tran_id
+
 
 _ARROW_SCHEMA = pa.schema(
     [
@@ -70,6 +103,9 @@ _ARROW_SCHEMA = pa.schema(
 )
 assert _ARROW_SCHEMA.names == COMMIT_LOG.fieldNames()
 
+_STATES = [s.value for s in TxState]
+# properties a half message gets from the producer, never from the user's map
+_HALF_PROPS = (Prop.TRAN_MSG, Prop.PGROUP, Prop.TRAN_ID, Prop.TRANSACTION_CHECK_TIMES)
 _DF_REQUIRED = ("topic", "body")
 _DF_OPTIONAL = {
     "tags": T.StringType(),
@@ -161,7 +197,23 @@ class Producer:
 
         Nothing is stored unless every message is valid.
         """
-        messages = list(messages)
+        rows = self._store(list(messages), queue_keys, selector, arg, transactional=False)
+        return [r["msg_id"] for r in rows]
+
+    def _store(
+        self,
+        messages: list[Message],
+        queue_keys: Sequence[str | None] | None,
+        selector: Selector | None,
+        arg: Any,
+        *,
+        transactional: bool,
+    ) -> list[dict[str, Any]]:
+        """Validate, build and append the commit_log rows of ``messages`` (one commit).
+
+        ``transactional``: half messages (SPEC §5) — ``TRAN_MSG``, ``PGROUP``, ``TRAN_ID``
+        (= the msg id) and the prepared ``sys_flag``; delays and timers are refused.
+        """
         if not messages:
             return []
         if queue_keys is not None and len(queue_keys) != len(messages):
@@ -170,7 +222,16 @@ class Producer:
             )
         now = self.broker.clock.now_ms()
         prepared = [self._prepare(m, now) for m in messages]
+        if transactional:
+            for m, _, props, level in prepared:
+                if level > 0 or Prop.TIMER_DELIVER_MS in props:
+                    raise InvalidMessage(
+                        f"{m!r} is delayed (delay_level={m.delay_level}, timer="
+                        f"{props.get(Prop.TIMER_DELIVER_MS)}); a transactional message cannot be "
+                        "delayed: send it without delay_level, deliver_at or delay"
+                    )
         max_level = self.broker.max_delay_level()
+        flag = SysFlag.TRANSACTION_PREPARED_TYPE if transactional else SysFlag.TRANSACTION_NOT_TYPE
         batch = ids.new_batch_id(now)
         day = ids.store_date(now)
         rows = []
@@ -190,6 +251,9 @@ class Producer:
             mid = ids.msg_id(batch, pos)
             props = dict(props)
             props[Prop.UNIQ_KEY] = mid
+            if transactional:
+                props.pop(Prop.TRANSACTION_CHECK_TIMES, None)  # the first check sets it to 1
+                props.update({Prop.TRAN_MSG: "true", Prop.PGROUP: self.group, Prop.TRAN_ID: mid})
             if level > 0:
                 props[Prop.DELAY] = str(min(level, max_level))  # clamp, as RocketMQ's store does
             else:
@@ -207,15 +271,15 @@ class Producer:
                     "born_ts": m.born_ts if m.born_ts is not None else now,
                     "store_ts": now,
                     "reconsume_times": 0,
-                    "sys_flag": SysFlag.TRANSACTION_NOT_TYPE,
+                    "sys_flag": flag,
                     "producer_group": self.group,
                     "batch_id": batch,
                     "batch_pos": pos,
                     "store_date": day,
                 }
             )
-        self.broker.append_commit_log(rows_to_arrow(rows), what="send")
-        return [r["msg_id"] for r in rows]
+        self.broker.append_commit_log(rows_to_arrow(rows), what="send_half" if transactional else "send")
+        return rows
 
     def send_dataframe(self, df: DataFrame, *, queue_key: str | None = None) -> DataFrame:
         """Store every row of ``df`` in one commit; returns a DataFrame of the stored
@@ -225,6 +289,15 @@ class Producer:
         ``properties`` (map<string,string>), ``delay_level``, ``flag``, ``queue_id``.
         ``queue_key`` names a column whose equal values land in one queue.
         """
+        return self._send_dataframe(df, queue_key, transactional=False)
+
+    def send_dataframe_in_transaction(self, df: DataFrame, *, queue_key: str | None = None) -> DataFrame:
+        """Store every row of ``df`` as a half message in one commit (the bulk form of
+        :meth:`send_in_transaction`); returns ``msg_id, topic, queue_id`` — the msg id is
+        the transaction id to pass to :meth:`end_transactions`. Delays are refused."""
+        return self._send_dataframe(df, queue_key, transactional=True)
+
+    def _send_dataframe(self, df: DataFrame, queue_key: str | None, *, transactional: bool) -> DataFrame:
         df = self._check_dataframe_columns(df, queue_key)
         now = self.broker.clock.now_ms()
         batch = ids.new_batch_id(now)
@@ -232,6 +305,7 @@ class Producer:
             F.collect_set("topic").alias("topics"),
             F.max(F.length("body")).alias("max_body"),
             F.min("delay_level").alias("min_level"),
+            F.max("delay_level").alias("max_level"),
             F.count(F.lit(1)).alias("n"),
             F.max(F.when(F.col("queue_id").isNotNull(), F.col("queue_id"))).alias("max_qid"),
             F.min("queue_id").alias("min_qid"),
@@ -267,6 +341,14 @@ class Producer:
                 f"{stats['bad_timers']} rows have a {Prop.TIMER_DELIVER_MS} property that is not an "
                 "absolute time in epoch milliseconds"
             )
+        if transactional and (
+            (stats["max_level"] is not None and stats["max_level"] > 0) or stats["max_due"] is not None
+        ):
+            raise InvalidMessage(
+                "rows of the DataFrame are delayed (delay_level > 0 or a timer); a transactional "
+                "message cannot be delayed: send them without delay_level, deliver_at_ms or "
+                f"{Prop.TIMER_DELIVER_MS}"
+            )
         for due in (stats["min_due"], stats["max_due"]):
             if due is not None:
                 check_timer_horizon(due, now, self.broker.config.timer_horizon_ms)
@@ -287,6 +369,7 @@ class Producer:
             max_level=self.broker.max_delay_level(),
             queue_key=queue_key,
             rr_start=random.randrange(1 << 16),
+            transactional=transactional,
         )
         self.broker.append_commit_log(rows, what="send_dataframe")
         day = ids.store_date(now)
@@ -295,6 +378,146 @@ class Producer:
             .where((F.col("store_date") == F.lit(day)) & (F.col("batch_id") == F.lit(batch)))
             .select("msg_id", "topic", "queue_id")
         )
+
+    # --- transactions (SPEC §5) -------------------------------------------------------------
+    def send_in_transaction(
+        self,
+        message: Message,
+        local_transaction: LocalTransaction,
+        arg: Any = None,
+        *,
+        queue_key: str | None = None,
+        selector: Selector | None = None,
+    ) -> TransactionSendResult:
+        """Store ``message`` as a half message (invisible to consumers), run
+        ``local_transaction(message, arg)`` and end the transaction with its answer.
+
+        The answer is a :class:`TxState` (or its name); an exception or any other answer
+        counts as ``UNKNOWN``: nothing more is written and check-back asks the producer
+        group's check listener later.
+        """
+        keys = None if queue_key is None else [queue_key]
+        row = self._store([message], keys, selector, arg, transactional=True)[0]
+        handle = TransactionHandle(row["msg_id"], row["topic"], row["queue_id"], self.group)
+        state, error = ask_state(local_transaction, message, arg)
+        if state is not TxState.UNKNOWN:
+            half = self.broker.engine.spark.createDataFrame(rows_to_arrow([row]))
+            self._end(half.withColumn("state", F.lit(state.value)), self.broker.clock.now_ms())
+        return TransactionSendResult(handle, state, error)
+
+    def end_transaction(self, handle: TransactionHandle | str, state: TxState | str) -> None:
+        """End one transaction later (the handle of :meth:`send_in_transaction`, or its
+        transaction id): COMMIT stores the real message and an op record, ROLLBACK an op
+        record, UNKNOWN nothing."""
+        tran_id = handle.tran_id if isinstance(handle, TransactionHandle) else handle
+        self.end_transactions({tran_id: state})
+
+    def end_transactions(self, states: Mapping[str, TxState | str] | DataFrame) -> dict[str, int]:
+        """End many transactions in one commit: a mapping ``tran_id -> state`` or a
+        DataFrame with columns ``tran_id`` and ``state`` (COMMIT / ROLLBACK / UNKNOWN).
+
+        Every id must be a half message of this producer group and every state valid, or
+        nothing is written. Returns the number of transactions per state.
+        """
+        spark = self.broker.engine.spark
+        if isinstance(states, DataFrame):
+            missing = [c for c in ("tran_id", "state") if c not in states.columns]
+            if missing:
+                raise InvalidTransaction(
+                    f"end_transactions needs columns tran_id and state; missing {missing} ({states.columns})"
+                )
+            given = states.select(
+                F.col("tran_id").cast("string").alias("tran_id"),
+                F.upper(F.trim(F.col("state").cast("string"))).alias("state"),
+            )
+        else:
+            pairs = []
+            for tran_id, st in dict(states).items():
+                try:
+                    ids.parse_msg_id(tran_id)
+                    pairs.append((tran_id, TxState.of(st).value))
+                except ValueError as e:
+                    raise InvalidTransaction(f"transaction {tran_id!r}: {e}") from None
+            given = spark.createDataFrame(pairs, "tran_id string, state string")
+        given = given.withColumn(
+            "state",
+            F.when(F.col("state").isin("COMMIT_MESSAGE"), "COMMIT")
+            .when(F.col("state").isin("ROLLBACK_MESSAGE"), "ROLLBACK")
+            .when(F.col("state").isin("UNKNOW"), "UNKNOWN")
+            .otherwise(F.col("state")),
+        )
+        check = given.agg(
+            F.count(F.lit(1)).alias("n"),
+            F.count(F.when(~F.col("state").isin(*_STATES) | F.col("state").isNull(), 1)).alias("bad_states"),
+            F.first(
+                F.when(~F.col("state").isin(*_STATES) | F.col("state").isNull(), F.col("state")), True
+            ).alias("bad_state"),
+            F.count(F.when(~F.coalesce(F.col("tran_id").rlike("^[0-9A-F]{24}$"), F.lit(False)), 1)).alias(
+                "bad_ids"
+            ),
+            F.count_distinct("tran_id").alias("distinct_ids"),
+            F.collect_set(F.conv(F.substring("tran_id", 1, 16), 16, 10).cast("bigint")).alias("batches"),
+        ).collect()[0]
+        if check["bad_states"]:
+            raise InvalidTransaction(
+                f"{check['bad_states']} states are not allowed (e.g. {check['bad_state']!r}); "
+                "allowed: COMMIT, ROLLBACK, UNKNOWN"
+            )
+        if check["bad_ids"]:
+            raise InvalidTransaction(
+                f"{check['bad_ids']} transaction ids are not deltamq message ids (24 upper-case hex digits)"
+            )
+        if check["distinct_ids"] != check["n"]:
+            raise InvalidTransaction(f"{check['n'] - check['distinct_ids']} transaction ids are given twice")
+        counts = {s.value: 0 for s in TxState}
+        if not check["n"]:
+            return counts
+        batches = [b for b in check["batches"] if b is not None]
+        halves = read_bodies(
+            self.broker.warehouse, (ids.store_date(b >> ids.BATCH_RANDOM_BITS) for b in batches), batches
+        ).where(
+            (F.col("properties").getItem(Prop.TRAN_MSG) == F.lit("true"))
+            & (F.col("sys_flag").bitwiseAND(F.lit(0xC)) == F.lit(SysFlag.TRANSACTION_PREPARED_TYPE))
+        )
+        found = given.join(
+            halves.select(F.col("msg_id").alias("half_id"), F.col("producer_group").alias("pg")),
+            F.col("tran_id") == F.col("half_id"),
+            "left",
+        )
+        found.createOrReplaceTempView("dmq_end_found")
+        problems = self.broker.engine.rows(
+            "SELECT tran_id, half_id IS NULL AS missing, pg FROM dmq_end_found "
+            f"WHERE half_id IS NULL OR pg <> {sql_str(self.group)} ORDER BY tran_id LIMIT 5"
+        )
+        if problems:
+            missing = [r["tran_id"] for r in problems if r["missing"]]
+            if missing:
+                raise InvalidTransaction(f"transactions {missing} are not stored half messages")
+            other = {r["tran_id"]: r["pg"] for r in problems}
+            raise InvalidTransaction(
+                f"transactions {other} belong to other producer groups, not {self.group!r}"
+            )
+        for r in self.broker.engine.rows("SELECT state, count(*) AS n FROM dmq_end_found GROUP BY state"):
+            counts[r["state"]] = r["n"]
+        if counts["COMMIT"] or counts["ROLLBACK"]:
+            chosen = halves.join(given, F.col("msg_id") == F.col("tran_id")).drop("tran_id")
+            self._end(chosen, self.broker.clock.now_ms())
+        return counts
+
+    def _end(self, halves: DataFrame, now: int) -> None:
+        """Append the rows that end ``halves`` (commit_log rows + ``state``) in one commit,
+        under one fresh producer batch: positions 2k (real message) and 2k+1 (op record)."""
+        batch = ids.new_batch_id(now)
+        # one ordered window over the whole batch on purpose: positions are dense
+        whole = Window.partitionBy(F.lit(0)).orderBy("msg_id")
+        numbered = halves.withColumn("_k", F.row_number().over(whole) - 1)
+        rows = settle_rows(
+            settle_input(numbered, F.col("state"), ("_k",)),
+            store_ts=F.lit(now).cast("bigint"),
+            commit_id=(F.lit(batch).cast("bigint"), F.col("_k") * 2),
+            op_id=(F.lit(batch).cast("bigint"), F.col("_k") * 2 + 1),
+        )
+        self.broker.append_commit_log(rows, what="end_transaction")
 
     def _check_dataframe_columns(self, df: DataFrame, queue_key: str | None) -> DataFrame:
         fields = {f.name: f.dataType for f in df.schema.fields}
@@ -350,9 +573,11 @@ def plan_send_dataframe(
     max_level: int,
     queue_key: str | None = None,
     rr_start: int = 0,
+    transactional: bool = False,
 ) -> DataFrame:
     """Pure plan: user rows (topic, body, tags, keys, properties, delay_level, flag,
-    queue_id) → commit_log rows. Deterministic given its arguments and row order."""
+    queue_id) → commit_log rows. Deterministic given its arguments and row order.
+    ``transactional``: half messages (SPEC §5)."""
     pos = F.monotonically_increasing_id()
     qmap = F.create_map(*[x for t, q in queues.items() for x in (F.lit(t), F.lit(q))])
     nq = F.element_at(qmap, F.col("topic"))
@@ -375,6 +600,16 @@ def plan_send_dataframe(
             F.col("timer_ms").isNotNull(),
             F.create_map(F.lit(Prop.TIMER_DELIVER_MS), F.col("timer_ms").cast("string")),
         ).otherwise(empty),
+        F.create_map(
+            F.lit(Prop.TRAN_MSG),
+            F.lit("true"),
+            F.lit(Prop.PGROUP),
+            F.lit(producer_group),
+            F.lit(Prop.TRAN_ID),
+            F.col("msg_id"),
+        )
+        if transactional
+        else empty,
     )
     out = (
         df.withColumn("timer_ms", _timer_col())
@@ -387,7 +622,12 @@ def plan_send_dataframe(
         .withColumn("born_ts", F.lit(now_ms).cast("bigint"))
         .withColumn("store_ts", F.lit(now_ms).cast("bigint"))
         .withColumn("reconsume_times", F.lit(0).cast("int"))
-        .withColumn("sys_flag", F.lit(SysFlag.TRANSACTION_NOT_TYPE).cast("int"))
+        .withColumn(
+            "sys_flag",
+            F.lit(SysFlag.TRANSACTION_PREPARED_TYPE if transactional else SysFlag.TRANSACTION_NOT_TYPE).cast(
+                "int"
+            ),
+        )
         .withColumn("producer_group", F.lit(producer_group))
         .withColumn("store_date", ids.store_date_col(F.col("store_ts")))
     )

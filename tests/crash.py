@@ -104,3 +104,29 @@ class KillPlan:
 
     def record(self, killed: bool) -> None:
         self.kills += bool(killed)
+
+
+def kill_and_rerun(
+    plan: KillPlan,
+    warehouse: str | Path,
+    job: str,
+    now: int,
+    point: str | None,
+    *,
+    rng: random.Random,
+    delay: tuple[float, float] = (0.0, 0.3),
+    env: dict[str, str] | None = None,
+    rerun_env: dict[str, str] | None = None,
+) -> JobOutcome:
+    """One round of a :class:`KillPlan`: run ``job`` and kill it at ``point`` (or, for
+    ``point=None``, after a random delay in ``delay``), record the kill, then run it again
+    to the end. Returns the outcome of the first run (``killed`` says if it died)."""
+    if point is None:
+        outcome = run_job(warehouse, job, now, kill_after_s=rng.uniform(*delay), env=env)
+    else:
+        outcome = run_job(warehouse, job, now, crash_at=point, env=env)
+        assert outcome.killed, outcome.stderr[-2000:]
+    plan.record(outcome.killed)
+    rerun = run_job(warehouse, job, now, env=rerun_env if rerun_env is not None else env)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    return outcome

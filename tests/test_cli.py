@@ -43,6 +43,7 @@ def test_admin_send_tick_sql_status(tmp_path, capsys):
     assert code == 2 and "--write" in err
     code, out, _ = _run(capsys, "status", "--warehouse", wh)
     assert "orders" in out and "%RETRY%billing" in out
+    assert "transactions (half messages not yet settled" in out
     code, out, _ = _run(capsys, "topic", "list", "--warehouse", wh)
     assert "orders" in out and "3" in out
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from crash import KillPlan, run_job
+from crash import KillPlan, kill_and_rerun, run_job
 from listeners import read_log
 
 from deltamq import Message
@@ -29,22 +29,26 @@ def test_deliver_survives_kills(broker, clock, tmp_path):
     plan = KillPlan(POINTS, random_rounds=4)
     killed_runs, sent = set(), []
     p = broker.producer("p")
-    for round_no, (point, mode) in enumerate(plan):
+    for round_no, (point, _) in enumerate(plan):
         sent += p.send_batch([Message("orders", f"r{round_no}m{i}") for i in range(12)])
         dispatch.run(broker.warehouse, clock.now_ms())
         clock.advance(seconds=1)
         run = f"round{round_no}"
         env = {"DELTAMQ_TEST_LOG": str(log), "DELTAMQ_TEST_RUN": run}
-        if mode == "random":
-            outcome = run_job(wh, "deliver", clock.now_ms(), kill_after_s=rng.uniform(0.1, 1.2), env=env)
-        else:
-            outcome = run_job(wh, "deliver", clock.now_ms(), crash_at=point, env=env)
-            assert outcome.killed, outcome.stderr[-2000:]
-        plan.record(outcome.killed)
+        rerun_env = {**env, "DELTAMQ_TEST_RUN": run + "-rerun"}
+        outcome = kill_and_rerun(
+            plan,
+            wh,
+            "deliver",
+            clock.now_ms(),
+            point,
+            rng=rng,
+            delay=(0.1, 1.2),
+            env=env,
+            rerun_env=rerun_env,
+        )
         if outcome.killed:
             killed_runs.add(run)
-        rerun = run_job(wh, "deliver", clock.now_ms(), env={**env, "DELTAMQ_TEST_RUN": run + "-rerun"})
-        assert rerun.returncode == 0, rerun.stderr[-3000:]
     # let every retry fall due and be consumed (a full tick: dispatch, promote, deliver)
     for step in range(3):
         clock.advance(minutes=1)

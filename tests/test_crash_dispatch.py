@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from crash import KillPlan, run_job
+from crash import KillPlan, kill_and_rerun
 
 from deltamq import Message
 from deltamq.constants import Prop
@@ -63,17 +63,10 @@ def test_dispatch_survives_kills(broker, clock, tmp_path):
     rng = random.Random(20261123)
     plan = KillPlan(POINTS, random_rounds=8)
     expected = 0
-    for round_no, (point, mode) in enumerate(plan):
+    for round_no, (point, _) in enumerate(plan):
         _produce(broker, clock, round_no)
         expected += 620
         clock.advance(seconds=1)
-        if mode == "random":
-            outcome = run_job(wh, "dispatch", clock.now_ms(), kill_after_s=rng.uniform(0.0, 0.3))
-        else:
-            outcome = run_job(wh, "dispatch", clock.now_ms(), crash_at=point)
-            assert outcome.killed, outcome.stderr[-2000:]
-        plan.record(outcome.killed)
-        rerun = run_job(wh, "dispatch", clock.now_ms())
-        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        kill_and_rerun(plan, wh, "dispatch", clock.now_ms(), point, rng=rng)
         _check(broker, expected)
     assert plan.kills >= 10

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from datetime import timedelta
 
-from crash import KillPlan, run_job
+from crash import KillPlan, kill_and_rerun
 
 from deltamq import Message
 from deltamq.dq.conservation import check_dispatch
@@ -22,7 +22,7 @@ def test_promote_survives_kills(broker, clock, tmp_path):
     plan = KillPlan(POINTS, random_rounds=7)
     sent = 0
     p = broker.producer("p")
-    for round_no, (point, mode) in enumerate(plan):
+    for round_no, (point, _) in enumerate(plan):
         batch = [Message("orders", f"r{round_no}d{i}", delay_level=1 + i % 2) for i in range(30)]
         batch += [
             Message("orders", f"r{round_no}t{i}", delay=timedelta(milliseconds=700 + i)) for i in range(10)
@@ -32,14 +32,7 @@ def test_promote_survives_kills(broker, clock, tmp_path):
         dispatch.run(broker.warehouse, clock.now_ms())
         clock.advance(seconds=6)  # everything of this round is due
         now = clock.now_ms()
-        if mode == "random":
-            outcome = run_job(wh, "promote", now, kill_after_s=rng.uniform(0.0, 0.4))
-        else:
-            outcome = run_job(wh, "promote", now, crash_at=point)
-            assert outcome.killed, outcome.stderr[-2000:]
-        plan.record(outcome.killed)
-        rerun = run_job(wh, "promote", now)
-        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        kill_and_rerun(plan, wh, "promote", now, point, rng=rng, delay=(0.0, 0.4))
         dispatch.run(broker.warehouse, now)
         report = check_dispatch(broker.warehouse)
         assert report.ok, report.describe()

@@ -233,16 +233,16 @@ def test_plan_dispatch_routes_and_numbers(spark):
 
     rows = spark.createDataFrame(
         [
-            ("m1", "t", 0, "A", None, {}, 1000, 0, 0, 5, 0, 10),
-            ("m2", "t", 0, None, None, {"DELAY": "2"}, 1000, 0, 0, 5, 1, 10),
-            ("m3", "t", 0, "B", None, {}, 2000, 0, 0, 7, 0, 11),
-            ("m4", "t", 1, None, None, {"TIMER_DELIVER_MS": "99999"}, 2000, 0, 0, 7, 1, 11),
-            ("m5", "t", 0, None, None, {"DELAY": "x"}, 3000, 0, 0, 9, 0, 12),
-            ("m6", "t", 1, None, None, {"TRAN_MSG": "true"}, 3000, 0, 4, 9, 1, 12),
+            ("m1", "t", 0, "A", None, {}, 1000, 0, 0, 5, 0, 10, 990),
+            ("m2", "t", 0, None, None, {"DELAY": "2"}, 1000, 0, 0, 5, 1, 10, 990),
+            ("m3", "t", 0, "B", None, {}, 2000, 0, 0, 7, 0, 11, 1990),
+            ("m4", "t", 1, None, None, {"TIMER_DELIVER_MS": "99999"}, 2000, 0, 0, 7, 1, 11, 1990),
+            ("m5", "t", 0, None, None, {"DELAY": "x"}, 3000, 0, 0, 9, 0, 12, 2990),
+            ("m6", "t", 1, None, None, {"TRAN_MSG": "true"}, 3000, 0, 4, 9, 1, 12, 2990),
         ],
         "msg_id string, topic string, queue_id int, tags string, keys string, properties map<string,string>, "
         "store_ts bigint, reconsume_times int, sys_flag int, cl_version bigint, batch_pos bigint, "
-        "batch_id bigint",
+        "batch_id bigint, born_ts bigint",
     )
     heads = spark.createDataFrame([("t", 0, 40)], "topic string, queue_id int, next_offset bigint")
     out = {r["msg_id"]: r for r in plan_dispatch(rows, heads, [(1, 1000), (2, 5000)]).collect()}
@@ -251,4 +251,5 @@ def test_plan_dispatch_routes_and_numbers(spark):
     assert (out["m2"]["topic"], out["m2"]["queue_id"], out["m2"]["due_ts"]) == (SCHEDULE_TOPIC, 1, 6000)
     assert (out["m4"]["topic"], out["m4"]["due_ts"], out["m4"]["route"]) == (TIMER_TOPIC, 99999, "timer")
     assert (out["m6"]["topic"], out["m6"]["route"]) == (TRANS_HALF_TOPIC, "half")
+    assert out["m6"]["born_ts"] == 2990  # check-back ages come from the index
     assert out["m1"]["tags_hash"] is not None and out["m2"]["tags_hash"] is None

@@ -49,8 +49,12 @@ def test_upgrade_v1_warehouse_in_place(tmp_path, broker):
         Broker.open(tmp_path / "old")
     done = Warehouse(broker.engine, tmp_path / "old").init()
     assert done["from_version"] == 1
-    assert done["created"] == ["dq_results"]
-    assert done["upgraded"] == {"group_config": ["instances"], "job_runs": ["details"]}
+    assert done["created"] == ["producer_config", "dq_results"]
+    assert done["upgraded"] == {
+        "group_config": ["instances"],
+        "consume_queue": ["born_ts"],
+        "job_runs": ["details"],
+    }
     upgraded = Broker.open(tmp_path / "old")
     assert upgraded.topics()["kept"]["queues"] == 2
     upgraded.create_group("g", instances=["a", "b"])

@@ -396,7 +396,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         bodies = read_bodies(wh, (r["cl_date"] for r in deliverable), (r["cl_batch_id"] for r in deliverable))
         taken_rows = spark.table("dmq_deliver_taken").where(F.col("matched") & ~F.col("poison"))
         msgs = join_bodies(
-            taken_rows.drop("properties"),
+            taken_rows.drop("properties", "born_ts"),
             bodies,
             ["body", "born_ts", "flag", "sys_flag", "properties"],
         ).select(

@@ -36,6 +36,7 @@ from deltamq.constants import (
     DISPATCH_GROUP,
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
+    TRANS_CHECK_MAX_TIME_TOPIC,
     TRANS_HALF_TOPIC,
     Prop,
     SysFlag,
@@ -169,8 +170,12 @@ def plan_dispatch(rows: DataFrame, heads: DataFrame, levels: list[tuple[int, int
     max_level = max((lvl for lvl, _ in levels), default=0)
     delay_of = F.create_map(*[x for lvl, ms in levels for x in (F.lit(lvl), F.lit(ms).cast("bigint"))])
     props = F.col("properties")
-    is_half = (props.getItem(Prop.TRAN_MSG) == F.lit("true")) & (
-        F.col("sys_flag").bitwiseAND(F.lit(0xC)) == F.lit(SysFlag.TRANSACTION_PREPARED_TYPE)
+    # A discarded half message (TRANS_CHECK_MAX_TIME_TOPIC) keeps its prepared flag but
+    # is an ordinary message of that topic.
+    is_half = (
+        (props.getItem(Prop.TRAN_MSG) == F.lit("true"))
+        & (F.col("sys_flag").bitwiseAND(F.lit(0xC)) == F.lit(SysFlag.TRANSACTION_PREPARED_TYPE))
+        & (F.col("topic") != F.lit(TRANS_CHECK_MAX_TIME_TOPIC))
     )
     timer_ms = _int_prop(props, Prop.TIMER_DELIVER_MS, 18)
     raw_level = _int_prop(props, Prop.DELAY, 9)
@@ -231,6 +236,7 @@ def plan_dispatch(rows: DataFrame, heads: DataFrame, levels: list[tuple[int, int
         .otherwise(F.lit(0))
         .cast("int")
         .alias("slot"),
+        "born_ts",
     )
     order = Window.partitionBy("q_topic", "q_id").orderBy("cl_version", "cl_batch_id", "cl_batch_pos")
     h = heads.select(F.col("topic").alias("h_topic"), F.col("queue_id").alias("h_qid"), "next_offset")

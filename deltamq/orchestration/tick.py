@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from deltamq import ids
 from deltamq.clock import ms_to_iso, to_ms
 from deltamq.errors import ClockError
-from deltamq.jobs import deliver, dispatch, promote
+from deltamq.jobs import check_transactions, deliver, dispatch, promote
 from deltamq.orchestration.leases import Leases, wall_ms
 
 if TYPE_CHECKING:
@@ -98,6 +98,18 @@ def _deliver(broker: Broker, now: int, fence: Callable[[], None], runs: list[Job
     )
 
 
+def _check_transactions(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
+    r = check_transactions.run(broker, now, fence=fence)
+    return JobRun(
+        "check_transactions",
+        "OK" if r.ran else "SKIPPED",
+        r.rows_in,
+        r.written,
+        details=r.details,
+        result=r,
+    )
+
+
 # DESIGN.md order: dispatch → promote → dispatch (if promote wrote) → deliver →
 # check_transactions → retain. Later issues add their jobs here in place.
 # (name, lease kind, function)
@@ -106,6 +118,7 @@ SEQUENCE: tuple[tuple[str, str, JobFn], ...] = (
     ("promote", "promote", _promote),
     ("redispatch", "dispatch", _redispatch),
     ("deliver", "deliver", _deliver),
+    ("check_transactions", "check_transactions", _check_transactions),
 )
 
 JOB_NAMES = tuple(dict.fromkeys(lease for _, lease, _ in SEQUENCE))

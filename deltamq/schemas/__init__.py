@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import types as T
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The warehouse schema version this release writes."""
 
 
@@ -113,6 +113,12 @@ CONSUME_QUEUE = T.StructType(
             "partition within the topic: SCHEDULE_TOPIC_XXXX its queue (one per level), the "
             "timer index the due hour (due_ts DIV 3600000), every other topic 0",
         ),
+        _f(
+            "born_ts",
+            LONG,
+            "epoch ms the producer created the message (transaction check ages); null before v3",
+            added_in=3,
+        ),
     ]
 )
 
@@ -143,6 +149,33 @@ GROUP_CONFIG = T.StructType(
         _f("retry_policy", STR, "JSON retry policy, null: RocketMQ's 3 + n levels"),
         _f("created_ts", LONG, "epoch ms created"),
         _f("instances", T.ArrayType(STR), "broadcast instance names", added_in=2),
+    ]
+)
+
+PRODUCER_CONFIG = T.StructType(
+    [
+        _f("producer_group", STR, "producer group name", added_in=3),
+        _f(
+            "check_listener",
+            STR,
+            "check listener import path package.module:function",
+            added_in=3,
+        ),
+        _f(
+            "check_table",
+            STR,
+            "table check: Delta table (path or name), local state",
+            added_in=3,
+        ),
+        _f("check_key_property", STR, "table check: message property holding the business key", added_in=3),
+        _f("check_key_column", STR, "table check: column of check_table matched to that key", added_in=3),
+        _f(
+            "check_state_expression",
+            STR,
+            "table check: SQL expression over check_table giving COMMIT, ROLLBACK or UNKNOWN/NULL",
+            added_in=3,
+        ),
+        _f("updated_ts", LONG, "epoch ms of the last change", added_in=3),
     ]
 )
 
@@ -271,6 +304,12 @@ TABLES: dict[str, TableSpec] = {
         TableSpec("warehouse_meta", WAREHOUSE_META, doc="schema version and warehouse settings"),
         TableSpec("topic_config", TOPIC_CONFIG, doc="topics: queue count, permission, order flag"),
         TableSpec("group_config", GROUP_CONFIG, doc="consumer groups and their settings"),
+        TableSpec(
+            "producer_config",
+            PRODUCER_CONFIG,
+            added_in=3,
+            doc="producer groups: transaction check listener or table check",
+        ),
         TableSpec("subscription", SUBSCRIPTION, doc="group -> topic subscriptions"),
         TableSpec("schedule_levels", SCHEDULE_LEVELS, doc="delay level -> delay"),
         TableSpec(

@@ -58,9 +58,11 @@ def restored_message(
     reconsume_times: Column,
     batch_id: Column,
     batch_pos: Column,
+    sys_flag: Column | None = None,
 ) -> DataFrame:
     """commit_log rows of re-stored messages: the :func:`restore_columns` copied as they
-    are, the rest given by the job (store date derived from the store time)."""
+    are (``sys_flag`` unless given), the rest given by the job (store date derived from
+    the store time)."""
     out = joined.select(
         msg_id.alias("msg_id"),
         topic.alias("topic"),
@@ -73,7 +75,7 @@ def restored_message(
         "born_ts",
         store_ts.alias("store_ts"),
         reconsume_times.cast("int").alias("reconsume_times"),
-        "sys_flag",
+        (F.col("sys_flag") if sys_flag is None else sys_flag.cast("int")).alias("sys_flag"),
         "producer_group",
         batch_id.alias("batch_id"),
         batch_pos.alias("batch_pos"),

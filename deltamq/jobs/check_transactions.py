@@ -1,0 +1,591 @@
+"""check_transactions: RocketMQ's TransactionalMessageCheckService on Delta (SPEC §5).
+
+A pass runs when ``transaction_check_interval_ms`` has elapsed since the last one (and
+there is something in the half queue). It walks ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0
+from the saved half offset, in offset order, up to what dispatch had indexed when the
+pass began. Each entry is, in this order of rules:
+
+1. *settled* — an op record names its ``TRAN_ID``: done, nothing written;
+2. *discarded* — ``TRANSACTION_CHECK_TIMES`` ≥ ``transaction_check_max`` or born more
+   than ``file_reserved_time_ms`` ago: copied to ``TRANS_CHECK_MAX_TIME_TOPIC``, never
+   checked again;
+3. *stop* — stored after the pass began, or without its own
+   ``CHECK_IMMUNITY_TIME_IN_SECONDS`` and younger (``now − born_ts``) than
+   ``transaction_timeout_ms``: the walk ends here (later entries are younger still);
+4. *put back* — younger than its own immunity: written again at the end of the half
+   queue unchecked, so it never holds back the entries behind it;
+5. *checked* — the producer group's check (listener or table) is asked, with
+   ``TRANSACTION_CHECK_TIMES + 1``: COMMIT stores the real message and an op record,
+   ROLLBACK an op record, UNKNOWN (or a failing listener) writes the half message again
+   at the end of the half queue with the new count.
+
+RocketMQ writes the copy of a checked message before it asks, because the producer
+answers later and asynchronously. Here the answer is known inside the pass, and a
+COMMIT/ROLLBACK lands in the same commit as the copy would, so the copy is written only
+when the answer is UNKNOWN: the same outcome without a copy that would be settled at
+once.
+
+Offsets: the half offset moves to the first *stop* entry (or past everything read); the
+op offset to the first op record whose transaction still has a half entry at or after
+the new half offset — an op whose transaction is behind the half offset is done, so
+the op offset never sticks. Every op record from the op offset on is matched by
+``TRAN_ID``, and an op record behind it belongs to a transaction with nothing left to
+walk, so a transaction with an op record anywhere is never checked (unlike RocketMQ
+#8311, #8158, #1517).
+
+Crash safety: the pass's ``now`` is saved before anything is written (``attempt_ts`` of
+the half offset row); a re-run resumes that pass with the same ``now``, so every output
+gets the same id (``engine_batch_id(now, kind)`` + the half queue offset) and outputs
+already stored are skipped. The outputs are one append; the offsets come last. The next
+pass waits until dispatch has indexed that append, so the copies it wrote are walked.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from deltamq import faults, ids
+from deltamq.constants import (
+    TRANS_CHECK_MAX_TIME_TOPIC,
+    TRANS_HALF_TOPIC,
+    TRANS_OP_HALF_TOPIC,
+    TRANSACTION_GROUP,
+    Prop,
+    TxState,
+)
+from deltamq.jobs import dispatch
+from deltamq.message import StoredMessage
+from deltamq.tables import deltalog
+from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns, restored_message, stored_ids
+from deltamq.tables.offsets import advance_offsets
+from deltamq.tables.sqltext import sql_str
+from deltamq.transactions import CheckConfig, ask_state, settle_rows, table_states
+
+if TYPE_CHECKING:
+    from deltamq.broker import Broker
+    from deltamq.tables.warehouse import Warehouse
+
+log = logging.getLogger(__name__)
+
+JOB = "check_transactions"
+CLASSES = ("settled", "discard", "stop", "putback", "check")
+_VIEW = "dmq_check_half"
+_OUT_VIEW = "dmq_check_out"
+
+
+@dataclass(frozen=True)
+class CheckState:
+    """Saved progress of the check service (``%TRANSACTION%`` rows of ``offsets``)."""
+
+    half_offset: int = 0
+    op_offset: int = 0
+    last_pass: int | None = None  # now of the last finished pass
+    pass_now: int | None = None  # now of a pass begun and not finished
+    wait_version: int = -1  # commit_log version holding the last pass's outputs
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    ran: bool
+    skipped: str | None = None  # interval, idle, dispatch_behind
+    pass_now: int | None = None
+    resumed: bool = False
+    counts: dict[str, int] = field(default_factory=dict)  # per class, of the entries handled
+    answers: dict[str, int] = field(default_factory=dict)  # per state, of the checked entries
+    listener_errors: int = 0
+    written: int = 0
+    already_stored: int = 0
+    half_offset: int = 0
+    op_offset: int = 0
+
+    @property
+    def rows_in(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def details(self) -> dict[str, int]:
+        out = {k: v for k, v in self.counts.items()}
+        out |= {f"answer_{k.lower()}": v for k, v in self.answers.items()}
+        out |= {"listener_errors": self.listener_errors, "already_stored": self.already_stored}
+        return out | {"ran": int(self.ran), "resumed": int(self.resumed)}
+
+
+# --- state ----------------------------------------------------------------------------------
+def load_state(wh: Warehouse) -> CheckState:
+    rows = wh.engine.rows(
+        f"SELECT topic, next_offset, progress_version, attempt_ts FROM {wh.ref('offsets')} "
+        f"WHERE consumer_group = {sql_str(TRANSACTION_GROUP)}"
+    )
+    half = op = 0
+    last = pending = None
+    wait = -1
+    for r in rows:
+        if r["topic"] == TRANS_HALF_TOPIC:
+            half = r["next_offset"] or 0
+            pending = r["attempt_ts"]
+            wait = r["progress_version"] if r["progress_version"] is not None else -1
+        elif r["topic"] == TRANS_OP_HALF_TOPIC:
+            op = r["next_offset"] or 0
+            last = r["progress_version"]
+    return CheckState(half, op, last, pending, wait)
+
+
+# --- planning (pure) ------------------------------------------------------------------------
+def _int_prop(props: Column, key: str) -> Column:
+    raw = props.getItem(key)
+    return F.when(raw.rlike("^[0-9]{1,12}$"), raw.cast("bigint"))
+
+
+def plan_classes(
+    half: DataFrame,
+    ops: DataFrame,
+    now: int,
+    *,
+    timeout_ms: int,
+    check_max: int,
+    retention_ms: int,
+) -> DataFrame:
+    """Pure plan: half queue entries (consume_queue rows) and op records (``tran_id``) →
+    the entries with ``tran_id``, ``times`` (checks so far), ``age`` and ``cls`` (one of
+    :data:`CLASSES`, by SPEC §5's rules in order)."""
+    props = F.col("properties")
+    settled = ops.select(F.col("tran_id").alias("op_tran_id")).distinct()
+    immunity_raw = props.getItem(Prop.CHECK_IMMUNITY_TIME_IN_SECONDS)
+    # RocketMQ's getImmunityTime: seconds × 1000, never below the transaction timeout.
+    immunity_ms = F.greatest(
+        F.coalesce(_int_prop(props, Prop.CHECK_IMMUNITY_TIME_IN_SECONDS) * 1000, F.lit(timeout_ms)),
+        F.lit(timeout_ms),
+    )
+    born = F.coalesce(F.col("born_ts"), F.col("store_ts"))
+    entries = (
+        half.withColumn("tran_id", F.coalesce(props.getItem(Prop.TRAN_ID), F.col("msg_id")))
+        .withColumn("times", F.coalesce(_int_prop(props, Prop.TRANSACTION_CHECK_TIMES), F.lit(0)))
+        .withColumn("age", F.lit(now) - born)
+        .join(F.broadcast(settled), F.col("tran_id") == F.col("op_tran_id"), "left")
+    )
+    age = F.col("age")
+    cls = (
+        F.when(F.col("op_tran_id").isNotNull(), "settled")
+        .when((F.col("times") >= check_max) | (age > retention_ms), "discard")
+        .when(F.col("store_ts") > F.lit(now), "stop")
+        # a negative age (producer clock ahead) is checked, as RocketMQ does
+        .when(immunity_raw.isNull() & (age >= 0) & (age < timeout_ms), "stop")
+        .when(immunity_raw.isNotNull() & (age < immunity_ms), "putback")
+        .otherwise("check")
+    )
+    return entries.withColumn("cls", cls).drop("op_tran_id")
+
+
+def _with_check_times(props: Column, times: Column) -> Column:
+    kept = F.map_filter(props, lambda k, v: k != F.lit(Prop.TRANSACTION_CHECK_TIMES))
+    return F.map_concat(kept, F.create_map(F.lit(Prop.TRANSACTION_CHECK_TIMES), times.cast("string")))
+
+
+def plan_outputs(handled: DataFrame, now: int) -> DataFrame:
+    """Pure plan: the handled entries joined to their commit_log row (``real_topic``,
+    ``real_qid``, :func:`restore_columns`), with ``cls`` and, for checked ones, ``state``
+    → every commit_log row the pass writes, ids derived from ``now`` and the half offset."""
+    pos = F.col("queue_offset").bitwiseAND(F.lit(0xFFFFFFFF))
+
+    def ident(kind: int) -> tuple[Column, Column]:
+        return F.lit(ids.engine_batch_id(now, kind)).cast("bigint"), pos
+
+    store = F.lit(now).cast("bigint")
+    checked_times = F.col("times") + F.when(F.col("cls") == "check", 1).otherwise(0)
+    rows = handled.withColumn(
+        "orig_props", _with_check_times(F.coalesce(F.col("orig_props"), F.create_map()), checked_times)
+    )
+    copies = rows.where(
+        (F.col("cls") == "putback") | ((F.col("cls") == "check") & (F.col("state") == TxState.UNKNOWN.value))
+    )
+    half_batch, half_pos = ident(ids.KIND_TXN_HALF)
+    out = [
+        restored_message(
+            copies,
+            msg_id=ids.msg_id_col(half_batch, half_pos),
+            topic=F.col("real_topic"),
+            queue_id=F.col("real_qid"),
+            properties=F.col("orig_props"),
+            store_ts=store,
+            reconsume_times=F.col("orig_reconsume"),
+            batch_id=half_batch,
+            batch_pos=half_pos,
+        )
+    ]
+    discards = rows.where(F.col("cls") == "discard")
+    d_batch, d_pos = ident(ids.KIND_TXN_DISCARD)
+    real = F.create_map(
+        F.lit(Prop.REAL_TOPIC),
+        F.col("real_topic"),
+        F.lit(Prop.REAL_QID),
+        F.col("real_qid").cast("string"),
+    )
+    out.append(
+        restored_message(
+            discards,
+            msg_id=ids.msg_id_col(d_batch, d_pos),
+            topic=F.lit(TRANS_CHECK_MAX_TIME_TOPIC),
+            queue_id=F.lit(0),
+            properties=F.map_concat(
+                F.map_filter(F.col("orig_props"), lambda k, v: ~k.isin(Prop.REAL_TOPIC, Prop.REAL_QID)), real
+            ),
+            store_ts=store,
+            reconsume_times=F.col("orig_reconsume"),
+            batch_id=d_batch,
+            batch_pos=d_pos,
+        )
+    )
+    out.append(
+        settle_rows(
+            rows.where(F.col("cls") == "check"),
+            store_ts=store,
+            commit_id=ident(ids.KIND_TXN_COMMIT),
+            op_id=ident(ids.KIND_TXN_OP),
+        )
+    )
+    result = out[0]
+    for part in out[1:]:
+        result = result.unionByName(part)
+    return result
+
+
+# --- reading --------------------------------------------------------------------------------
+def _queue(wh: Warehouse, topic: str, lo: int, hi: int) -> DataFrame:
+    """Entries ``[lo, hi)`` of queue 0 of a transaction system topic (pruned by offset)."""
+    return wh.read("consume_queue").where(
+        (F.col("topic") == F.lit(topic))
+        & (F.col("slot") == F.lit(0))
+        & (F.col("queue_id") == F.lit(0))
+        & (F.col("queue_offset") >= F.lit(lo))
+        & (F.col("queue_offset") < F.lit(hi))
+    )
+
+
+def read_ops(wh: Warehouse, lo: int, hi: int) -> DataFrame:
+    """Op records ``[lo, hi)``: queue offset and the transaction each settles."""
+    return _queue(wh, TRANS_OP_HALF_TOPIC, lo, hi).select(
+        F.col("queue_offset").alias("op_offset"), F.col("properties").getItem(Prop.TRAN_ID).alias("tran_id")
+    )
+
+
+# --- asking ---------------------------------------------------------------------------------
+def _answers(broker: Broker, checked: DataFrame, configs: dict[str, CheckConfig]) -> tuple[DataFrame, int]:
+    """(queue_offset, state) of every checked entry whose producer group has a check,
+    and the number of listener calls that failed. Groups without a check: UNKNOWN."""
+    spark = broker.engine.spark
+    pg = F.coalesce(F.col("orig_props").getItem(Prop.PGROUP), F.col("producer_group"))
+    parts: list[DataFrame] = []
+    errors = 0
+    tables = {g: c for g, c in configs.items() if c.is_table_check}
+    for group, cfg in sorted(tables.items()):
+        states = table_states(spark, cfg)
+        mine = checked.where(pg == F.lit(group)).select(
+            "queue_offset", F.col("orig_props").getItem(cfg.key_property).alias("k")
+        )
+        parts.append(
+            mine.join(states, F.col("k") == F.col("tc_key"), "left").select(
+                "queue_offset", F.coalesce(F.col("tc_state"), F.lit(TxState.UNKNOWN.value)).alias("state")
+            )
+        )
+    callers = {
+        g: broker.check_listeners.get(g) or c.listener
+        for g, c in configs.items()
+        if not c.is_table_check and (g in broker.check_listeners or c.listener)
+    }
+    if callers:
+        from deltamq.consumer import resolve_listener
+
+        answered: list[tuple[int, str]] = []
+        rows = checked.where(pg.isin(*sorted(callers))).select(
+            F.col("queue_offset"), pg.alias("pg"), *_MESSAGE_COLUMNS
+        )
+        resolved: dict[str, Any] = {}
+        for r in rows.collect():
+            fn = callers[r["pg"]]
+            if isinstance(fn, str):
+                try:
+                    fn = resolved.setdefault(r["pg"], resolve_listener(fn))
+                except Exception as e:  # noqa: BLE001 - an unimportable listener answers UNKNOWN
+                    log.warning("check listener of %s cannot be imported: %s", r["pg"], e)
+                    errors += 1
+                    continue
+            state, error = ask_state(fn, _message(r))
+            errors += error is not None
+            answered.append((r["queue_offset"], state.value))
+        parts.append(spark.createDataFrame(answered, "queue_offset bigint, state string"))
+    if not parts:
+        return spark.createDataFrame([], "queue_offset bigint, state string"), errors
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out, errors
+
+
+_MESSAGE_COLUMNS = (
+    "tran_id",
+    "real_topic",
+    "real_qid",
+    "tags",
+    "keys",
+    "body",
+    "flag",
+    "orig_props",
+    "born_ts",
+    "store_ts",
+    "orig_reconsume",
+    "sys_flag",
+)
+
+
+def _message(r: Any) -> StoredMessage:
+    """A half message as a check listener sees it: in its real topic and queue."""
+    props = dict(r["orig_props"] or {})
+    return StoredMessage(
+        msg_id=props.get(Prop.UNIQ_KEY) or r["tran_id"],
+        topic=r["real_topic"],
+        queue_id=r["real_qid"],
+        queue_offset=None,
+        body=bytes(r["body"]) if r["body"] is not None else b"",
+        tags=r["tags"],
+        keys=r["keys"],
+        properties=props,
+        born_ts=r["born_ts"],
+        store_ts=r["store_ts"],
+        reconsume_times=r["orig_reconsume"] or 0,
+        flag=r["flag"] or 0,
+        sys_flag=r["sys_flag"] or 0,
+    )
+
+
+# --- running --------------------------------------------------------------------------------
+def run(broker: Broker, now: int, *, fence=None) -> CheckResult:
+    """One check pass at ``now`` if its interval has elapsed (or resume an unfinished one)."""
+    wh = broker.warehouse
+    engine = broker.engine
+    cfg = broker.config
+    state = load_state(wh)
+    resumed = state.pass_now is not None
+    if (
+        not resumed
+        and state.last_pass is not None
+        and now - state.last_pass < cfg.transaction_check_interval_ms
+    ):
+        return CheckResult(False, "interval", half_offset=state.half_offset, op_offset=state.op_offset)
+    indexed = dispatch.load_state(wh)
+    if indexed.version < state.wait_version:
+        # the last pass's copies are not walkable yet: wait for dispatch
+        return CheckResult(False, "dispatch_behind", half_offset=state.half_offset, op_offset=state.op_offset)
+    head = indexed.heads.get((TRANS_HALF_TOPIC, 0), 0)
+    op_head = indexed.heads.get((TRANS_OP_HALF_TOPIC, 0), 0)
+    if not resumed and head <= state.half_offset:
+        return CheckResult(False, "idle", half_offset=state.half_offset, op_offset=state.op_offset)
+    pass_now = state.pass_now if resumed else now
+    if not resumed:
+        if fence:
+            fence()
+        engine.commit(
+            lambda: advance_offsets(
+                wh, TRANSACTION_GROUP, [(TRANS_HALF_TOPIC, 0, None, None)], now, attempt_ts=pass_now
+            ),
+            what="offsets",
+        )
+    faults.point("check.after_start_commit")
+
+    ops = read_ops(wh, state.op_offset, op_head)
+    classified = plan_classes(
+        _queue(wh, TRANS_HALF_TOPIC, state.half_offset, head),
+        ops,
+        pass_now,
+        timeout_ms=cfg.transaction_timeout_ms,
+        check_max=cfg.transaction_check_max,
+        retention_ms=cfg.file_reserved_time_ms,
+    )
+    classified.createOrReplaceTempView(_VIEW)
+    edge = engine.rows(
+        "SELECT min(CASE WHEN cls = 'stop' THEN queue_offset END) AS stop_at, "
+        f"max(queue_offset) AS hi FROM {_VIEW}"
+    )[0]
+    if edge["stop_at"] is not None:
+        new_half = edge["stop_at"]
+    elif edge["hi"] is not None:
+        new_half = edge["hi"] + 1
+    else:
+        new_half = state.half_offset
+    counts = {c: 0 for c in CLASSES if c != "stop"}
+    for r in engine.rows(
+        f"SELECT cls, count(*) AS n FROM {_VIEW} WHERE queue_offset < {new_half} GROUP BY cls"
+    ):
+        counts[r["cls"]] = r["n"]
+
+    answers: dict[str, int] = {}
+    errors = written = already = 0
+    wait_version: int | None = None
+    if counts["discard"] + counts["putback"] + counts["check"]:
+        spark = engine.spark
+        todo = spark.table(_VIEW).where((F.col("queue_offset") < new_half) & (F.col("cls") != "settled"))
+        keys = engine.rows(
+            f"SELECT DISTINCT cl_batch_id, cl_date FROM {_VIEW} "
+            f"WHERE queue_offset < {new_half} AND cls <> 'settled'"
+        )
+        bodies = read_bodies(wh, (r["cl_date"] for r in keys), (r["cl_batch_id"] for r in keys))
+        handled = join_bodies(
+            todo.select(
+                "queue_offset",
+                "cls",
+                "times",
+                "tran_id",
+                "cl_batch_id",
+                "cl_batch_pos",
+                "store_ts",
+                F.col("msg_id").alias("src_msg_id"),
+            ),
+            bodies,
+            [F.col("topic").alias("real_topic"), F.col("queue_id").alias("real_qid"), *restore_columns()],
+            msg_id="src_msg_id",
+        )
+        configs = broker.check_configs() if counts["check"] else {}
+        checked = handled.where(F.col("cls") == "check").withColumn(
+            "orig_props", _with_check_times(F.col("orig_props"), F.col("times") + 1)
+        )
+        answer_df, errors = _answers(broker, checked, configs) if counts["check"] else (None, 0)
+        if answer_df is not None:
+            handled = handled.join(answer_df, "queue_offset", "left").withColumn(
+                "state",
+                F.when(F.col("cls") == "check", F.coalesce(F.col("state"), F.lit(TxState.UNKNOWN.value))),
+            )
+        else:
+            handled = handled.withColumn("state", F.lit(None).cast("string"))
+        handled.createOrReplaceTempView("dmq_check_handled")
+        answers = {
+            r["state"]: r["n"]
+            for r in engine.rows(
+                "SELECT state, count(*) AS n FROM dmq_check_handled WHERE cls = 'check' GROUP BY state"
+            )
+        }
+        outputs = plan_outputs(spark.table("dmq_check_handled"), pass_now)
+        fresh = outputs.join(stored_ids(wh, [(pass_now, pass_now)]), "msg_id", "left_anti")
+        fresh.createOrReplaceTempView(_OUT_VIEW)
+        written = engine.rows(f"SELECT count(*) AS n FROM {_OUT_VIEW}")[0]["n"]
+        faults.point("check.before_output_commit")
+        if written:
+            if fence:
+                fence()
+            out = spark.table(_OUT_VIEW)
+            engine.commit(lambda: wh.append("commit_log", out), what=JOB)
+        faults.point("check.after_output_commit")
+        # the next pass waits for dispatch to index this far (the copies written here)
+        wait_version = deltalog.latest_version(wh.local_path + "/commit_log")
+        already = max(0, _expected_outputs(counts, answers) - written)
+
+    # the op offset: first op record whose transaction still has an entry to walk
+    left = first_pending_op(wh, new_half, head, ops)
+    new_op = left if left is not None else max(op_head, state.op_offset)
+    engine.commit(
+        lambda: advance_offsets(
+            wh,
+            TRANSACTION_GROUP,
+            [(TRANS_HALF_TOPIC, 0, new_half, wait_version), (TRANS_OP_HALF_TOPIC, 0, new_op, pass_now)],
+            now,
+            attempt_ts=None,
+        ),
+        what="offsets",
+    )
+    faults.point("check.after_progress_commit")
+    return CheckResult(
+        True,
+        None,
+        pass_now,
+        resumed,
+        counts,
+        answers,
+        errors,
+        written,
+        already,
+        new_half,
+        new_op,
+    )
+
+
+def _expected_outputs(counts: dict[str, int], answers: dict[str, int]) -> int:
+    """Rows a pass writes: a copy per put-back, discard and UNKNOWN answer; the real
+    message and an op record per COMMIT; an op record per ROLLBACK."""
+    return (
+        counts["putback"]
+        + counts["discard"]
+        + answers.get(TxState.UNKNOWN.value, 0)
+        + 2 * answers.get(TxState.COMMIT.value, 0)
+        + answers.get(TxState.ROLLBACK.value, 0)
+    )
+
+
+def first_pending_op(wh: Warehouse, new_half: int, head: int, ops: DataFrame) -> int | None:
+    """Offset of the first op record whose transaction has a half entry in
+    ``[new_half, head)`` (not walked yet); None when every op record read is done."""
+    waiting = (
+        _queue(wh, TRANS_HALF_TOPIC, new_half, head)
+        .select(F.coalesce(F.col("properties").getItem(Prop.TRAN_ID), F.col("msg_id")).alias("w_tran"))
+        .distinct()
+    )
+    row = (
+        ops.join(waiting, F.col("tran_id") == F.col("w_tran"))
+        .agg(F.min("op_offset").alias("first"))
+        .collect()[0]
+    )
+    return row["first"]
+
+
+def pending(broker: Broker, now: int) -> list[dict[str, Any]]:
+    """Per producer group: half messages not settled (at or after the half offset),
+    the oldest age, the most checks so far, and messages discarded."""
+    wh = broker.warehouse
+    state = load_state(wh)
+    indexed = dispatch.load_state(wh)
+    head = indexed.heads.get((TRANS_HALF_TOPIC, 0), 0)
+    ops = _queue(wh, TRANS_OP_HALF_TOPIC, 0, indexed.heads.get((TRANS_OP_HALF_TOPIC, 0), 0)).select(
+        F.col("properties").getItem(Prop.TRAN_ID).alias("op_tran")
+    )
+    half = _queue(wh, TRANS_HALF_TOPIC, state.half_offset, head)
+    tran = F.coalesce(F.col("properties").getItem(Prop.TRAN_ID), F.col("msg_id"))
+    live = half.withColumn("tran", tran).join(ops, F.col("tran") == F.col("op_tran"), "left_anti")
+    out: dict[str, dict[str, Any]] = {}
+    for r in (
+        live.groupBy(F.col("properties").getItem(Prop.PGROUP).alias("pg"))
+        .agg(
+            F.count_distinct("tran").alias("n"),
+            F.min(F.coalesce("born_ts", "store_ts")).alias("oldest_born"),
+            F.max(F.coalesce(_int_prop(F.col("properties"), Prop.TRANSACTION_CHECK_TIMES), F.lit(0))).alias(
+                "max_checks"
+            ),
+        )
+        .collect()
+    ):
+        out[r["pg"]] = {
+            "producer_group": r["pg"],
+            "pending": r["n"],
+            "oldest_age_ms": now - r["oldest_born"],
+            "max_checks": r["max_checks"],
+            "discarded": 0,
+        }
+    discarded = engine_discards(wh, indexed.heads.get((TRANS_CHECK_MAX_TIME_TOPIC, 0), 0))
+    for pg, n in discarded.items():
+        out.setdefault(
+            pg,
+            {"producer_group": pg, "pending": 0, "oldest_age_ms": None, "max_checks": None, "discarded": 0},
+        )["discarded"] = n
+    return [out[k] for k in sorted(out, key=str)]
+
+
+def engine_discards(wh: Warehouse, head: int) -> dict[str, int]:
+    """Discarded half messages (TRANS_CHECK_MAX_TIME_TOPIC) per producer group."""
+    rows = (
+        _queue(wh, TRANS_CHECK_MAX_TIME_TOPIC, 0, head)
+        .groupBy(F.col("properties").getItem(Prop.PGROUP).alias("pg"))
+        .count()
+        .collect()
+    )
+    return {r["pg"]: r["count"] for r in rows}

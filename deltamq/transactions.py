@@ -1,0 +1,219 @@
+"""Transactional messages (SPEC §5): ending transactions and the producer groups' checks.
+
+A half message is a ``commit_log`` row in its real topic and queue with ``TRAN_MSG=true``,
+``PGROUP``, ``TRAN_ID`` (its own msg id; every re-written copy keeps it) and the
+prepared ``sys_flag``; dispatch indexes it in ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0, where
+no consumer sees it. Ending a transaction writes, in one commit:
+
+- ``COMMIT``: the real message (the half's columns, committed ``sys_flag``, stored now)
+  and an op record;
+- ``ROLLBACK``: an op record;
+- ``UNKNOWN``: nothing.
+
+An op record is a message of ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` queue 0 with tag ``d``,
+``TRAN_ID`` and ``TRAN_STATE`` properties and the transaction id as body.
+
+Check-back (``deltamq/jobs/check_transactions.py``) asks the producer group how an old
+unsettled transaction ended: a listener ``fn(message) -> TxState`` (a callable in the
+same process or an import path stored in ``producer_config``), or a *table check*: one
+join of the pass's half messages with a Delta table of local transaction state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from deltamq import ids
+from deltamq.constants import OP_TAG, TRANS_OP_HALF_TOPIC, Prop, SysFlag, TxState
+from deltamq.errors import ConfigError
+from deltamq.schemas import TABLES
+from deltamq.tables.bodies import restore_columns, restored_message
+
+log = logging.getLogger(__name__)
+
+CheckListener = Callable[[Any], Any]
+"""``fn(message: StoredMessage) -> TxState`` (or a state name)."""
+
+_SETTLING = (TxState.COMMIT.value, TxState.ROLLBACK.value)
+
+
+def settle_input(half_rows: DataFrame, state: Column, extra: tuple[str, ...] = ()) -> DataFrame:
+    """commit_log rows of half messages + a state column (and the ``extra`` columns of
+    ``half_rows``) → the input of :func:`settle_rows`."""
+    return half_rows.select(
+        F.col("topic").alias("real_topic"),
+        F.col("queue_id").alias("real_qid"),
+        F.coalesce(F.col("properties").getItem(Prop.TRAN_ID), F.col("msg_id")).alias("tran_id"),
+        state.alias("state"),
+        *restore_columns(),
+        *extra,
+    )
+
+
+def settle_rows(
+    halves: DataFrame,
+    *,
+    store_ts: Column,
+    commit_id: tuple[Column, Column],
+    op_id: tuple[Column, Column],
+) -> DataFrame:
+    """Pure plan: :func:`settle_input` rows → commit_log rows ending them: for ``COMMIT``
+    the real message and an op record, for ``ROLLBACK`` an op record, for anything else
+    nothing. ``commit_id`` / ``op_id`` are the (batch id, position) of each output."""
+    committed_flag = (
+        F.col("sys_flag").bitwiseAND(F.lit(~0xC)).bitwiseOR(F.lit(SysFlag.TRANSACTION_COMMIT_TYPE))
+    )
+    committed = restored_message(
+        halves.where(F.col("state") == F.lit(TxState.COMMIT.value)),
+        msg_id=ids.msg_id_col(*commit_id),
+        topic=F.col("real_topic"),
+        queue_id=F.col("real_qid"),
+        properties=F.col("orig_props"),
+        store_ts=store_ts,
+        reconsume_times=F.lit(0),
+        batch_id=commit_id[0],
+        batch_pos=commit_id[1],
+        sys_flag=committed_flag,
+    )
+    op_props = F.create_map(
+        F.lit(Prop.TRAN_ID),
+        F.col("tran_id"),
+        F.lit(Prop.TRAN_STATE),
+        F.col("state"),
+        F.lit(Prop.PGROUP),
+        F.coalesce(F.col("orig_props").getItem(Prop.PGROUP), F.col("producer_group")),
+        F.lit(Prop.REAL_TOPIC),
+        F.col("real_topic"),
+    )
+    ops = halves.where(F.col("state").isin(*_SETTLING)).select(
+        ids.msg_id_col(*op_id).alias("msg_id"),
+        F.lit(TRANS_OP_HALF_TOPIC).alias("topic"),
+        F.lit(0).alias("queue_id"),
+        F.lit(OP_TAG).alias("tags"),
+        F.lit(None).cast("string").alias("keys"),
+        F.encode(F.col("tran_id"), "UTF-8").alias("body"),
+        F.lit(0).alias("flag"),
+        op_props.alias("properties"),
+        store_ts.cast("bigint").alias("born_ts"),
+        store_ts.cast("bigint").alias("store_ts"),
+        F.lit(0).alias("reconsume_times"),
+        F.lit(SysFlag.TRANSACTION_NOT_TYPE).alias("sys_flag"),
+        F.col("producer_group"),
+        op_id[0].cast("bigint").alias("batch_id"),
+        op_id[1].cast("bigint").alias("batch_pos"),
+        ids.store_date_col(store_ts).alias("store_date"),
+    )
+    return committed.unionByName(ops.select(*TABLES["commit_log"].columns))
+
+
+# --- producer groups' checks ------------------------------------------------------------------
+@dataclass(frozen=True)
+class CheckConfig:
+    """How one producer group answers check-back (a row of ``producer_config``)."""
+
+    group: str
+    listener: str | None = None
+    table: str | None = None
+    key_property: str | None = None
+    key_column: str | None = None
+    state_expression: str | None = None
+
+    @property
+    def is_table_check(self) -> bool:
+        return self.table is not None
+
+
+def read_table(spark: SparkSession, table: str) -> DataFrame:
+    """A table check's table: a Delta path (``/…`` or ``scheme://…``) or a table name."""
+    if table.startswith("/") or "://" in table:
+        return spark.read.format("delta").load(table)
+    return spark.table(table)
+
+
+def normalized_state(value: Column) -> Column:
+    """A state expression's value as COMMIT / ROLLBACK / UNKNOWN (NULL and anything else:
+    UNKNOWN; RocketMQ's COMMIT_MESSAGE / ROLLBACK_MESSAGE spellings accepted)."""
+    v = F.upper(F.trim(value.cast("string")))
+    return (
+        F.when(v.isin("COMMIT", "COMMIT_MESSAGE"), F.lit(TxState.COMMIT.value))
+        .when(v.isin("ROLLBACK", "ROLLBACK_MESSAGE"), F.lit(TxState.ROLLBACK.value))
+        .otherwise(F.lit(TxState.UNKNOWN.value))
+    )
+
+
+def table_states(spark: SparkSession, cfg: CheckConfig) -> DataFrame:
+    """(key, state) per business key of a table check. A key whose rows disagree is
+    UNKNOWN (asked again at the next check)."""
+    assert cfg.table and cfg.key_column and cfg.state_expression
+    t = read_table(spark, cfg.table)
+    per_row = t.select(
+        F.col(cfg.key_column).cast("string").alias("tc_key"),
+        normalized_state(F.expr(cfg.state_expression)).alias("tc_state"),
+    ).where(F.col("tc_key").isNotNull())
+    return per_row.groupBy("tc_key").agg(
+        F.when(F.countDistinct("tc_state") == 1, F.first("tc_state"))
+        .otherwise(F.lit(TxState.UNKNOWN.value))
+        .alias("tc_state")
+    )
+
+
+def validate_table_check(spark: SparkSession, cfg: CheckConfig) -> None:
+    """Raise ConfigError naming what is wrong: the table cannot be read, the key column is
+    missing, or the state expression does not evaluate over the table."""
+    try:
+        t = read_table(spark, cfg.table or "")
+        columns = t.columns
+    except Exception as e:  # noqa: BLE001 - any read failure is reported with the table name
+        raise ConfigError(f"check table {cfg.table!r} cannot be read: {_first_line(e)}") from e
+    if cfg.key_column not in columns:
+        raise ConfigError(
+            f"check table {cfg.table!r} has no key column {cfg.key_column!r}; its columns are {columns}"
+        )
+    try:
+        t.select(normalized_state(F.expr(cfg.state_expression or ""))).limit(1).collect()
+    except Exception as e:  # noqa: BLE001 - parse and analysis errors alike
+        raise ConfigError(
+            f"state expression {cfg.state_expression!r} does not evaluate over {cfg.table!r}: "
+            f"{_first_line(e)}; write e.g. CASE WHEN status = 'PAID' THEN 'COMMIT' "
+            "WHEN status = 'CANCELLED' THEN 'ROLLBACK' END"
+        ) from e
+
+
+def ask_state(fn: Callable[..., Any], *args: Any) -> tuple[TxState, str | None]:
+    """A local transaction's or a check listener's answer, and why it is UNKNOWN when it
+    is: an exception or an answer that is not a state counts as UNKNOWN (check-back asks
+    again at the next pass)."""
+    try:
+        answer = fn(*args)
+    except Exception as e:  # noqa: BLE001 - a failing listener means "unknown"
+        log.warning("transaction state callback %r raised: %s", fn, e)
+        return TxState.UNKNOWN, f"{type(e).__name__}: {e}"
+    try:
+        return TxState.of(answer), None
+    except ValueError as e:
+        return TxState.UNKNOWN, str(e)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+__all__ = [
+    "CheckConfig",
+    "CheckListener",
+    "TxState",
+    "ask_state",
+    "normalized_state",
+    "read_table",
+    "settle_input",
+    "settle_rows",
+    "table_states",
+    "validate_table_check",
+]

@@ -1,0 +1,295 @@
+"""Transactional messages and check-back (SPEC §5), on a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+from listeners import Recorder, read_log
+
+from deltamq import Message
+from deltamq.constants import TRANS_CHECK_MAX_TIME_TOPIC, Prop, TxState
+from deltamq.errors import ConfigError, InvalidMessage, InvalidTransaction
+
+MINUTE = 60_000
+
+
+class Checks:
+    """A check listener that records each call and answers from a script."""
+
+    def __init__(self, answers=None, default=TxState.UNKNOWN):
+        self.calls: list[tuple[str, str]] = []  # (tran id, TRANSACTION_CHECK_TIMES)
+        self.answers = dict(answers or {})
+        self.default = default
+
+    def __call__(self, message):
+        tran = message.properties[Prop.TRAN_ID]
+        self.calls.append((tran, message.properties.get(Prop.TRANSACTION_CHECK_TIMES)))
+        answer = self.answers.get(message.body.decode(), self.default)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def count(self, tran: str) -> int:
+        return sum(1 for t, _ in self.calls if t == tran)
+
+
+@pytest.fixture
+def setup(broker, tmp_path):
+    broker.create_topic("orders", queues=2)
+    log = tmp_path / "consumed.jsonl"
+    broker.create_group("g", Recorder(log), consume_from="FIRST_OFFSET")
+    broker.subscribe("g", "orders")
+    return broker, log
+
+
+def consumed(log) -> list[str]:
+    return sorted(c["body"] for c in read_log(log))
+
+
+def test_commit_is_consumed_once_and_never_checked(setup, clock):
+    broker, log = setup
+    checks = Checks()
+    producer = broker.producer("shop", check_listener=checks)
+    result = producer.send_in_transaction(Message("orders", b"paid"), lambda m, arg: TxState.COMMIT)
+    assert result.state is TxState.COMMIT and result.error is None
+    t = clock.now_ms()
+    for k in range(4):
+        broker.tick(t + k * MINUTE)
+    assert consumed(log) == ["paid"]
+    assert checks.calls == []
+    [row] = broker.sql(
+        "SELECT properties, sys_flag FROM commit_log WHERE topic = 'orders' AND sys_flag = 8"
+    ).collect()
+    assert row["properties"][Prop.TRAN_ID] == result.handle.tran_id
+
+
+def test_rollback_is_never_consumed_and_never_checked(setup, clock):
+    broker, log = setup
+    checks = Checks()
+    producer = broker.producer("shop", check_listener=checks)
+    producer.send_in_transaction(Message("orders", b"cancelled"), lambda m, arg: "ROLLBACK")
+    t = clock.now_ms()
+    for k in range(4):
+        broker.tick(t + k * MINUTE)
+    assert consumed(log) == [] and checks.calls == []
+
+
+def test_unknown_is_checked_after_the_timeout_then_committed_and_consumed_once(setup, clock):
+    broker, log = setup
+    checks = Checks(default=TxState.COMMIT)
+    producer = broker.producer("shop", check_listener=checks)
+    result = producer.send_in_transaction(Message("orders", b"later"), lambda m, arg: TxState.UNKNOWN)
+    t = clock.now_ms()
+    broker.tick(t + 5_999)  # younger than 6 s: the walk stops at it
+    assert checks.calls == [] and consumed(log) == []
+    broker.tick(t + 60_000 + 5_999)
+    assert checks.calls == [(result.handle.tran_id, "1")]
+    broker.tick(t + 60_000 + 6_000)  # the committed message is dispatched and delivered
+    for k in range(2, 5):
+        broker.tick(t + k * MINUTE + 6_000)
+    assert consumed(log) == ["later"]
+    assert checks.count(result.handle.tran_id) == 1
+
+
+def test_listener_that_raises_means_unknown_and_is_asked_again_next_interval(setup, clock):
+    broker, log = setup
+    checks = Checks(answers={"x": RuntimeError("db down")})
+    producer = broker.producer("shop", check_listener=checks)
+    result = producer.send_in_transaction(Message("orders", b"x"), lambda m, arg: 1 / 0)
+    assert result.state is TxState.UNKNOWN and "ZeroDivisionError" in result.error
+    t = clock.now_ms() + 10_000
+    first = broker.tick(t).job("check_transactions")
+    assert first.details["listener_errors"] == 1 and first.details["answer_unknown"] == 1
+    broker.tick(t + 30_000)  # interval not elapsed
+    assert checks.count(result.handle.tran_id) == 1
+    checks.answers["x"] = TxState.COMMIT
+    broker.tick(t + MINUTE)
+    assert [times for _, times in checks.calls] == ["1", "2"]
+    broker.tick(t + 2 * MINUTE)
+    assert consumed(log) == ["x"]
+
+
+def test_immunity_does_not_delay_the_plain_message_behind_it(setup, clock):
+    broker, log = setup
+    checks = Checks(default=TxState.COMMIT)
+    producer = broker.producer("shop", check_listener=checks)
+    unknown = lambda m, arg: TxState.UNKNOWN  # noqa: E731
+    immune = producer.send_in_transaction(
+        Message("orders", b"immune", properties={Prop.CHECK_IMMUNITY_TIME_IN_SECONDS: "3600"}), unknown
+    )
+    plain = producer.send_in_transaction(Message("orders", b"plain"), unknown)
+    t = clock.now_ms()
+    broker.tick(t + 7_000)
+    assert checks.calls == [(plain.handle.tran_id, "1")]
+    for k in range(1, 5):
+        broker.tick(t + 7_000 + k * MINUTE)
+    assert consumed(log) == ["plain"]
+    assert checks.count(immune.handle.tran_id) == 0  # put back, unchecked, every pass
+    broker.tick(t + 3_600_000 + 1)
+    assert checks.count(immune.handle.tran_id) == 1
+    broker.tick(t + 3_600_000 + MINUTE)
+    assert consumed(log) == ["immune", "plain"]
+
+
+def test_always_unknown_is_checked_15_times_then_discarded(setup, clock):
+    broker, log = setup
+    checks = Checks()
+    producer = broker.producer("shop", check_listener=checks)
+    result = producer.send_in_transaction(Message("orders", b"limbo"), lambda m, arg: TxState.UNKNOWN)
+    t = clock.now_ms() + 10_000
+    for k in range(20):
+        broker.tick(t + k * MINUTE)
+    tran = result.handle.tran_id
+    assert [times for _, times in checks.calls] == [str(n) for n in range(1, 16)]
+    [discarded] = broker.sql(
+        f"SELECT properties FROM consume_queue WHERE topic = '{TRANS_CHECK_MAX_TIME_TOPIC}'"
+    ).collect()
+    assert discarded["properties"][Prop.TRAN_ID] == tran
+    assert discarded["properties"][Prop.TRANSACTION_CHECK_TIMES] == "15"
+    assert discarded["properties"][Prop.REAL_TOPIC] == "orders"
+    assert consumed(log) == []
+    [status] = broker.status()["transactions"]
+    assert status["pending"] == 0 and status["discarded"] == 1
+
+
+def test_commit_arriving_after_a_put_back_is_not_checked_again(setup, clock):
+    broker, log = setup
+    checks = Checks()
+    producer = broker.producer("shop", check_listener=checks)
+    result = producer.send_in_transaction(Message("orders", b"slow"), lambda m, arg: TxState.UNKNOWN)
+    t = clock.now_ms() + 10_000
+    broker.tick(t)  # checked once: UNKNOWN, written again at the end of the half queue
+    assert checks.count(result.handle.tran_id) == 1
+    producer.end_transaction(result.handle, TxState.COMMIT)
+    for k in range(1, 6):
+        broker.tick(t + k * MINUTE)
+    assert checks.count(result.handle.tran_id) == 1
+    assert consumed(log) == ["slow"]
+    ops = broker.sql("SELECT count(*) AS n FROM commit_log WHERE topic = 'RMQ_SYS_TRANS_OP_HALF_TOPIC'")
+    assert ops.collect()[0]["n"] == 1
+    state = broker.sql(
+        "SELECT topic, next_offset FROM offsets WHERE consumer_group = '%TRANSACTION%' ORDER BY topic"
+    ).collect()
+    heads = {r["topic"]: r["next_offset"] for r in state}
+    assert heads == {"RMQ_SYS_TRANS_HALF_TOPIC": 2, "RMQ_SYS_TRANS_OP_HALF_TOPIC": 1}  # nothing sticks
+
+
+def test_born_more_than_72h_ago_is_discarded_unchecked(setup, clock):
+    broker, log = setup
+    checks = Checks(default=TxState.COMMIT)
+    producer = broker.producer("shop", check_listener=checks)
+    old = clock.now_ms() - 72 * 3_600_000 - 1
+    producer.send_in_transaction(Message("orders", b"ancient", born_ts=old), lambda m, arg: TxState.UNKNOWN)
+    broker.tick(clock.now_ms())
+    broker.tick(clock.now_ms() + MINUTE)
+    assert checks.calls == [] and consumed(log) == []
+    n = broker.sql(f"SELECT count(*) AS n FROM commit_log WHERE topic = '{TRANS_CHECK_MAX_TIME_TOPIC}'")
+    assert n.collect()[0]["n"] == 1
+
+
+def test_table_check_resolves_a_mixed_batch_of_1000_in_one_pass(setup, clock, tmp_path, spark):
+    broker, log = setup
+    rows = [(f"o{i}", ["PAID", "CANCELLED", "PENDING", None][i % 4]) for i in range(1000)]
+    state_path = str(tmp_path / "order_state")
+    spark.createDataFrame(rows, "order_id string, status string").write.format("delta").save(state_path)
+    broker.check_with_table(
+        "shop",
+        state_path,
+        "order_id",
+        "CASE WHEN status = 'PAID' THEN 'COMMIT' WHEN status = 'CANCELLED' THEN 'ROLLBACK' END",
+    )
+    producer = broker.producer("shop")
+    df = spark.createDataFrame(
+        [("orders", f"body-{i}", {"order_id": f"o{i}"}) for i in range(1000)],
+        "topic string, body string, properties map<string,string>",
+    )
+    producer.send_dataframe_in_transaction(df)
+    t = clock.now_ms() + 10_000
+    run = broker.tick(t).job("check_transactions")
+    assert run.details["check"] == 1000
+    assert run.details["answer_commit"] == 250 and run.details["answer_rollback"] == 250
+    assert run.details["answer_unknown"] == 500
+    broker.tick(t + 1)
+    assert len(consumed(log)) == 250
+    assert all(int(b.split("-")[1]) % 4 == 0 for b in consumed(log))
+    [status] = broker.status()["transactions"]
+    assert status["producer_group"] == "shop" and status["pending"] == 500 and status["max_checks"] == 1
+
+
+def test_bulk_end_and_validation(setup, clock):
+    broker, log = setup
+    producer = broker.producer("shop")
+    halves = [
+        producer.send_in_transaction(Message("orders", f"b{i}".encode()), lambda m, a: None) for i in range(3)
+    ]
+    assert all(h.state is TxState.UNKNOWN for h in halves)
+    with pytest.raises(InvalidTransaction, match="MAYBE.*is not a transaction state.*allowed: COMMIT"):
+        producer.end_transactions({halves[0].msg_id: "MAYBE"})
+    with pytest.raises(InvalidTransaction, match="not a deltamq message id"):
+        producer.end_transactions({"nope": "COMMIT"})
+    with pytest.raises(InvalidTransaction, match="other producer groups"):
+        broker.producer("other").end_transaction(halves[0].handle, "COMMIT")
+    with pytest.raises(InvalidMessage, match="cannot be delayed"):
+        producer.send_in_transaction(Message("orders", b"d", delay_level=2), lambda m, a: "COMMIT")
+    sent = producer.send(Message("orders", b"plain"))
+    with pytest.raises(InvalidTransaction, match="not stored half messages"):
+        producer.end_transactions({sent: "COMMIT"})
+    counts = producer.end_transactions(
+        {halves[0].msg_id: "COMMIT_MESSAGE", halves[1].msg_id: "ROLLBACK", halves[2].msg_id: TxState.UNKNOWN}
+    )
+    assert counts == {"COMMIT": 1, "ROLLBACK": 1, "UNKNOWN": 1}
+    broker.tick(clock.now_ms())
+    assert consumed(log) == ["b0", "plain"]
+
+
+def test_check_table_configuration_errors_name_the_problem(broker, tmp_path, spark):
+    path = str(tmp_path / "st")
+    spark.createDataFrame([("o1", "PAID")], "order_id string, status string").write.format("delta").save(path)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        broker.check_with_table("shop", str(tmp_path / "missing"), "order_id", "'COMMIT'")
+    with pytest.raises(ConfigError, match="no key column 'oid'"):
+        broker.check_with_table("shop", path, "oid", "'COMMIT'")
+    with pytest.raises(ConfigError, match="does not evaluate"):
+        broker.check_with_table("shop", path, "order_id", "CASE WHEN nosuch = 1 THEN 'COMMIT' END")
+    assert broker.check_configs() == {}
+
+
+@pytest.mark.plan
+def test_plan_classes_applies_the_rules_in_order(spark):
+    from deltamq.jobs.check_transactions import plan_classes
+
+    now = 10_000_000
+    imm = {Prop.CHECK_IMMUNITY_TIME_IN_SECONDS: "3600"}
+    rows = [
+        # offset, msg id, properties, born, store
+        (0, "A", {Prop.TRAN_ID: "A"}, now - 60_000, now - 60_000),  # settled by an op record
+        (1, "B", {Prop.TRANSACTION_CHECK_TIMES: "15"}, now - 60_000, now - 1),  # checked 15 times
+        (2, "C", {}, now - 72 * 3_600_000 - 1, now - 1),  # born > 72 h ago
+        (3, "D", imm, now - 7_000, now - 7_000),  # own immunity, younger: put back
+        (4, "E", {}, now - 7_000, now - 7_000),  # old enough: checked
+        (5, "F", {Prop.TRAN_ID: "X", Prop.CHECK_IMMUNITY_TIME_IN_SECONDS: "bad"}, now - 7_000, now),
+        (6, "G", {}, now + 5_000, now),  # born in the future (producer clock ahead): checked
+        (7, "H", {}, now - 100, now - 100),  # younger than 6 s, no immunity: stop
+        (8, "I", {}, now - 1, now + 1),  # stored after the pass began: stop
+    ]
+    half = spark.createDataFrame(
+        rows,
+        "queue_offset bigint, msg_id string, properties map<string,string>, born_ts bigint, store_ts bigint",
+    )
+    ops = spark.createDataFrame([("A",), ("Z",)], "tran_id string")
+    out = {
+        r["msg_id"]: (r["cls"], r["tran_id"], r["times"])
+        for r in plan_classes(
+            half, ops, now, timeout_ms=6_000, check_max=15, retention_ms=72 * 3_600_000
+        ).collect()
+    }
+    assert out == {
+        "A": ("settled", "A", 0),
+        "B": ("discard", "B", 15),
+        "C": ("discard", "C", 0),
+        "D": ("putback", "D", 0),
+        "E": ("check", "E", 0),
+        "F": ("check", "X", 0),  # unparsable immunity = the timeout (RocketMQ's getImmunityTime)
+        "G": ("check", "G", 0),
+        "H": ("stop", "H", 0),
+        "I": ("stop", "I", 0),
+    }
