@@ -653,6 +653,7 @@ class Broker:
             )
         dlq = {t: n for (t, _), n in state.heads.items() if t.startswith("%DLQ%")}
         from deltamq.jobs import check_transactions
+
         return {
             "topics": self.topics(),
             "queues": queues,

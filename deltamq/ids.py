@@ -34,11 +34,18 @@ KIND_TXN_OP = 0x4002  # an op record
 KIND_TXN_DISCARD = 0x4003  # a half message moved to TRANS_CHECK_MAX_TIME_TOPIC
 
 
+MSG_ID_PATTERN = "^[0-9A-F]{24}([0-9A-F]{8})?$"
+
+
 def parse_msg_id(msg_id: str) -> tuple[int, int]:
-    """(batch id, position) of an id made by :func:`msg_id` (24 hex digits); ValueError
-    naming the rule otherwise."""
-    if not isinstance(msg_id, str) or len(msg_id) != 24 or any(c not in "0123456789ABCDEF" for c in msg_id):
-        raise ValueError(f"{msg_id!r} is not a deltamq message id (24 upper-case hex digits)")
+    """(batch id, position) of an id made by :func:`msg_id` (24 or 32 hex digits);
+    ValueError naming the rule otherwise."""
+    if (
+        not isinstance(msg_id, str)
+        or len(msg_id) not in (24, 32)
+        or any(c not in "0123456789ABCDEF" for c in msg_id)
+    ):
+        raise ValueError(f"{msg_id!r} is not a deltamq message id (24 or 32 upper-case hex digits)")
     return int(msg_id[:16], 16), int(msg_id[16:], 16)
 
 
@@ -59,14 +66,20 @@ def engine_batch_id_col(store_ms: Column, kind: Column) -> Column:
     return F.shiftleft(store_ms.cast("bigint"), BATCH_RANDOM_BITS).bitwiseOR(kind.cast("bigint"))
 
 
+POS_8_DIGITS = 1 << 32
+
+
 def msg_id(batch_id: int, pos: int) -> str:
-    """``%016X%08X`` of (batch id, position)."""
-    return f"{batch_id:016X}{pos:08X}"
+    """``%016X%08X`` of (batch id, position); a position of 2^32 or more takes 16 hex
+    digits (never truncated: two positions never share an id)."""
+    return f"{batch_id:016X}{pos:08X}" if pos < POS_8_DIGITS else f"{batch_id:016X}{pos:016X}"
 
 
 def msg_id_col(batch_id: Column, pos: Column) -> Column:
-    """Spark expression equal to :func:`msg_id` (``hex`` of a BIGINT is upper case)."""
-    return F.concat(F.lpad(F.hex(batch_id), 16, "0"), F.lpad(F.hex(pos), 8, "0"))
+    """Spark expression equal to :func:`msg_id` (``hex`` of a BIGINT is upper case;
+    ``lpad`` truncates, so the width follows the value)."""
+    width = F.when(pos < F.lit(POS_8_DIGITS), F.lit(8)).otherwise(F.lit(16))
+    return F.concat(F.lpad(F.hex(batch_id), 16, "0"), F.lpad(F.hex(pos), width, "0"))
 
 
 def store_date(ms: int) -> date:

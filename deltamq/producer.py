@@ -45,7 +45,7 @@ from deltamq.message import (
 from deltamq.schemas import COMMIT_LOG, TABLES
 from deltamq.tables.bodies import read_bodies
 from deltamq.tables.sqltext import sql_str
-from deltamq.transactions import ask_state, settle_input, settle_rows
+from deltamq.transactions import ask_state, settle_input, settle_kinds, transaction_rows
 
 if TYPE_CHECKING:
     from deltamq.broker import Broker
@@ -465,7 +465,8 @@ class Producer:
             )
         if check["bad_ids"]:
             raise InvalidTransaction(
-                f"{check['bad_ids']} transaction ids are not deltamq message ids (24 upper-case hex digits)"
+                f"{check['bad_ids']} transaction ids are not deltamq message ids "
+                "(24 or 32 upper-case hex digits)"
             )
         if check["distinct_ids"] != check["n"]:
             raise InvalidTransaction(f"{check['n'] - check['distinct_ids']} transaction ids are given twice")
@@ -511,11 +512,14 @@ class Producer:
         # one ordered window over the whole batch on purpose: positions are dense
         whole = Window.partitionBy(F.lit(0)).orderBy("msg_id")
         numbered = halves.withColumn("_k", F.row_number().over(whole) - 1)
-        rows = settle_rows(
+        rows = transaction_rows(
             settle_input(numbered, F.col("state"), ("_k",)),
+            settle_kinds(F.col("state")),
             store_ts=F.lit(now).cast("bigint"),
-            commit_id=(F.lit(batch).cast("bigint"), F.col("_k") * 2),
-            op_id=(F.lit(batch).cast("bigint"), F.col("_k") * 2 + 1),
+            ident=lambda kind: (
+                F.lit(batch).cast("bigint"),
+                F.col("_k") * 2 + F.when(kind == F.lit(ids.KIND_TXN_OP), 1).otherwise(0),
+            ),
         )
         self.broker.append_commit_log(rows, what="end_transaction")
 
@@ -578,7 +582,15 @@ def plan_send_dataframe(
     """Pure plan: user rows (topic, body, tags, keys, properties, delay_level, flag,
     queue_id) → commit_log rows. Deterministic given its arguments and row order.
     ``transactional``: half messages (SPEC §5)."""
-    pos = F.monotonically_increasing_id()
+    # Positions must be unique within the batch, from one evaluation of the plan (no
+    # shuffle): monotonically_increasing_id is (partition << 33) + row; packed as
+    # (partition << 22) | row when that fits 32 bits (24-digit ids), else kept whole with
+    # bit 62 set, above every packed value.
+    mid = F.monotonically_increasing_id()
+    part, row = F.shiftright(mid, 33), mid.bitwiseAND(F.lit((1 << 33) - 1))
+    pos = F.when(
+        (row < F.lit(1 << 22)) & (part < F.lit(1 << 10)), F.shiftleft(part, 22).bitwiseOR(row)
+    ).otherwise(mid.bitwiseOR(F.lit(1 << 62)))
     qmap = F.create_map(*[x for t, q in queues.items() for x in (F.lit(t), F.lit(q))])
     nq = F.element_at(qmap, F.col("topic"))
     if queue_key is not None:

@@ -30,22 +30,27 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from deltamq import ids
-from deltamq.constants import OP_TAG, TRANS_OP_HALF_TOPIC, Prop, SysFlag, TxState
+from deltamq.constants import (
+    OP_TAG,
+    TRANS_CHECK_MAX_TIME_TOPIC,
+    TRANS_OP_HALF_TOPIC,
+    Prop,
+    SysFlag,
+    TxState,
+)
 from deltamq.errors import ConfigError
 from deltamq.schemas import TABLES
-from deltamq.tables.bodies import restore_columns, restored_message
+from deltamq.tables.bodies import restore_columns
 
 log = logging.getLogger(__name__)
 
 CheckListener = Callable[[Any], Any]
 """``fn(message: StoredMessage) -> TxState`` (or a state name)."""
 
-_SETTLING = (TxState.COMMIT.value, TxState.ROLLBACK.value)
-
 
 def settle_input(half_rows: DataFrame, state: Column, extra: tuple[str, ...] = ()) -> DataFrame:
     """commit_log rows of half messages + a state column (and the ``extra`` columns of
-    ``half_rows``) → the input of :func:`settle_rows`."""
+    ``half_rows``) → the input of :func:`transaction_rows`."""
     return half_rows.select(
         F.col("topic").alias("real_topic"),
         F.col("queue_id").alias("real_qid"),
@@ -56,30 +61,43 @@ def settle_input(half_rows: DataFrame, state: Column, extra: tuple[str, ...] = (
     )
 
 
-def settle_rows(
-    halves: DataFrame,
+def settle_kinds(state: Column) -> Column:
+    """The rows that end a transaction in ``state``: COMMIT → the real message and an op
+    record, ROLLBACK → an op record, anything else → none."""
+    return (
+        F.when(
+            state == F.lit(TxState.COMMIT.value), F.array(F.lit(ids.KIND_TXN_COMMIT), F.lit(ids.KIND_TXN_OP))
+        )
+        .when(state == F.lit(TxState.ROLLBACK.value), F.array(F.lit(ids.KIND_TXN_OP)))
+        .otherwise(F.array().cast("array<int>"))
+    )
+
+
+def transaction_rows(
+    rows: DataFrame,
+    kinds: Column,
     *,
     store_ts: Column,
-    commit_id: tuple[Column, Column],
-    op_id: tuple[Column, Column],
+    ident: Callable[[Column], tuple[Column, Column]],
 ) -> DataFrame:
-    """Pure plan: :func:`settle_input` rows → commit_log rows ending them: for ``COMMIT``
-    the real message and an op record, for ``ROLLBACK`` an op record, for anything else
-    nothing. ``commit_id`` / ``op_id`` are the (batch id, position) of each output."""
-    committed_flag = (
-        F.col("sys_flag").bitwiseAND(F.lit(~0xC)).bitwiseOR(F.lit(SysFlag.TRANSACTION_COMMIT_TYPE))
-    )
-    committed = restored_message(
-        halves.where(F.col("state") == F.lit(TxState.COMMIT.value)),
-        msg_id=ids.msg_id_col(*commit_id),
-        topic=F.col("real_topic"),
-        queue_id=F.col("real_qid"),
-        properties=F.col("orig_props"),
-        store_ts=store_ts,
-        reconsume_times=F.lit(0),
-        batch_id=commit_id[0],
-        batch_pos=commit_id[1],
-        sys_flag=committed_flag,
+    """Pure plan: half messages (:func:`settle_input` columns, ``orig_props`` already as
+    the outputs should carry them) → the commit_log rows of the ``kinds`` (an array of
+    ``ids.KIND_TXN_*`` per row) in one projection, each row read once:
+
+    - ``KIND_TXN_HALF``: the half message again, at the end of the half queue;
+    - ``KIND_TXN_COMMIT``: the real message (committed ``sys_flag``);
+    - ``KIND_TXN_OP``: an op record naming ``tran_id`` with ``TRAN_STATE`` = ``state``;
+    - ``KIND_TXN_DISCARD``: the half message in ``TRANS_CHECK_MAX_TIME_TOPIC``.
+
+    ``ident(kind)`` gives each output's (batch id, position).
+    """
+    kind = F.col("kind")
+    is_op = kind == F.lit(ids.KIND_TXN_OP)
+    is_discard = kind == F.lit(ids.KIND_TXN_DISCARD)
+    is_commit = kind == F.lit(ids.KIND_TXN_COMMIT)
+    props = F.coalesce(F.col("orig_props"), F.create_map().cast("map<string,string>"))
+    real = F.create_map(
+        F.lit(Prop.REAL_TOPIC), F.col("real_topic"), F.lit(Prop.REAL_QID), F.col("real_qid").cast("string")
     )
     op_props = F.create_map(
         F.lit(Prop.TRAN_ID),
@@ -87,29 +105,49 @@ def settle_rows(
         F.lit(Prop.TRAN_STATE),
         F.col("state"),
         F.lit(Prop.PGROUP),
-        F.coalesce(F.col("orig_props").getItem(Prop.PGROUP), F.col("producer_group")),
+        F.coalesce(props.getItem(Prop.PGROUP), F.col("producer_group")),
         F.lit(Prop.REAL_TOPIC),
         F.col("real_topic"),
     )
-    ops = halves.where(F.col("state").isin(*_SETTLING)).select(
-        ids.msg_id_col(*op_id).alias("msg_id"),
-        F.lit(TRANS_OP_HALF_TOPIC).alias("topic"),
-        F.lit(0).alias("queue_id"),
-        F.lit(OP_TAG).alias("tags"),
-        F.lit(None).cast("string").alias("keys"),
-        F.encode(F.col("tran_id"), "UTF-8").alias("body"),
-        F.lit(0).alias("flag"),
-        op_props.alias("properties"),
-        store_ts.cast("bigint").alias("born_ts"),
+    committed_flag = (
+        F.col("sys_flag").bitwiseAND(F.lit(~0xC)).bitwiseOR(F.lit(SysFlag.TRANSACTION_COMMIT_TYPE))
+    )
+    batch_id, batch_pos = ident(kind)
+    out = rows.withColumn("kind", F.explode(kinds)).select(
+        ids.msg_id_col(batch_id, batch_pos).alias("msg_id"),
+        F.when(is_op, F.lit(TRANS_OP_HALF_TOPIC))
+        .when(is_discard, F.lit(TRANS_CHECK_MAX_TIME_TOPIC))
+        .otherwise(F.col("real_topic"))
+        .alias("topic"),
+        F.when(is_op | is_discard, F.lit(0)).otherwise(F.col("real_qid")).cast("int").alias("queue_id"),
+        F.when(is_op, F.lit(OP_TAG)).otherwise(F.col("tags")).alias("tags"),
+        F.when(is_op, F.lit(None).cast("string")).otherwise(F.col("keys")).alias("keys"),
+        F.when(is_op, F.encode(F.col("tran_id"), "UTF-8")).otherwise(F.col("body")).alias("body"),
+        F.when(is_op, F.lit(0)).otherwise(F.col("flag")).cast("int").alias("flag"),
+        F.when(is_op, op_props)
+        .when(
+            is_discard,
+            F.map_concat(F.map_filter(props, lambda k, v: ~k.isin(Prop.REAL_TOPIC, Prop.REAL_QID)), real),
+        )
+        .otherwise(props)
+        .alias("properties"),
+        F.when(is_op, store_ts).otherwise(F.col("born_ts")).cast("bigint").alias("born_ts"),
         store_ts.cast("bigint").alias("store_ts"),
-        F.lit(0).alias("reconsume_times"),
-        F.lit(SysFlag.TRANSACTION_NOT_TYPE).alias("sys_flag"),
+        F.when(is_op | is_commit, F.lit(0))
+        .otherwise(F.col("orig_reconsume"))
+        .cast("int")
+        .alias("reconsume_times"),
+        F.when(is_op, F.lit(SysFlag.TRANSACTION_NOT_TYPE))
+        .when(is_commit, committed_flag)
+        .otherwise(F.col("sys_flag"))
+        .cast("int")
+        .alias("sys_flag"),
         F.col("producer_group"),
-        op_id[0].cast("bigint").alias("batch_id"),
-        op_id[1].cast("bigint").alias("batch_pos"),
+        batch_id.cast("bigint").alias("batch_id"),
+        batch_pos.cast("bigint").alias("batch_pos"),
         ids.store_date_col(store_ts).alias("store_date"),
     )
-    return committed.unionByName(ops.select(*TABLES["commit_log"].columns))
+    return out.select(*TABLES["commit_log"].columns)
 
 
 # --- producer groups' checks ------------------------------------------------------------------
@@ -156,10 +194,9 @@ def table_states(spark: SparkSession, cfg: CheckConfig) -> DataFrame:
         F.col(cfg.key_column).cast("string").alias("tc_key"),
         normalized_state(F.expr(cfg.state_expression)).alias("tc_state"),
     ).where(F.col("tc_key").isNotNull())
+    lo, hi = F.min("tc_state"), F.max("tc_state")
     return per_row.groupBy("tc_key").agg(
-        F.when(F.countDistinct("tc_state") == 1, F.first("tc_state"))
-        .otherwise(F.lit(TxState.UNKNOWN.value))
-        .alias("tc_state")
+        F.when(lo == hi, lo).otherwise(F.lit(TxState.UNKNOWN.value)).alias("tc_state")
     )
 
 
@@ -213,7 +250,8 @@ __all__ = [
     "normalized_state",
     "read_table",
     "settle_input",
-    "settle_rows",
+    "settle_kinds",
+    "transaction_rows",
     "table_states",
     "validate_table_check",
 ]

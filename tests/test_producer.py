@@ -98,6 +98,35 @@ def test_send_dataframe(orders, clock):
     assert stats["delayed"] == 666 and stats["uniq"] == 1000
 
 
+def test_send_dataframe_over_many_partitions_gives_unique_ids(orders):
+    # monotonically_increasing_id is (partition << 33) + row: a position must never be
+    # truncated into another row's id (it was, before: 8 hex digits of a 34-bit value)
+    spark = orders.engine.spark
+    df = spark.range(30_000).repartition(3).selectExpr("'orders' AS topic", "CAST(id AS STRING) AS body")
+    orders.producer("bulk").send_dataframe(df)
+    stats = orders.sql(
+        "SELECT count(*) AS n, count(DISTINCT msg_id) AS ids, max(length(msg_id)) AS width, "
+        "count(DISTINCT batch_pos) AS positions, max(batch_pos) AS hi FROM commit_log"
+    ).collect()[0]
+    assert (stats["n"], stats["ids"], stats["positions"], stats["width"]) == (30_000, 30_000, 30_000, 24)
+    assert stats["hi"] >= 1 << 22  # more than one partition really took part
+
+
+def test_msg_id_is_never_truncated(spark):
+    from pyspark.sql import functions as F
+
+    from deltamq import ids
+
+    for pos in (0, 0xFFFFFFFF, 1 << 32, (1 << 62) | 5):
+        got = (
+            spark.range(1)
+            .select(ids.msg_id_col(F.lit(7).cast("bigint"), F.lit(pos).cast("bigint")))
+            .first()[0]
+        )
+        assert got == ids.msg_id(7, pos)
+        assert ids.parse_msg_id(got) == (7, pos)
+
+
 def test_send_dataframe_empty_commits_nothing(orders, tmp_path):
     before = table_versions(tmp_path / "wh")
     df = orders.engine.spark.createDataFrame([], "topic string, body binary")

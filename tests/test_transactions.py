@@ -293,3 +293,48 @@ def test_plan_classes_applies_the_rules_in_order(spark):
         "H": ("stop", "H", 0),
         "I": ("stop", "I", 0),
     }
+
+
+def test_a_resumed_pass_keeps_its_now_and_never_settles_an_entry_twice(setup, clock, monkeypatch):
+    from deltamq import faults
+    from deltamq.jobs import check_transactions
+
+    broker, log = setup
+    checks = Checks(default=TxState.COMMIT)
+    producer = broker.producer("shop", check_listener=checks)
+    first = producer.send_in_transaction(Message("orders", b"one"), lambda m, a: TxState.UNKNOWN)
+    broker.tick(clock.now_ms() + 1_000)  # indexed; too young to check
+    t = clock.now_ms() + 62_000
+
+    real_point = faults.point
+
+    def die_after_output(name):
+        if name == "check.after_output_commit":
+            raise RuntimeError("killed after the output commit")
+        real_point(name)
+
+    monkeypatch.setattr(faults, "point", die_after_output)
+    with pytest.raises(RuntimeError, match="killed"):
+        check_transactions.run(broker, t)
+    monkeypatch.setattr(faults, "point", real_point)
+    checks.default = TxState.ROLLBACK  # the listener changed its mind: must not matter
+    clock.set(t + 1_000)
+    second = producer.send_in_transaction(Message("orders", b"two"), lambda m, a: TxState.UNKNOWN)
+    # resumed before dispatch indexed the first attempt's op record: the entry is still
+    # "to check", but its outputs are stored, so it is skipped whole
+    resumed = check_transactions.run(broker, t + 90_000)
+    assert resumed.ran and resumed.resumed and resumed.pass_now == t
+    assert resumed.counts["check"] == 1 and resumed.written == 0 and resumed.already_stored == 2
+    assert resumed.answers == {"COMMIT": 1, "ROLLBACK": 0, "UNKNOWN": 0}
+    assert checks.count(first.handle.tran_id) == 1 and checks.count(second.handle.tran_id) == 0
+    broker.tick(t + 90_001)
+    broker.tick(t + 90_002)
+    assert consumed(log) == ["one"]
+    ops = broker.sql(
+        "SELECT properties['TRAN_ID'] AS tran, properties['TRAN_STATE'] AS state FROM commit_log "
+        "WHERE topic = 'RMQ_SYS_TRANS_OP_HALF_TOPIC' ORDER BY store_ts"
+    ).collect()
+    assert [(r["tran"], r["state"]) for r in ops] == [
+        (first.handle.tran_id, "COMMIT"),
+        (second.handle.tran_id, "ROLLBACK"),  # the next pass (interval elapsed) asked about "two"
+    ]

@@ -43,6 +43,7 @@ pass waits until dispatch has indexed that append, so the copies it wrote are wa
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -61,10 +62,10 @@ from deltamq.constants import (
 from deltamq.jobs import dispatch
 from deltamq.message import StoredMessage
 from deltamq.tables import deltalog
-from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns, restored_message, stored_ids
+from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns
 from deltamq.tables.offsets import advance_offsets
 from deltamq.tables.sqltext import sql_str
-from deltamq.transactions import CheckConfig, ask_state, settle_rows, table_states
+from deltamq.transactions import CheckConfig, ask_state, settle_kinds, table_states, transaction_rows
 
 if TYPE_CHECKING:
     from deltamq.broker import Broker
@@ -74,8 +75,9 @@ log = logging.getLogger(__name__)
 
 JOB = "check_transactions"
 CLASSES = ("settled", "discard", "stop", "putback", "check")
+_TXN_KINDS = (ids.KIND_TXN_HALF, ids.KIND_TXN_COMMIT, ids.KIND_TXN_OP, ids.KIND_TXN_DISCARD)
 _VIEW = "dmq_check_half"
-_OUT_VIEW = "dmq_check_out"
+_DECIDED_VIEW = "dmq_check_decided"
 
 
 @dataclass(frozen=True)
@@ -186,72 +188,41 @@ def _with_check_times(props: Column, times: Column) -> Column:
     return F.map_concat(kept, F.create_map(F.lit(Prop.TRANSACTION_CHECK_TIMES), times.cast("string")))
 
 
+def output_kinds() -> Column:
+    """What a handled entry writes (``ids.KIND_TXN_*``), by its ``cls`` and ``state``."""
+    cls, state = F.col("cls"), F.col("state")
+    one = lambda kind: F.array(F.lit(kind))  # noqa: E731
+    return (
+        F.when(cls == "discard", one(ids.KIND_TXN_DISCARD))
+        .when(
+            (cls == "putback") | ((cls == "check") & (state == TxState.UNKNOWN.value)), one(ids.KIND_TXN_HALF)
+        )
+        .when(cls == "check", settle_kinds(state))
+        .otherwise(F.array().cast("array<int>"))
+    )
+
+
 def plan_outputs(handled: DataFrame, now: int) -> DataFrame:
     """Pure plan: the handled entries joined to their commit_log row (``real_topic``,
-    ``real_qid``, :func:`restore_columns`), with ``cls`` and, for checked ones, ``state``
-    → every commit_log row the pass writes, ids derived from ``now`` and the half offset."""
-    pos = F.col("queue_offset").bitwiseAND(F.lit(0xFFFFFFFF))
-
-    def ident(kind: int) -> tuple[Column, Column]:
-        return F.lit(ids.engine_batch_id(now, kind)).cast("bigint"), pos
-
-    store = F.lit(now).cast("bigint")
+    ``real_qid``, :func:`restore_columns`), with ``cls``, ``times`` and, for checked ones,
+    ``state`` → every commit_log row the pass writes, in one projection. Ids derive from
+    ``now`` and the half queue offset: ``engine_batch_id(now, kind)`` + the offset."""
     checked_times = F.col("times") + F.when(F.col("cls") == "check", 1).otherwise(0)
     rows = handled.withColumn(
-        "orig_props", _with_check_times(F.coalesce(F.col("orig_props"), F.create_map()), checked_times)
+        "orig_props",
+        _with_check_times(
+            F.coalesce(F.col("orig_props"), F.create_map().cast("map<string,string>")), checked_times
+        ),
     )
-    copies = rows.where(
-        (F.col("cls") == "putback") | ((F.col("cls") == "check") & (F.col("state") == TxState.UNKNOWN.value))
+    return transaction_rows(
+        rows,
+        output_kinds(),
+        store_ts=F.lit(now).cast("bigint"),
+        ident=lambda kind: (
+            ids.engine_batch_id_col(F.lit(now), kind),
+            F.col("queue_offset").bitwiseAND(F.lit(0xFFFFFFFF)),
+        ),
     )
-    half_batch, half_pos = ident(ids.KIND_TXN_HALF)
-    out = [
-        restored_message(
-            copies,
-            msg_id=ids.msg_id_col(half_batch, half_pos),
-            topic=F.col("real_topic"),
-            queue_id=F.col("real_qid"),
-            properties=F.col("orig_props"),
-            store_ts=store,
-            reconsume_times=F.col("orig_reconsume"),
-            batch_id=half_batch,
-            batch_pos=half_pos,
-        )
-    ]
-    discards = rows.where(F.col("cls") == "discard")
-    d_batch, d_pos = ident(ids.KIND_TXN_DISCARD)
-    real = F.create_map(
-        F.lit(Prop.REAL_TOPIC),
-        F.col("real_topic"),
-        F.lit(Prop.REAL_QID),
-        F.col("real_qid").cast("string"),
-    )
-    out.append(
-        restored_message(
-            discards,
-            msg_id=ids.msg_id_col(d_batch, d_pos),
-            topic=F.lit(TRANS_CHECK_MAX_TIME_TOPIC),
-            queue_id=F.lit(0),
-            properties=F.map_concat(
-                F.map_filter(F.col("orig_props"), lambda k, v: ~k.isin(Prop.REAL_TOPIC, Prop.REAL_QID)), real
-            ),
-            store_ts=store,
-            reconsume_times=F.col("orig_reconsume"),
-            batch_id=d_batch,
-            batch_pos=d_pos,
-        )
-    )
-    out.append(
-        settle_rows(
-            rows.where(F.col("cls") == "check"),
-            store_ts=store,
-            commit_id=ident(ids.KIND_TXN_COMMIT),
-            op_id=ident(ids.KIND_TXN_OP),
-        )
-    )
-    result = out[0]
-    for part in out[1:]:
-        result = result.unionByName(part)
-    return result
 
 
 # --- reading --------------------------------------------------------------------------------
@@ -274,18 +245,25 @@ def read_ops(wh: Warehouse, lo: int, hi: int) -> DataFrame:
 
 
 # --- asking ---------------------------------------------------------------------------------
-def _answers(broker: Broker, checked: DataFrame, configs: dict[str, CheckConfig]) -> tuple[DataFrame, int]:
-    """(queue_offset, state) of every checked entry whose producer group has a check,
-    and the number of listener calls that failed. Groups without a check: UNKNOWN."""
+def _answers(
+    broker: Broker,
+    checked: DataFrame,
+    configs: dict[str, CheckConfig],
+    with_bodies: Callable[[DataFrame], DataFrame],
+) -> tuple[DataFrame, int]:
+    """(queue_offset, state) of every checked entry (index rows) whose producer group has
+    a check, and the number of listener calls that failed. Groups without a check:
+    UNKNOWN. A table check joins the index rows (their properties carry the key); only
+    the messages a listener is asked about are read with their bodies."""
     spark = broker.engine.spark
-    pg = F.coalesce(F.col("orig_props").getItem(Prop.PGROUP), F.col("producer_group"))
+    pg = F.col("properties").getItem(Prop.PGROUP)
     parts: list[DataFrame] = []
     errors = 0
     tables = {g: c for g, c in configs.items() if c.is_table_check}
     for group, cfg in sorted(tables.items()):
         states = table_states(spark, cfg)
         mine = checked.where(pg == F.lit(group)).select(
-            "queue_offset", F.col("orig_props").getItem(cfg.key_property).alias("k")
+            "queue_offset", F.col("properties").getItem(cfg.key_property).alias("k")
         )
         parts.append(
             mine.join(states, F.col("k") == F.col("tc_key"), "left").select(
@@ -301,9 +279,10 @@ def _answers(broker: Broker, checked: DataFrame, configs: dict[str, CheckConfig]
         from deltamq.consumer import resolve_listener
 
         answered: list[tuple[int, str]] = []
-        rows = checked.where(pg.isin(*sorted(callers))).select(
-            F.col("queue_offset"), pg.alias("pg"), *_MESSAGE_COLUMNS
-        )
+        asked = with_bodies(checked.where(pg.isin(*sorted(callers))).withColumn("pg", pg))
+        rows = asked.withColumn(
+            "orig_props", _with_check_times(F.col("orig_props"), F.col("times") + 1)
+        ).select("queue_offset", "pg", *_MESSAGE_COLUMNS)
         resolved: dict[str, Any] = {}
         for r in rows.collect():
             fn = callers[r["pg"]]
@@ -427,60 +406,71 @@ def run(broker: Broker, now: int, *, fence=None) -> CheckResult:
     wait_version: int | None = None
     if counts["discard"] + counts["putback"] + counts["check"]:
         spark = engine.spark
+        # Entries already handled by an earlier attempt of this same pass (a resumed pass):
+        # each entry's outputs share one position (its offset) and land in one append, so
+        # an entry with any output stored is skipped whole, whatever a listener says now.
+        done_positions, already = _stored_positions(wh, pass_now) if resumed else (None, 0)
         todo = spark.table(_VIEW).where((F.col("queue_offset") < new_half) & (F.col("cls") != "settled"))
+        if done_positions is not None:
+            todo = todo.join(
+                done_positions,
+                F.col("queue_offset").bitwiseAND(F.lit(0xFFFFFFFF)) == F.col("done_pos"),
+                "left_anti",
+            )
         keys = engine.rows(
             f"SELECT DISTINCT cl_batch_id, cl_date FROM {_VIEW} "
             f"WHERE queue_offset < {new_half} AND cls <> 'settled'"
         )
         bodies = read_bodies(wh, (r["cl_date"] for r in keys), (r["cl_batch_id"] for r in keys))
-        handled = join_bodies(
-            todo.select(
-                "queue_offset",
-                "cls",
-                "times",
-                "tran_id",
-                "cl_batch_id",
-                "cl_batch_pos",
-                "store_ts",
-                F.col("msg_id").alias("src_msg_id"),
-            ),
-            bodies,
-            [F.col("topic").alias("real_topic"), F.col("queue_id").alias("real_qid"), *restore_columns()],
-            msg_id="src_msg_id",
+
+        def with_bodies(index_rows: DataFrame) -> DataFrame:
+            return join_bodies(
+                index_rows.drop("properties").withColumnRenamed("msg_id", "src_msg_id"),
+                bodies,
+                [F.col("topic").alias("real_topic"), F.col("queue_id").alias("real_qid"), *restore_columns()],
+                msg_id="src_msg_id",
+            )
+
+        decided = todo.select(
+            "queue_offset",
+            "cls",
+            "times",
+            "tran_id",
+            "properties",
+            "store_ts",
+            "cl_batch_id",
+            "cl_batch_pos",
+            "msg_id",
         )
-        configs = broker.check_configs() if counts["check"] else {}
-        checked = handled.where(F.col("cls") == "check").withColumn(
-            "orig_props", _with_check_times(F.col("orig_props"), F.col("times") + 1)
-        )
-        answer_df, errors = _answers(broker, checked, configs) if counts["check"] else (None, 0)
-        if answer_df is not None:
-            handled = handled.join(answer_df, "queue_offset", "left").withColumn(
+        if counts["check"]:
+            configs = broker.check_configs()
+            answer_df, errors = _answers(broker, decided.where(F.col("cls") == "check"), configs, with_bodies)
+            decided = decided.join(answer_df, "queue_offset", "left").withColumn(
                 "state",
                 F.when(F.col("cls") == "check", F.coalesce(F.col("state"), F.lit(TxState.UNKNOWN.value))),
             )
         else:
-            handled = handled.withColumn("state", F.lit(None).cast("string"))
-        handled.createOrReplaceTempView("dmq_check_handled")
-        answers = {
-            r["state"]: r["n"]
-            for r in engine.rows(
-                "SELECT state, count(*) AS n FROM dmq_check_handled WHERE cls = 'check' GROUP BY state"
-            )
-        }
-        outputs = plan_outputs(spark.table("dmq_check_handled"), pass_now)
-        fresh = outputs.join(stored_ids(wh, [(pass_now, pass_now)]), "msg_id", "left_anti")
-        fresh.createOrReplaceTempView(_OUT_VIEW)
-        written = engine.rows(f"SELECT count(*) AS n FROM {_OUT_VIEW}")[0]["n"]
+            decided = decided.withColumn("state", F.lit(None).cast("string"))
+        decided.createOrReplaceTempView(_DECIDED_VIEW)
+        outputs = plan_outputs(with_bodies(spark.table(_DECIDED_VIEW)), pass_now)
+        # Every entry handled writes at least one row; a resumed pass may have none left.
+        left = done_positions is None or engine.rows(f"SELECT 1 FROM {_DECIDED_VIEW} LIMIT 1")
         faults.point("check.before_output_commit")
-        if written:
+        if left:
             if fence:
                 fence()
-            out = spark.table(_OUT_VIEW)
-            engine.commit(lambda: wh.append("commit_log", out), what=JOB)
+            engine.commit(lambda: wh.append("commit_log", outputs), what=JOB)
         faults.point("check.after_output_commit")
+        # What the pass (every attempt of it) stored, by kind: the answers follow from it.
+        kinds = _stored_kinds(wh, pass_now)
+        written = sum(kinds.values()) - already
+        answers = {
+            TxState.COMMIT.value: kinds.get(ids.KIND_TXN_COMMIT, 0),
+            TxState.ROLLBACK.value: kinds.get(ids.KIND_TXN_OP, 0) - kinds.get(ids.KIND_TXN_COMMIT, 0),
+            TxState.UNKNOWN.value: kinds.get(ids.KIND_TXN_HALF, 0) - counts["putback"],
+        }
         # the next pass waits for dispatch to index this far (the copies written here)
         wait_version = deltalog.latest_version(wh.local_path + "/commit_log")
-        already = max(0, _expected_outputs(counts, answers) - written)
 
     # the op offset: first op record whose transaction still has an entry to walk
     left = first_pending_op(wh, new_half, head, ops)
@@ -511,16 +501,34 @@ def run(broker: Broker, now: int, *, fence=None) -> CheckResult:
     )
 
 
-def _expected_outputs(counts: dict[str, int], answers: dict[str, int]) -> int:
-    """Rows a pass writes: a copy per put-back, discard and UNKNOWN answer; the real
-    message and an op record per COMMIT; an op record per ROLLBACK."""
-    return (
-        counts["putback"]
-        + counts["discard"]
-        + answers.get(TxState.UNKNOWN.value, 0)
-        + 2 * answers.get(TxState.COMMIT.value, 0)
-        + answers.get(TxState.ROLLBACK.value, 0)
+def _pass_rows(wh: Warehouse, now: int) -> DataFrame:
+    """commit_log rows the pass at ``now`` stored (by its batch-id range, which file
+    statistics prune)."""
+    lo = ids.engine_batch_id(now, min(_TXN_KINDS))
+    hi = ids.engine_batch_id(now, max(_TXN_KINDS))
+    return wh.read("commit_log").where(
+        (F.col("store_date") == F.lit(ids.store_date(now))) & F.col("batch_id").between(lo, hi)
     )
+
+
+def _stored_positions(wh: Warehouse, now: int) -> tuple[DataFrame | None, int]:
+    """Positions (half queue offsets) with an output of the pass at ``now`` already
+    stored, and how many rows that is; (None, 0) when there are none."""
+    n = _pass_rows(wh, now).count()
+    if not n:
+        return None, 0
+    return _pass_rows(wh, now).select(F.col("batch_pos").alias("done_pos")).distinct(), n
+
+
+def _stored_kinds(wh: Warehouse, now: int) -> dict[int, int]:
+    """Rows the pass at ``now`` stored, per kind (``ids.KIND_TXN_*``)."""
+    rows = (
+        _pass_rows(wh, now)
+        .groupBy(F.col("batch_id").bitwiseAND(F.lit((1 << ids.BATCH_RANDOM_BITS) - 1)).alias("kind"))
+        .count()
+        .collect()
+    )
+    return {r["kind"]: r["count"] for r in rows}
 
 
 def first_pending_op(wh: Warehouse, new_half: int, head: int, ops: DataFrame) -> int | None:
