@@ -338,3 +338,27 @@ def test_a_resumed_pass_keeps_its_now_and_never_settles_an_entry_twice(setup, cl
         (first.handle.tran_id, "COMMIT"),
         (second.handle.tran_id, "ROLLBACK"),  # the next pass (interval elapsed) asked about "two"
     ]
+
+
+def test_a_transaction_committed_by_both_producer_and_check_is_visible_once(setup, clock):
+    from deltamq.dq.conservation import check_dispatch
+
+    broker, log = setup
+    checks = Checks(default=TxState.COMMIT)
+    producer = broker.producer("shop", check_listener=checks)
+    slow = producer.send_in_transaction(Message("orders", b"raced"), lambda m, a: TxState.UNKNOWN)
+    twice = producer.send_in_transaction(Message("orders", b"twice"), lambda m, a: TxState.UNKNOWN)
+    t = clock.now_ms() + 10_000
+    broker.tick(t)  # the check commits both (its outputs are not dispatched yet)
+    assert checks.count(slow.handle.tran_id) == 1
+    # the producer's own end lands after the check answered: a second commit of each
+    producer.end_transaction(slow.handle, TxState.COMMIT)
+    producer.end_transactions({twice.msg_id: "COMMIT"})
+    first = broker.tick(t + 1).job("dispatch")
+    assert first.details["duplicate_commits"] == 2
+    producer.end_transaction(slow.handle, TxState.COMMIT)  # once more, in a later dispatch
+    assert broker.tick(t + 2).job("dispatch").details["duplicate_commits"] == 1
+    broker.tick(t + 3)
+    assert consumed(log) == ["raced", "twice"]
+    report = check_dispatch(broker.warehouse)
+    assert report.ok and report.duplicate_commits == 3, report.describe()

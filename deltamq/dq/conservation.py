@@ -1,15 +1,18 @@
 """The conservation query (minimal form; the data-quality issue extends it).
 
 Checks that dispatch lost and repeated nothing: every ``commit_log`` row is indexed in
-``consume_queue`` exactly once, every index row points at a stored message, and
-offsets are dense per (topic, queue). A DQ check, not a hot-path job: it reads the
-tables whole.
+``consume_queue`` exactly once — except the committed message of a transaction that
+another commit already made visible (dispatch drops such duplicates; they are counted) —
+every index row points at a stored message, and offsets are dense per (topic, queue).
+A DQ check, not a hot-path job: it reads the tables whole.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from deltamq.constants import Prop, SysFlag
 
 if TYPE_CHECKING:
     from deltamq.tables.warehouse import Warehouse
@@ -26,6 +29,7 @@ class DispatchConservation:
     orphans: tuple[str, ...]  # index rows with no stored message
     duplicate_offsets: tuple[tuple[str, int, int], ...]  # (topic, queue, offset) used twice
     gaps: tuple[tuple[str, int], ...]  # queues whose offsets are not 0..n-1 (or min..max)
+    duplicate_commits: int = 0  # committed messages of a transaction already visible: not indexed
 
     @property
     def ok(self) -> bool:
@@ -35,7 +39,8 @@ class DispatchConservation:
         return (
             f"stored={self.stored} indexed={self.indexed} unindexed={len(self.unindexed)} "
             f"duplicated={len(self.duplicated)} orphans={len(self.orphans)} "
-            f"duplicate_offsets={len(self.duplicate_offsets)} gaps={list(self.gaps)}"
+            f"duplicate_offsets={len(self.duplicate_offsets)} gaps={list(self.gaps)} "
+            f"duplicate_commits={self.duplicate_commits}"
         )
 
 
@@ -45,10 +50,22 @@ def check_dispatch(wh: Warehouse) -> DispatchConservation:
     rows = wh.engine.rows
     stored = rows(f"SELECT count(*) AS n FROM {cl}")[0]["n"]
     indexed = rows(f"SELECT count(*) AS n FROM {cq}")[0]["n"]
-    unindexed = rows(
-        f"SELECT c.msg_id FROM {cl} c LEFT ANTI JOIN {cq} q ON c.msg_id = q.msg_id "
-        f"ORDER BY c.msg_id LIMIT {_SAMPLE}"
+    missing = f"(SELECT c.* FROM {cl} c LEFT ANTI JOIN {cq} q ON c.msg_id = q.msg_id)"
+    visible = (
+        f"(SELECT DISTINCT topic, properties['{Prop.TRAN_ID}'] AS tran FROM {cq} "
+        f"WHERE properties['{Prop.TRAN_ID}'] IS NOT NULL)"
     )
+    duplicate_commit = (
+        f"(u.sys_flag & 12) = {SysFlag.TRANSACTION_COMMIT_TYPE} AND u.topic = k.topic "
+        f"AND u.properties['{Prop.TRAN_ID}'] = k.tran"
+    )
+    unindexed = rows(
+        f"SELECT u.msg_id FROM {missing} u LEFT ANTI JOIN {visible} k ON {duplicate_commit} "
+        f"ORDER BY u.msg_id LIMIT {_SAMPLE}"
+    )
+    duplicate_commits = rows(
+        f"SELECT count(*) AS n FROM {missing} u LEFT SEMI JOIN {visible} k ON {duplicate_commit}"
+    )[0]["n"]
     duplicated = rows(
         f"SELECT msg_id FROM {cq} GROUP BY msg_id HAVING count(*) > 1 ORDER BY msg_id LIMIT {_SAMPLE}"
     )
@@ -73,4 +90,5 @@ def check_dispatch(wh: Warehouse) -> DispatchConservation:
         orphans=tuple(r["msg_id"] for r in orphans),
         duplicate_offsets=tuple((r[0], r[1], r[2]) for r in dup_offsets),
         gaps=tuple((r[0], r[1]) for r in gaps),
+        duplicate_commits=duplicate_commits,
     )

@@ -38,6 +38,7 @@ from deltamq.constants import (
     TIMER_TOPIC,
     TRANS_CHECK_MAX_TIME_TOPIC,
     TRANS_HALF_TOPIC,
+    TRANS_OP_HALF_TOPIC,
     Prop,
     SysFlag,
 )
@@ -78,10 +79,12 @@ class DispatchResult:
     rows_out: int
     routes: dict[str, int]
     queues: dict[tuple[str, int], int]
+    duplicate_commits: int = 0  # committed messages of already committed transactions, not indexed
 
     @property
     def details(self) -> dict[str, int]:
-        return {f"route_{k}": v for k, v in self.routes.items()} | {"commits_read": self.commits_read}
+        out = {f"route_{k}": v for k, v in self.routes.items()} | {"commits_read": self.commits_read}
+        return out | ({"duplicate_commits": self.duplicate_commits} if self.duplicate_commits else {})
 
 
 # --- reading ------------------------------------------------------------------------------
@@ -155,6 +158,67 @@ def read_new_rows(wh: Warehouse, commits: list[deltalog.Commit]) -> DataFrame | 
     for p in parts[1:]:
         out = out.unionByName(p)
     return out
+
+
+def may_hold_commits(commits: list[deltalog.Commit]) -> bool:
+    """Whether the commits' files may hold committed transactional messages (``sys_flag``
+    statistics ≥ the commit type; a file without statistics may)."""
+    return any(
+        (f.max_values.get("sys_flag") is None or f.max_values["sys_flag"] >= SysFlag.TRANSACTION_COMMIT_TYPE)
+        for c in commits
+        for f in c.files
+    )
+
+
+def _tran_time_col(tran_id: Column) -> Column:
+    """Store time (epoch ms) encoded in a transaction id (the first half's msg id)."""
+    return F.shiftright(F.conv(F.substring(tran_id, 1, 16), 16, 10).cast("bigint"), ids.BATCH_RANDOM_BITS)
+
+
+def drop_duplicate_commits(wh: Warehouse, rows: DataFrame) -> tuple[DataFrame, int]:
+    """New rows without the committed messages of transactions already committed.
+
+    A transaction may be committed twice: by its producer and by a check pass that ran
+    before the producer's end landed (RocketMQ delivers both). Each COMMIT stores the
+    real message and its op record in one commit, so a committed message is dropped when
+    an op record of its ``TRAN_ID`` is already indexed or an earlier committed message of
+    it is among the new rows. Op records are looked up from the oldest new transaction's
+    start on (their batch ids grow with time), so the read follows recent history.
+    Returns the rows to index and how many were dropped (they stay in commit_log).
+    """
+    props = F.col("properties")
+    is_commit = (
+        (F.col("sys_flag").bitwiseAND(F.lit(0xC)) == F.lit(SysFlag.TRANSACTION_COMMIT_TYPE))
+        & props.getItem(Prop.TRAN_ID).rlike(ids.MSG_ID_PATTERN)
+        & (F.col("topic") != F.lit(TRANS_OP_HALF_TOPIC))
+    )
+    commits = rows.where(is_commit).select(
+        "msg_id", "cl_version", "batch_id", "batch_pos", props.getItem(Prop.TRAN_ID).alias("tran")
+    )
+    oldest = commits.agg(F.min(_tran_time_col(F.col("tran"))).alias("t0")).collect()[0]["t0"]
+    if oldest is None:
+        return rows, 0
+    settled = (
+        wh.read("consume_queue")
+        .where(
+            (F.col("topic") == F.lit(TRANS_OP_HALF_TOPIC))
+            & (F.col("slot") == F.lit(0))
+            & (F.col("cl_batch_id") >= F.lit(oldest << ids.BATCH_RANDOM_BITS))
+        )
+        .select(F.col("properties").getItem(Prop.TRAN_ID).alias("done_tran"))
+        .distinct()
+    )
+    order = Window.partitionBy("tran").orderBy("cl_version", "batch_id", "batch_pos")
+    ranked = commits.withColumn("rn", F.row_number().over(order)).join(
+        F.broadcast(settled), F.col("tran") == F.col("done_tran"), "left"
+    )
+    dups = ranked.where((F.col("rn") > 1) | F.col("done_tran").isNotNull()).select(
+        F.col("msg_id").alias("dup_id")
+    )
+    dropped = dups.count()
+    if not dropped:
+        return rows, 0
+    return rows.join(F.broadcast(dups), F.col("msg_id") == F.col("dup_id"), "left_anti"), dropped
 
 
 # --- planning (pure) ----------------------------------------------------------------------
@@ -277,7 +341,9 @@ def run(wh: Warehouse, now: int, *, fence=None) -> DispatchResult:
         rows = read_new_rows(wh, commits)
         routes: dict[str, int] = {}
         queues: dict[tuple[str, int], int] = {}
-        n = 0
+        n = dropped = 0
+        if rows is not None and may_hold_commits(commits):
+            rows, dropped = drop_duplicate_commits(wh, rows)
         if rows is not None:
             heads = engine.spark.createDataFrame(
                 [(t, q, o) for (t, q), o in sorted(state.heads.items())], _HEADS_SCHEMA
@@ -307,7 +373,9 @@ def run(wh: Warehouse, now: int, *, fence=None) -> DispatchResult:
                 "AND t.msg_id = s.msg_id WHEN NOT MATCHED THEN INSERT *"
             )
         faults.point("dispatch.after_index_commit")
-        return DispatchResult(state.version, to_version, len(commits), n, n, routes, queues)
+        return DispatchResult(
+            state.version, to_version, len(commits), n + dropped, n, routes, queues, dropped
+        )
 
     result = engine.commit(index, what=JOB)
     if result.commits_read or result.queues:
