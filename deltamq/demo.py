@@ -61,6 +61,13 @@ def _describe(result) -> str:
             parts.append(f"promote re-stored {run.rows_out} due message(s) in their real topic")
         elif run.job == "redispatch":
             parts.append(f"dispatch indexed those {run.rows_out} in the same tick")
+        elif run.job == "check_transactions" and run.details.get("check"):
+            d = run.details
+            parts.append(
+                f"check-back asked about {d['check']} half message(s) older than 6 s: "
+                f"{d.get('answer_commit', 0)} COMMIT, {d.get('answer_rollback', 0)} ROLLBACK, "
+                f"{d.get('answer_unknown', 0)} UNKNOWN"
+            )
         elif run.job == "deliver" and run.rows_in:
             d = run.details
             parts.append(
@@ -68,6 +75,46 @@ def _describe(result) -> str:
                 f"{d['retried']} sent back to %RETRY%, {d['filtered']} skipped by tag)"
             )
     return "; ".join(parts)
+
+
+def _refunds(broker: Broker, clock: FakeClock, location: str, log_path: str, seen: int) -> int:
+    """Transactional messages: a refund notice becomes visible only if the refund was
+    recorded; a table check answers for the refunds the producer could not confirm."""
+    state = os.path.join(location, "refund_state")
+    broker.engine.spark.createDataFrame(
+        [("order-1", "DONE"), ("order-4", "REJECTED")], "order_id string, status string"
+    ).write.format("delta").mode("overwrite").save(state)
+    broker.check_with_table(
+        "refunds",
+        state,
+        "order_id",
+        "CASE WHEN status = 'DONE' THEN 'COMMIT' WHEN status = 'REJECTED' THEN 'ROLLBACK' END",
+    )
+    _say(
+        "\nRefunds are transactional: a 'refunded' notice is a half message (invisible) until the "
+        "refund is recorded.\nThe producer group 'refunds' answers check-back from the Delta table "
+        "refund_state (one join per pass)."
+    )
+    refunds = broker.producer("refunds")
+    for order in ("order-1", "order-4", "order-5"):
+        answer = "COMMIT" if order == "order-5" else "UNKNOWN"  # the gateway timed out for 1 and 4
+        refunds.send_in_transaction(
+            Message(
+                "orders",
+                json.dumps({"order": order}),
+                tags="refunded",
+                keys=order,
+                properties={"order_id": order},
+            ),
+            lambda message, arg, answer=answer: answer,
+        )
+        _say(f"{ms_to_iso(clock.now_ms())}  refund of {order}: local transaction answered {answer}")
+    for _ in range(3):
+        result = broker.tick()
+        _say(f"{ms_to_iso(result.now)}  tick: {_describe(result)}")
+        seen = _said(log_path, seen)
+        clock.advance(minutes=1)
+    return seen
 
 
 def run_demo(warehouse: str | None = None) -> None:
@@ -85,7 +132,7 @@ def run_demo(warehouse: str | None = None) -> None:
     broker.create_topic("order-timeout", queues=2, exist_ok=True)
     os.environ["DELTAMQ_DEMO_LOG"] = log_path = os.path.join(location, "listeners.jsonl")
     broker.create_group("billing", "deltamq.demo_listeners:billing", exist_ok=True)
-    broker.subscribe("billing", "orders", "created || paid")
+    broker.subscribe("billing", "orders", "created || paid || refunded")
     broker.create_group("order-canceller", "deltamq.demo_listeners:cancel_unpaid", exist_ok=True)
     broker.subscribe("order-canceller", "order-timeout", "timeout")
     _say(
@@ -140,6 +187,7 @@ def run_demo(warehouse: str | None = None) -> None:
                 queue_key="order-2",
             )
             _say(f"{ms_to_iso(clock.now_ms())}  order-2 is paid: a 'paid' message joins order-2's queue")
+    seen = _refunds(broker, clock, location, log_path, seen)
 
     _show(
         broker,
@@ -171,6 +219,14 @@ def run_demo(warehouse: str | None = None) -> None:
         "SELECT topic, queue_id, queue_offset, reconsume_times, properties['RETRY_TOPIC'] AS retry_topic, "
         "from_unixtime(store_ts DIV 1000, 'HH:mm:ss') AS stored FROM consume_queue "
         "WHERE keys = 'order-3' AND topic LIKE '%order-canceller' ORDER BY store_ts",
+    )
+    _show(
+        broker,
+        "refunds: half messages (RMQ_SYS_TRANS_HALF_TOPIC) and how each ended (op log, tag d)",
+        "SELECT h.keys AS order_id, h.queue_offset AS half_offset, o.properties['TRAN_STATE'] AS ended, "
+        "o.properties['PGROUP'] AS producer_group FROM consume_queue h LEFT JOIN consume_queue o "
+        "ON o.topic = 'RMQ_SYS_TRANS_OP_HALF_TOPIC' AND o.properties['TRAN_ID'] = h.properties['TRAN_ID'] "
+        "WHERE h.topic = 'RMQ_SYS_TRANS_HALF_TOPIC' ORDER BY h.queue_offset",
     )
     _show(
         broker,

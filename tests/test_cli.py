@@ -74,3 +74,5 @@ def test_demo_runs(tmp_path, capsys):
     assert "order-3 — inventory service unavailable: RECONSUME_LATER" in out
     assert "order-3 — unpaid after 30 min: cancelled (retry 1)" in out
     assert "order-2 — paid in time" in out
+    assert "1 COMMIT, 1 ROLLBACK, 0 UNKNOWN" in out
+    assert "order-1 — booked 'refunded'" in out and "order-4 — booked 'refunded'" not in out
