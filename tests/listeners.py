@@ -119,3 +119,9 @@ def env_fail_odd(messages, context):
     if m.reconsume_times == 0 and m.body[-1:] in b"13579":
         return ConsumeStatus.RECONSUME_LATER
     return ConsumeStatus.CONSUME_SUCCESS
+
+
+def check_by_body(message):
+    """A transaction check listener (import path ``listeners:check_by_body``): the body
+    names the state."""
+    return message.body.decode()

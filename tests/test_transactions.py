@@ -362,3 +362,23 @@ def test_a_transaction_committed_by_both_producer_and_check_is_visible_once(setu
     assert consumed(log) == ["raced", "twice"]
     report = check_dispatch(broker.warehouse)
     assert report.ok and report.duplicate_commits == 3, report.describe()
+
+
+def test_import_path_check_listener_is_found_by_another_process(setup, clock, tmp_path):
+    from deltamq import Broker
+
+    broker, log = setup
+    producer = broker.producer("shop", check_listener="listeners:check_by_body")
+    broker.producer("lost", check_listener="listeners:no_such_function")
+    assert broker.check_configs()["shop"].listener == "listeners:check_by_body"
+    for body in ("COMMIT", "ROLLBACK", "maybe"):
+        producer.send_in_transaction(Message("orders", body), lambda m, a: TxState.UNKNOWN)
+    broker.producer("lost").send_in_transaction(Message("orders", "COMMIT"), lambda m, a: None)
+    other = Broker.open(tmp_path / "wh", clock=clock)  # no listener registered in this one
+    run = other.tick(clock.now_ms() + 10_000).job("check_transactions")
+    assert run.details["answer_commit"] == 1 and run.details["answer_rollback"] == 1
+    assert run.details["answer_unknown"] == 2  # "maybe" is no state; "lost" cannot be imported
+    assert run.details["listener_errors"] == 2
+    other.runner.release()
+    broker.tick(clock.now_ms() + 10_001)  # the consumer's listener lives in this process
+    assert consumed(log) == ["COMMIT"]
