@@ -52,6 +52,7 @@ from pyspark.sql import functions as F
 
 from deltamq import faults, ids
 from deltamq.constants import (
+    DISPATCH_GROUP,
     TRANS_CHECK_MAX_TIME_TOPIC,
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
@@ -89,6 +90,9 @@ class CheckState:
     last_pass: int | None = None  # now of the last finished pass
     pass_now: int | None = None  # now of a pass begun and not finished
     wait_version: int = -1  # commit_log version holding the last pass's outputs
+    head: int = 0  # next offset of the half queue, as dispatch indexed it
+    op_head: int = 0  # next offset of the op queue, as dispatch indexed it
+    indexed_version: int = -1  # commit_log version dispatch indexed up to
 
 
 @dataclass(frozen=True)
@@ -119,22 +123,33 @@ class CheckResult:
 
 # --- state ----------------------------------------------------------------------------------
 def load_state(wh: Warehouse) -> CheckState:
+    """The saved progress, and how far dispatch has indexed the half and op queues (its
+    ``%DISPATCH%`` hint rows, read in the same query: written right after each index
+    commit, at worst behind it, which only makes a pass walk less or wait)."""
     rows = wh.engine.rows(
-        f"SELECT topic, next_offset, progress_version, attempt_ts FROM {wh.ref('offsets')} "
-        f"WHERE consumer_group = {sql_str(TRANSACTION_GROUP)}"
+        f"SELECT consumer_group, topic, next_offset, progress_version, attempt_ts FROM {wh.ref('offsets')} "
+        f"WHERE (consumer_group = {sql_str(TRANSACTION_GROUP)} AND client_id = '') "
+        f"OR (consumer_group = {sql_str(DISPATCH_GROUP)} AND topic IN ('', {sql_str(TRANS_HALF_TOPIC)}, "
+        f"{sql_str(TRANS_OP_HALF_TOPIC)}))"
     )
-    half = op = 0
-    last = pending = None
-    wait = -1
+    mine: dict[str, Any] = {}
+    indexed: dict[str, Any] = {}
     for r in rows:
-        if r["topic"] == TRANS_HALF_TOPIC:
-            half = r["next_offset"] or 0
-            pending = r["attempt_ts"]
-            wait = r["progress_version"] if r["progress_version"] is not None else -1
-        elif r["topic"] == TRANS_OP_HALF_TOPIC:
-            op = r["next_offset"] or 0
-            last = r["progress_version"]
-    return CheckState(half, op, last, pending, wait)
+        (mine if r["consumer_group"] == TRANSACTION_GROUP else indexed)[r["topic"]] = r
+    half, op = mine.get(TRANS_HALF_TOPIC), mine.get(TRANS_OP_HALF_TOPIC)
+    version = indexed.get("")
+    return CheckState(
+        half_offset=(half["next_offset"] or 0) if half else 0,
+        op_offset=(op["next_offset"] or 0) if op else 0,
+        last_pass=op["progress_version"] if op else None,
+        pass_now=half["attempt_ts"] if half else None,
+        wait_version=half["progress_version"] if half and half["progress_version"] is not None else -1,
+        head=(indexed[TRANS_HALF_TOPIC]["next_offset"] or 0) if TRANS_HALF_TOPIC in indexed else 0,
+        op_head=(indexed[TRANS_OP_HALF_TOPIC]["next_offset"] or 0) if TRANS_OP_HALF_TOPIC in indexed else 0,
+        indexed_version=(
+            version["progress_version"] if version and version["progress_version"] is not None else -1
+        ),
+    )
 
 
 # --- planning (pure) ------------------------------------------------------------------------
@@ -355,12 +370,10 @@ def run(broker: Broker, now: int, *, fence=None) -> CheckResult:
         and now - state.last_pass < cfg.transaction_check_interval_ms
     ):
         return CheckResult(False, "interval", half_offset=state.half_offset, op_offset=state.op_offset)
-    indexed = dispatch.load_state(wh)
-    if indexed.version < state.wait_version:
+    if state.indexed_version < state.wait_version:
         # the last pass's copies are not walkable yet: wait for dispatch
         return CheckResult(False, "dispatch_behind", half_offset=state.half_offset, op_offset=state.op_offset)
-    head = indexed.heads.get((TRANS_HALF_TOPIC, 0), 0)
-    op_head = indexed.heads.get((TRANS_OP_HALF_TOPIC, 0), 0)
+    head, op_head = state.head, state.op_head
     if not resumed and head <= state.half_offset:
         return CheckResult(False, "idle", half_offset=state.half_offset, op_offset=state.op_offset)
     pass_now = state.pass_now if resumed else now
