@@ -291,6 +291,7 @@ class Broker:
         dedup_key: str | None = None,
         retry_policy: dict[str, Any] | None = None,
         instances: list[str] | None = None,
+        invisible_time_ms: int = 60_000,
         exist_ok: bool = False,
     ) -> None:
         """Create a consumer group (SPEC §3).
@@ -298,6 +299,8 @@ class Broker:
         ``listener`` is a callable or an import path ``"package.module:function"``; the
         path is stored in ``group_config`` so jobs started by Airflow or spark-submit
         find it. A CLUSTERING group is subscribed to its own ``%RETRY%<group>``.
+        ``invisible_time_ms``: pull consumers — a pulled message not acked within it counts
+        as RECONSUME_LATER.
         """
         validate_group_name(name)
         if mode not in MESSAGE_MODELS:
@@ -322,6 +325,7 @@ class Broker:
             ("consume_message_batch_max_size", consume_message_batch_max_size, 1),
             ("consume_timeout_ms", consume_timeout_ms, 1),
             ("max_reconsume_times", max_reconsume_times, -1),
+            ("invisible_time_ms", invisible_time_ms, 1),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{field_name}={value!r} is not allowed; it must be an integer >= {low}")
@@ -347,7 +351,8 @@ class Broker:
             f"{sql_long(consume_timeout_ms)} AS consume_timeout_ms, {sql_str(dedup_key)} AS dedup_key, "
             f"{sql_str(listener_path)} AS listener, "
             f"{sql_str(json.dumps(retry_policy) if retry_policy else None)} AS retry_policy, "
-            f"{sql_long(now)} AS created_ts, {inst} AS instances) s "
+            f"{sql_long(now)} AS created_ts, {inst} AS instances, "
+            f"{sql_long(invisible_time_ms)} AS invisible_time_ms) s "
             "ON t.consumer_group = s.consumer_group WHEN NOT MATCHED THEN INSERT *"
         )
         self.engine.commit(lambda: self.engine.execute(statement), what="group_config")
@@ -576,6 +581,13 @@ class Broker:
             out.setdefault(group, CheckConfig(group))
         return out
 
+    def pull_consumer(self, group: str, client_id: str):
+        """A pull client of a CLUSTERING group without a push listener (SPEC §6): its share
+        of the group's queues, guarded by the queue access lock."""
+        from deltamq.pull import PullConsumer
+
+        return PullConsumer(self, group, client_id)
+
     def max_delay_level(self) -> int:
         if self._max_level is None:
             levels = self.warehouse.levels()
@@ -652,6 +664,7 @@ class Broker:
                 }
             )
         dlq = {t: n for (t, _), n in state.heads.items() if t.startswith("%DLQ%")}
+        from deltamq import pull
         from deltamq.jobs import check_transactions
 
         return {
@@ -664,6 +677,7 @@ class Broker:
             "lag": lag,
             "dead_letters": dlq,
             "transactions": check_transactions.pending(self, self.clock.now_ms()),
+            "pull_clients": pull.status(self, self.clock.now_ms()),
         }
 
 

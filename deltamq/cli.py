@@ -219,6 +219,21 @@ def _dispatch_command(broker, args: argparse.Namespace) -> int:
             "\ndead letters (indexed): "
             + (", ".join(f"{t}: {n}" for t, n in sorted(st["dead_letters"].items())) or "none")
         )
+        print("\npull clients (rebalance: assigned queues; access lock: queues held):")
+        print_table(
+            ["group", "client", "last seen", "assigned", "locked", "in flight"],
+            [
+                [
+                    c["group"],
+                    c["client"],
+                    ms_to_iso(c["last_seen"]),
+                    " ".join(f"{t}:{q}" for t, q in c["assigned"]) or "-",
+                    " ".join(f"{t}:{q}" for t, q in c["locked"]) or "-",
+                    c["in_flight"],
+                ]
+                for c in st["pull_clients"]
+            ],
+        )
         print("\ntransactions (half messages not yet settled, per producer group):")
         print_table(
             ["producer group", "pending", "oldest age (s)", "most checks", "discarded"],

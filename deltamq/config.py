@@ -73,6 +73,12 @@ class BrokerConfig:
     transaction_check_interval_ms: int = 60_000
     transaction_timeout_ms: int = 6_000
     transaction_check_max: int = 15
+    # Pull clients (SPEC §6): a client silent this long leaves its group; a queue owner
+    # silent lock_queue_timeout_ms loses the queue lock; a non-owner may take a fully
+    # acked queue after this many of its refused pulls saw the delivered offset unchanged.
+    client_timeout_ms: int = 120_000
+    lock_queue_timeout_ms: int = 60_000
+    max_deliver_offset_no_change_times: int = 3
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_MODES:
@@ -92,6 +98,9 @@ class BrokerConfig:
             "transaction_check_interval_ms",
             "transaction_timeout_ms",
             "transaction_check_max",
+            "client_timeout_ms",
+            "lock_queue_timeout_ms",
+            "max_deliver_offset_no_change_times",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be greater than zero")

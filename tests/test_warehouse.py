@@ -49,10 +49,11 @@ def test_upgrade_v1_warehouse_in_place(tmp_path, broker):
         Broker.open(tmp_path / "old")
     done = Warehouse(broker.engine, tmp_path / "old").init()
     assert done["from_version"] == 1
-    assert done["created"] == ["producer_config", "dq_results"]
+    assert done["created"] == ["producer_config", "clients", "dq_results"]
     assert done["upgraded"] == {
-        "group_config": ["instances"],
+        "group_config": ["instances", "invisible_time_ms"],
         "consume_queue": ["born_ts"],
+        "offsets": ["delivered_offset"],
         "job_runs": ["details"],
     }
     upgraded = Broker.open(tmp_path / "old")

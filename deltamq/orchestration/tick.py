@@ -98,6 +98,14 @@ def _deliver(broker: Broker, now: int, fence: Callable[[], None], runs: list[Job
     )
 
 
+def _pull_expiry(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
+    """Pull deliveries not acked within their invisible time: RECONSUME_LATER."""
+    from deltamq import pull
+
+    n = pull.expire(broker, now, fence=fence)
+    return JobRun("pull_expiry", "OK", n, n, details={"expired": n})
+
+
 def _check_transactions(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
     r = check_transactions.run(broker, now, fence=fence)
     return JobRun(
@@ -118,6 +126,7 @@ SEQUENCE: tuple[tuple[str, str, JobFn], ...] = (
     ("promote", "promote", _promote),
     ("redispatch", "dispatch", _redispatch),
     ("deliver", "deliver", _deliver),
+    ("pull_expiry", "deliver", _pull_expiry),
     ("check_transactions", "check_transactions", _check_transactions),
 )
 
@@ -125,10 +134,11 @@ JOB_NAMES = tuple(dict.fromkeys(lease for _, lease, _ in SEQUENCE))
 
 
 def job_sequence(job: str) -> tuple[tuple[str, str, JobFn], ...]:
-    """The sequence that runs one job kind on its own (e.g. ``deltamq job promote``)."""
+    """The sequence that runs one job kind on its own (e.g. ``deltamq job promote``): every
+    step under that job's lease (``deliver`` includes the pull deliveries' expiry)."""
     if job not in JOB_NAMES:
         raise ValueError(f"unknown job {job!r}; jobs are {JOB_NAMES}")
-    return tuple(s for s in SEQUENCE if s[0] == job)
+    return tuple(s for s in SEQUENCE if s[1] == job)
 
 
 class TickRunner:

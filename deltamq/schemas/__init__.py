@@ -149,6 +149,12 @@ GROUP_CONFIG = T.StructType(
         _f("retry_policy", STR, "JSON retry policy, null: RocketMQ's 3 + n levels"),
         _f("created_ts", LONG, "epoch ms created"),
         _f("instances", T.ArrayType(STR), "broadcast instance names", added_in=2),
+        _f(
+            "invisible_time_ms",
+            LONG,
+            "pull: ms a pulled message stays invisible before it counts as RECONSUME_LATER",
+            added_in=3,
+        ),
     ]
 )
 
@@ -210,6 +216,12 @@ OFFSETS = T.StructType(
         _f("attempt_ts", LONG, "now of the delivery attempt in flight (attempts > 0): ids of its sends-back"),
         _f("suspends", INT, "orderly: times the message at next_offset was suspended (its retry count)"),
         _f("updated_ts", LONG, "epoch ms (the tick's now) of the last change"),
+        _f(
+            "delivered_offset",
+            LONG,
+            "pull groups: next offset to hand out; [next_offset, delivered_offset) is in flight",
+            added_in=3,
+        ),
     ]
 )
 
@@ -248,6 +260,15 @@ QUEUE_LOCK = T.StructType(
         _f("last_access_ts", LONG, "epoch ms of the owner's last pull"),
         _f("last_delivered_offset", LONG, "delivered offset last seen"),
         _f("no_change_count", INT, "refused polls with an unchanged delivered offset"),
+    ]
+)
+
+CLIENTS = T.StructType(
+    [
+        _f("consumer_group", STR, "consumer group", added_in=3),
+        _f("client_id", STR, "pull client", added_in=3),
+        _f("first_seen_ts", LONG, "epoch ms of the client's first pull", added_in=3),
+        _f("last_seen_ts", LONG, "epoch ms of its last pull or ack (liveness)", added_in=3),
     ]
 )
 
@@ -329,6 +350,7 @@ TABLES: dict[str, TableSpec] = {
         TableSpec("deliveries", DELIVERIES, doc="in-flight pull deliveries"),
         TableSpec("leases", LEASES, doc="one holder per job kind"),
         TableSpec("queue_lock", QUEUE_LOCK, doc="DeFiBus queue access lock"),
+        TableSpec("clients", CLIENTS, added_in=3, doc="pull clients of each group and when last seen"),
         TableSpec("consumed_keys", CONSUMED_KEYS, doc="dedup keys consumed per group"),
         TableSpec("job_runs", JOB_RUNS, ("run_date",), doc="one append per tick"),
         TableSpec("dq_results", DQ_RESULTS, added_in=2, doc="data-quality results"),

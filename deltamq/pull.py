@@ -1,0 +1,690 @@
+"""Pull consumers: consumers outside the engine (SPEC §6).
+
+``consumer = broker.pull_consumer(group, client_id)``; ``consumer.pull(n)`` returns
+messages, each with a ``receipt_handle``; ``consumer.ack(handles)`` /
+``consumer.nack(handles, delay_level=None)`` end them.
+
+- **Liveness and rebalancing.** Every pull or ack records the client in ``clients``. Per
+  subscribed topic (its retry topic included), the group's live clients (seen within
+  ``client_timeout_ms``) and the topic's queues are both sorted and the queues divided
+  evenly (RocketMQ's rebalanceByTopic with AllocateMessageQueueAveragely): a client
+  pulls only its share.
+- **Access lock** (DeFiBus's ConsumeQueueAccessLockManager, ``queue_lock``). The owner's
+  pulls refresh its last access and the delivered offset it saw. Anyone else is refused
+  while the owner holds the queue; each refused attempt compares the queue's delivered
+  offset with the one last seen (unchanged → the no-change counter goes up; changed →
+  saved, counter reset); the owner's pulls never touch the counter. A non-owner takes the
+  queue only when the owner timed out (``lock_queue_timeout_ms``) or everything
+  delivered was acknowledged and the counter reached
+  ``max_deliver_offset_no_change_times``; it then starts at the acknowledged offset.
+  Lock rows change by compare-and-set MERGE and are read back: of racing clients
+  exactly one wins.
+- **In flight.** ``deliveries`` holds the messages handed out and not yet acknowledged
+  (acked rows are deleted, so it stays small). Per queue, ``offsets.next_offset`` is the
+  acknowledged offset — the lowest offset still in flight, so acks may come in any order
+  — and ``offsets.delivered_offset`` the next offset to hand out. A delivery not acked
+  within the group's ``invisible_time_ms`` counts as RECONSUME_LATER (the tick's
+  ``pull_expiry`` step); a nack likewise, now: both take the push consumers' retry / DLQ
+  path (``%RETRY%<group>`` with back-off, ``%DLQ%<group>`` at the maximum).
+
+Delivery is at-least-once: a client killed between handing out and recording, or a
+takeover after the owner timed out, can repeat messages (idempotent consumption and
+exactly-once sinks deal with that). One client id is one puller: two threads pulling
+under one id share its queues.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import functions as F
+
+from deltamq import faults
+from deltamq.errors import ConfigError, UnknownGroup
+from deltamq.filters import compile_sql92, parse_tag_expression
+from deltamq.message import StoredMessage, validate_group_name
+from deltamq.tables.bodies import join_bodies, read_bodies, stored_ids
+from deltamq.tables.sqltext import sql_in, sql_int, sql_long, sql_str
+
+if TYPE_CHECKING:
+    from deltamq.broker import Broker
+
+Queue = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class PulledMessage(StoredMessage):
+    """A pulled message: ack or nack it by ``receipt_handle``."""
+
+    receipt_handle: str = ""
+
+
+# --- rebalancing (pure) ---------------------------------------------------------------------
+def allocate_averagely(queues: Sequence[Queue], clients: Sequence[str], me: str) -> list[Queue]:
+    """RocketMQ's AllocateMessageQueueAveragely: both lists sorted, ``me``'s contiguous
+    share (the first ``len(queues) % len(clients)`` clients get one more)."""
+    mqs, cids = sorted(queues), sorted(set(clients))
+    if me not in cids or not mqs:
+        return []
+    index, n, k = cids.index(me), len(mqs), len(cids)
+    mod = n % k
+    if n <= k:
+        size = 1
+    elif mod > 0 and index < mod:
+        size = n // k + 1
+    else:
+        size = n // k
+    start = index * size if mod > 0 and index < mod else index * size + mod
+    return [mqs[(start + i) % n] for i in range(max(0, min(size, n - start)))]
+
+
+def assign(queues: Sequence[Queue], clients: Sequence[str], me: str) -> list[Queue]:
+    """``me``'s queues: per topic (RocketMQ's rebalanceByTopic), its averagely share."""
+    by_topic: dict[str, list[Queue]] = defaultdict(list)
+    for q in queues:
+        by_topic[q[0]].append(q)
+    return sorted(q for qs in by_topic.values() for q in allocate_averagely(qs, clients, me))
+
+
+# --- the access lock (pure) -----------------------------------------------------------------
+@dataclass(frozen=True)
+class LockEntry:
+    owner: str
+    last_access_ts: int
+    last_delivered_offset: int
+    no_change_count: int = 0
+
+
+def decide_lock(
+    entry: LockEntry | None,
+    me: str,
+    now: int,
+    delivered: int,
+    acked: int,
+    *,
+    timeout_ms: int,
+    max_no_change: int,
+) -> tuple[str, LockEntry]:
+    """SPEC §6 for one pull attempt of ``me``: ("acquired" | "owner" | "refused", the
+    entry to store)."""
+    if entry is None:
+        return "acquired", LockEntry(me, now, delivered, 0)
+    if entry.owner == me:
+        return "owner", LockEntry(me, now, delivered, entry.no_change_count)
+    if delivered == entry.last_delivered_offset:
+        count, seen = entry.no_change_count + 1, entry.last_delivered_offset
+    else:
+        count, seen = 0, delivered
+    hold_timeout = now - entry.last_access_ts > timeout_ms
+    if hold_timeout or (delivered == acked and count >= max_no_change):
+        return "acquired", LockEntry(me, now, delivered, 0)
+    return "refused", LockEntry(entry.owner, entry.last_access_ts, seen, count)
+
+
+# --- the consumer ---------------------------------------------------------------------------
+class PullConsumer:
+    """A pull client of one CLUSTERING group."""
+
+    def __init__(self, broker: Broker, group: str, client_id: str) -> None:
+        self.broker = broker
+        self.group = validate_group_name(group)
+        self.client_id = validate_group_name(client_id, "client id")
+        cfg = broker.groups().get(self.group)
+        if cfg is None:
+            raise UnknownGroup(f"consumer group {self.group!r} does not exist; create it first")
+        if cfg["mode"] != "CLUSTERING":
+            raise ConfigError(
+                f"group {self.group!r} is {cfg['mode']}; pull consumers share a CLUSTERING group's "
+                "queues (a BROADCASTING group is consumed by push instances)"
+            )
+        if cfg["listener"] or self.group in broker.listeners:
+            raise ConfigError(
+                f"group {self.group!r} has a push listener; a queue is consumed by push or by pull "
+                "clients, not both: create a separate group for pull clients"
+            )
+        self._cfg = cfg
+
+    # --- helpers ------------------------------------------------------------------------------
+    def _now(self, now: int | None) -> int:
+        return self.broker.clock.now_ms() if now is None else int(now)
+
+    def _ref(self, table: str) -> str:
+        return self.broker.warehouse.ref(table)
+
+    def heartbeat(self, now: int | None = None) -> None:
+        """Record this client as alive (every pull and ack does)."""
+        now = self._now(now)
+        statement = (
+            f"MERGE INTO {self._ref('clients')} t USING (SELECT {sql_str(self.group)} AS consumer_group, "
+            f"{sql_str(self.client_id)} AS client_id, {sql_long(now)} AS first_seen_ts, "
+            f"{sql_long(now)} AS last_seen_ts) s "
+            "ON t.consumer_group = s.consumer_group AND t.client_id = s.client_id "
+            "WHEN MATCHED THEN UPDATE SET t.last_seen_ts = greatest(t.last_seen_ts, s.last_seen_ts) "
+            "WHEN NOT MATCHED THEN INSERT *"
+        )
+        self.broker.engine.commit(lambda: self.broker.engine.execute(statement), what="clients")
+
+    def close(self) -> None:
+        """Leave the group now (instead of after the client timeout)."""
+        statement = (
+            f"DELETE FROM {self._ref('clients')} WHERE consumer_group = {sql_str(self.group)} "
+            f"AND client_id = {sql_str(self.client_id)}"
+        )
+        self.broker.engine.commit(lambda: self.broker.engine.execute(statement), what="clients")
+
+    def assignment(self, now: int | None = None) -> list[Queue]:
+        """The queues this client may pull now: per subscribed topic (as RocketMQ's
+        rebalanceByTopic), its share of the topic's queues among the live clients."""
+        return assign(group_queues(self.broker, self.group), self._live(self._now(now)), self.client_id)
+
+    def _live(self, now: int) -> list[str]:
+        return live_clients(self.broker, self.group, now) + [self.client_id]
+
+    # --- pulling ------------------------------------------------------------------------------
+    def pull(self, max_messages: int = 32, now: int | None = None) -> list[PulledMessage]:
+        """Up to ``max_messages`` messages from this client's queues, each invisible to
+        every other client until acked, nacked or ``invisible_time_ms`` has passed."""
+        if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
+            raise ConfigError(f"max_messages={max_messages!r} must be an integer >= 1")
+        now = self._now(now)
+        self.heartbeat(now)
+        mine = self.assignment(now)
+        if not mine:
+            return []
+        held = self._lock(mine, now)
+        faults.point("pull.after_lock_commit")
+        if not held:
+            return []
+        from deltamq.jobs import dispatch
+
+        heads = dispatch.load_state(self.broker.warehouse).heads
+        takes: list[tuple[str, int, int, int]] = []
+        budget = max_messages
+        for (topic, qid), start in sorted(held.items()):
+            end = min(heads.get((topic, qid), 0), start + budget)
+            if end > start:
+                takes.append((topic, qid, start, end))
+                budget -= end - start
+            if budget <= 0:
+                break
+        messages = self._read(takes, now) if takes else []
+        if messages:
+            self._record(messages, now)
+        faults.point("pull.after_deliveries_commit")
+        # every held queue: delivered up to what was taken (a queue just taken over starts
+        # at its acknowledged offset even when nothing was taken from it)
+        delivered = dict(held) | {(t, q): end for t, q, _, end in takes}
+        set_positions(self.broker, self.group, delivered, now)
+        faults.point("pull.after_offsets_commit")
+        return [m.message for m in sorted(messages, key=lambda m: (m.topic_queue, m.message.queue_offset))]
+
+    def _lock(self, mine: list[Queue], now: int) -> dict[Queue, int]:
+        """Take or refresh the access lock of ``mine``; returns the queues this client holds
+        and the offset to pull each from."""
+        engine = self.broker.engine
+        cfg = self.broker.config
+        result: dict[Queue, int] = {}
+        taken_over: dict[Queue, int] = {}
+
+        def attempt() -> None:
+            result.clear()
+            taken_over.clear()
+            locks = read_locks(self.broker, self.group)
+            positions = read_positions(self.broker, self.group)
+            changes = []
+            starts: dict[Queue, int] = {}
+            for q in mine:
+                acked, delivered = positions.get(q, (0, None))
+                delivered = acked if delivered is None else delivered
+                verdict, new = decide_lock(
+                    locks.get(q),
+                    self.client_id,
+                    now,
+                    delivered,
+                    acked,
+                    timeout_ms=cfg.lock_queue_timeout_ms,
+                    max_no_change=cfg.max_deliver_offset_no_change_times,
+                )
+                changes.append((q, locks.get(q), new))
+                if verdict == "acquired":
+                    starts[q] = acked  # the new owner starts at the acknowledged offset
+                    if locks.get(q) is not None:
+                        taken_over[q] = acked
+                elif verdict == "owner":
+                    starts[q] = delivered
+            write_locks(self.broker, self.group, changes)
+            mine_now = read_locks(self.broker, self.group)
+            for q, start in starts.items():
+                got = mine_now.get(q)
+                if got is not None and got.owner == self.client_id and got.last_access_ts == now:
+                    result[q] = start
+
+        if any(q not in read_locks(self.broker, self.group) for q in mine):
+            ensure_lock_rows(self.broker, self.group, mine)
+        engine.commit(attempt, what="queue_lock")
+        taken_over = {q: s for q, s in taken_over.items() if q in result}
+        if taken_over:
+            # the previous owner's in-flight messages are handed out again from the acked offset
+            revoke(self.broker, self.group, taken_over, self.client_id)
+        return result
+
+    def _read(self, takes: list[tuple[str, int, int, int]], now: int) -> list[_Handout]:
+        wh = self.broker.warehouse
+        subs = {s["topic"]: s for s in self.broker.subscriptions(self.group)}
+        pred = F.lit(False)
+        for topic, qid, lo, hi in takes:
+            pred = pred | (
+                (F.col("topic") == topic)
+                & (F.col("queue_id") == qid)
+                & F.col("queue_offset").between(lo, hi - 1)
+            )
+        cq = wh.read("consume_queue").where(pred)
+        matches = F.lit(True)
+        for topic, sub in subs.items():
+            matches = F.when(F.col("topic") == topic, _matcher(sub)).otherwise(matches)
+        cq = cq.withColumn("matched", matches).where(F.col("matched"))
+        index = cq.select("cl_date", "cl_batch_id").distinct().collect()
+        if not index:
+            return []
+        bodies = read_bodies(wh, (r["cl_date"] for r in index), (r["cl_batch_id"] for r in index))
+        rows = join_bodies(
+            cq.drop("properties", "born_ts"), bodies, ["body", "born_ts", "flag", "sys_flag", "properties"]
+        )
+        from deltamq.jobs.deliver import _stored
+
+        out = []
+        for r in rows.collect():
+            d = r.asDict()
+            msg = PulledMessage(**_stored(d), receipt_handle=secrets.token_hex(12))
+            out.append(_Handout(msg, (d["topic"], d["queue_id"]), d["msg_id"], d["reconsume_times"] or 0))
+        return out
+
+    def _record(self, messages: list[_Handout], now: int) -> None:
+        invisible = now + int(self._cfg["invisible_time_ms"] or 60_000)
+        rows = [
+            (
+                self.group,
+                self.client_id,
+                m.topic_queue[0],
+                m.topic_queue[1],
+                m.message.queue_offset,
+                m.stored_id,
+                m.message.receipt_handle,
+                now,
+                invisible,
+                "INFLIGHT",
+            )
+            for m in messages
+        ]
+        df = self.broker.engine.spark.createDataFrame(
+            rows,
+            "consumer_group string, client_id string, topic string, queue_id int, queue_offset bigint, "
+            "msg_id string, receipt_handle string, delivered_ts bigint, invisible_until bigint, state string",
+        )
+        self.broker.engine.commit(lambda: self.broker.warehouse.append("deliveries", df), what="deliveries")
+
+    # --- acknowledging ------------------------------------------------------------------------
+    def ack(self, handles: Iterable[str], now: int | None = None) -> int:
+        """Acknowledge messages (any order). Returns how many handles were in flight; a
+        handle that expired, was nacked or revoked by a takeover is not counted."""
+        now = self._now(now)
+        handles = _handles(handles)
+        if not handles:
+            return 0
+        self.heartbeat(now)
+        found = end_deliveries(self.broker, self.group, handles)
+        set_positions(self.broker, self.group, {}, now, queues={(r["topic"], r["queue_id"]) for r in found})
+        return len(found)
+
+    def nack(self, handles: Iterable[str], delay_level: int | None = None, now: int | None = None) -> int:
+        """Give messages back: each is retried through ``%RETRY%<group>`` (level
+        ``delay_level``, default 3 + retries; < 0: straight to ``%DLQ%<group>``)."""
+        now = self._now(now)
+        handles = _handles(handles)
+        if not handles:
+            return 0
+        if delay_level is not None and (isinstance(delay_level, bool) or not isinstance(delay_level, int)):
+            raise ConfigError(f"delay_level={delay_level!r} must be an integer or None")
+        self.heartbeat(now)
+        rows = read_deliveries(
+            self.broker, f"consumer_group = {sql_str(self.group)} AND receipt_handle IN {sql_in(handles)}"
+        )
+        send_back(self.broker, rows, delay_level or 0, "nack")
+        found = end_deliveries(self.broker, self.group, [r["receipt_handle"] for r in rows])
+        set_positions(self.broker, self.group, {}, now, queues={(r["topic"], r["queue_id"]) for r in found})
+        return len(found)
+
+
+@dataclass(frozen=True)
+class _Handout:
+    message: PulledMessage
+    topic_queue: Queue
+    stored_id: str
+    reconsume_times: int
+
+
+def _handles(handles: Iterable[str]) -> list[str]:
+    if isinstance(handles, str):
+        handles = [handles]
+    out = []
+    for h in handles:
+        if not isinstance(h, str) or not h or not all(c in "0123456789abcdef" for c in h):
+            raise ConfigError(f"{h!r} is not a receipt handle (hex text returned by pull)")
+        out.append(h)
+    return sorted(set(out))
+
+
+def _matcher(sub: dict[str, Any]):
+    if sub["expr_type"] == "SQL92":
+        return compile_sql92(sub["expression"])
+    tags = parse_tag_expression(sub["expression"])
+    if tags is None:
+        return F.lit(True)
+    return F.col("tags").isNotNull() & F.col("tags").isin(*tags)
+
+
+# --- shared reads and writes ----------------------------------------------------------------
+def group_queues(broker: Broker, group: str) -> list[Queue]:
+    """Every queue of every topic the group subscribes to (its retry topic included)."""
+    out = []
+    for sub in broker.subscriptions(group):
+        topic = sub["topic"]
+        try:
+            n = broker.topic_queues(topic)
+        except Exception:  # noqa: BLE001 - a deleted topic has no queues
+            continue
+        out += [(topic, q) for q in range(n)]
+    return sorted(out)
+
+
+def live_clients(broker: Broker, group: str, now: int) -> list[str]:
+    rows = broker.engine.rows(
+        f"SELECT client_id FROM {broker.warehouse.ref('clients')} WHERE consumer_group = {sql_str(group)} "
+        f"AND last_seen_ts >= {sql_long(now - broker.config.client_timeout_ms)}"
+    )
+    return sorted(r["client_id"] for r in rows)
+
+
+def read_locks(broker: Broker, group: str) -> dict[Queue, LockEntry | None]:
+    """Lock rows of the group; a queue whose row has no owner maps to None."""
+    rows = broker.engine.rows(
+        f"SELECT topic, queue_id, owner, last_access_ts, last_delivered_offset, no_change_count "
+        f"FROM {broker.warehouse.ref('queue_lock')} WHERE consumer_group = {sql_str(group)}"
+    )
+    return {
+        (r["topic"], r["queue_id"]): None
+        if r["owner"] is None
+        else LockEntry(
+            r["owner"], r["last_access_ts"], r["last_delivered_offset"] or 0, r["no_change_count"] or 0
+        )
+        for r in rows
+    }
+
+
+def ensure_lock_rows(broker: Broker, group: str, queues: Iterable[Queue]) -> None:
+    """Ownerless lock rows for ``queues`` that have none. Taking a lock is then always an
+    update of an existing row: concurrent takers conflict (a non-append commit) or fail
+    the compare-and-set, never both insert. Two racing inserts here leave identical
+    ownerless rows, which every later update changes together."""
+    values = ", ".join(f"({sql_str(group)}, {sql_str(t)}, {q})" for t, q in sorted(queues))
+    if not values:
+        return
+    statement = (
+        f"MERGE INTO {broker.warehouse.ref('queue_lock')} t USING (SELECT * FROM VALUES {values} "
+        "AS v(consumer_group, topic, queue_id)) s "
+        "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
+        "WHEN NOT MATCHED THEN INSERT (consumer_group, topic, queue_id, owner, last_access_ts, "
+        "last_delivered_offset, no_change_count) VALUES (s.consumer_group, s.topic, s.queue_id, "
+        "CAST(NULL AS STRING), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), 0)"
+    )
+    broker.engine.commit(lambda: broker.engine.execute(statement), what="queue_lock")
+
+
+def write_locks(broker: Broker, group: str, changes: list[tuple[Queue, LockEntry | None, LockEntry]]) -> None:
+    """Compare-and-set: each (existing, see :func:`ensure_lock_rows`) row changes only if it
+    still is what was read."""
+    changes = [c for c in changes if c[1] != c[2]]
+    if not changes:
+        return
+    values = ", ".join(
+        f"({sql_str(group)}, {sql_str(t)}, {q}, {sql_str(old.owner if old else None)}, "
+        f"{sql_long(old.last_access_ts if old else None)}, {sql_str(new.owner)}, "
+        f"{sql_long(new.last_access_ts)}, "
+        f"{sql_long(new.last_delivered_offset)}, {sql_int(new.no_change_count)})"
+        for (t, q), old, new in changes
+    )
+    broker.engine.execute(
+        f"MERGE INTO {broker.warehouse.ref('queue_lock')} t USING (SELECT * FROM VALUES {values} AS v("
+        "consumer_group, topic, queue_id, exp_owner, exp_access, owner, last_access_ts, "
+        "last_delivered_offset, no_change_count)) s "
+        "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
+        "WHEN MATCHED AND t.owner <=> s.exp_owner AND t.last_access_ts <=> s.exp_access THEN UPDATE SET "
+        "t.owner = s.owner, t.last_access_ts = s.last_access_ts, "
+        "t.last_delivered_offset = s.last_delivered_offset, t.no_change_count = s.no_change_count"
+    )
+
+
+def read_positions(broker: Broker, group: str) -> dict[Queue, tuple[int, int | None]]:
+    """Per queue: (acknowledged offset, delivered offset or None)."""
+    rows = broker.engine.rows(
+        f"SELECT topic, queue_id, next_offset, delivered_offset FROM {broker.warehouse.ref('offsets')} "
+        f"WHERE consumer_group = {sql_str(group)} AND client_id = ''"
+    )
+    return {(r["topic"], r["queue_id"]): (r["next_offset"] or 0, r["delivered_offset"]) for r in rows}
+
+
+def read_deliveries(broker: Broker, where: str) -> list[dict[str, Any]]:
+    return [
+        r.asDict()
+        for r in broker.engine.rows(f"SELECT * FROM {broker.warehouse.ref('deliveries')} WHERE {where}")
+    ]
+
+
+def end_deliveries(broker: Broker, group: str, handles: list[str]) -> list[dict[str, Any]]:
+    """Remove deliveries from the in-flight set; returns the rows that were there."""
+    if not handles:
+        return []
+    where = f"consumer_group = {sql_str(group)} AND receipt_handle IN {sql_in(handles)}"
+    found: list[dict[str, Any]] = []
+
+    def attempt() -> None:
+        found[:] = read_deliveries(broker, where)
+        if found:
+            broker.engine.execute(f"DELETE FROM {broker.warehouse.ref('deliveries')} WHERE {where}")
+
+    broker.engine.commit(attempt, what="deliveries")
+    return found
+
+
+def revoke(broker: Broker, group: str, queues: dict[Queue, int], new_owner: str) -> None:
+    """After a takeover: the previous owner's in-flight messages of ``queues`` leave the
+    in-flight set (the new owner hands them out again from the acknowledged offset)."""
+    cond = " OR ".join(f"(topic = {sql_str(t)} AND queue_id = {q})" for t, q in sorted(queues))
+    statement = (
+        f"DELETE FROM {broker.warehouse.ref('deliveries')} WHERE consumer_group = {sql_str(group)} "
+        f"AND client_id <> {sql_str(new_owner)} AND ({cond})"
+    )
+    broker.engine.commit(lambda: broker.engine.execute(statement), what="deliveries")
+
+
+def set_positions(
+    broker: Broker, group: str, delivered: dict[Queue, int], now: int, queues: set[Queue] | None = None
+) -> None:
+    """Store the delivered offsets given and, for those queues and ``queues``, the
+    acknowledged offset = the lowest offset still in flight (else the delivered one)."""
+    targets = set(delivered) | set(queues or ())
+    if not targets:
+        return
+    inflight = defaultdict(lambda: None)
+    cond = " OR ".join(f"(topic = {sql_str(t)} AND queue_id = {q})" for t, q in sorted(targets))
+    for r in broker.engine.rows(
+        f"SELECT topic, queue_id, min(queue_offset) AS lo FROM {broker.warehouse.ref('deliveries')} "
+        f"WHERE consumer_group = {sql_str(group)} AND ({cond}) GROUP BY topic, queue_id"
+    ):
+        inflight[(r["topic"], r["queue_id"])] = r["lo"]
+    positions = read_positions(broker, group)
+    values = []
+    for q in sorted(targets):
+        acked, old_delivered = positions.get(q, (0, None))
+        d = delivered.get(q, old_delivered if old_delivered is not None else acked)
+        lo = inflight[q]
+        acked_now = d if lo is None else min(lo, d)
+        values.append(f"({sql_str(group)}, {sql_str(q[0])}, {q[1]}, {sql_long(acked_now)}, {sql_long(d)})")
+    statement = (
+        f"MERGE INTO {broker.warehouse.ref('offsets')} t "
+        f"USING (SELECT * FROM VALUES {', '.join(values)} AS v("
+        "consumer_group, topic, queue_id, next_offset, delivered_offset)) s "
+        "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
+        "AND t.client_id = '' "
+        "WHEN MATCHED THEN UPDATE SET t.next_offset = greatest(coalesce(t.next_offset, 0), s.next_offset), "
+        f"t.delivered_offset = s.delivered_offset, t.updated_ts = {sql_long(now)} "
+        "WHEN NOT MATCHED THEN INSERT (consumer_group, topic, queue_id, client_id, next_offset, "
+        "delivered_offset, updated_ts) VALUES (s.consumer_group, s.topic, s.queue_id, '', s.next_offset, "
+        f"s.delivered_offset, {sql_long(now)})"
+    )
+    broker.engine.commit(lambda: broker.engine.execute(statement), what="offsets")
+
+
+def send_back(broker: Broker, rows: list[dict[str, Any]], level: int, why: str) -> None:
+    """Failed pull deliveries (nacked or expired) → the retry / DLQ path, ids derived from
+    the delivery (its time and queue position), already-stored ones skipped."""
+    if not rows:
+        return
+    from deltamq.jobs import sendback
+
+    wh = broker.warehouse
+    groups = broker.groups()
+    max_level = broker.max_delay_level()
+    pred = F.lit(False)
+    for r in rows:
+        pred = pred | (
+            (F.col("topic") == r["topic"])
+            & (F.col("queue_id") == r["queue_id"])
+            & (F.col("queue_offset") == r["queue_offset"])
+        )
+    index = {
+        (x["topic"], x["queue_id"], x["queue_offset"]): x
+        for x in wh.read("consume_queue")
+        .where(pred)
+        .select(
+            "topic",
+            "queue_id",
+            "queue_offset",
+            "msg_id",
+            "cl_batch_id",
+            "cl_batch_pos",
+            "cl_date",
+            "reconsume_times",
+        )
+        .collect()
+    }
+    failures = []
+    for r in rows:
+        src = index.get((r["topic"], r["queue_id"], r["queue_offset"]))
+        if src is None:
+            continue
+        cfg = groups[r["consumer_group"]]
+        policy = json.loads(cfg["retry_policy"]) if cfg["retry_policy"] else None
+        d = sendback.decide(
+            reconsume_times=src["reconsume_times"] or 0,
+            requested_level=level,
+            reason=None,
+            max_reconsume=cfg["max_reconsume_times"],
+            max_level=max_level,
+            retry_policy=policy,
+            attempt_ts=r["delivered_ts"],
+        )
+        failures.append(
+            (
+                r["consumer_group"],
+                r["topic"],
+                r["queue_id"],
+                r["queue_offset"],
+                src["msg_id"],
+                src["cl_batch_id"],
+                src["cl_batch_pos"],
+                src["cl_date"],
+                r["delivered_ts"],
+                d.target,
+                d.level,
+                d.timer_ms,
+                d.dlq_reason,
+                cfg["max_reconsume_times"],
+                f"pull: {why}",
+            )
+        )
+    if not failures:
+        return
+    spark = broker.engine.spark
+    fdf = spark.createDataFrame(failures, sendback.FAILURE_SCHEMA)
+    bodies = read_bodies(wh, (f[7] for f in failures), (f[5] for f in failures))
+    out = sendback.plan_sendback(fdf, bodies)
+    fresh = out.join(
+        stored_ids(wh, [(t, t) for t in sorted({f[8] for f in failures})]), "msg_id", "left_anti"
+    )
+    broker.engine.commit(lambda: wh.append("commit_log", fresh), what="sendback")
+
+
+def expire(broker: Broker, now: int, *, fence=None) -> int:
+    """Deliveries not acked within their invisible time: RECONSUME_LATER (retry / DLQ
+    path), then out of the in-flight set. Returns how many."""
+    rows = read_deliveries(broker, f"invisible_until <= {sql_long(now)}")
+    if not rows:
+        return 0
+    if fence:
+        fence()
+    send_back(broker, rows, 0, "not acked within the invisible time")
+    faults.point("pull_expiry.after_sendback_commit")
+    by_group: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_group[r["consumer_group"]].append(r)
+    n = 0
+    for group, items in sorted(by_group.items()):
+        found = end_deliveries(broker, group, [r["receipt_handle"] for r in items])
+        set_positions(broker, group, {}, now, queues={(r["topic"], r["queue_id"]) for r in found})
+        n += len(found)
+    return n
+
+
+def status(broker: Broker, now: int) -> list[dict[str, Any]]:
+    """Per pull group and live client: its assigned queues (the rebalance), the queues it
+    holds the lock of, and its messages in flight."""
+    wh = broker.warehouse
+    clients = broker.engine.rows(
+        f"SELECT consumer_group, client_id, last_seen_ts FROM {wh.ref('clients')} "
+        f"WHERE last_seen_ts >= {sql_long(now - broker.config.client_timeout_ms)} ORDER BY 1, 2"
+    )
+    inflight = {
+        (r["consumer_group"], r["client_id"]): r["n"]
+        for r in broker.engine.rows(
+            f"SELECT consumer_group, client_id, count(*) AS n FROM {wh.ref('deliveries')} GROUP BY 1, 2"
+        )
+    }
+    owners: dict[tuple[str, str], list[Queue]] = defaultdict(list)
+    for r in broker.engine.rows(
+        f"SELECT consumer_group, owner, topic, queue_id FROM {wh.ref('queue_lock')} WHERE owner IS NOT NULL"
+    ):
+        owners[(r["consumer_group"], r["owner"])].append((r["topic"], r["queue_id"]))
+    by_group: dict[str, list[str]] = defaultdict(list)
+    for r in clients:
+        by_group[r["consumer_group"]].append(r["client_id"])
+    out = []
+    for r in clients:
+        group, client = r["consumer_group"], r["client_id"]
+        assigned = assign(group_queues(broker, group), by_group[group], client)
+        out.append(
+            {
+                "group": group,
+                "client": client,
+                "last_seen": r["last_seen_ts"],
+                "assigned": assigned,
+                "locked": sorted(owners.get((group, client), [])),
+                "in_flight": inflight.get((group, client), 0),
+            }
+        )
+    return out
