@@ -49,7 +49,7 @@ from deltamq.errors import ConfigError, UnknownGroup
 from deltamq.filters import compile_sql92, parse_tag_expression
 from deltamq.message import StoredMessage, validate_group_name
 from deltamq.tables.bodies import join_bodies, read_bodies, stored_ids
-from deltamq.tables.sqltext import sql_in, sql_int, sql_long, sql_str
+from deltamq.tables.sqltext import sql_int, sql_long, sql_str
 
 if TYPE_CHECKING:
     from deltamq.broker import Broker
@@ -351,8 +351,11 @@ class PullConsumer:
         if delay_level is not None and (isinstance(delay_level, bool) or not isinstance(delay_level, int)):
             raise ConfigError(f"delay_level={delay_level!r} must be an integer or None")
         self.heartbeat(now)
+        values = ", ".join(f"({sql_str(h)})" for h in handles)
         rows = read_deliveries(
-            self.broker, f"consumer_group = {sql_str(self.group)} AND receipt_handle IN {sql_in(handles)}"
+            self.broker,
+            f"consumer_group = {sql_str(self.group)} AND receipt_handle IN "
+            f"(SELECT receipt_handle FROM VALUES {values} AS v(receipt_handle))",
         )
         send_back(self.broker, rows, delay_level or 0, "nack")
         found = end_deliveries(self.broker, self.group, [r["receipt_handle"] for r in rows])
@@ -486,16 +489,28 @@ def read_deliveries(broker: Broker, where: str) -> list[dict[str, Any]]:
 
 
 def end_deliveries(broker: Broker, group: str, handles: list[str]) -> list[dict[str, Any]]:
-    """Remove deliveries from the in-flight set; returns the rows that were there."""
+    """Remove deliveries from the in-flight set; returns the rows that were there. (A
+    MERGE … DELETE joined to the handles: Sail evaluates a long ``IN`` list row by row.)"""
     if not handles:
         return []
-    where = f"consumer_group = {sql_str(group)} AND receipt_handle IN {sql_in(handles)}"
+    values = ", ".join(f"({sql_str(h)})" for h in handles)
+    source = f"(SELECT * FROM VALUES {values} AS v(receipt_handle))"
+    ref = broker.warehouse.ref("deliveries")
     found: list[dict[str, Any]] = []
 
     def attempt() -> None:
-        found[:] = read_deliveries(broker, where)
+        found[:] = [
+            r.asDict()
+            for r in broker.engine.rows(
+                f"SELECT d.* FROM {ref} d JOIN {source} s ON d.receipt_handle = s.receipt_handle "
+                f"WHERE d.consumer_group = {sql_str(group)}"
+            )
+        ]
         if found:
-            broker.engine.execute(f"DELETE FROM {broker.warehouse.ref('deliveries')} WHERE {where}")
+            broker.engine.execute(
+                f"MERGE INTO {ref} t USING {source} s ON t.receipt_handle = s.receipt_handle "
+                f"AND t.consumer_group = {sql_str(group)} WHEN MATCHED THEN DELETE"
+            )
 
     broker.engine.commit(attempt, what="deliveries")
     return found
