@@ -39,7 +39,7 @@ import json
 import secrets
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import functions as F
@@ -96,8 +96,12 @@ def assign(queues: Sequence[Queue], clients: Sequence[str], me: str) -> list[Que
 class LockEntry:
     owner: str
     last_access_ts: int
-    last_delivered_offset: int
+    last_delivered_offset: int  # the delivered offset last seen (the no-change counter's reference)
     no_change_count: int = 0
+    delivered_offset: int | None = None  # the end of the owner's last reserved range
+
+
+_NOBODY = LockEntry("", 0, 0)
 
 
 def decide_lock(
@@ -113,17 +117,17 @@ def decide_lock(
     """SPEC §6 for one pull attempt of ``me``: ("acquired" | "owner" | "refused", the
     entry to store)."""
     if entry is None:
-        return "acquired", LockEntry(me, now, delivered, 0)
+        return "acquired", LockEntry(me, now, delivered, 0, delivered)
     if entry.owner == me:
-        return "owner", LockEntry(me, now, delivered, entry.no_change_count)
+        return "owner", LockEntry(me, now, delivered, entry.no_change_count, entry.delivered_offset)
     if delivered == entry.last_delivered_offset:
         count, seen = entry.no_change_count + 1, entry.last_delivered_offset
     else:
         count, seen = 0, delivered
     hold_timeout = now - entry.last_access_ts > timeout_ms
     if hold_timeout or (delivered == acked and count >= max_no_change):
-        return "acquired", LockEntry(me, now, delivered, 0)
-    return "refused", LockEntry(entry.owner, entry.last_access_ts, seen, count)
+        return "acquired", LockEntry(me, now, delivered, 0, entry.delivered_offset)
+    return "refused", LockEntry(entry.owner, entry.last_access_ts, seen, count, entry.delivered_offset)
 
 
 # --- the consumer ---------------------------------------------------------------------------
@@ -196,39 +200,39 @@ class PullConsumer:
         mine = self.assignment(now)
         if not mine:
             return []
-        held = self._lock(mine, now)
-        faults.point("pull.after_lock_commit")
-        if not held:
-            return []
         from deltamq.jobs import dispatch
 
         heads = dispatch.load_state(self.broker.warehouse).heads
-        takes: list[tuple[str, int, int, int]] = []
-        budget = max_messages
-        for (topic, qid), start in sorted(held.items()):
-            end = min(heads.get((topic, qid), 0), start + budget)
-            if end > start:
-                takes.append((topic, qid, start, end))
-                budget -= end - start
-            if budget <= 0:
-                break
-        messages = self._read(takes, now) if takes else []
+        takes = self._lock(mine, now, heads, max_messages)
+        faults.point("pull.after_lock_commit")
+        if not takes:
+            return []
+        ranges = [(t, q, lo, hi) for (t, q), (lo, hi) in sorted(takes.items()) if hi > lo]
+        messages = self._read(ranges, now) if ranges else []
+        # fence: a client that lost the queue meanwhile (it paused past the lock timeout)
+        # records nothing; what it read is handed out again by the new owner
+        current = read_locks(self.broker, self.group)
+        mine_still = {q for q in takes if (current.get(q) or _NOBODY).owner == self.client_id}
+        messages = [m for m in messages if m.topic_queue in mine_still]
         if messages:
             self._record(messages, now)
         faults.point("pull.after_deliveries_commit")
-        # every held queue: delivered up to what was taken (a queue just taken over starts
-        # at its acknowledged offset even when nothing was taken from it)
-        delivered = dict(held) | {(t, q): end for t, q, _, end in takes}
-        set_positions(self.broker, self.group, delivered, now)
+        # recorded through the end of each range (a queue just taken over: from its acked offset)
+        set_positions(self.broker, self.group, {q: takes[q][1] for q in sorted(mine_still)}, now)
         faults.point("pull.after_offsets_commit")
         return [m.message for m in sorted(messages, key=lambda m: (m.topic_queue, m.message.queue_offset))]
 
-    def _lock(self, mine: list[Queue], now: int) -> dict[Queue, int]:
-        """Take or refresh the access lock of ``mine``; returns the queues this client holds
-        and the offset to pull each from."""
+    def _lock(
+        self, mine: list[Queue], now: int, heads: dict[Queue, int], budget: int
+    ) -> dict[Queue, tuple[int, int]]:
+        """Take or refresh the access lock of ``mine`` and reserve the ranges to hand out,
+        in one compare-and-set of the lock rows; returns {queue: (start, end)} of the
+        queues this client holds. The owner starts where its deliveries are recorded
+        (``offsets.delivered_offset``: a range reserved by a pull killed before recording
+        is handed out again); a new owner at the acknowledged offset."""
         engine = self.broker.engine
         cfg = self.broker.config
-        result: dict[Queue, int] = {}
+        result: dict[Queue, tuple[int, int]] = {}
         taken_over: dict[Queue, int] = {}
 
         def attempt() -> None:
@@ -237,32 +241,44 @@ class PullConsumer:
             locks = read_locks(self.broker, self.group)
             positions = read_positions(self.broker, self.group)
             changes = []
-            starts: dict[Queue, int] = {}
+            ranges: dict[Queue, tuple[int, int]] = {}
+            left = budget
             for q in mine:
-                acked, delivered = positions.get(q, (0, None))
-                delivered = acked if delivered is None else delivered
+                acked, recorded = positions.get(q, (0, None))
+                recorded = acked if recorded is None else recorded
+                entry = locks.get(q)
+                reserved = (
+                    entry.delivered_offset if entry and entry.delivered_offset is not None else recorded
+                )
                 verdict, new = decide_lock(
-                    locks.get(q),
+                    entry,
                     self.client_id,
                     now,
-                    delivered,
+                    reserved,
                     acked,
                     timeout_ms=cfg.lock_queue_timeout_ms,
                     max_no_change=cfg.max_deliver_offset_no_change_times,
                 )
-                changes.append((q, locks.get(q), new))
-                if verdict == "acquired":
-                    starts[q] = acked  # the new owner starts at the acknowledged offset
-                    if locks.get(q) is not None:
+                if verdict != "refused":
+                    start = acked if verdict == "acquired" else recorded
+                    end = max(start, min(heads.get(q, 0), start + max(left, 0)))
+                    left -= end - start
+                    ranges[q] = (start, end)
+                    new = replace(new, last_delivered_offset=end, delivered_offset=end)
+                    if verdict == "acquired" and entry is not None:
                         taken_over[q] = acked
-                elif verdict == "owner":
-                    starts[q] = delivered
+                changes.append((q, entry, new))
             write_locks(self.broker, self.group, changes)
             mine_now = read_locks(self.broker, self.group)
-            for q, start in starts.items():
+            for q, (start, end) in ranges.items():
                 got = mine_now.get(q)
-                if got is not None and got.owner == self.client_id and got.last_access_ts == now:
-                    result[q] = start
+                if (
+                    got is not None
+                    and got.owner == self.client_id
+                    and got.last_access_ts == now
+                    and got.delivered_offset == end
+                ):
+                    result[q] = (start, end)
 
         if any(q not in read_locks(self.broker, self.group) for q in mine):
             ensure_lock_rows(self.broker, self.group, mine)
@@ -416,14 +432,18 @@ def live_clients(broker: Broker, group: str, now: int) -> list[str]:
 def read_locks(broker: Broker, group: str) -> dict[Queue, LockEntry | None]:
     """Lock rows of the group; a queue whose row has no owner maps to None."""
     rows = broker.engine.rows(
-        f"SELECT topic, queue_id, owner, last_access_ts, last_delivered_offset, no_change_count "
-        f"FROM {broker.warehouse.ref('queue_lock')} WHERE consumer_group = {sql_str(group)}"
+        f"SELECT topic, queue_id, owner, last_access_ts, last_delivered_offset, no_change_count, "
+        f"delivered_offset FROM {broker.warehouse.ref('queue_lock')} WHERE consumer_group = {sql_str(group)}"
     )
     return {
         (r["topic"], r["queue_id"]): None
         if r["owner"] is None
         else LockEntry(
-            r["owner"], r["last_access_ts"], r["last_delivered_offset"] or 0, r["no_change_count"] or 0
+            r["owner"],
+            r["last_access_ts"],
+            r["last_delivered_offset"] or 0,
+            r["no_change_count"] or 0,
+            r["delivered_offset"],
         )
         for r in rows
     }
@@ -442,8 +462,9 @@ def ensure_lock_rows(broker: Broker, group: str, queues: Iterable[Queue]) -> Non
         "AS v(consumer_group, topic, queue_id)) s "
         "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
         "WHEN NOT MATCHED THEN INSERT (consumer_group, topic, queue_id, owner, last_access_ts, "
-        "last_delivered_offset, no_change_count) VALUES (s.consumer_group, s.topic, s.queue_id, "
-        "CAST(NULL AS STRING), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), 0)"
+        "last_delivered_offset, no_change_count, delivered_offset) VALUES (s.consumer_group, s.topic, "
+        "s.queue_id, CAST(NULL AS STRING), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), 0, "
+        "CAST(NULL AS BIGINT))"
     )
     broker.engine.commit(lambda: broker.engine.execute(statement), what="queue_lock")
 
@@ -458,17 +479,19 @@ def write_locks(broker: Broker, group: str, changes: list[tuple[Queue, LockEntry
         f"({sql_str(group)}, {sql_str(t)}, {q}, {sql_str(old.owner if old else None)}, "
         f"{sql_long(old.last_access_ts if old else None)}, {sql_str(new.owner)}, "
         f"{sql_long(new.last_access_ts)}, "
-        f"{sql_long(new.last_delivered_offset)}, {sql_int(new.no_change_count)})"
+        f"{sql_long(new.last_delivered_offset)}, {sql_int(new.no_change_count)}, "
+        f"{sql_long(new.delivered_offset)})"
         for (t, q), old, new in changes
     )
     broker.engine.execute(
         f"MERGE INTO {broker.warehouse.ref('queue_lock')} t USING (SELECT * FROM VALUES {values} AS v("
         "consumer_group, topic, queue_id, exp_owner, exp_access, owner, last_access_ts, "
-        "last_delivered_offset, no_change_count)) s "
+        "last_delivered_offset, no_change_count, delivered_offset)) s "
         "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
         "WHEN MATCHED AND t.owner <=> s.exp_owner AND t.last_access_ts <=> s.exp_access THEN UPDATE SET "
         "t.owner = s.owner, t.last_access_ts = s.last_access_ts, "
-        "t.last_delivered_offset = s.last_delivered_offset, t.no_change_count = s.no_change_count"
+        "t.last_delivered_offset = s.last_delivered_offset, t.no_change_count = s.no_change_count, "
+        "t.delivered_offset = s.delivered_offset"
     )
 
 
@@ -530,8 +553,10 @@ def revoke(broker: Broker, group: str, queues: dict[Queue, int], new_owner: str)
 def set_positions(
     broker: Broker, group: str, delivered: dict[Queue, int], now: int, queues: set[Queue] | None = None
 ) -> None:
-    """Store the delivered offsets given and, for those queues and ``queues``, the
-    acknowledged offset = the lowest offset still in flight (else the delivered one)."""
+    """Store the recorded-delivered offsets given (only the queue's owner, right after
+    recording its deliveries) and, for those queues and ``queues``, move the acknowledged
+    offset forward to the lowest offset still in flight (else the delivered one); an ack
+    never writes the delivered offset, so a late ack of a former owner cannot move it."""
     targets = set(delivered) | set(queues or ())
     if not targets:
         return
@@ -549,15 +574,19 @@ def set_positions(
         d = delivered.get(q, old_delivered if old_delivered is not None else acked)
         lo = inflight[q]
         acked_now = d if lo is None else min(lo, d)
-        values.append(f"({sql_str(group)}, {sql_str(q[0])}, {q[1]}, {sql_long(acked_now)}, {sql_long(d)})")
+        values.append(
+            f"({sql_str(group)}, {sql_str(q[0])}, {q[1]}, {sql_long(acked_now)}, {sql_long(d)}, "
+            f"{'TRUE' if q in delivered else 'FALSE'})"
+        )
     statement = (
         f"MERGE INTO {broker.warehouse.ref('offsets')} t "
         f"USING (SELECT * FROM VALUES {', '.join(values)} AS v("
-        "consumer_group, topic, queue_id, next_offset, delivered_offset)) s "
+        "consumer_group, topic, queue_id, next_offset, delivered_offset, set_delivered)) s "
         "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
         "AND t.client_id = '' "
         "WHEN MATCHED THEN UPDATE SET t.next_offset = greatest(coalesce(t.next_offset, 0), s.next_offset), "
-        f"t.delivered_offset = s.delivered_offset, t.updated_ts = {sql_long(now)} "
+        "t.delivered_offset = CASE WHEN s.set_delivered THEN s.delivered_offset ELSE t.delivered_offset END, "
+        f"t.updated_ts = {sql_long(now)} "
         "WHEN NOT MATCHED THEN INSERT (consumer_group, topic, queue_id, client_id, next_offset, "
         "delivered_offset, updated_ts) VALUES (s.consumer_group, s.topic, s.queue_id, '', s.next_offset, "
         f"s.delivered_offset, {sql_long(now)})"

@@ -211,7 +211,7 @@ broker.engine.rows("SELECT 1")  # warm up before the start line
 print("READY", flush=True)
 while not os.path.exists(go):
     time.sleep(0.005)
-held = consumer._lock([("orders", 0)], now)
+held = consumer._lock([("orders", 0)], now, {("orders", 0): 5}, 10)
 print("WON" if held else "LOST", flush=True)
 """
 

@@ -54,6 +54,7 @@ def test_upgrade_v1_warehouse_in_place(tmp_path, broker):
         "group_config": ["instances", "invisible_time_ms"],
         "consume_queue": ["born_ts"],
         "offsets": ["delivered_offset"],
+        "queue_lock": ["delivered_offset"],
         "job_runs": ["details"],
     }
     upgraded = Broker.open(tmp_path / "old")

@@ -260,6 +260,13 @@ QUEUE_LOCK = T.StructType(
         _f("last_access_ts", LONG, "epoch ms of the owner's last pull"),
         _f("last_delivered_offset", LONG, "delivered offset last seen"),
         _f("no_change_count", INT, "refused polls with an unchanged delivered offset"),
+        _f(
+            "delivered_offset",
+            LONG,
+            "the queue's delivered offset: the end of the owner's last reserved range (changed only "
+            "together with the owner, so a takeover never misses a range being handed out)",
+            added_in=3,
+        ),
     ]
 )
 
