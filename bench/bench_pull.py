@@ -36,7 +36,7 @@ consumer = broker.pull_consumer("workers", me)
 broker.engine.rows("SELECT 1")
 time.sleep(max(0.0, go - time.time()))
 first = time.time()
-got = empty = pulls = 0
+got = empty = pulls = unacked = 0
 last = first
 while empty < 5:
     msgs = consumer.pull(batch)
@@ -45,10 +45,10 @@ while empty < 5:
         empty += 1
         continue
     empty = 0
-    consumer.ack([m.receipt_handle for m in msgs])
+    unacked += len(msgs) - consumer.ack([m.receipt_handle for m in msgs])
     got += len(msgs)
     last = time.time()
-print(json.dumps({"client": me, "messages": got, "pulls": pulls, "first": first, "last": last}), flush=True)
+print(json.dumps({"client": me, "messages": got, "pulls": pulls, "unacked": unacked, "first": first, "last": last}), flush=True)
 """
 
 
@@ -99,7 +99,7 @@ def run(root: Path, n: int, clients: int, batch: int) -> dict:
         "acked_offsets": acked,
         "seconds": round(end - start, 2),
         "msgs_per_s": round(n / (end - start)),
-        "per_client": [{k: r[k] for k in ("client", "messages", "pulls")} for r in reports],
+        "per_client": [{k: r[k] for k in ("client", "messages", "pulls", "unacked")} for r in reports],
     }
 
 

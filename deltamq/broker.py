@@ -292,6 +292,7 @@ class Broker:
         retry_policy: dict[str, Any] | None = None,
         instances: list[str] | None = None,
         invisible_time_ms: int = 60_000,
+        dedup_window_ms: int = 24 * 3_600_000,
         exist_ok: bool = False,
     ) -> None:
         """Create a consumer group (SPEC §3).
@@ -300,7 +301,9 @@ class Broker:
         path is stored in ``group_config`` so jobs started by Airflow or spark-submit
         find it. A CLUSTERING group is subscribed to its own ``%RETRY%<group>``.
         ``invisible_time_ms``: pull consumers — a pulled message not acked within it counts
-        as RECONSUME_LATER.
+        as RECONSUME_LATER. ``dedup_key`` (``UNIQ_KEY``, ``KEYS`` or an SQL expression over
+        the consume_queue row): a message whose key the group consumed successfully within
+        ``dedup_window_ms`` is acknowledged without reaching the listener (SPEC §7).
         """
         validate_group_name(name)
         if mode not in MESSAGE_MODELS:
@@ -326,12 +329,16 @@ class Broker:
             ("consume_timeout_ms", consume_timeout_ms, 1),
             ("max_reconsume_times", max_reconsume_times, -1),
             ("invisible_time_ms", invisible_time_ms, 1),
+            ("dedup_window_ms", dedup_window_ms, 1),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{field_name}={value!r} is not allowed; it must be an integer >= {low}")
         from deltamq.consumer import validate_retry_policy
 
         retry_policy = validate_retry_policy(retry_policy)
+        from deltamq import dedup
+
+        dedup_key = dedup.validate(self.engine.spark, dedup_key)
         listener_path = _listener_path(self.listeners, name, listener)
         if self._group_exists(name):
             if exist_ok:
@@ -352,7 +359,8 @@ class Broker:
             f"{sql_str(listener_path)} AS listener, "
             f"{sql_str(json.dumps(retry_policy) if retry_policy else None)} AS retry_policy, "
             f"{sql_long(now)} AS created_ts, {inst} AS instances, "
-            f"{sql_long(invisible_time_ms)} AS invisible_time_ms) s "
+            f"{sql_long(invisible_time_ms)} AS invisible_time_ms, "
+            f"{sql_long(dedup_window_ms)} AS dedup_window_ms) s "
             "ON t.consumer_group = s.consumer_group WHEN NOT MATCHED THEN INSERT *"
         )
         self.engine.commit(lambda: self.engine.execute(statement), what="group_config")

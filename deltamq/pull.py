@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import functions as F
 
-from deltamq import faults
+from deltamq import dedup, faults
 from deltamq.errors import ConfigError, UnknownGroup
 from deltamq.filters import compile_sql92, parse_tag_expression
 from deltamq.message import StoredMessage, validate_group_name
@@ -304,6 +304,11 @@ class PullConsumer:
         for topic, sub in subs.items():
             matches = F.when(F.col("topic") == topic, _matcher(sub)).otherwise(matches)
         cq = cq.withColumn("matched", matches).where(F.col("matched"))
+        # idempotent consumption: a key the group consumed within its window is skipped
+        # (treated as acknowledged: never in flight, the acked offset passes it)
+        cq = dedup.mark(
+            wh, cq.withColumn("consumer_group", F.lit(self.group)), {self.group: self._cfg}, now
+        ).where(~F.col("dup"))
         index = cq.select("cl_date", "cl_batch_id").distinct().collect()
         if not index:
             return []
@@ -354,8 +359,20 @@ class PullConsumer:
             return 0
         self.heartbeat(now)
         found = end_deliveries(self.broker, self.group, handles)
+        if self._cfg.get("dedup_key") and found:
+            self._record_keys(found, now)
         set_positions(self.broker, self.group, {}, now, queues={(r["topic"], r["queue_id"]) for r in found})
         return len(found)
+
+    def _record_keys(self, acked: list[dict[str, Any]], now: int) -> None:
+        """Keys of acknowledged messages (SPEC §7), from their consume_queue rows."""
+        rows = (
+            self.broker.warehouse.read("consume_queue")
+            .where(_at_offsets(acked))
+            .select(dedup.key_column(self._cfg["dedup_key"]).alias("k"), "msg_id")
+            .collect()
+        )
+        dedup.record(self.broker.warehouse, [(self.group, r["k"], r["msg_id"]) for r in rows], now)
 
     def nack(self, handles: Iterable[str], delay_level: int | None = None, now: int | None = None) -> int:
         """Give messages back: each is retried through ``%RETRY%<group>`` (level
@@ -385,6 +402,18 @@ class _Handout:
     topic_queue: Queue
     stored_id: str
     reconsume_times: int
+
+
+def _at_offsets(rows: Iterable[dict[str, Any]]):
+    """consume_queue rows at the (topic, queue, offset) of ``rows`` (deliveries)."""
+    pred = F.lit(False)
+    for r in rows:
+        pred = pred | (
+            (F.col("topic") == r["topic"])
+            & (F.col("queue_id") == r["queue_id"])
+            & (F.col("queue_offset") == r["queue_offset"])
+        )
+    return pred
 
 
 def _handles(handles: Iterable[str]) -> list[str]:
@@ -604,13 +633,7 @@ def send_back(broker: Broker, rows: list[dict[str, Any]], level: int, why: str) 
     wh = broker.warehouse
     groups = broker.groups()
     max_level = broker.max_delay_level()
-    pred = F.lit(False)
-    for r in rows:
-        pred = pred | (
-            (F.col("topic") == r["topic"])
-            & (F.col("queue_id") == r["queue_id"])
-            & (F.col("queue_offset") == r["queue_offset"])
-        )
+    pred = _at_offsets(rows)
     index = {
         (x["topic"], x["queue_id"], x["queue_offset"]): x
         for x in wh.read("consume_queue")

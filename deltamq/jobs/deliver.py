@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark.sql import functions as F
 
-from deltamq import faults
+from deltamq import dedup, faults
 from deltamq.constants import RETRY_PREFIX, Prop
 from deltamq.consumer import ImportPathListener
 from deltamq.filters import compile_sql92, parse_tag_expression
@@ -91,6 +91,7 @@ class DeliverResult:
     poison: int = 0
     dropped: int = 0  # BROADCASTING failures: logged and dropped
     suspended: int = 0  # orderly: messages of suspended chunks (their queue waits)
+    deduplicated: int = 0  # key already consumed within the window: acknowledged unseen
     groups: int = 0
     errors: tuple[tuple[str, str, str], ...] = ()  # (group, msg id, error text), a sample
     skipped_groups: tuple[str, ...] = ()
@@ -107,6 +108,7 @@ class DeliverResult:
             "poison": self.poison,
             "dropped": self.dropped,
             "suspended": self.suspended,
+            "deduplicated": self.deduplicated,
             "groups": self.groups,
             "groups_without_listener": len(self.skipped_groups),
         }
@@ -384,17 +386,21 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
     taken = taken.withColumn("matched", matches).withColumn(
         "suspends", F.when(F.col("queue_offset") == F.col("lo"), F.col("suspends")).otherwise(F.lit(0))
     )
+    # idempotent consumption: keys the group already consumed within its window
+    taken = dedup.mark(wh, taken, groups, now)
     taken.createOrReplaceTempView("dmq_deliver_taken")
     index = engine.rows(
         "SELECT consumer_group, client_id, topic, queue_id, queue_offset, msg_id, matched, poison, cl_date, "
         "cl_batch_id, "
-        "cl_batch_pos, reconsume_times, suspends FROM dmq_deliver_taken"
+        "cl_batch_pos, reconsume_times, suspends, dkey, dup FROM dmq_deliver_taken"
     )
-    deliverable = [r for r in index if r["matched"] and not r["poison"]]
+    deliverable = [r for r in index if r["matched"] and not r["poison"] and not r["dup"]]
     outcomes: list[dict] = []
     if deliverable:
         bodies = read_bodies(wh, (r["cl_date"] for r in deliverable), (r["cl_batch_id"] for r in deliverable))
-        taken_rows = spark.table("dmq_deliver_taken").where(F.col("matched") & ~F.col("poison"))
+        taken_rows = spark.table("dmq_deliver_taken").where(
+            F.col("matched") & ~F.col("poison") & ~F.col("dup")
+        )
         msgs = join_bodies(
             taken_rows.drop("properties", "born_ts"),
             bodies,
@@ -534,9 +540,26 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
     for r in index:
         if not r["matched"]:
             counts[r["consumer_group"]]["filtered"] += 1
+        elif r["dup"] and not r["poison"]:
+            counts[r["consumer_group"]]["deduplicated"] += 1
     if failures:
         _send_back(broker, failures, fence)
     faults.point("deliver.after_sendback_commit")
+
+    # 3b. keys of what was consumed, before the offsets move (a re-run skips them)
+    consumed_keys = [
+        (o["consumer_group"], src["dkey"], src["msg_id"])
+        for o in outcomes
+        if o["ok"]
+        for src in [
+            by_key[(o["consumer_group"], o["client_id"], o["topic"], o["queue_id"], o["queue_offset"])]
+        ]
+        if src["dkey"] is not None
+    ]
+    if consumed_keys:
+        dedup.record(wh, consumed_keys, now)
+        dedup.prune(wh, groups, now)
+    faults.point("deliver.after_keys_commit")
 
     # 4. offsets past everything taken; attempt cleared
     _advance(broker, takes, now, positions)
@@ -548,6 +571,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
     return DeliverResult(
         taken=len(index),
         consumed=total["consumed"],
+        deduplicated=total["deduplicated"],
         filtered=total["filtered"],
         retried=total["retried"],
         dead_lettered=total["dead_lettered"],

@@ -155,6 +155,7 @@ GROUP_CONFIG = T.StructType(
             "pull: ms a pulled message stays invisible before it counts as RECONSUME_LATER",
             added_in=3,
         ),
+        _f("dedup_window_ms", LONG, "idempotent consumption: ms a consumed key is remembered", added_in=3),
     ]
 )
 

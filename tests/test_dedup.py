@@ -1,0 +1,93 @@
+"""Idempotent consumption (SPEC §7): keys consumed within the window are skipped."""
+
+from __future__ import annotations
+
+import pytest
+from listeners import Recorder, read_log
+
+from deltamq import Message
+from deltamq.errors import ConfigError
+
+HOUR = 3_600_000
+
+
+@pytest.fixture
+def orders(broker):
+    broker.create_topic("orders", queues=2)
+    return broker
+
+
+def test_a_key_consumed_within_the_window_skips_the_listener(orders, clock, tmp_path):
+    log = tmp_path / "calls.jsonl"
+    orders.create_group(
+        "g", Recorder(log), consume_from="FIRST_OFFSET", dedup_key="KEYS", dedup_window_ms=HOUR
+    )
+    orders.subscribe("g", "orders")
+    p = orders.producer("p")
+    p.send(Message("orders", b"first", keys="order-1"))
+    t = clock.now_ms()
+    orders.tick(t)
+    p.send(Message("orders", b"again", keys="order-1"))
+    p.send(Message("orders", b"other", keys="order-2"))
+    run = orders.tick(t + 1).job("deliver")
+    assert run.details["deduplicated"] == 1 and run.details["consumed"] == 1
+    assert sorted(c["body"] for c in read_log(log)) == ["first", "other"]
+    clock.set(t + HOUR + 1)  # the window has passed: the key is new again
+    p.send(Message("orders", b"late", keys="order-1"))
+    orders.tick(t + HOUR + 1)
+    assert sorted(c["body"] for c in read_log(log)) == ["first", "late", "other"]
+    # keys older than the window were deleted when the newer ones were recorded
+    keys = orders.sql("SELECT dedup_key, first_ts FROM consumed_keys ORDER BY first_ts").collect()
+    assert [(r["dedup_key"], r["first_ts"] >= t + 1) for r in keys] == [("order-2", True), ("order-1", True)]
+
+
+def test_a_replay_after_an_offset_reset_is_not_consumed_twice(orders, clock, tmp_path):
+    log = tmp_path / "calls.jsonl"
+    orders.create_group("g", Recorder(log), consume_from="FIRST_OFFSET", dedup_key="UNIQ_KEY")
+    orders.subscribe("g", "orders")
+    p = orders.producer("p")
+    p.send_batch([Message("orders", f"m{i}") for i in range(4)])
+    t = clock.now_ms()
+    orders.tick(t)
+    assert len(read_log(log)) == 4
+    orders.reset_offsets("g", to_time=t - 1)  # replay everything
+    run = orders.tick(t + 1).job("deliver")
+    assert run.details["deduplicated"] == 4 and len(read_log(log)) == 4
+
+
+def test_a_failed_message_keeps_no_key_and_its_retry_is_delivered(orders, clock, tmp_path):
+    log = tmp_path / "calls.jsonl"
+    orders.create_group("g", Recorder(log, "fail_twice"), consume_from="FIRST_OFFSET", dedup_key="UNIQ_KEY")
+    orders.subscribe("g", "orders")
+    orders.producer("p").send(Message("orders", b"flaky"))
+    t = clock.now_ms()
+    orders.tick(t)
+    for k in range(1, 8):  # level 3 (10 s), then level 4 (30 s)
+        orders.tick(t + k * 10_000 + 1)
+    calls = read_log(log)
+    assert [c["reconsume"] for c in calls] == [0, 1, 2]  # failed twice, then its retry consumed once
+    assert orders.sql("SELECT count(*) AS n FROM consumed_keys").collect()[0]["n"] == 1
+
+
+def test_dedup_key_expressions_are_checked(orders):
+    with pytest.raises(ConfigError, match="does not evaluate"):
+        orders.create_group("bad", dedup_key="no_such_column + 1")
+    orders.create_group("byprop", dedup_key="properties['order_id']")
+    assert orders.groups()["byprop"]["dedup_key"] == "properties['order_id']"
+
+
+def test_pull_clients_skip_keys_already_acked(orders, clock):
+    orders.create_group("w", consume_from="FIRST_OFFSET", dedup_key="KEYS")
+    orders.subscribe("w", "orders")
+    p = orders.producer("p")
+    p.send(Message("orders", b"first", keys="k1"), queue_key="x")
+    t = clock.now_ms()
+    orders.tick(t)
+    c = orders.pull_consumer("w", "c1")
+    got = c.pull(10, now=t + 1)
+    assert [m.body for m in got] == [b"first"]
+    c.ack([m.receipt_handle for m in got], now=t + 2)
+    p.send(Message("orders", b"again", keys="k1"), queue_key="x")
+    p.send(Message("orders", b"new", keys="k2"), queue_key="x")
+    orders.tick(t + 3)
+    assert [m.body for m in c.pull(10, now=t + 4)] == [b"new"]
