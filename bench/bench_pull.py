@@ -107,11 +107,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--batch", type=int, default=1000)
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--root", default="/tmp/deltamq-bench")
     args = ap.parse_args()
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
-    runs = [run(root, args.messages, c, args.batch) for c in (1, 4)]
+    runs = [run(root, args.messages, c, args.batch) for c in args.clients]
     result = {"bench": "pull", "at": datetime.now(UTC).isoformat(), "runs": runs}
     out = HERE / "results" / f"pull-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -152,6 +152,7 @@ class PullConsumer:
                 "clients, not both: create a separate group for pull clients"
             )
         self._cfg = cfg
+        self._taken_over: set[Queue] = set()
 
     # --- helpers ------------------------------------------------------------------------------
     def _now(self, now: int | None) -> int:
@@ -218,7 +219,13 @@ class PullConsumer:
             self._record(messages, now)
         faults.point("pull.after_deliveries_commit")
         # recorded through the end of each range (a queue just taken over: from its acked offset)
-        set_positions(self.broker, self.group, {q: takes[q][1] for q in sorted(mine_still)}, now)
+        set_positions(
+            self.broker,
+            self.group,
+            {q: takes[q][1] for q in sorted(mine_still)},
+            now,
+            restart=self._taken_over & mine_still,
+        )
         faults.point("pull.after_offsets_commit")
         return [m.message for m in sorted(messages, key=lambda m: (m.topic_queue, m.message.queue_offset))]
 
@@ -284,6 +291,7 @@ class PullConsumer:
             ensure_lock_rows(self.broker, self.group, mine)
         engine.commit(attempt, what="queue_lock")
         taken_over = {q: s for q, s in taken_over.items() if q in result}
+        self._taken_over = set(taken_over)
         if taken_over:
             # the previous owner's in-flight messages are handed out again from the acked offset
             revoke(self.broker, self.group, taken_over, self.client_id)
@@ -580,12 +588,20 @@ def revoke(broker: Broker, group: str, queues: dict[Queue, int], new_owner: str)
 
 
 def set_positions(
-    broker: Broker, group: str, delivered: dict[Queue, int], now: int, queues: set[Queue] | None = None
+    broker: Broker,
+    group: str,
+    delivered: dict[Queue, int],
+    now: int,
+    queues: set[Queue] | None = None,
+    restart: set[Queue] | None = None,
 ) -> None:
     """Store the recorded-delivered offsets given (only the queue's owner, right after
     recording its deliveries) and, for those queues and ``queues``, move the acknowledged
     offset forward to the lowest offset still in flight (else the delivered one); an ack
-    never writes the delivered offset, so a late ack of a former owner cannot move it."""
+    never writes the delivered offset, so a late ack of a former owner cannot move it.
+    The delivered offset only moves forward, except for the ``restart`` queues (just taken
+    over: the new owner restarts at the acknowledged offset), so a delayed write of a
+    client that lost the queue cannot move it back."""
     targets = set(delivered) | set(queues or ())
     if not targets:
         return
@@ -605,16 +621,18 @@ def set_positions(
         acked_now = d if lo is None else min(lo, d)
         values.append(
             f"({sql_str(group)}, {sql_str(q[0])}, {q[1]}, {sql_long(acked_now)}, {sql_long(d)}, "
-            f"{'TRUE' if q in delivered else 'FALSE'})"
+            f"{'TRUE' if q in delivered else 'FALSE'}, {'TRUE' if q in (restart or ()) else 'FALSE'})"
         )
     statement = (
         f"MERGE INTO {broker.warehouse.ref('offsets')} t "
         f"USING (SELECT * FROM VALUES {', '.join(values)} AS v("
-        "consumer_group, topic, queue_id, next_offset, delivered_offset, set_delivered)) s "
+        "consumer_group, topic, queue_id, next_offset, delivered_offset, set_delivered, restart)) s "
         "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
         "AND t.client_id = '' "
         "WHEN MATCHED THEN UPDATE SET t.next_offset = greatest(coalesce(t.next_offset, 0), s.next_offset), "
-        "t.delivered_offset = CASE WHEN s.set_delivered THEN s.delivered_offset ELSE t.delivered_offset END, "
+        "t.delivered_offset = CASE WHEN NOT s.set_delivered THEN t.delivered_offset "
+        "WHEN s.restart THEN s.delivered_offset "
+        "ELSE greatest(coalesce(t.delivered_offset, 0), s.delivered_offset) END, "
         f"t.updated_ts = {sql_long(now)} "
         "WHEN NOT MATCHED THEN INSERT (consumer_group, topic, queue_id, client_id, next_offset, "
         "delivered_offset, updated_ts) VALUES (s.consumer_group, s.topic, s.queue_id, '', s.next_offset, "
