@@ -48,7 +48,9 @@ while empty < 5:
     unacked += len(msgs) - consumer.ack([m.receipt_handle for m in msgs])
     got += len(msgs)
     last = time.time()
-print(json.dumps({"client": me, "messages": got, "pulls": pulls, "unacked": unacked, "first": first, "last": last}), flush=True)
+report = {"client": me, "messages": got, "pulls": pulls, "unacked": unacked, "first": first, "last": last}
+report["stale_dml_repeats"] = broker.engine.stats.stale_dml_repeats
+print(json.dumps(report), flush=True)
 """
 
 
@@ -99,7 +101,10 @@ def run(root: Path, n: int, clients: int, batch: int) -> dict:
         "acked_offsets": acked,
         "seconds": round(end - start, 2),
         "msgs_per_s": round(n / (end - start)),
-        "per_client": [{k: r[k] for k in ("client", "messages", "pulls", "unacked")} for r in reports],
+        "per_client": [
+            {k: r[k] for k in ("client", "messages", "pulls", "unacked", "stale_dml_repeats")}
+            for r in reports
+        ],
     }
 
 

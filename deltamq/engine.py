@@ -125,6 +125,7 @@ class EngineStats:
     statements: int = 0
     commits: int = 0
     conflicts_retried: int = 0
+    stale_dml_repeats: int = 0  # DML statements repeated after a read-back found them not applied
     by_job: dict[str, int] = field(default_factory=dict)
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -45,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import functions as F
 
 from deltamq import dedup, faults
-from deltamq.errors import ConfigError, UnknownGroup
+from deltamq.errors import CommitConflict, ConfigError, UnknownGroup
 from deltamq.filters import compile_sql92, parse_tag_expression
 from deltamq.message import StoredMessage, validate_group_name
 from deltamq.tables.bodies import join_bodies, read_bodies, stored_ids
@@ -572,8 +573,36 @@ def end_deliveries(broker: Broker, group: str, handles: list[str]) -> list[dict[
                 f"AND t.consumer_group = {sql_str(group)} WHEN MATCHED THEN DELETE"
             )
 
+    remaining = (
+        f"SELECT count(*) AS n FROM {ref} d JOIN {source} s ON d.receipt_handle = s.receipt_handle "
+        f"WHERE d.consumer_group = {sql_str(group)}"
+    )
     broker.engine.commit(attempt, what="deliveries")
+    # Sail can run the MERGE on an older snapshot of the table than the read just before
+    # it (seen with several processes writing): rows appended since are then not matched
+    # and nothing is committed, with no error. Read back, and delete again until gone.
+    for pause in _backoff(broker):
+        if not broker.engine.rows(remaining)[0]["n"]:
+            break
+        time.sleep(pause)
+        broker.engine.commit(
+            lambda: broker.engine.execute(
+                f"MERGE INTO {ref} t USING {source} s ON t.receipt_handle = s.receipt_handle "
+                f"AND t.consumer_group = {sql_str(group)} WHEN MATCHED THEN DELETE"
+            ),
+            what="deliveries",
+        )
+        broker.engine.stats.stale_dml_repeats += 1
+    else:
+        if broker.engine.rows(remaining)[0]["n"]:
+            raise CommitConflict(f"deliveries of {group!r} could not be removed after repeated attempts")
     return found
+
+
+def _backoff(broker: Broker):
+    """Pauses (s) between read-back checks: the engine's commit retry budget."""
+    base = max(broker.config.commit_backoff_ms, 10) / 1000.0
+    return [base * (k + 1) for k in range(max(broker.config.commit_retries, 1) + 1)]
 
 
 def revoke(broker: Broker, group: str, queues: dict[Queue, int], new_owner: str) -> None:
