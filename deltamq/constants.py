@@ -112,7 +112,8 @@ TRANSACTION_GROUP = "%TRANSACTION%"
 OP_TAG = "d"
 
 
-_TX_ALIASES = {"COMMIT_MESSAGE": "COMMIT", "ROLLBACK_MESSAGE": "ROLLBACK", "UNKNOW": "UNKNOWN"}
+# RocketMQ's LocalTransactionState spellings, accepted for ours
+TX_ALIASES = {"COMMIT_MESSAGE": "COMMIT", "ROLLBACK_MESSAGE": "ROLLBACK", "UNKNOW": "UNKNOWN"}
 
 
 class TxState(StrEnum):

@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 from deltamq.constants import Prop
 from deltamq.errors import ConfigError
-from deltamq.schemas import TABLES
+from deltamq.schemas import SCHEMA_VERSION, TABLES
 from deltamq.tables.sqltext import sql_long, sql_str
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def validate(spark: SparkSession, dedup_key: Any) -> str | None:
         raise ConfigError(f"dedup_key={dedup_key!r} must be UNIQ_KEY, KEYS or an SQL expression")
     if dedup_key.upper() in ("UNIQ_KEY", "KEYS"):
         return dedup_key.upper()
-    empty = spark.createDataFrame([], TABLES["consume_queue"].columns_at(99))
+    empty = spark.createDataFrame([], TABLES["consume_queue"].columns_at(SCHEMA_VERSION))
     try:
         empty.select(key_column(dedup_key)).schema  # noqa: B018 - forces analysis
     except Exception as e:  # noqa: BLE001 - parse and analysis errors alike

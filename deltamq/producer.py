@@ -45,7 +45,7 @@ from deltamq.message import (
 from deltamq.schemas import COMMIT_LOG, TABLES
 from deltamq.tables.bodies import read_bodies
 from deltamq.tables.sqltext import sql_str
-from deltamq.transactions import ask_state, settle_input, settle_kinds, transaction_rows
+from deltamq.transactions import ask_state, settle_input, settle_kinds, state_name, transaction_rows
 
 if TYPE_CHECKING:
     from deltamq.broker import Broker
@@ -428,7 +428,7 @@ class Producer:
                 )
             given = states.select(
                 F.col("tran_id").cast("string").alias("tran_id"),
-                F.upper(F.trim(F.col("state").cast("string"))).alias("state"),
+                F.col("state"),
             )
         else:
             pairs = []
@@ -439,13 +439,7 @@ class Producer:
                 except ValueError as e:
                     raise InvalidTransaction(f"transaction {tran_id!r}: {e}") from None
             given = spark.createDataFrame(pairs, "tran_id string, state string")
-        given = given.withColumn(
-            "state",
-            F.when(F.col("state").isin("COMMIT_MESSAGE"), "COMMIT")
-            .when(F.col("state").isin("ROLLBACK_MESSAGE"), "ROLLBACK")
-            .when(F.col("state").isin("UNKNOW"), "UNKNOWN")
-            .otherwise(F.col("state")),
-        )
+        given = given.withColumn("state", state_name(F.col("state")))
         check = given.agg(
             F.count(F.lit(1)).alias("n"),
             F.count(F.when(~F.col("state").isin(*_STATES) | F.col("state").isNull(), 1)).alias("bad_states"),

@@ -49,7 +49,7 @@ from deltamq import dedup, faults
 from deltamq.errors import CommitConflict, ConfigError, UnknownGroup
 from deltamq.filters import compile_sql92, parse_tag_expression
 from deltamq.message import StoredMessage, validate_group_name
-from deltamq.tables.bodies import join_bodies, read_bodies, stored_ids
+from deltamq.tables.bodies import join_bodies, read_bodies
 from deltamq.tables.sqltext import sql_int, sql_long, sql_str
 
 if TYPE_CHECKING:
@@ -557,6 +557,10 @@ def end_deliveries(broker: Broker, group: str, handles: list[str]) -> list[dict[
     values = ", ".join(f"({sql_str(h)})" for h in handles)
     source = f"(SELECT * FROM VALUES {values} AS v(receipt_handle))"
     ref = broker.warehouse.ref("deliveries")
+    delete = (
+        f"MERGE INTO {ref} t USING {source} s ON t.receipt_handle = s.receipt_handle "
+        f"AND t.consumer_group = {sql_str(group)} WHEN MATCHED THEN DELETE"
+    )
     found: list[dict[str, Any]] = []
 
     def attempt() -> None:
@@ -568,10 +572,7 @@ def end_deliveries(broker: Broker, group: str, handles: list[str]) -> list[dict[
             )
         ]
         if found:
-            broker.engine.execute(
-                f"MERGE INTO {ref} t USING {source} s ON t.receipt_handle = s.receipt_handle "
-                f"AND t.consumer_group = {sql_str(group)} WHEN MATCHED THEN DELETE"
-            )
+            broker.engine.execute(delete)
 
     remaining = (
         f"SELECT count(*) AS n FROM {ref} d JOIN {source} s ON d.receipt_handle = s.receipt_handle "
@@ -585,13 +586,7 @@ def end_deliveries(broker: Broker, group: str, handles: list[str]) -> list[dict[
         if not broker.engine.rows(remaining)[0]["n"]:
             break
         time.sleep(pause)
-        broker.engine.commit(
-            lambda: broker.engine.execute(
-                f"MERGE INTO {ref} t USING {source} s ON t.receipt_handle = s.receipt_handle "
-                f"AND t.consumer_group = {sql_str(group)} WHEN MATCHED THEN DELETE"
-            ),
-            what="deliveries",
-        )
+        broker.engine.commit(lambda: broker.engine.execute(delete), what="deliveries")
         broker.engine.stats.stale_dml_repeats += 1
     else:
         if broker.engine.rows(remaining)[0]["n"]:
@@ -732,16 +727,8 @@ def send_back(broker: Broker, rows: list[dict[str, Any]], level: int, why: str) 
                 f"pull: {why}",
             )
         )
-    if not failures:
-        return
-    spark = broker.engine.spark
-    fdf = spark.createDataFrame(failures, sendback.FAILURE_SCHEMA)
-    bodies = read_bodies(wh, (f[7] for f in failures), (f[5] for f in failures))
-    out = sendback.plan_sendback(fdf, bodies)
-    fresh = out.join(
-        stored_ids(wh, [(t, t) for t in sorted({f[8] for f in failures})]), "msg_id", "left_anti"
-    )
-    broker.engine.commit(lambda: wh.append("commit_log", fresh), what="sendback")
+    if failures:
+        sendback.store(broker, failures)
 
 
 def expire(broker: Broker, now: int, *, fence=None) -> int:

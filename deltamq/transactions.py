@@ -34,6 +34,7 @@ from deltamq.constants import (
     OP_TAG,
     TRANS_CHECK_MAX_TIME_TOPIC,
     TRANS_OP_HALF_TOPIC,
+    TX_ALIASES,
     Prop,
     SysFlag,
     TxState,
@@ -174,14 +175,22 @@ def read_table(spark: SparkSession, table: str) -> DataFrame:
     return spark.table(table)
 
 
+def state_name(value: Column) -> Column:
+    """A state column in upper case with RocketMQ's spellings (``COMMIT_MESSAGE``, …)
+    turned into ours; any other text is kept (for the caller to accept or refuse)."""
+    v = F.upper(F.trim(value.cast("string")))
+    out = v
+    for alias, state in TX_ALIASES.items():
+        out = F.when(v == F.lit(alias), F.lit(state)).otherwise(out)
+    return out
+
+
 def normalized_state(value: Column) -> Column:
     """A state expression's value as COMMIT / ROLLBACK / UNKNOWN (NULL and anything else:
     UNKNOWN; RocketMQ's COMMIT_MESSAGE / ROLLBACK_MESSAGE spellings accepted)."""
-    v = F.upper(F.trim(value.cast("string")))
-    return (
-        F.when(v.isin("COMMIT", "COMMIT_MESSAGE"), F.lit(TxState.COMMIT.value))
-        .when(v.isin("ROLLBACK", "ROLLBACK_MESSAGE"), F.lit(TxState.ROLLBACK.value))
-        .otherwise(F.lit(TxState.UNKNOWN.value))
+    v = state_name(value)
+    return F.when(v.isin(TxState.COMMIT.value, TxState.ROLLBACK.value), v).otherwise(
+        F.lit(TxState.UNKNOWN.value)
     )
 
 

@@ -61,6 +61,7 @@ from deltamq.constants import (
     TxState,
 )
 from deltamq.jobs import dispatch
+from deltamq.jobs.dispatch import int_prop
 from deltamq.message import StoredMessage
 from deltamq.tables import deltalog
 from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns
@@ -153,11 +154,6 @@ def load_state(wh: Warehouse) -> CheckState:
 
 
 # --- planning (pure) ------------------------------------------------------------------------
-def _int_prop(props: Column, key: str) -> Column:
-    raw = props.getItem(key)
-    return F.when(raw.rlike("^[0-9]{1,12}$"), raw.cast("bigint"))
-
-
 def plan_classes(
     half: DataFrame,
     ops: DataFrame,
@@ -175,13 +171,13 @@ def plan_classes(
     immunity_raw = props.getItem(Prop.CHECK_IMMUNITY_TIME_IN_SECONDS)
     # RocketMQ's getImmunityTime: seconds × 1000, never below the transaction timeout.
     immunity_ms = F.greatest(
-        F.coalesce(_int_prop(props, Prop.CHECK_IMMUNITY_TIME_IN_SECONDS) * 1000, F.lit(timeout_ms)),
+        F.coalesce(int_prop(props, Prop.CHECK_IMMUNITY_TIME_IN_SECONDS, 12) * 1000, F.lit(timeout_ms)),
         F.lit(timeout_ms),
     )
     born = F.coalesce(F.col("born_ts"), F.col("store_ts"))
     entries = (
         half.withColumn("tran_id", F.coalesce(props.getItem(Prop.TRAN_ID), F.col("msg_id")))
-        .withColumn("times", F.coalesce(_int_prop(props, Prop.TRANSACTION_CHECK_TIMES), F.lit(0)))
+        .withColumn("times", F.coalesce(int_prop(props, Prop.TRANSACTION_CHECK_TIMES, 12), F.lit(0)))
         .withColumn("age", F.lit(now) - born)
         .join(F.broadcast(settled), F.col("tran_id") == F.col("op_tran_id"), "left")
     )
@@ -579,9 +575,9 @@ def pending(broker: Broker, now: int) -> list[dict[str, Any]]:
         .agg(
             F.count_distinct("tran").alias("n"),
             F.min(F.coalesce("born_ts", "store_ts")).alias("oldest_born"),
-            F.max(F.coalesce(_int_prop(F.col("properties"), Prop.TRANSACTION_CHECK_TIMES), F.lit(0))).alias(
-                "max_checks"
-            ),
+            F.max(
+                F.coalesce(int_prop(F.col("properties"), Prop.TRANSACTION_CHECK_TIMES, 12), F.lit(0))
+            ).alias("max_checks"),
         )
         .collect()
     ):

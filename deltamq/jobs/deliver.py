@@ -41,7 +41,7 @@ from deltamq.constants import RETRY_PREFIX, Prop
 from deltamq.consumer import ImportPathListener
 from deltamq.filters import compile_sql92, parse_tag_expression
 from deltamq.jobs import dispatch, sendback
-from deltamq.tables.bodies import join_bodies, read_bodies, stored_ids
+from deltamq.tables.bodies import join_bodies, read_bodies
 from deltamq.tables.sqltext import sql_in, sql_int, sql_long, sql_str
 
 if TYPE_CHECKING:
@@ -543,7 +543,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         elif r["dup"] and not r["poison"]:
             counts[r["consumer_group"]]["deduplicated"] += 1
     if failures:
-        _send_back(broker, failures, fence)
+        sendback.store(broker, failures, fence)
     faults.point("deliver.after_sendback_commit")
 
     # 3b. keys of what was consumed, before the offsets move (a re-run skips them)
@@ -583,19 +583,6 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         skipped_groups=skipped,
         by_group={g: dict(c) for g, c in counts.items()},
     )
-
-
-def _send_back(broker: Broker, failures: list[tuple], fence) -> None:
-    wh = broker.warehouse
-    spark = broker.engine.spark
-    fdf = spark.createDataFrame(failures, sendback.FAILURE_SCHEMA)
-    bodies = read_bodies(wh, (f[7] for f in failures), (f[5] for f in failures))
-    rows = sendback.plan_sendback(fdf, bodies)
-    stored = stored_ids(wh, [(t, t) for t in sorted({f[8] for f in failures})])
-    fresh = rows.join(stored, "msg_id", "left_anti")
-    if fence:
-        fence()
-    broker.engine.commit(lambda: wh.append("commit_log", fresh), what="sendback")
 
 
 def _record_attempts(broker: Broker, takes: list[QueueTake], now: int) -> None:

@@ -222,7 +222,8 @@ def drop_duplicate_commits(wh: Warehouse, rows: DataFrame) -> tuple[DataFrame, i
 
 
 # --- planning (pure) ----------------------------------------------------------------------
-def _int_prop(props: Column, key: str, digits: int) -> Column:
+def int_prop(props: Column, key: str, digits: int) -> Column:
+    """A property as a BIGINT when it is 1..``digits`` decimal digits, else NULL."""
     raw = props.getItem(key)
     # A regex guard instead of a cast that raises under ANSI mode on a malformed value.
     return F.when(raw.rlike(f"^[0-9]{{1,{digits}}}$"), raw.cast("bigint"))
@@ -241,8 +242,8 @@ def plan_dispatch(rows: DataFrame, heads: DataFrame, levels: list[tuple[int, int
         & (F.col("sys_flag").bitwiseAND(F.lit(0xC)) == F.lit(SysFlag.TRANSACTION_PREPARED_TYPE))
         & (F.col("topic") != F.lit(TRANS_CHECK_MAX_TIME_TOPIC))
     )
-    timer_ms = _int_prop(props, Prop.TIMER_DELIVER_MS, 18)
-    raw_level = _int_prop(props, Prop.DELAY, 9)
+    timer_ms = int_prop(props, Prop.TIMER_DELIVER_MS, 18)
+    raw_level = int_prop(props, Prop.DELAY, 9)
     # least() skips NULLs, so guard it: no DELAY property means no level.
     level = F.when(raw_level.isNotNull(), F.least(raw_level, F.lit(max_level)))
     route = (

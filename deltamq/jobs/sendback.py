@@ -17,7 +17,7 @@ then a hash of (group, topic, queue, offset).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -25,7 +25,10 @@ from pyspark.sql import functions as F
 from deltamq import ids
 from deltamq.constants import Prop, dlq_topic, retry_topic
 from deltamq.consumer import retry_delay_ms
-from deltamq.tables.bodies import join_bodies, restore_columns, restored_message
+from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns, restored_message, stored_ids
+
+if TYPE_CHECKING:
+    from deltamq.broker import Broker
 
 FAILURE_SCHEMA = (
     "consumer_group string, topic string, queue_id int, queue_offset bigint, msg_id string, "
@@ -76,6 +79,20 @@ def decide(
         return Decision("retry", timer_ms=attempt_ts + retry_delay_ms(retry_policy, reconsume_times))
     level = requested_level if requested_level > 0 else 3 + reconsume_times
     return Decision("retry", level=min(level, max_level))
+
+
+def store(broker: Broker, failures: list[tuple], fence=None) -> None:
+    """Append the sends-back of ``failures`` (FAILURE_SCHEMA tuples) in one commit,
+    skipping ids already stored (a re-run after a kill writes nothing twice)."""
+    wh = broker.warehouse
+    fdf = broker.engine.spark.createDataFrame(failures, FAILURE_SCHEMA)
+    bodies = read_bodies(wh, (f[7] for f in failures), (f[5] for f in failures))
+    rows = plan_sendback(fdf, bodies)
+    stored = stored_ids(wh, [(t, t) for t in sorted({f[8] for f in failures})])
+    fresh = rows.join(stored, "msg_id", "left_anti")
+    if fence:
+        fence()
+    broker.engine.commit(lambda: wh.append("commit_log", fresh), what="sendback")
 
 
 def plan_sendback(failures: DataFrame, bodies: DataFrame) -> DataFrame:
