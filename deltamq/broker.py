@@ -63,6 +63,7 @@ class Broker:
         self._max_level: int | None = None
         self.listeners: dict[str, Callable[..., Any]] = {}
         self.check_listeners: dict[str, Callable[..., Any]] = {}
+        self.sink_transforms: dict[str, Callable[..., Any]] = {}
         self._runner = None
 
     # --- opening ---------------------------------------------------------------------------
@@ -360,7 +361,8 @@ class Broker:
             f"{sql_str(json.dumps(retry_policy) if retry_policy else None)} AS retry_policy, "
             f"{sql_long(now)} AS created_ts, {inst} AS instances, "
             f"{sql_long(invisible_time_ms)} AS invisible_time_ms, "
-            f"{sql_long(dedup_window_ms)} AS dedup_window_ms) s "
+            f"{sql_long(dedup_window_ms)} AS dedup_window_ms, CAST(NULL AS STRING) AS sink_table, "
+            "CAST(NULL AS ARRAY<STRING>) AS sink_key_columns, CAST(NULL AS STRING) AS sink_transform) s "
             "ON t.consumer_group = s.consumer_group WHEN NOT MATCHED THEN INSERT *"
         )
         self.engine.commit(lambda: self.engine.execute(statement), what="group_config")
@@ -595,6 +597,46 @@ class Broker:
         from deltamq.pull import PullConsumer
 
         return PullConsumer(self, group, client_id)
+
+    def sink_to_table(
+        self,
+        group: str,
+        table_path: str,
+        key_columns: str | list[str],
+        transform: Callable[..., Any] | str | None = None,
+    ):
+        """Make ``group`` an exactly-once Delta sink (see :mod:`deltamq.sink`): each sink
+        pass (the tick's ``sink`` job) MERGEs the group's new messages into the Delta table
+        at ``table_path`` on ``key_columns``, guarded so that a replay after any crash
+        changes nothing. ``transform`` (a callable or ``"package.module:function"``) maps
+        the messages DataFrame (:data:`deltamq.sink.MESSAGE_SCHEMA`) to the table's rows and
+        must keep ``_deltamq_order``. A missing table is created (empty) now.
+        Returns the :class:`~deltamq.sink.Sink`."""
+        from deltamq import sink
+
+        group = validate_group_name(group)
+        table = sink.validate_table_path(self, table_path)
+        keys = sink.validate_keys(key_columns)
+        sink.check_group(self, group)
+        registry: dict[str, Callable[..., Any]] = {}
+        path = _listener_path(registry, group, transform)
+        cfg = sink.SinkConfig(group, table, keys, path)
+        fn = registry.get(group) or (sink.load_transform(self, cfg) if path else None)
+        # the transform and the table are checked now, on an empty batch
+        empty = self.engine.spark.createDataFrame([], sink.MESSAGE_SCHEMA)
+        sink.ensure_table(self, cfg, sink.output(self, cfg, empty, fn))
+        if registry:
+            self.sink_transforms[group] = registry[group]
+        else:
+            self.sink_transforms.pop(group, None)
+        keys_sql = "array(" + ", ".join(sql_str(k) for k in keys) + ")"
+        statement = (
+            f"UPDATE {self.warehouse.ref('group_config')} SET sink_table = {sql_str(table)}, "
+            f"sink_key_columns = {keys_sql}, sink_transform = {sql_str(path)} "
+            f"WHERE consumer_group = {sql_str(group)}"
+        )
+        self.engine.commit(lambda: self.engine.execute(statement), what="group_config")
+        return sink.Sink(self, group)
 
     def max_delay_level(self) -> int:
         if self._max_level is None:

@@ -60,19 +60,19 @@ class ConsumeContext:
 Listener = Callable[[list[Any], ConsumeContext], Any]
 
 
-def resolve_listener(path: str) -> Listener:
+def resolve_listener(path: str, what: str = "listener") -> Listener:
     """Import ``package.module:function`` (the form stored in ``group_config``)."""
     module_name, sep, attr = path.partition(":")
     if not sep:
-        raise ConfigError(f"listener {path!r} is not an import path 'package.module:function'")
+        raise ConfigError(f"{what} {path!r} is not an import path 'package.module:function'")
     try:
         obj: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as e:
-        raise ConfigError(f"listener {path!r} cannot be imported: {e}") from e
+        raise ConfigError(f"{what} {path!r} cannot be imported: {e}") from e
     if not callable(obj):
-        raise ConfigError(f"listener {path!r} is not callable")
+        raise ConfigError(f"{what} {path!r} is not callable")
     return obj
 
 

@@ -50,6 +50,7 @@ from deltamq.errors import CommitConflict, ConfigError, UnknownGroup
 from deltamq.filters import compile_sql92, parse_tag_expression
 from deltamq.message import StoredMessage, validate_group_name
 from deltamq.tables.bodies import join_bodies, read_bodies
+from deltamq.tables.ranges import queue_ranges
 from deltamq.tables.sqltext import sql_int, sql_long, sql_str
 
 if TYPE_CHECKING:
@@ -151,6 +152,11 @@ class PullConsumer:
             raise ConfigError(
                 f"group {self.group!r} has a push listener; a queue is consumed by push or by pull "
                 "clients, not both: create a separate group for pull clients"
+            )
+        if cfg.get("sink_table"):
+            raise ConfigError(
+                f"group {self.group!r} is a sink into {cfg['sink_table']}; create a separate group for "
+                "pull clients"
             )
         self._cfg = cfg
         self._taken_over: set[Queue] = set()
@@ -301,14 +307,7 @@ class PullConsumer:
     def _read(self, takes: list[tuple[str, int, int, int]], now: int) -> list[_Handout]:
         wh = self.broker.warehouse
         subs = {s["topic"]: s for s in self.broker.subscriptions(self.group)}
-        pred = F.lit(False)
-        for topic, qid, lo, hi in takes:
-            pred = pred | (
-                (F.col("topic") == topic)
-                & (F.col("queue_id") == qid)
-                & F.col("queue_offset").between(lo, hi - 1)
-            )
-        cq = wh.read("consume_queue").where(pred)
+        cq = wh.read("consume_queue").where(queue_ranges(takes))
         matches = F.lit(True)
         for topic, sub in subs.items():
             matches = F.when(F.col("topic") == topic, _matcher(sub)).otherwise(matches)

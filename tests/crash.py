@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,16 +118,21 @@ def kill_and_rerun(
     delay: tuple[float, float] = (0.0, 0.3),
     env: dict[str, str] | None = None,
     rerun_env: dict[str, str] | None = None,
+    rerun: Callable[[], object] | None = None,
 ) -> JobOutcome:
     """One round of a :class:`KillPlan`: run ``job`` and kill it at ``point`` (or, for
     ``point=None``, after a random delay in ``delay``), record the kill, then run it again
-    to the end. Returns the outcome of the first run (``killed`` says if it died)."""
+    to the end (in a subprocess, or by calling ``rerun`` in this process). Returns the
+    outcome of the first run (``killed`` says if it died)."""
     if point is None:
         outcome = run_job(warehouse, job, now, kill_after_s=rng.uniform(*delay), env=env)
     else:
         outcome = run_job(warehouse, job, now, crash_at=point, env=env)
         assert outcome.killed, outcome.stderr[-2000:]
     plan.record(outcome.killed)
-    rerun = run_job(warehouse, job, now, env=rerun_env if rerun_env is not None else env)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    if rerun is not None:
+        rerun()
+        return outcome
+    again = run_job(warehouse, job, now, env=rerun_env if rerun_env is not None else env)
+    assert again.returncode == 0, again.stderr[-3000:]
     return outcome

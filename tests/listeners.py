@@ -125,3 +125,19 @@ def check_by_body(message):
     """A transaction check listener (import path ``listeners:check_by_body``): the body
     names the state."""
     return message.body.decode()
+
+
+def order_rows(df):
+    """Sink transform: the message key is the order id, the body its amount."""
+    from pyspark.sql import functions as F
+
+    return df.select(
+        F.col("keys").alias("order_id"),
+        F.col("body").cast("string").cast("long").alias("amount"),
+        "msg_id",
+        "_deltamq_order",
+    )
+
+
+def order_rows_without_guard(df):
+    return order_rows(df).drop("_deltamq_order")

@@ -216,41 +216,101 @@ print("WON" if held else "LOST", flush=True)
 """
 
 
-def test_four_processes_racing_for_one_queue_one_wins(pulled, clock, tmp_path):
+def _race(script: str, wh, clients: list[str], go, *args: str, env: dict[str, str] | None = None):
+    """Start one process per client running ``script`` (argv: warehouse, client, go file,
+    *args), wait for each one's READY, let them go at once; returns their stdout by client."""
     import os
     import subprocess
     import sys
     import time
 
-    go = tmp_path / "go"
-    # The losers' refused attempts each count as "delivered offset unchanged"; with nothing
-    # in flight, three of them would legitimately hand the queue on (SPEC §6). Here the
-    # counter may not decide: only the race does.
-    env = dict(os.environ, RUST_LOG="error", DELTAMQ_MAX_DELIVER_OFFSET_NO_CHANGE_TIMES="1000")
+    env = dict(os.environ, RUST_LOG="error", **(env or {}))
     env.pop("SPARK_CONNECT_MODE_ENABLED", None)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _RACER, str(tmp_path / "wh"), f"racer{i}", str(go), str(clock.now_ms())],
+    procs = {
+        c: subprocess.Popen(
+            [sys.executable, "-c", script, str(wh), c, str(go), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env=env,
         )
-        for i in range(4)
-    ]
-    for p in procs:
+        for c in clients
+    }
+    for p in procs.values():
         assert p.stdout.readline().strip() == "READY"
     time.sleep(0.2)
     go.write_text("go")
     outcomes = {}
-    for i, p in enumerate(procs):
-        out, err = p.communicate(timeout=180)
+    for c, p in procs.items():
+        out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-2000:]
-        outcomes[f"racer{i}"] = out.strip()
+        outcomes[c] = out.strip()
+    return outcomes
+
+
+def test_four_processes_racing_for_one_queue_one_wins(pulled, clock, tmp_path):
+    # The losers' refused attempts each count as "delivered offset unchanged"; with nothing
+    # in flight, three of them would legitimately hand the queue on (SPEC §6). Here the
+    # counter may not decide: only the race does.
+    outcomes = _race(
+        _RACER,
+        tmp_path / "wh",
+        [f"racer{i}" for i in range(4)],
+        tmp_path / "go",
+        str(clock.now_ms()),
+        env={"DELTAMQ_MAX_DELIVER_OFFSET_NO_CHANGE_TIMES": "1000"},
+    )
     winners = [c for c, o in outcomes.items() if o == "WON"]
     assert len(winners) == 1, outcomes
     owner = pulled.sql("SELECT owner FROM queue_lock WHERE topic = 'orders' AND queue_id = 0").collect()
     assert [r["owner"] for r in owner] == winners
+
+
+_WORKER = """
+import json, os, sys, time
+from deltamq import Broker
+wh, me, go = sys.argv[1], sys.argv[2], sys.argv[3]
+broker = Broker.open(wh)
+consumer = broker.pull_consumer("workers", me)
+broker.engine.rows("SELECT 1")
+print("READY", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.005)
+got, empty = [], 0
+while empty < 6:
+    msgs = consumer.pull(25)
+    if not msgs:
+        empty += 1
+        time.sleep(0.2)
+        continue
+    empty = 0
+    assert consumer.ack([m.receipt_handle for m in msgs]) == len(msgs)
+    got += [m.body.decode() for m in msgs]
+print(json.dumps(got), flush=True)
+"""
+
+
+def test_three_client_processes_pull_and_ack_everything_once(pulled, clock, tmp_path):
+    """Real clocks, three processes rebalancing 4 queues among themselves while pulling and
+    acking: every message handed out exactly once, every acked offset at the queue's end,
+    nothing left in flight."""
+    import json
+
+    p = pulled.producer("p")
+    for q in range(4):
+        p.send_batch([Message("orders", f"q{q}n{i}") for i in range(60)], selector=lambda n, m, a: a, arg=q)
+    pulled.tick(clock.now_ms())
+    outcomes = _race(_WORKER, tmp_path / "wh", ["w0", "w1", "w2"], tmp_path / "go")
+    got = [b for out in outcomes.values() for b in json.loads(out.splitlines()[-1])]
+    expected = {f"q{q}m{i}" for q in range(4) for i in range(5)} | {
+        f"q{q}n{i}" for q in range(4) for i in range(60)
+    }
+    assert sorted(got) == sorted(expected)  # each once
+    acked = pulled.sql(
+        "SELECT queue_id, next_offset FROM offsets WHERE consumer_group = 'workers' AND topic = 'orders'"
+    ).collect()
+    assert {r["queue_id"]: r["next_offset"] for r in acked} == {q: 65 for q in range(4)}
+    assert pulled.sql("SELECT count(*) AS n FROM deliveries").collect()[0]["n"] == 0
 
 
 def test_status_shows_the_rebalance_and_the_locks(pulled, clock, broker):

@@ -51,7 +51,14 @@ def test_upgrade_v1_warehouse_in_place(tmp_path, broker):
     assert done["from_version"] == 1
     assert done["created"] == ["producer_config", "clients", "dq_results"]
     assert done["upgraded"] == {
-        "group_config": ["instances", "invisible_time_ms", "dedup_window_ms"],
+        "group_config": [
+            "instances",
+            "invisible_time_ms",
+            "dedup_window_ms",
+            "sink_table",
+            "sink_key_columns",
+            "sink_transform",
+        ],
         "consume_queue": ["born_ts"],
         "offsets": ["delivered_offset"],
         "queue_lock": ["delivered_offset"],

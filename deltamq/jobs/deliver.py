@@ -42,6 +42,7 @@ from deltamq.consumer import ImportPathListener
 from deltamq.filters import compile_sql92, parse_tag_expression
 from deltamq.jobs import dispatch, sendback
 from deltamq.tables.bodies import join_bodies, read_bodies
+from deltamq.tables.ranges import queue_ranges
 from deltamq.tables.sqltext import sql_in, sql_int, sql_long, sql_str
 
 if TYPE_CHECKING:
@@ -358,13 +359,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         "tag_list array<string>, "
         "poison boolean, suspends int",
     )
-    pred = F.lit(False)
-    for t in takes:
-        pred = pred | (
-            (F.col("topic") == t.topic)
-            & (F.col("queue_id") == t.queue_id)
-            & F.col("queue_offset").between(t.lo, t.hi - 1)
-        )
+    pred = queue_ranges((t.topic, t.queue_id, t.lo, t.hi) for t in takes)
     cq = wh.read("consume_queue").where(pred)
     taken = cq.join(
         F.broadcast(take_df),

@@ -24,7 +24,7 @@ from deltamq.tables.sqltext import sql_in, sql_long, sql_str
 if TYPE_CHECKING:
     from deltamq.tables.warehouse import Warehouse
 
-JOB_KINDS = ("dispatch", "promote", "deliver", "check_transactions", "retain")
+JOB_KINDS = ("dispatch", "promote", "deliver", "sink", "check_transactions", "retain")
 
 
 def wall_ms() -> int:

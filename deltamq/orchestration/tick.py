@@ -106,6 +106,17 @@ def _pull_expiry(broker: Broker, now: int, fence: Callable[[], None], runs: list
     return JobRun("pull_expiry", "OK", n, n, details={"expired": n})
 
 
+def _sink(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun | None:
+    """Exactly-once Delta sinks: each sink group's new messages MERGEd into its table."""
+    from deltamq import sink
+
+    results = sink.run(broker, now, fence=fence)
+    if not results:
+        return None
+    n = sum(r.messages for r in results)
+    return JobRun("sink", "OK", n, n, details={"sinks": len(results), "merged": n}, result=results)
+
+
 def _check_transactions(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
     r = check_transactions.run(broker, now, fence=fence)
     return JobRun(
@@ -118,7 +129,7 @@ def _check_transactions(broker: Broker, now: int, fence: Callable[[], None], run
     )
 
 
-# DESIGN.md order: dispatch → promote → dispatch (if promote wrote) → deliver →
+# DESIGN.md order: dispatch → promote → dispatch (if promote wrote) → deliver → sink →
 # check_transactions → retain. Later issues add their jobs here in place.
 # (name, lease kind, function)
 SEQUENCE: tuple[tuple[str, str, JobFn], ...] = (
@@ -127,6 +138,7 @@ SEQUENCE: tuple[tuple[str, str, JobFn], ...] = (
     ("redispatch", "dispatch", _redispatch),
     ("deliver", "deliver", _deliver),
     ("pull_expiry", "deliver", _pull_expiry),
+    ("sink", "sink", _sink),
     ("check_transactions", "check_transactions", _check_transactions),
 )
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import types as T
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The warehouse schema version this release writes."""
 
 
@@ -156,6 +156,9 @@ GROUP_CONFIG = T.StructType(
             added_in=3,
         ),
         _f("dedup_window_ms", LONG, "idempotent consumption: ms a consumed key is remembered", added_in=3),
+        _f("sink_table", STR, "exactly-once sink: the Delta table the group MERGEs into", added_in=4),
+        _f("sink_key_columns", T.ArrayType(STR), "exactly-once sink: the table's key columns", added_in=4),
+        _f("sink_transform", STR, "exactly-once sink: transform import path pkg.module:function", added_in=4),
     ]
 )
 

@@ -7,6 +7,8 @@ the files whose min/max overlap.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
@@ -39,4 +41,14 @@ def ranges_predicate(column: str, ranges: list[tuple[int, int]]) -> Column:
     pred = F.lit(False)
     for lo, hi in ranges:
         pred = pred | F.col(column).between(lo, hi)
+    return pred
+
+
+def queue_ranges(ranges: Iterable[tuple[str, int, int, int]]) -> Column:
+    """consume_queue rows within any of ``(topic, queue_id, lo, hi)`` (``hi`` exclusive)."""
+    pred = F.lit(False)
+    for topic, qid, lo, hi in ranges:
+        pred = pred | (
+            (F.col("topic") == topic) & (F.col("queue_id") == qid) & F.col("queue_offset").between(lo, hi - 1)
+        )
     return pred

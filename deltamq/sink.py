@@ -1,0 +1,324 @@
+"""Exactly-once Delta sinks: a consumer group that MERGEs its messages into a Delta table.
+
+``broker.sink_to_table(group, table_path, key_columns, transform=None)`` makes ``group``
+(a CLUSTERING group with no listener and no pull clients) a sink; the tick's ``sink``
+job (or ``sink.run()``) then, per pass and per subscribed queue, takes the messages
+from the group's offset on (at most ``pull_batch_size``), keeps those matching the
+subscription, applies ``transform`` (a DataFrame → DataFrame function), and MERGEs the
+result into the table on ``key_columns`` in one commit; the group's offsets move after.
+
+**Exactly once.** Every row written carries ``_deltamq_order``: a text that orders the
+messages totally (store time, then topic, queue and offset) and is derived only from the
+message. The MERGE updates a key's row only with a row of a strictly later message and
+inserts keys it has not seen. A pass killed after its MERGE and before its offsets is
+replayed from the same offsets: each replayed row meets its own earlier copy (or a later
+message's row) and changes nothing. So after any crash and replay a key's row is the one
+of the latest message with that key, written once — RocketMQ's duplicates after restarts
+(apache/rocketmq#7182) cannot multiply here. Within one batch, the latest row per key
+wins. The transform must be deterministic and keep ``_deltamq_order`` (select ``"*"`` or
+the column by name); it may drop messages (``where``) or rename fields.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from deltamq import faults
+from deltamq.constants import Prop
+from deltamq.errors import ConfigError, DeltaMQError, UnknownGroup
+from deltamq.tables.bodies import join_bodies, read_bodies
+from deltamq.tables.offsets import advance_offsets
+from deltamq.tables.ranges import queue_ranges
+from deltamq.tables.sqltext import sql_str
+
+if TYPE_CHECKING:
+    from deltamq.broker import Broker
+
+ORDER = "_deltamq_order"
+"""Column of every sink row: the total order of the message that wrote it."""
+
+MESSAGE_SCHEMA = T.StructType(
+    [
+        T.StructField("msg_id", T.StringType()),
+        T.StructField("topic", T.StringType()),
+        T.StructField("queue_id", T.IntegerType()),
+        T.StructField("queue_offset", T.LongType()),
+        T.StructField("tags", T.StringType()),
+        T.StructField("keys", T.StringType()),
+        T.StructField("body", T.BinaryType()),
+        T.StructField("properties", T.MapType(T.StringType(), T.StringType())),
+        T.StructField("born_ts", T.LongType()),
+        T.StructField("store_ts", T.LongType()),
+        T.StructField(ORDER, T.StringType()),
+    ]
+)
+"""The DataFrame a transform receives (one row per message)."""
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class SinkError(DeltaMQError):
+    """A sink pass failed (its transform raised or its output does not fit the table);
+    nothing of the pass is committed and the group's offsets stay where they were."""
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    group: str
+    table: str
+    key_columns: tuple[str, ...]
+    transform: str | None  # import path; None: identity or an in-process callable
+
+
+@dataclass(frozen=True)
+class SinkResult:
+    group: str
+    messages: int = 0  # matching messages merged (replays included)
+    queues: int = 0
+
+
+# --- configuration --------------------------------------------------------------------------
+def validate_table_path(broker: Broker, table: Any) -> str:
+    if not isinstance(table, str) or not (table.startswith("/") or "://" in table):
+        raise ConfigError(f"table_path={table!r} must be an absolute path or a URI of a Delta table")
+    table = table.rstrip("/")
+    own = {broker.warehouse.path(name).rstrip("/") for name in _tables()}
+    if table in own or table.rstrip("/") == broker.warehouse.location.rstrip("/"):
+        raise ConfigError(f"table_path={table!r} is one of the warehouse's own tables; choose another path")
+    return table
+
+
+def _tables() -> list[str]:
+    from deltamq.schemas import TABLES
+
+    return list(TABLES)
+
+
+def validate_keys(key_columns: Any) -> tuple[str, ...]:
+    if isinstance(key_columns, str):
+        key_columns = [key_columns]
+    if not isinstance(key_columns, Sequence) or not key_columns:
+        raise ConfigError(f"key_columns={key_columns!r} must be a non-empty list of column names")
+    out = []
+    for k in key_columns:
+        if not isinstance(k, str) or not _IDENT.match(k) or k.startswith("_deltamq"):
+            raise ConfigError(
+                f"key column {k!r} is not allowed; use letters, digits and _ (not starting with a digit "
+                "or _deltamq)"
+            )
+        if k in out:
+            raise ConfigError(f"key column {k!r} is given twice")
+        out.append(k)
+    return tuple(out)
+
+
+def load_transform(broker: Broker, cfg: SinkConfig) -> Callable[[DataFrame], DataFrame] | None:
+    fn = broker.sink_transforms.get(cfg.group)
+    if fn is not None or cfg.transform is None:
+        return fn
+    from deltamq.consumer import resolve_listener
+
+    return resolve_listener(cfg.transform, f"transform of sink {cfg.group!r}")
+
+
+def configs(broker: Broker, groups: dict[str, dict[str, Any]] | None = None) -> dict[str, SinkConfig]:
+    groups = broker.groups() if groups is None else groups
+    return {
+        g: SinkConfig(g, c["sink_table"], tuple(c["sink_key_columns"] or ()), c["sink_transform"])
+        for g, c in groups.items()
+        if c.get("sink_table")
+    }
+
+
+def check_group(broker: Broker, group: str) -> dict[str, Any]:
+    cfg = broker.groups().get(group)
+    if cfg is None:
+        raise UnknownGroup(f"consumer group {group!r} does not exist; create it first")
+    if cfg["mode"] != "CLUSTERING":
+        raise ConfigError(f"group {group!r} is {cfg['mode']}; a sink consumes a CLUSTERING group")
+    if cfg["listener"] or group in broker.listeners:
+        raise ConfigError(
+            f"group {group!r} has a push listener; a sink needs a group of its own (create one without "
+            "a listener)"
+        )
+    live = broker.engine.rows(
+        f"SELECT count(*) AS n FROM {broker.warehouse.ref('clients')} WHERE consumer_group = {sql_str(group)}"
+    )[0]["n"]
+    if live:
+        raise ConfigError(f"group {group!r} has pull clients; a sink needs a group of its own")
+    return cfg
+
+
+def output(
+    broker: Broker, cfg: SinkConfig, messages: DataFrame, transform: Callable[[DataFrame], DataFrame] | None
+) -> DataFrame:
+    """The transform's rows, checked: key columns and ``_deltamq_order`` present, the latest
+    row per key only."""
+    try:
+        out = transform(messages) if transform is not None else messages
+    except Exception as e:  # noqa: BLE001 - any failure of user code
+        raise SinkError(f"sink of {cfg.group!r}: the transform raised {type(e).__name__}: {e}") from e
+    if not isinstance(out, DataFrame):
+        raise SinkError(f"sink of {cfg.group!r}: the transform returned {type(out).__name__}, no DataFrame")
+    columns = out.columns
+    missing = [c for c in (*cfg.key_columns, ORDER) if c not in columns]
+    if missing:
+        raise SinkError(
+            f"sink of {cfg.group!r}: the transform's output lacks {missing}; it has {columns} "
+            f"(keep {ORDER!r}: it guards replays)"
+        )
+    latest = Window.partitionBy(*[F.col(k) for k in cfg.key_columns]).orderBy(F.col(ORDER).desc())
+    return (
+        out.withColumn("_deltamq_rank", F.row_number().over(latest))
+        .where("_deltamq_rank = 1")
+        .drop("_deltamq_rank")
+    )
+
+
+def check_table(broker: Broker, cfg: SinkConfig, out: DataFrame) -> bool:
+    """True if the sink table exists with the output's columns; False if it does not exist;
+    SinkError if it has other columns."""
+    try:
+        existing = broker.engine.spark.read.format("delta").load(cfg.table).columns
+    except Exception as e:  # noqa: BLE001 - engines word "not a Delta table" differently
+        if _missing_table(cfg.table):
+            return False
+        raise SinkError(f"sink of {cfg.group!r}: {cfg.table} is not readable as a Delta table: {e}") from e
+    if sorted(existing) != sorted(out.columns):
+        raise SinkError(
+            f"sink of {cfg.group!r}: table {cfg.table} has columns {existing}; the transform gives "
+            f"{out.columns}"
+        )
+    return True
+
+
+def ensure_table(broker: Broker, cfg: SinkConfig, out: DataFrame) -> None:
+    """Check the sink table against ``out``'s columns; create it empty if missing."""
+    if not check_table(broker, cfg, out):
+        broker.engine.commit(
+            lambda: out.limit(0).write.format("delta").mode("append").save(cfg.table), what="sink"
+        )
+
+
+def _missing_table(table: str) -> bool:
+    import os
+
+    if "://" in table and not table.startswith("file://"):
+        return False
+    path = table.removeprefix("file://")
+    return not os.path.isdir(os.path.join(path, "_delta_log"))
+
+
+# --- the pass -------------------------------------------------------------------------------
+def order_column() -> F.Column:
+    return F.concat(
+        F.lpad(F.hex(F.col("store_ts")), 16, "0"),
+        F.col("topic"),
+        F.lpad(F.hex(F.col("queue_id")), 8, "0"),
+        F.lpad(F.hex(F.col("queue_offset")), 16, "0"),
+    )
+
+
+def run(broker: Broker, now: int, *, fence=None, only: str | None = None) -> list[SinkResult]:
+    """One pass of every sink (or of group ``only``)."""
+    from deltamq.jobs import deliver, dispatch
+
+    groups = broker.groups()
+    sinks = configs(broker, groups)
+    if only is not None:
+        if only not in sinks:
+            raise ConfigError(f"group {only!r} is not a sink; sinks are {sorted(sinks)}")
+        sinks = {only: sinks[only]}
+    if not sinks:
+        return []
+    heads = dispatch.load_state(broker.warehouse).heads
+    offsets = deliver._read_offsets(broker, sorted(sinks))
+    subs = [s for s in broker.subscriptions() if s["consumer_group"] in sinks]
+    takes = deliver.plan_takes({g: groups[g] for g in sinks}, subs, heads, offsets, now)
+    results = []
+    for group, cfg in sorted(sinks.items()):
+        mine = [t for t in takes if t.group == group]
+        if mine:
+            if fence:
+                fence()
+            results.append(_pass(broker, cfg, mine, now, subs))
+    return results
+
+
+def _pass(broker: Broker, cfg: SinkConfig, takes: list, now: int, subs: list[dict[str, Any]]) -> SinkResult:
+    from deltamq.pull import _matcher
+
+    wh = broker.warehouse
+    pred = queue_ranges((t.topic, t.queue_id, t.lo, t.hi) for t in takes)
+    matches = F.lit(False)
+    for sub in subs:
+        if sub["consumer_group"] == cfg.group:
+            matches = F.when(F.col("topic") == sub["topic"], _matcher(sub)).otherwise(matches)
+    cq = wh.read("consume_queue").where(pred).where(matches)
+    index = cq.select("cl_date", "cl_batch_id").groupBy("cl_date", "cl_batch_id").count().collect()
+    n = sum(r["count"] for r in index)
+    if n:
+        bodies = read_bodies(wh, (r["cl_date"] for r in index), (r["cl_batch_id"] for r in index))
+        rows = join_bodies(cq.drop("properties", "born_ts"), bodies, ["body", "born_ts", "properties"])
+        derived = {
+            "msg_id": F.coalesce(F.col("properties").getItem(Prop.UNIQ_KEY), F.col("msg_id")),
+            ORDER: order_column(),
+        }
+        messages = rows.select(
+            *[derived.get(f.name, F.col(f.name)).cast(f.dataType).alias(f.name) for f in MESSAGE_SCHEMA]
+        )
+        out = output(broker, cfg, messages, load_transform(broker, cfg))
+        merge(broker, cfg, out)
+    faults.point("sink.after_merge_commit")
+    broker.engine.commit(
+        lambda: advance_offsets(wh, cfg.group, [(t.topic, t.queue_id, t.hi, None) for t in takes], now),
+        what="offsets",
+    )
+    faults.point("sink.after_offsets_commit")
+    return SinkResult(cfg.group, n, len(takes))
+
+
+def merge(broker: Broker, cfg: SinkConfig, out: DataFrame) -> None:
+    """Upsert ``out`` into the sink table on the keys, a key's row replaced only by a row
+    of a later message (the replay guard). Creates the table on first use."""
+    engine = broker.engine
+    ensure_table(broker, cfg, out)
+    view = "dmq_sink_" + hashlib.sha1(cfg.group.encode()).hexdigest()[:12]
+    out.createOrReplaceTempView(view)
+    on = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in cfg.key_columns)
+    target = "delta.`" + cfg.table.replace("`", "``") + "`"
+    statement = (
+        f"MERGE INTO {target} t USING {view} s ON {on} "
+        f"WHEN MATCHED AND s.{ORDER} > t.{ORDER} THEN UPDATE SET * "
+        "WHEN NOT MATCHED THEN INSERT *"
+    )
+    faults.point("sink.before_merge_commit")
+    engine.commit(lambda: engine.execute(statement), what="sink")
+
+
+class Sink:
+    """Handle of a sink group: ``run()`` a pass now (the tick's ``sink`` job runs them too)."""
+
+    def __init__(self, broker: Broker, group: str) -> None:
+        self.broker, self.group = broker, group
+
+    @property
+    def config(self) -> SinkConfig:
+        return configs(self.broker)[self.group]
+
+    def run(self, now: int | None = None) -> SinkResult:
+        now = self.broker.clock.now_ms() if now is None else int(now)
+        results = run(self.broker, now, only=self.group)
+        return results[0] if results else SinkResult(self.group)
+
+    def read(self) -> DataFrame:
+        """The sink table."""
+        return self.broker.engine.spark.read.format("delta").load(self.config.table)
