@@ -39,4 +39,12 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'deltamq' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(module), name)
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] in ("pyspark", "pysail"):
+            raise ImportError(
+                f'deltamq.{name} needs PySpark and Sail: pip install "deltamq[broker]" (a service '
+                "that only sends can use deltamq.lite.Producer)"
+            ) from e
+        raise

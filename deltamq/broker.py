@@ -13,8 +13,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import threading
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
@@ -28,12 +26,12 @@ from deltamq.errors import (
     ConfigError,
     DeltaMQError,
     ReadOnlyQuery,
-    TopicNotWritable,
     UnknownGroup,
     UnknownTopic,
 )
 from deltamq.message import validate_group_name, validate_topic_name
 from deltamq.producer import Producer
+from deltamq.sending import Topics
 from deltamq.tables.sqltext import sql_bool, sql_int, sql_long, sql_str
 from deltamq.tables.warehouse import Warehouse
 
@@ -45,11 +43,10 @@ ConsumeFrom = Literal["LAST_OFFSET", "FIRST_OFFSET", "TIMESTAMP"]
 CONSUME_FROM = ("LAST_OFFSET", "FIRST_OFFSET", "TIMESTAMP")
 MessageModel = Literal["CLUSTERING", "BROADCASTING"]
 MESSAGE_MODELS = ("CLUSTERING", "BROADCASTING")
-_TOPIC_CACHE_TTL_S = 5.0
 _READ_ONLY_START = ("SELECT", "WITH", "SHOW", "DESCRIBE", "EXPLAIN", "VALUES", "(")
 
 
-class Broker:
+class Broker(Topics):
     """One warehouse of deltamq tables and the engine that works on them."""
 
     def __init__(self, engine: Engine, warehouse: Warehouse, clock: Clock, config: BrokerConfig) -> None:
@@ -57,9 +54,7 @@ class Broker:
         self.warehouse = warehouse
         self.clock = clock
         self.config = config
-        self._lock = threading.RLock()
-        self._topics: dict[str, tuple[int, str, bool]] = {}
-        self._topics_loaded_at = 0.0
+        super().__init__()
         self._max_level: int | None = None
         self.listeners: dict[str, Callable[..., Any]] = {}
         self.check_listeners: dict[str, Callable[..., Any]] = {}
@@ -136,42 +131,11 @@ class Broker:
         return self.warehouse.read(name)
 
     # --- topics ----------------------------------------------------------------------------
-    def _load_topics(self) -> None:
+    def _topic_rows(self) -> list[tuple[str, int, str, bool]]:
         rows = self.engine.rows(
             f"SELECT topic, queues, perm, ordered FROM {self.warehouse.ref('topic_config')}"
         )
-        with self._lock:
-            self._topics = {r["topic"]: (r["queues"], r["perm"], bool(r["ordered"])) for r in rows}
-            self._topics_loaded_at = time.monotonic()
-
-    def _topic(self, topic: str) -> tuple[int, str, bool] | None:
-        stale = time.monotonic() - self._topics_loaded_at > _TOPIC_CACHE_TTL_S
-        if stale or topic not in self._topics:
-            self._load_topics()
-        return self._topics.get(topic)
-
-    def topics(self) -> dict[str, dict[str, Any]]:
-        """Every topic with its queues, perm and order flag."""
-        self._load_topics()
-        return {t: {"queues": q, "perm": p, "ordered": o} for t, (q, p, o) in sorted(self._topics.items())}
-
-    def topic_queues(self, topic: str) -> int:
-        info = self._topic(topic)
-        if info is None:
-            raise UnknownTopic(f"topic {topic!r} does not exist; create it with create_topic({topic!r})")
-        return info[0]
-
-    def validate_writable_topic(self, topic: Any) -> str:
-        """Producer rules: name, not a system topic, exists, writable."""
-        validate_topic_name(topic)
-        info = self._topic(topic)
-        if info is None:
-            raise UnknownTopic(
-                f"topic {topic!r} does not exist; create it first (deltamq topic create {topic})"
-            )
-        if not Perm(info[1]).writable:
-            raise TopicNotWritable(f"topic {topic!r} has perm {info[1]}; producers need RW or W")
-        return topic
+        return [(r["topic"], r["queues"], r["perm"], r["ordered"]) for r in rows]
 
     def create_topic(
         self,

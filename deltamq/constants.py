@@ -9,6 +9,9 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 
+SCHEMA_VERSION = 4
+"""The warehouse schema version this release writes."""
+
 # --- system topics -------------------------------------------------------------
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"

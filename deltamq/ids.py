@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import secrets
 from datetime import UTC, date, datetime
+from typing import TYPE_CHECKING
 
-from pyspark.sql import Column
-from pyspark.sql import functions as F
+if TYPE_CHECKING:
+    from pyspark.sql import Column
 
 BATCH_RANDOM_BITS = 20
 DAY_MS = 86_400_000
@@ -63,6 +64,8 @@ def engine_batch_id(store_ms: int, kind: int) -> int:
 
 def engine_batch_id_col(store_ms: Column, kind: Column) -> Column:
     """Spark expression equal to :func:`engine_batch_id`."""
+    from pyspark.sql import functions as F
+
     return F.shiftleft(store_ms.cast("bigint"), BATCH_RANDOM_BITS).bitwiseOR(kind.cast("bigint"))
 
 
@@ -78,6 +81,8 @@ def msg_id(batch_id: int, pos: int) -> str:
 def msg_id_col(batch_id: Column, pos: Column) -> Column:
     """Spark expression equal to :func:`msg_id` (``hex`` of a BIGINT is upper case;
     ``lpad`` truncates, so the width follows the value)."""
+    from pyspark.sql import functions as F
+
     width = F.when(pos < F.lit(POS_8_DIGITS), F.lit(8)).otherwise(F.lit(16))
     return F.concat(F.lpad(F.hex(batch_id), 16, "0"), F.lpad(F.hex(pos), width, "0"))
 
@@ -89,4 +94,6 @@ def store_date(ms: int) -> date:
 
 def store_date_col(ms: Column) -> Column:
     """Spark expression equal to :func:`store_date`, independent of the session time zone."""
+    from pyspark.sql import functions as F
+
     return F.date_from_unix_date(F.floor(ms / F.lit(DAY_MS)).cast("int"))

@@ -12,11 +12,10 @@ Example:
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -33,25 +32,16 @@ from deltamq.errors import (
 )
 from deltamq.message import (
     Message,
-    body_bytes,
     check_timer_horizon,
-    timer_due_ms,
-    validate_delay_level,
-    validate_flag,
-    validate_group_name,
-    validate_optional_text,
-    validate_properties,
 )
 from deltamq.schemas import COMMIT_LOG, TABLES
+from deltamq.sending import COMMIT_LOG_ARROW, BaseProducer, Selector, rows_to_arrow
 from deltamq.tables.bodies import read_bodies
 from deltamq.tables.sqltext import sql_str
 from deltamq.transactions import ask_state, settle_input, settle_kinds, state_name, transaction_rows
 
 if TYPE_CHECKING:
-    from deltamq.broker import Broker
-
-Selector = Callable[[int, Message, Any], int]
-"""RocketMQ's MessageQueueSelector: (queue count, message, arg) -> queue id."""
+    pass
 
 LocalTransaction = Callable[[Message, Any], Any]
 """RocketMQ's executeLocalTransaction: (message, arg) -> TxState (or its name)."""
@@ -81,27 +71,7 @@ class TransactionSendResult:
         return self.handle.tran_id
 
 
-_ARROW_SCHEMA = pa.schema(
-    [
-        ("msg_id", pa.string()),
-        ("topic", pa.string()),
-        ("queue_id", pa.int32()),
-        ("tags", pa.string()),
-        ("keys", pa.string()),
-        ("body", pa.binary()),
-        ("flag", pa.int32()),
-        ("properties", pa.map_(pa.string(), pa.string())),
-        ("born_ts", pa.int64()),
-        ("store_ts", pa.int64()),
-        ("reconsume_times", pa.int32()),
-        ("sys_flag", pa.int32()),
-        ("producer_group", pa.string()),
-        ("batch_id", pa.int64()),
-        ("batch_pos", pa.int64()),
-        ("store_date", pa.date32()),
-    ]
-)
-assert _ARROW_SCHEMA.names == COMMIT_LOG.fieldNames()
+assert COMMIT_LOG_ARROW.names == COMMIT_LOG.fieldNames()
 
 _STATES = [s.value for s in TxState]
 # properties a half message gets from the producer, never from the user's map
@@ -118,168 +88,10 @@ _DF_OPTIONAL = {
 }
 
 
-def queue_for_key(key: str | bytes, queues: int) -> int:
-    """Queue of a selector key: crc32 of its UTF-8 bytes mod the queue count.
-
-    The same function as ``pmod(crc32(key), queues)`` in Spark, so Python sends and
-    DataFrame sends put equal keys in one queue.
-    """
-    import zlib
-
-    data = key.encode("utf-8") if isinstance(key, str) else bytes(key)
-    return zlib.crc32(data) % queues
-
-
-def rows_to_arrow(rows: list[dict[str, Any]]) -> pa.Table:
-    """commit_log rows (dicts) as an Arrow table with the commit_log schema."""
-    cols = {name: [r[name] for r in rows] for name in _ARROW_SCHEMA.names}
-    cols["properties"] = [list(r["properties"].items()) for r in rows]
-    return pa.table(cols, schema=_ARROW_SCHEMA)
-
-
-class Producer:
-    """Sends messages to one warehouse on behalf of a producer group."""
-
-    def __init__(self, broker: Broker, group: str) -> None:
-        self.broker = broker
-        self.group = validate_group_name(group, "producer group")
-        self._rr: dict[str, int] = {}
-
-    # --- helpers -------------------------------------------------------------------------
-    def _next_queue(self, topic: str, queues: int) -> int:
-        start = self._rr.get(topic)
-        if start is None:
-            start = random.randrange(queues)
-        self._rr[topic] = (start + 1) % queues
-        return start % queues
-
-    def _prepare(self, m: Message, now: int) -> tuple[Message, bytes, dict[str, str], int]:
-        if not isinstance(m, Message):
-            raise InvalidMessage(f"expected a deltamq.Message, got {type(m).__name__}: {m!r}")
-        self.broker.validate_writable_topic(m.topic)
-        body = body_bytes(m.body, self.broker.config.max_body_bytes)
-        props = validate_properties(m.properties)
-        level = validate_delay_level(m.delay_level)
-        validate_optional_text(m.tags, "tags")
-        validate_optional_text(m.keys, "keys")
-        validate_flag(m.flag)
-        due = timer_due_ms(m, props, now, self.broker.config.timer_horizon_ms)
-        if due is not None:
-            props[Prop.TIMER_DELIVER_MS] = str(due)
-        return m, body, props, level
-
-    # --- sending -------------------------------------------------------------------------
-    def send(
-        self,
-        message: Message,
-        *,
-        queue_key: str | None = None,
-        selector: Selector | None = None,
-        arg: Any = None,
-    ) -> str:
-        """Store one message; returns its msg id.
-
-        Queue choice: round-robin, or ``queue_key`` (equal keys → one queue), or a
-        RocketMQ-style ``selector(queue_count, message, arg) -> queue_id``.
-        """
-        keys = None if queue_key is None else [queue_key]
-        return self.send_batch([message], queue_keys=keys, selector=selector, arg=arg)[0]
-
-    def send_batch(
-        self,
-        messages: Sequence[Message],
-        *,
-        queue_keys: Sequence[str | None] | None = None,
-        selector: Selector | None = None,
-        arg: Any = None,
-    ) -> list[str]:
-        """Store several messages in one commit; returns their msg ids in order.
-
-        Nothing is stored unless every message is valid.
-        """
-        rows = self._store(list(messages), queue_keys, selector, arg, transactional=False)
-        return [r["msg_id"] for r in rows]
-
-    def _store(
-        self,
-        messages: list[Message],
-        queue_keys: Sequence[str | None] | None,
-        selector: Selector | None,
-        arg: Any,
-        *,
-        transactional: bool,
-    ) -> list[dict[str, Any]]:
-        """Validate, build and append the commit_log rows of ``messages`` (one commit).
-
-        ``transactional``: half messages (SPEC §5) — ``TRAN_MSG``, ``PGROUP``, ``TRAN_ID``
-        (= the msg id) and the prepared ``sys_flag``; delays and timers are refused.
-        """
-        if not messages:
-            return []
-        if queue_keys is not None and len(queue_keys) != len(messages):
-            raise InvalidMessage(
-                f"queue_keys has {len(queue_keys)} entries for {len(messages)} messages; give one per message"
-            )
-        now = self.broker.clock.now_ms()
-        prepared = [self._prepare(m, now) for m in messages]
-        if transactional:
-            for m, _, props, level in prepared:
-                if level > 0 or Prop.TIMER_DELIVER_MS in props:
-                    raise InvalidMessage(
-                        f"{m!r} is delayed (delay_level={m.delay_level}, timer="
-                        f"{props.get(Prop.TIMER_DELIVER_MS)}); a transactional message cannot be "
-                        "delayed: send it without delay_level, deliver_at or delay"
-                    )
-        max_level = self.broker.max_delay_level()
-        flag = SysFlag.TRANSACTION_PREPARED_TYPE if transactional else SysFlag.TRANSACTION_NOT_TYPE
-        batch = ids.new_batch_id(now)
-        day = ids.store_date(now)
-        rows = []
-        for pos, (m, body, props, level) in enumerate(prepared):
-            queues = self.broker.topic_queues(m.topic)
-            key = queue_keys[pos] if queue_keys is not None else None
-            if selector is not None:
-                qid = selector(queues, m, arg)
-                if isinstance(qid, bool) or not isinstance(qid, int) or not 0 <= qid < queues:
-                    raise InvalidMessage(
-                        f"selector returned queue {qid!r} for topic {m.topic!r}; allowed 0..{queues - 1}"
-                    )
-            elif key is not None:
-                qid = queue_for_key(key, queues)
-            else:
-                qid = self._next_queue(m.topic, queues)
-            mid = ids.msg_id(batch, pos)
-            props = dict(props)
-            props[Prop.UNIQ_KEY] = mid
-            if transactional:
-                props.pop(Prop.TRANSACTION_CHECK_TIMES, None)  # the first check sets it to 1
-                props.update({Prop.TRAN_MSG: "true", Prop.PGROUP: self.group, Prop.TRAN_ID: mid})
-            if level > 0:
-                props[Prop.DELAY] = str(min(level, max_level))  # clamp, as RocketMQ's store does
-            else:
-                props.pop(Prop.DELAY, None)
-            rows.append(
-                {
-                    "msg_id": mid,
-                    "topic": m.topic,
-                    "queue_id": qid,
-                    "tags": m.tags,
-                    "keys": m.keys,
-                    "body": body,
-                    "flag": m.flag,
-                    "properties": props,
-                    "born_ts": m.born_ts if m.born_ts is not None else now,
-                    "store_ts": now,
-                    "reconsume_times": 0,
-                    "sys_flag": flag,
-                    "producer_group": self.group,
-                    "batch_id": batch,
-                    "batch_pos": pos,
-                    "store_date": day,
-                }
-            )
-        self.broker.append_commit_log(rows_to_arrow(rows), what="send_half" if transactional else "send")
-        return rows
+class Producer(BaseProducer):
+    """Sends messages to one warehouse on behalf of a producer group (``send`` and
+    ``send_batch`` from :class:`~deltamq.sending.BaseProducer`; DataFrames and
+    transactions here)."""
 
     def send_dataframe(self, df: DataFrame, *, queue_key: str | None = None) -> DataFrame:
         """Store every row of ``df`` in one commit; returns a DataFrame of the stored

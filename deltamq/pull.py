@@ -578,19 +578,24 @@ def end_deliveries(broker: Broker, group: str, handles: list[str]) -> list[dict[
         f"WHERE d.consumer_group = {sql_str(group)}"
     )
     broker.engine.commit(attempt, what="deliveries")
-    # Sail can run the MERGE on an older snapshot of the table than the read just before
-    # it (seen with several processes writing): rows appended since are then not matched
-    # and nothing is committed, with no error. Read back, and delete again until gone.
+    _until_gone(broker, delete, remaining, f"deliveries of {group!r}")
+    return found
+
+
+def _until_gone(broker: Broker, delete: str, remaining: str, what: str) -> None:
+    """Read back after a delete, and delete again until ``remaining`` counts nothing.
+
+    Sail can run a DML statement on an older snapshot of the table than the read just
+    before it (seen with several processes writing; docs/engines.md): rows appended
+    since are then not matched and nothing is committed, with no error."""
     for pause in _backoff(broker):
         if not broker.engine.rows(remaining)[0]["n"]:
-            break
+            return
         time.sleep(pause)
         broker.engine.commit(lambda: broker.engine.execute(delete), what="deliveries")
         broker.engine.stats.stale_dml_repeats += 1
-    else:
-        if broker.engine.rows(remaining)[0]["n"]:
-            raise CommitConflict(f"deliveries of {group!r} could not be removed after repeated attempts")
-    return found
+    if broker.engine.rows(remaining)[0]["n"]:
+        raise CommitConflict(f"{what} could not be removed after repeated attempts")
 
 
 def _backoff(broker: Broker):
@@ -603,11 +608,12 @@ def revoke(broker: Broker, group: str, queues: dict[Queue, int], new_owner: str)
     """After a takeover: the previous owner's in-flight messages of ``queues`` leave the
     in-flight set (the new owner hands them out again from the acknowledged offset)."""
     cond = " OR ".join(f"(topic = {sql_str(t)} AND queue_id = {q})" for t, q in sorted(queues))
-    statement = (
-        f"DELETE FROM {broker.warehouse.ref('deliveries')} WHERE consumer_group = {sql_str(group)} "
-        f"AND client_id <> {sql_str(new_owner)} AND ({cond})"
-    )
+    where = f"WHERE consumer_group = {sql_str(group)} AND client_id <> {sql_str(new_owner)} AND ({cond})"
+    ref = broker.warehouse.ref("deliveries")
+    statement = f"DELETE FROM {ref} {where}"
     broker.engine.commit(lambda: broker.engine.execute(statement), what="deliveries")
+    remaining = f"SELECT count(*) AS n FROM {ref} {where}"
+    _until_gone(broker, statement, remaining, f"revoked deliveries of {group!r}")
 
 
 def set_positions(

@@ -96,7 +96,7 @@ def test_late_committing_producer_is_still_indexed(orders, clock):
     real_append(held[0], what="send")  # the slow commit finally lands
     clock.advance(seconds=1)
     orders.tick()
-    from deltamq.producer import queue_for_key
+    from deltamq.sending import queue_for_key
 
     rows = _queue(orders, "orders", queue_for_key("k", 4))
     assert [r["msg_id"] for r in rows] == [fast_id, slow_id]
@@ -131,7 +131,7 @@ def test_routing_delay_timer_half(orders, clock):
 
 def _write_half_message(broker, now):
     from deltamq import ids
-    from deltamq.producer import rows_to_arrow
+    from deltamq.sending import rows_to_arrow
 
     batch = ids.new_batch_id(now)
     mid = ids.msg_id(batch, 0)
@@ -216,7 +216,7 @@ def test_offsets_continue_across_runs(orders, clock):
         p.send_batch([Message("orders", b"x")] * 4, queue_keys=["same"] * 4)
         orders.tick()
         clock.advance(seconds=1)
-    from deltamq.producer import queue_for_key
+    from deltamq.sending import queue_for_key
 
     rows = _queue(orders, "orders", queue_for_key("same", 4))
     assert [r["queue_offset"] for r in rows] == list(range(12))

@@ -6,7 +6,7 @@ import pytest
 from conftest import table_versions
 
 from deltamq import Message
-from deltamq.producer import queue_for_key
+from deltamq.sending import queue_for_key
 
 
 @pytest.fixture

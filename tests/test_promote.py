@@ -131,7 +131,7 @@ def test_clock_correction_due_beyond_now_plus_delay_is_due_now(orders, clock):
 
 def test_half_topic_entry_is_skipped(orders, clock):
     from deltamq import ids
-    from deltamq.producer import rows_to_arrow
+    from deltamq.sending import rows_to_arrow
 
     t0 = clock.now_ms()
     batch = ids.new_batch_id(t0)

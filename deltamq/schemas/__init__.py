@@ -17,9 +17,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import types as T
 
-SCHEMA_VERSION = 4
-"""The warehouse schema version this release writes."""
-
+from deltamq.constants import SCHEMA_VERSION  # noqa: E402,F401 - re-exported
 
 # Columns a later schema version adds go at the end of their table, so that an
 # upgraded table and a freshly created one have the same column order.

@@ -1,0 +1,113 @@
+"""A producer without Spark: ``pip install "deltamq[producer]"`` (pyarrow and the
+``deltalake`` package; no PySpark, no Sail).
+
+    from deltamq.lite import Producer
+    from deltamq.message import Message
+
+    producer = Producer("/data/wh", "order-service")
+    producer.send(Message("orders", b"{...}", keys="order-1"))
+
+The same validation, queue choice and ids as the Spark producer (both are
+:class:`deltamq.sending.BaseProducer`); each send is one blind append to ``commit_log``
+written by delta-rs, which dispatch indexes like any other. Blind appends never conflict
+with the broker's jobs or with other producers. DataFrame sends and transactions need
+the Spark producer (``Broker.producer``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pyarrow as pa
+
+from deltamq.clock import Clock, SystemClock
+from deltamq.config import BrokerConfig
+from deltamq.constants import SCHEMA_VERSION
+from deltamq.errors import SchemaVersionError
+from deltamq.sending import BaseProducer, Topics
+
+
+def _deltalake():
+    try:
+        import deltalake
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise ImportError('deltamq.lite needs the deltalake package: pip install "deltamq[producer]"') from e
+    return deltalake
+
+
+class Warehouse(Topics):
+    """The parts of a warehouse a producer needs, read and written with delta-rs."""
+
+    def __init__(
+        self,
+        location: str | os.PathLike[str],
+        *,
+        config: BrokerConfig | None = None,
+        clock: Clock | None = None,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__()
+        self.location = str(location).rstrip("/")
+        self.config = config or BrokerConfig.from_env()
+        self.clock = clock or SystemClock()
+        self.storage_options = storage_options
+        self._max_level: int | None = None
+        version = self._schema_version()
+        if version != SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{self.location} has schema version {version}; this release writes {SCHEMA_VERSION} "
+                "(create or upgrade it with `deltamq init`, which needs the Spark install)"
+            )
+
+    def _table(self, name: str):
+        return _deltalake().DeltaTable(f"{self.location}/{name}", storage_options=self.storage_options)
+
+    def _read(self, name: str, columns: list[str]) -> list[dict[str, Any]]:
+        try:
+            return self._table(name).to_pyarrow_table(columns=columns).to_pylist()
+        except Exception as e:  # noqa: BLE001 - delta-rs raises TableNotFoundError and kin
+            if type(e).__name__ in ("TableNotFoundError", "FileNotFoundError"):
+                return []
+            raise
+
+    def _schema_version(self) -> int | None:
+        rows = [r for r in self._read("warehouse_meta", ["key", "value"]) if r["key"] == "schema_version"]
+        return int(rows[0]["value"]) if rows else None
+
+    def _topic_rows(self) -> list[tuple[str, int, str, bool]]:
+        rows = self._read("topic_config", ["topic", "queues", "perm", "ordered"])
+        return [(r["topic"], r["queues"], r["perm"], r["ordered"]) for r in rows]
+
+    def max_delay_level(self) -> int:
+        if self._max_level is None:
+            levels = self._read("schedule_levels", ["level"])
+            self._max_level = max((r["level"] for r in levels), default=0)
+        return self._max_level
+
+    def append_commit_log(self, rows: pa.Table, *, what: str) -> None:
+        """One blind append (delta-rs retries a lost race for the next log version)."""
+        _deltalake().write_deltalake(
+            f"{self.location}/commit_log", rows, mode="append", storage_options=self.storage_options
+        )
+
+
+class Producer(BaseProducer):
+    """Sends messages to the warehouse at ``location`` for producer group ``group``,
+    without Spark: ``send`` and ``send_batch`` as on ``Broker.producer(group)``."""
+
+    def __init__(
+        self,
+        location: str | os.PathLike[str] | Warehouse,
+        group: str,
+        *,
+        config: BrokerConfig | None = None,
+        clock: Clock | None = None,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        target = (
+            location
+            if isinstance(location, Warehouse)
+            else Warehouse(location, config=config, clock=clock, storage_options=storage_options)
+        )
+        super().__init__(target, group)
