@@ -275,12 +275,16 @@ def _dispatch_command(broker, args: argparse.Namespace) -> int:
         print_table(["topic", "queue", "next offset"], [[t, q, o] for (t, q), o in sorted(new.items())])
         return 0
     if cmd == "job":
+        from deltamq.errors import LeaseHeld
         from deltamq.orchestration.tick import TickRunner, job_sequence
 
         runner = TickRunner(broker, sequence=job_sequence(args.name))
         print("READY", flush=True)  # the crash harness waits for this line
         try:
             result = runner.tick(_now_arg(args.now))
+        except LeaseHeld as e:
+            print(f"skipped: {e}", file=sys.stderr)
+            return SKIPPED_EXIT
         finally:
             runner.release()
         print(result.summary(), flush=True)
@@ -394,12 +398,27 @@ def _send(broker, args) -> int:
     return 0
 
 
+SKIPPED_EXIT = 3
+"""Exit status of a one-shot tick or job whose lease another runner holds."""
+
+
 def _tick(broker, args) -> int:
+    from deltamq.errors import LeaseHeld
+
     if args.loop:
-        n = broker.runner.loop(args.interval, args.for_s, on_tick=lambda r: print(r.summary(), flush=True))
+        n = broker.runner.loop(
+            args.interval,
+            args.for_s,
+            on_tick=lambda r: print(r.summary(), flush=True),
+            on_wait=lambda e: print(f"waiting: {e}", flush=True),
+        )
         print(f"stopped after {n} ticks")
         return 0
-    result = broker.tick(_now_arg(args.now))
+    try:
+        result = broker.tick(_now_arg(args.now))
+    except LeaseHeld as e:
+        print(f"skipped: {e}", file=sys.stderr)
+        return SKIPPED_EXIT
     print(result.summary())
     return 0
 

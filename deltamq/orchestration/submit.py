@@ -20,12 +20,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     from deltamq.broker import Broker
+    from deltamq.errors import LeaseHeld
     from deltamq.orchestration.tick import JOB_NAMES, SEQUENCE, TickRunner, job_sequence
 
     p = argparse.ArgumentParser(prog="deltamq-submit", description="run deltamq jobs under spark-submit")
     p.add_argument("job", choices=[*JOB_NAMES, "tick"])
     p.add_argument("--warehouse", required=True)
     p.add_argument("--now", type=int, help="epoch ms (default: wall clock)")
+    p.add_argument(
+        "--skipped-exit",
+        type=int,
+        default=3,
+        help="exit status when another runner holds the job's lease (the job is skipped)",
+    )
     args = p.parse_args(argv)
     spark = SparkSession.builder.getOrCreate()
     broker = Broker.open(args.warehouse, spark=spark)
@@ -33,6 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner = TickRunner(broker, sequence=sequence)
     try:
         print(runner.tick(args.now).summary(), flush=True)
+    except LeaseHeld as e:
+        print(f"skipped: {e}", flush=True)
+        return args.skipped_exit
     finally:
         runner.release()
     return 0

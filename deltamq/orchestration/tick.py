@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from deltamq import ids
 from deltamq.clock import ms_to_iso, to_ms
-from deltamq.errors import ClockError
+from deltamq.errors import ClockError, LeaseHeld
 from deltamq.jobs import check_transactions, deliver, dispatch, promote
 from deltamq.orchestration.leases import Leases, wall_ms
 
@@ -205,6 +205,9 @@ class TickRunner:
             if failed is not None:
                 runs.append(JobRun(name, "SKIPPED", start_ts=start, end_ts=start))
                 continue
+            if self._stop.is_set():  # SIGTERM/SIGINT: stop between jobs
+                runs.append(JobRun(name, "SKIPPED", start_ts=start, end_ts=start, error="stopping"))
+                continue
             try:
                 run = fn(self.broker, now_ms, lambda n=lease: self.leases.check([n]), runs)
                 if run is not None:
@@ -267,10 +270,13 @@ class TickRunner:
         interval_s: float,
         for_s: float | None = None,
         on_tick: Callable[[TickResult], None] | None = None,
+        on_wait: Callable[[LeaseHeld], None] | None = None,
     ) -> int:
         """Tick every ``interval_s`` (wall clock) until stopped or ``for_s`` elapsed.
 
-        SIGTERM/SIGINT stop the loop between ticks. Returns the number of ticks.
+        SIGTERM/SIGINT stop the loop between jobs (the tick in progress records the rest as
+        SKIPPED). While another runner holds a lease the loop waits, saying so each
+        interval (``on_wait``). Returns the number of ticks.
         """
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.stop)
@@ -283,6 +289,10 @@ class TickRunner:
                 result = self.tick()
                 if on_tick:
                     on_tick(result)
+            except LeaseHeld as e:  # another runner ticks: wait for its lease to end
+                log.warning("waiting: %s", e)
+                if on_wait:
+                    on_wait(e)
             except Exception:  # noqa: BLE001 - a loop survives one failed tick; it was recorded
                 log.exception("tick failed")
             n += 1

@@ -1,0 +1,146 @@
+"""deltamq on Airflow 3: three DAGs over one warehouse.
+
+- ``deltamq_tick`` (every minute): one tick's jobs as dependent tasks — dispatch →
+  promote → dispatch again → deliver → sink → check_transactions.
+- ``deltamq_loop`` (every minute): the tick loop for ``loop_seconds`` (55 s) at
+  ``interval_seconds`` (1 s): second-level delays under a per-minute schedule.
+- ``deltamq_tick_spark_submit`` (every minute): the same jobs, each submitted with
+  ``spark-submit`` to a Spark Connect endpoint or a cluster (``spark_submit_args``).
+
+Where and how: DAG params ``warehouse``, ``engine`` (embedded | remote), ``remote``
+(sc://host:port); an empty param falls back to the Airflow Variables
+``deltamq_warehouse``, ``deltamq_engine``, ``deltamq_remote``, then to the environment.
+Every task takes ``now`` from the wall clock, never the logical date; ``catchup=False``
+and one active run per DAG. A job whose lease another runner holds (e.g. the loop DAG
+while the tick DAG runs) is skipped and says so. This file imports only Airflow and the
+standard library; deltamq and Spark load inside the tasks.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.providers.standard.operators.bash import BashOperator
+from airflow.sdk import DAG, Param, chain, get_current_context, task
+
+# (task id, job kind): the tick's order (deltamq.orchestration.tick.SEQUENCE)
+TICK_TASKS = (
+    ("dispatch", "dispatch"),
+    ("promote", "promote"),
+    ("redispatch", "dispatch"),
+    ("deliver", "deliver"),
+    ("sink", "sink"),
+    ("check_transactions", "check_transactions"),
+)
+
+PARAMS = {
+    "warehouse": Param(
+        "", type="string", description="warehouse path or URI (else Variable deltamq_warehouse)"
+    ),
+    "engine": Param("", type="string", description="embedded | remote (else Variable deltamq_engine)"),
+    "remote": Param("", type="string", description="Spark Connect URL for engine=remote"),
+}
+
+
+def _every_minute(dag_id: str, description: str, extra_params: dict | None = None) -> DAG:
+    """A per-minute DAG: no catch-up, one active run."""
+    return DAG(
+        dag_id=dag_id,
+        description=description,
+        schedule=timedelta(minutes=1),
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        default_args={"retries": 0, "owner": "deltamq"},
+        params={**PARAMS, **(extra_params or {})},
+        tags=["deltamq"],
+    )
+
+
+def _settings():
+    from airflow.sdk import Variable
+
+    from deltamq.orchestration.runs import settings
+
+    return settings(dict(get_current_context()["params"]), Variable)
+
+
+def _skip_if(summary: dict) -> dict:
+    if summary.get("status") == "skipped":
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        raise AirflowSkipException(summary["reason"])
+    if summary.get("status") == "failed":
+        raise RuntimeError(summary["summary"])
+    return summary
+
+
+def _job_task(task_id: str, job: str):
+    @task(task_id=task_id, trigger_rule="none_failed")
+    def run_one() -> dict:
+        from deltamq.orchestration.runs import run_job
+
+        return _skip_if(run_job(job, _settings()))
+
+    return run_one()
+
+
+with _every_minute("deltamq_tick", "one deltamq tick, a task per job") as tick_dag:
+    chain(*[_job_task(task_id, job) for task_id, job in TICK_TASKS])
+
+
+with _every_minute(
+    "deltamq_loop",
+    "the deltamq tick loop for most of each minute",
+    {
+        "loop_seconds": Param(55, type="number", minimum=1),
+        "interval_seconds": Param(1, type="number", exclusiveMinimum=0),
+    },
+) as loop_dag:
+
+    @task(task_id="tick_loop")
+    def tick_loop() -> dict:
+        from deltamq.orchestration.runs import run_loop
+
+        params = get_current_context()["params"]
+        return run_loop(
+            _settings(), for_s=float(params["loop_seconds"]), interval_s=float(params["interval_seconds"])
+        )
+
+    tick_loop()
+
+
+with _every_minute(
+    "deltamq_tick_spark_submit",
+    "one deltamq tick, each job submitted with spark-submit",
+    {
+        "spark_submit": Param("spark-submit", type="string", description="the spark-submit executable"),
+        "spark_submit_args": Param(
+            "",
+            type="string",
+            description="e.g. --remote sc://host:15002 --conf spark.api.mode=connect, or --master yarn "
+            "--packages io.delta:delta-spark_2.13:4.0.0 --conf ...",
+        ),
+    },
+) as submit_dag:
+    # the entry script's path is resolved on the worker, where deltamq is installed
+    ENTRY = "$(python -c 'import deltamq.orchestration.submit as m; print(m.__file__)')"
+    WAREHOUSE = "{{ params.warehouse or var.value.get('deltamq_warehouse', '') }}"
+    ARGS = (
+        "{{ params.spark_submit_args or ('--remote ' ~ (params.remote or var.value.get('deltamq_remote', ''))"
+        " ~ ' --conf spark.api.mode=connect') }}"
+    )
+    chain(
+        *[
+            BashOperator(
+                task_id=task_id,
+                bash_command=(
+                    f'{{{{ params.spark_submit }}}} {ARGS} "{ENTRY}" {job} --warehouse "{WAREHOUSE}" '
+                    "--skipped-exit 99"
+                ),
+                skip_on_exit_code=99,
+                trigger_rule="none_failed",
+            )
+            for task_id, job in TICK_TASKS
+        ]
+    )

@@ -1,0 +1,111 @@
+"""The Airflow DAGs (airflow_dags/): they import cleanly and light, and a ``dag.test()``
+of the tick DAG on the embedded engine moves a message from send to consumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from listeners import read_log
+
+from deltamq import Message
+
+DAGS = Path(__file__).resolve().parent.parent / "airflow_dags"
+TESTS = Path(__file__).resolve().parent
+
+_BAG = """
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1])
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("pyspark", "pysail", "deltamq"))
+dags = {d: [t.task_id for t in bag.get_dag(d).topological_sort()] for d in sorted(bag.dag_ids)}
+print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "dags": dags, "heavy": heavy}))
+"""
+
+_TEST = """
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1])
+run = bag.get_dag(sys.argv[2]).test(run_conf=json.loads(sys.argv[3]))
+print(json.dumps({"state": str(run.state)}))
+"""
+
+
+@pytest.fixture(scope="module")
+def airflow_env(tmp_path_factory):
+    home = tmp_path_factory.mktemp("airflow_home")
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_MODE_ENABLED"}
+    env.update(
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__CORE__DAGS_FOLDER=str(DAGS),
+        AIRFLOW__LOGGING__LOGGING_LEVEL="WARNING",
+        RUST_LOG="error",
+        PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]),
+    )
+    airflow = Path(sys.executable).parent / "airflow"
+    out = subprocess.run(
+        [str(airflow), "db", "migrate"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return env
+
+
+def _python(script: str, *args: str, env: dict[str, str]) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-5000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_dags_import_without_errors_and_without_spark(airflow_env):
+    bag = _python(_BAG, str(DAGS), env=airflow_env)
+    assert bag["errors"] == {}
+    assert bag["heavy"] == []  # nothing heavy at parse time
+    jobs = ["dispatch", "promote", "redispatch", "deliver", "sink", "check_transactions"]
+    assert bag["dags"] == {
+        "deltamq_loop": ["tick_loop"],
+        "deltamq_tick": jobs,
+        "deltamq_tick_spark_submit": jobs,
+    }
+
+
+def test_the_tick_dag_moves_a_message_from_send_to_consumed(airflow_env, broker, tmp_path):
+    log = tmp_path / "consumed.jsonl"
+    broker.create_topic("orders", queues=2)
+    broker.create_group("billing", "listeners:env_recorder", consume_from="FIRST_OFFSET")
+    broker.subscribe("billing", "orders")
+    mid = broker.producer("shop").send(Message("orders", b"order-1"))
+    env = dict(airflow_env, DELTAMQ_TEST_LOG=str(log))
+    run = _python(_TEST, str(DAGS), "deltamq_tick", json.dumps({"warehouse": str(tmp_path / "wh")}), env=env)
+    assert run["state"] == "success"
+    assert [(c["id"], c["body"]) for c in read_log(log)] == [(mid, "order-1")]
+    offsets = broker.sql(
+        "SELECT sum(next_offset) AS n FROM offsets WHERE consumer_group = 'billing' AND topic = 'orders'"
+    ).collect()
+    assert offsets[0]["n"] == 1
+    runs = broker.sql("SELECT DISTINCT job FROM job_runs").collect()
+    assert {"dispatch", "promote", "deliver", "check_transactions"} <= {r["job"] for r in runs}
+
+
+def test_the_spark_submit_dag_runs_each_job_with_spark_submit(airflow_env, broker, tmp_path):
+    from deltamq.engine import _EmbeddedServer
+
+    broker.create_topic("orders", queues=2)
+    broker.producer("shop").send_batch([Message("orders", b"a"), Message("orders", b"b")])
+    bindir = Path(sys.executable).parent
+    env = dict(airflow_env, PATH=f"{bindir}:{airflow_env['PATH']}", PYSPARK_PYTHON=sys.executable)
+    conf = {
+        "warehouse": str(tmp_path / "wh"),
+        "spark_submit_args": f"--remote {_EmbeddedServer.url()} --conf spark.api.mode=connect",
+    }
+    run = _python(_TEST, str(DAGS), "deltamq_tick_spark_submit", json.dumps(conf), env=env)
+    assert run["state"] == "success"
+    assert broker.sql("SELECT count(*) AS n FROM consume_queue WHERE topic = 'orders'").collect()[0]["n"] == 2
+    holders = broker.sql("SELECT DISTINCT job FROM job_runs").collect()
+    assert {"dispatch", "promote", "deliver", "check_transactions"} <= {r["job"] for r in holders}
