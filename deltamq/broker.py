@@ -602,6 +602,42 @@ class Broker(Topics):
         self.engine.commit(lambda: self.engine.execute(statement), what="group_config")
         return sink.Sink(self, group)
 
+    # --- operating ------------------------------------------------------------------------
+    def dead_letters(
+        self,
+        *,
+        group: str | None = None,
+        since: int | None = None,
+        until: int | None = None,
+        msg_ids: list[str] | None = None,
+        where: str | None = None,
+    ) -> DataFrame:
+        """Dead letters by group, store-time range, ids and/or an SQL predicate over the
+        ``consume_queue`` row (see :func:`deltamq.ops.dead_letters`)."""
+        from deltamq import ops
+
+        return ops.dead_letters(self, group=group, since=since, until=until, msg_ids=msg_ids, where=where)
+
+    def resend_dead_letters(self, *, rate_per_s: float | None = None, **selection: Any):
+        """Send the selected dead letters (``dead_letters`` arguments) back to their
+        original topic, each once, at most ``rate_per_s`` per second."""
+        from deltamq import ops
+
+        return ops.resend(self, self.dead_letters(**selection), rate_per_s=rate_per_s)
+
+    def trace(self, msg_id: str) -> list[dict[str, Any]]:
+        """The message's history: sent, delayed, retries, dead letter, resends, and which
+        groups consumed or sent back each copy (see :func:`deltamq.ops.trace`)."""
+        from deltamq import ops
+
+        return ops.trace(self, msg_id)
+
+    def find_by_key(self, key: str, *, since: int | None = None, until: int | None = None) -> list[str]:
+        """Ids of the messages sent with business key ``key``."""
+        from deltamq import ops
+
+        return ops.find_by_key(self, key, since=since, until=until)
+
     def max_delay_level(self) -> int:
         if self._max_level is None:
             levels = self.warehouse.levels()

@@ -79,6 +79,8 @@ class Prop:
     LAST_ERROR = "LAST_ERROR"
     # our extension: on an op record, how the transaction ended (COMMIT or ROLLBACK)
     TRAN_STATE = "TRAN_STATE"
+    # our extension: on a message resent from a DLQ, the dead letter's msg id
+    RESENT_FROM = "RESENT_FROM"
 
 
 class SysFlag:

@@ -81,6 +81,12 @@ class Recorder:
             else ConsumeStatus.CONSUME_SUCCESS
         )
 
+    def _fail_while_broken(self, messages, context):
+        """Fails while ``<log>.broken`` exists (an outage an operator then fixes)."""
+        if os.path.exists(self.log_path + ".broken"):
+            return ConsumeStatus.RECONSUME_LATER
+        return ConsumeStatus.CONSUME_SUCCESS
+
     def _ack_first(self, messages, context):
         context.ack_index = 0
         return ConsumeStatus.CONSUME_SUCCESS

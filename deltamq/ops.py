@@ -1,0 +1,343 @@
+"""Operator tooling: dead letters, message traces, rebuilding the index, the report.
+
+Admin operations (CLI ``deltamq dlq|msg|rebuild-index|report`` and ``Broker`` methods),
+not tick jobs. Look-ups by message id are pruned by the store time every id encodes
+(``ids.parse_msg_id``); look-ups by key or SQL predicate scan ``consume_queue`` (no
+bodies), narrowed by a time range when one is given.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from deltamq import ids
+from deltamq.constants import (
+    DISPATCH_GROUP,
+    DLQ_PREFIX,
+    RETRY_PREFIX,
+    SCHEDULE_TOPIC,
+    TIMER_TOPIC,
+    TRANS_HALF_TOPIC,
+    TRANS_OP_HALF_TOPIC,
+    Prop,
+)
+from deltamq.errors import ConfigError
+from deltamq.message import Message, validate_group_name
+from deltamq.tables.bodies import join_bodies, read_bodies
+from deltamq.tables.sqltext import sql_str
+
+if TYPE_CHECKING:
+    from deltamq.broker import Broker
+
+# properties the broker sets; a resent message starts without them
+_SYSTEM_PROPS = tuple(
+    v for k, v in vars(Prop).items() if not k.startswith("_") and isinstance(v, str) and v != Prop.RESENT_FROM
+)
+
+
+# --- dead letters ---------------------------------------------------------------------------
+def _id_floor(msg_id: str) -> int:
+    """The smallest batch id a row derived from ``msg_id`` can have (its store time)."""
+    try:
+        batch, _ = ids.parse_msg_id(msg_id)
+    except ValueError as e:
+        raise ConfigError(f"{msg_id!r} is not a message id: {e}") from None
+    return (batch >> ids.BATCH_RANDOM_BITS) << ids.BATCH_RANDOM_BITS
+
+
+def _time_range(since: int | None, until: int | None) -> Column:
+    pred = F.lit(True)
+    if since is not None:
+        pred = pred & (F.col("cl_batch_id") >= F.lit(int(since) << ids.BATCH_RANDOM_BITS))
+    if until is not None:
+        pred = pred & (F.col("store_ts") < F.lit(int(until)))
+    return pred
+
+
+def dead_letters(
+    broker: Broker,
+    *,
+    group: str | None = None,
+    since: int | None = None,
+    until: int | None = None,
+    msg_ids: list[str] | None = None,
+    where: str | None = None,
+) -> DataFrame:
+    """Dead letters (``%DLQ%<group>`` entries) selected by group, store-time range
+    [since, until), ids (the dead letter's or the original's) and/or an SQL predicate over
+    the ``consume_queue`` row (``properties['DLQ_REASON'] = 'max_reconsume'``, ``keys``…)."""
+    if group is not None:
+        validate_group_name(group)
+    cq = broker.warehouse.read("consume_queue")
+    topics = F.col("topic") == F.lit(DLQ_PREFIX + group) if group else F.col("topic").startswith(DLQ_PREFIX)
+    pred = topics & _time_range(since, until)
+    if msg_ids:
+        floor = min(_id_floor(m) for m in msg_ids)
+        pred = (
+            pred
+            & (F.col("cl_batch_id") >= F.lit(floor))
+            & (F.col("msg_id").isin(*msg_ids) | F.col("properties").getItem(Prop.UNIQ_KEY).isin(*msg_ids))
+        )
+    out = cq.where(pred)
+    if where:
+        try:
+            out = out.where(F.expr(where))
+            out.schema  # noqa: B018 - resolves the predicate now, so a bad one fails here
+        except Exception as e:  # noqa: BLE001 - the engine's parse/analysis error
+            raise ConfigError(f"where={where!r} is not a predicate over consume_queue columns: {e}") from None
+    return out.select(
+        F.expr(f"substring(topic, {len(DLQ_PREFIX) + 1})").alias("consumer_group"),
+        "msg_id",
+        F.coalesce(F.col("properties").getItem(Prop.UNIQ_KEY), F.col("msg_id")).alias("origin_id"),
+        F.col("properties").getItem(Prop.RETRY_TOPIC).alias("original_topic"),
+        F.col("properties").getItem(Prop.DLQ_REASON).alias("reason"),
+        "reconsume_times",
+        "store_ts",
+        "tags",
+        "keys",
+        F.col("properties").getItem(Prop.LAST_ERROR).alias("last_error"),
+        "queue_offset",
+        "cl_date",
+        "cl_batch_id",
+        "cl_batch_pos",
+    )
+
+
+@dataclass(frozen=True)
+class ResendResult:
+    selected: int
+    resent: int
+    already_resent: int
+    msg_ids: tuple[str, ...]
+
+
+def resend(broker: Broker, letters: DataFrame, *, rate_per_s: float | None = None) -> ResendResult:
+    """Send dead letters back to their original topic as new messages (same body, tags,
+    keys and user properties; ``RESENT_FROM`` = the dead letter's id), at most
+    ``rate_per_s`` per second. A dead letter already resent (a re-run after a kill, or
+    twice by hand) is skipped. Every original topic is checked before anything is sent."""
+    if rate_per_s is not None and (isinstance(rate_per_s, bool) or not rate_per_s > 0):
+        raise ConfigError(f"rate_per_s={rate_per_s!r} must be a number > 0")
+    rows = [r.asDict() for r in letters.collect()]
+    if not rows:
+        return ResendResult(0, 0, 0, ())
+    floor = min(r["cl_batch_id"] for r in rows) >> ids.BATCH_RANDOM_BITS << ids.BATCH_RANDOM_BITS
+    done = {
+        r["f"]
+        for r in broker.warehouse.read("commit_log")
+        .where(
+            (F.col("batch_id") >= F.lit(floor))
+            & F.col("properties").getItem(Prop.RESENT_FROM).isin(*[r["msg_id"] for r in rows])
+        )
+        .select(F.col("properties").getItem(Prop.RESENT_FROM).alias("f"))
+        .collect()
+    }
+    todo = [r for r in rows if r["msg_id"] not in done]
+    for r in todo:
+        if not r["original_topic"]:
+            raise ConfigError(f"dead letter {r['msg_id']} has no RETRY_TOPIC: its original topic is unknown")
+        broker.validate_writable_topic(r["original_topic"])
+    sent: list[str] = []
+    if todo:
+        bodies = read_bodies(broker.warehouse, (r["cl_date"] for r in todo), (r["cl_batch_id"] for r in todo))
+        picked = broker.engine.spark.createDataFrame(
+            [(r["msg_id"], r["cl_batch_id"], r["cl_batch_pos"]) for r in todo],
+            "msg_id string, cl_batch_id bigint, cl_batch_pos bigint",
+        )
+        full = {
+            x["msg_id"]: x
+            for x in join_bodies(picked, bodies, ["body", "properties", "flag", "born_ts"]).collect()
+        }
+        producer = broker.producer("DLQ_RESEND")
+        chunk = 1000 if rate_per_s is None else max(1, min(1000, int(rate_per_s)))
+        for i in range(0, len(todo), chunk):
+            started = time.monotonic()
+            part = todo[i : i + chunk]
+            messages = []
+            for r in part:
+                x = full[r["msg_id"]]
+                props = {k: v for k, v in dict(x["properties"] or {}).items() if k not in _SYSTEM_PROPS}
+                props[Prop.RESENT_FROM] = r["msg_id"]
+                messages.append(
+                    Message(
+                        r["original_topic"],
+                        bytes(x["body"]),
+                        tags=r["tags"],
+                        keys=r["keys"],
+                        flag=x["flag"] or 0,
+                        properties=props,
+                    )
+                )
+            sent += producer.send_batch(messages)
+            if rate_per_s is not None and i + chunk < len(todo):
+                time.sleep(max(0.0, len(part) / rate_per_s - (time.monotonic() - started)))
+    return ResendResult(len(rows), len(sent), len(rows) - len(todo), tuple(sent))
+
+
+# --- traces -----------------------------------------------------------------------------------
+def find_by_key(broker: Broker, key: str, *, since: int | None = None, until: int | None = None) -> list[str]:
+    """Original ids of messages whose ``keys`` contain ``key`` (space-separated, as
+    RocketMQ's KEYS), oldest first."""
+    rows = (
+        broker.warehouse.read("consume_queue")
+        .where(_time_range(since, until) & F.array_contains(F.split(F.col("keys"), " "), F.lit(key)))
+        .select(
+            F.coalesce(F.col("properties").getItem(Prop.UNIQ_KEY), F.col("msg_id")).alias("id"),
+            "store_ts",
+        )
+        .groupBy("id")
+        .agg(F.min("store_ts").alias("t"))
+        .orderBy("t", "id")
+        .collect()
+    )
+    return [r["id"] for r in rows]
+
+
+def _kind(row: dict[str, Any], origin: str) -> str:
+    topic, props = row["topic"], row["properties"] or {}
+    if topic.startswith(DLQ_PREFIX):
+        return f"dead-lettered by {topic[len(DLQ_PREFIX) :]} ({props.get(Prop.DLQ_REASON)})"
+    if topic.startswith(RETRY_PREFIX):
+        return f"retry {row['reconsume_times']} for {topic[len(RETRY_PREFIX) :]}"
+    if topic == SCHEDULE_TOPIC:
+        what = "sent" if row["msg_id"] == origin else f"retry {row['reconsume_times']} waiting"
+        return f"{what}, delayed (level {props.get(Prop.DELAY)})"
+    if topic == TIMER_TOPIC:
+        what = "sent" if row["msg_id"] == origin else f"retry {row['reconsume_times']} waiting"
+        return f"{what}, timer"
+    if topic == TRANS_HALF_TOPIC:
+        return "half message (transaction pending)"
+    if topic == TRANS_OP_HALF_TOPIC:
+        return f"transaction ended ({props.get(Prop.TRAN_STATE)})"
+    if props.get(Prop.RESENT_FROM):
+        return f"resent from the DLQ ({props[Prop.RESENT_FROM]})"
+    if row["msg_id"] == origin:
+        return "sent"
+    if props.get(Prop.TRAN_ID):
+        return "committed"
+    return "promoted (due)"
+
+
+def trace(broker: Broker, msg_id: str) -> list[dict[str, Any]]:
+    """Every index row of message ``msg_id`` and its copies (they share its id as
+    ``UNIQ_KEY``): sent, delayed, each retry, dead-lettered, resent; and for each row a
+    group's offset has passed, the group and whether it consumed it or sent it back."""
+    floor = _id_floor(msg_id)
+    props = F.col("properties")
+    of_id = (
+        (F.col("msg_id") == F.lit(msg_id))
+        | (props.getItem(Prop.UNIQ_KEY) == F.lit(msg_id))
+        | (props.getItem(Prop.TRAN_ID) == F.lit(msg_id))
+    )
+    # its dead letters' resends are new messages; they name the dead letter in RESENT_FROM
+    dead = F.col("topic").startswith(DLQ_PREFIX) & of_id
+    cq = broker.warehouse.read("consume_queue").where(F.col("cl_batch_id") >= F.lit(floor))
+    letters = [r["msg_id"] for r in cq.where(dead).select("msg_id").collect()]
+    if letters:
+        of_id = of_id | props.getItem(Prop.RESENT_FROM).isin(*letters)
+    rows = [
+        r.asDict()
+        for r in cq.where(of_id)
+        .select(
+            "topic",
+            "queue_id",
+            "queue_offset",
+            "msg_id",
+            "store_ts",
+            "due_ts",
+            "reconsume_times",
+            "properties",
+            "cl_version",
+            "cl_batch_pos",
+        )
+        .collect()
+    ]
+    rows.sort(key=lambda r: (r["cl_version"], r["cl_batch_pos"], r["topic"]))  # commit order
+    if not rows:
+        return []
+    queues = sorted({(r["topic"], r["queue_id"]) for r in rows})
+    cond = " OR ".join(f"(topic = {sql_str(t)} AND queue_id = {q})" for t, q in queues)
+    offsets = broker.engine.rows(
+        "SELECT consumer_group, client_id, topic, queue_id, next_offset "
+        f"FROM {broker.warehouse.ref('offsets')} WHERE consumer_group NOT LIKE '\\%%' AND ({cond})"
+    )
+
+    def lineage(r: dict[str, Any]) -> str:
+        return (r["properties"] or {}).get(Prop.UNIQ_KEY) or r["msg_id"]
+
+    # "<id>|<group>#<n>": the group sent a copy of message <id> back as its n-th retry
+    # (or dead-lettered it)
+    sent_back = {
+        f"{lineage(r)}|{r['topic'].split('%', 2)[2]}#{r['reconsume_times']}"
+        for r in rows
+        if r["topic"].startswith((RETRY_PREFIX, DLQ_PREFIX))
+    }
+    out = []
+    for r in rows:
+        groups = []
+        for o in offsets:
+            if (o["topic"], o["queue_id"]) != (r["topic"], r["queue_id"]) or (o["next_offset"] or 0) <= r[
+                "queue_offset"
+            ]:
+                continue
+            name = o["consumer_group"] + (f"/{o['client_id']}" if o["client_id"] else "")
+            failed = f"{lineage(r)}|{o['consumer_group']}#{(r['reconsume_times'] or 0) + 1}" in sent_back
+            groups.append(f"{name}: {'sent back' if failed else 'consumed'}")
+        props = r["properties"] or {}
+        out.append(
+            {
+                "store_ts": r["store_ts"],
+                "event": _kind(r, msg_id),
+                "topic": r["topic"],
+                "queue_id": r["queue_id"],
+                "queue_offset": r["queue_offset"],
+                "msg_id": r["msg_id"],
+                "due_ts": r["due_ts"],
+                "reconsume_times": r["reconsume_times"] or 0,
+                "error": props.get(Prop.LAST_ERROR),
+                "groups": sorted(groups),
+            }
+        )
+    return out
+
+
+# --- rebuilding the index ---------------------------------------------------------------------
+def rebuild_index(broker: Broker, now: int) -> dict[str, int]:
+    """Rebuild ``consume_queue`` from ``commit_log``: holding every job lease, delete the
+    index and dispatch's progress, then dispatch every commit again (offsets are a function
+    of commit order, so the rebuilt index equals the old one). Consumers pause meanwhile;
+    a run that is killed is simply run again."""
+    from deltamq.jobs import dispatch
+    from deltamq.orchestration.tick import JOB_NAMES
+
+    wh = broker.warehouse
+    leases = broker.runner.leases  # this broker's runner: its ticks may already hold them
+    leases.acquire(JOB_NAMES, last_now=now)
+    try:
+        before = wh.engine.rows(f"SELECT count(*) AS n FROM {wh.ref('consume_queue')}")[0]["n"]
+        wh.engine.commit(
+            lambda: wh.engine.execute(f"DELETE FROM {wh.ref('consume_queue')}"), what="consume_queue"
+        )
+        wh.engine.commit(
+            lambda: wh.engine.execute(
+                f"DELETE FROM {wh.ref('offsets')} WHERE consumer_group = {sql_str(DISPATCH_GROUP)}"
+            ),
+            what="offsets",
+        )
+        passes = rows = 0
+        while True:
+            leases.check(["dispatch"])
+            r = dispatch.run(wh, now)
+            passes += 1
+            rows += r.rows_out
+            if not r.commits_read:
+                break
+        after = wh.engine.rows(f"SELECT count(*) AS n FROM {wh.ref('consume_queue')}")[0]["n"]
+    finally:
+        broker.runner.release()
+    return {"rows_before": before, "rows_after": after, "passes": passes, "indexed": rows}
