@@ -603,20 +603,13 @@ class Broker(Topics):
         return sink.Sink(self, group)
 
     # --- operating ------------------------------------------------------------------------
-    def dead_letters(
-        self,
-        *,
-        group: str | None = None,
-        since: int | None = None,
-        until: int | None = None,
-        msg_ids: list[str] | None = None,
-        where: str | None = None,
-    ) -> DataFrame:
-        """Dead letters by group, store-time range, ids and/or an SQL predicate over the
-        ``consume_queue`` row (see :func:`deltamq.ops.dead_letters`)."""
+    def dead_letters(self, **selection: Any) -> DataFrame:
+        """Dead letters selected by ``group``, store-time range ``since``/``until``,
+        ``msg_ids`` and/or ``where`` (an SQL predicate over the ``consume_queue`` row);
+        see :func:`deltamq.ops.dead_letters`."""
         from deltamq import ops
 
-        return ops.dead_letters(self, group=group, since=since, until=until, msg_ids=msg_ids, where=where)
+        return ops.dead_letters(self, **selection)
 
     def resend_dead_letters(self, *, rate_per_s: float | None = None, **selection: Any):
         """Send the selected dead letters (``dead_letters`` arguments) back to their
@@ -728,7 +721,26 @@ class Broker(Topics):
             "dead_letters": dlq,
             "transactions": check_transactions.pending(self, self.clock.now_ms()),
             "pull_clients": pull.status(self, self.clock.now_ms()),
+            "recent_runs": self.recent_runs(),
         }
+
+    def recent_runs(self, limit: int = 10) -> list[dict[str, Any]]:
+        """The last ``limit`` ticks' job rows (``job_runs``, read from yesterday's
+        partition on when the warehouse has recent ticks)."""
+        wh = self.warehouse
+        latest = self.engine.rows(f"SELECT max(run_date) AS d FROM {wh.ref('job_runs')}")[0]["d"]
+        if latest is None:
+            return []
+        recent = f"run_date >= date_sub(DATE'{latest.isoformat()}', 1)"
+        # (Sail cannot ORDER BY an aggregate that is not selected: select it as t)
+        rows = self.engine.rows(
+            "SELECT r.tick_id, r.now_ts, r.job, r.status, r.rows_in, r.rows_out, "
+            f"r.end_ts - r.start_ts AS ms, r.error FROM {wh.ref('job_runs')} r "
+            "JOIN (SELECT tick_id, max(now_ts) AS t FROM "
+            f"{wh.ref('job_runs')} WHERE {recent} GROUP BY tick_id ORDER BY t DESC LIMIT {int(limit)}) k "
+            f"ON r.tick_id = k.tick_id WHERE r.{recent} ORDER BY r.now_ts DESC, r.start_ts"
+        )
+        return [r.asDict() for r in rows]
 
 
 def _listener_path(

@@ -114,6 +114,28 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("name", choices=["dispatch", "promote", "deliver", "sink", "check_transactions"])
     s.add_argument("--now", help="epoch ms or ISO time (default: wall clock)")
 
+    s = sub.add_parser("dlq", parents=[common], help="list dead letters, or resend them to their topic")
+    s.add_argument("action", choices=["list", "resend"])
+    _selection_args(s)
+    s.add_argument("--limit", type=int, default=100, help="rows to list")
+    s.add_argument("--rate", type=float, help="resend at most this many messages per second")
+
+    s = sub.add_parser("msg", parents=[common], help="a message's trace: sent, delayed, retried, consumed")
+    s.add_argument("action", choices=["show"])
+    s.add_argument("id", nargs="?", help="message id (the producer's, or any copy's)")
+    s.add_argument("--key", help="find the messages sent with this business key instead")
+    s.add_argument("--from", dest="from_time", help="with --key: stored at or after (epoch ms or ISO)")
+    s.add_argument("--to", dest="to_time", help="with --key: stored before (epoch ms or ISO)")
+
+    sub.add_parser(
+        "rebuild-index", parents=[common], help="rebuild consume_queue from commit_log (holds every lease)"
+    )
+
+    s = sub.add_parser("report", parents=[common], help="an HTML page of lag and throughput over time")
+    s.add_argument("--html", required=True, metavar="FILE")
+    s.add_argument("--from", dest="from_time", help="ticks at or after (epoch ms or ISO)")
+    s.add_argument("--to", dest="to_time", help="ticks before (epoch ms or ISO)")
+
     s = sub.add_parser("demo", help="a guided tour on a fresh warehouse (about half a minute)")
     s.add_argument("--warehouse", "-w", help="directory for the demo warehouse (default: a temp dir)")
     return p
@@ -267,6 +289,37 @@ def _dispatch_command(broker, args: argparse.Namespace) -> int:
             ["due day", "pending", "first due"],
             [[t["due_day"], t["pending"], ms_to_iso(t["first_due"])] for t in st["timers"]],
         )
+        print("\nrecent job runs (job_runs):")
+        print_table(
+            ["tick now", "job", "status", "in", "out", "ms", "error"],
+            [
+                [
+                    ms_to_iso(r["now_ts"]),
+                    r["job"],
+                    r["status"],
+                    r["rows_in"],
+                    r["rows_out"],
+                    r["ms"],
+                    r["error"],
+                ]
+                for r in st["recent_runs"]
+            ],
+        )
+        return 0
+    if cmd == "dlq":
+        return _dlq(broker, args)
+    if cmd == "msg":
+        return _msg(broker, args)
+    if cmd == "rebuild-index":
+        from deltamq.ops import rebuild_index
+
+        print(json.dumps(rebuild_index(broker, broker.clock.now_ms())))
+        return 0
+    if cmd == "report":
+        from deltamq.report import write_html
+
+        data = write_html(broker, args.html, since=_now_arg(args.from_time), until=_now_arg(args.to_time))
+        print(f"wrote {args.html}: {len(data['ticks'])} ticks, totals {json.dumps(data['totals'])}")
         return 0
     if cmd == "tick":
         return _tick(broker, args)
@@ -290,6 +343,99 @@ def _dispatch_command(broker, args: argparse.Namespace) -> int:
         print(result.summary(), flush=True)
         return 0
     raise SystemExit(f"unknown command {cmd}")  # pragma: no cover
+
+
+def _selection(args) -> dict:
+    return {
+        "group": args.group,
+        "since": _now_arg(args.from_time),
+        "until": _now_arg(args.to_time),
+        "msg_ids": args.id or None,
+        "where": args.where,
+    }
+
+
+def _selection_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--group", help="the consumer group whose dead letters")
+    s.add_argument("--from", dest="from_time", help="stored at or after (epoch ms or ISO)")
+    s.add_argument("--to", dest="to_time", help="stored before (epoch ms or ISO)")
+    s.add_argument("--id", action="append", help="a dead letter's or original message's id (repeatable)")
+    s.add_argument("--where", help="SQL predicate over the consume_queue row, e.g. \"keys = 'o-1'\"")
+
+
+def _dlq(broker, args) -> int:
+    from deltamq.clock import ms_to_iso
+
+    if args.action == "list":
+        rows = broker.dead_letters(**_selection(args)).orderBy("store_ts").limit(args.limit).collect()
+        print_table(
+            [
+                "group",
+                "dead letter",
+                "original id",
+                "topic",
+                "reason",
+                "retries",
+                "stored",
+                "keys",
+                "last error",
+            ],
+            [
+                [
+                    r["consumer_group"],
+                    r["msg_id"],
+                    r["origin_id"],
+                    r["original_topic"],
+                    r["reason"],
+                    r["reconsume_times"],
+                    ms_to_iso(r["store_ts"]),
+                    r["keys"],
+                    (r["last_error"] or "")[:60],
+                ]
+                for r in rows
+            ],
+        )
+        return 0
+    done = broker.resend_dead_letters(rate_per_s=args.rate, **_selection(args))
+    print(
+        f"selected {done.selected}, resent {done.resent}, already resent before {done.already_resent}"
+        + (f"; new ids {' '.join(done.msg_ids)}" if done.msg_ids else "")
+    )
+    return 0
+
+
+def _msg(broker, args) -> int:
+    from deltamq.clock import ms_to_iso
+
+    if not args.id and not args.key:
+        raise SystemExit("deltamq: error: msg show needs a message id or --key K")
+    targets = (
+        [args.id]
+        if args.id
+        else broker.find_by_key(args.key, since=_now_arg(args.from_time), until=_now_arg(args.to_time))
+    )
+    if not targets:
+        print("no message found")
+        return 1
+    for mid in targets:
+        print(f"message {mid}:")
+        print_table(
+            ["stored", "event", "topic", "queue", "offset", "id", "due", "groups"],
+            [
+                [
+                    ms_to_iso(e["store_ts"]),
+                    e["event"] + (f" — {e['error'][:60]}" if e["error"] else ""),
+                    e["topic"],
+                    e["queue_id"],
+                    e["queue_offset"],
+                    e["msg_id"],
+                    ms_to_iso(e["due_ts"]),
+                    "; ".join(e["groups"]) or "-",
+                ]
+                for e in broker.trace(mid)
+            ],
+        )
+    return 0
 
 
 def _topic(broker, args) -> int:

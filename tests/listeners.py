@@ -147,3 +147,8 @@ def order_rows(df):
 
 def order_rows_without_guard(df):
     return order_rows(df).drop("_deltamq_order")
+
+
+def always_fail(messages, context):
+    """Import-path listener: never succeeds (dead letters on demand)."""
+    return ConsumeStatus.RECONSUME_LATER

@@ -113,3 +113,37 @@ def test_rebuild_index_reproduces_the_index(broker, clock, tmp_path):
     assert broker.status()["queues"] == heads
     clock.advance(seconds=1)
     assert broker.tick(clock.now_ms()).job("deliver").rows_in == 0  # consumers carry on, nothing repeated
+
+
+def test_report_charts_lag_and_throughput_from_job_runs(broker, clock, tmp_path):
+    import json
+    import re
+    import xml.etree.ElementTree as ET
+
+    from deltamq.report import write_html
+
+    broker.create_topic("orders", queues=2)
+    broker.create_group(
+        "worker", Recorder(tmp_path / "w.jsonl"), consume_from="FIRST_OFFSET", pull_batch_size=3
+    )
+    broker.subscribe("worker", "orders")
+    p = broker.producer("shop")
+    for i in range(4):
+        p.send_batch([Message("orders", f"m{i}-{j}".encode()) for j in range(10)])
+        clock.advance(seconds=1)
+        broker.tick(clock.now_ms())
+    page = tmp_path / "report.html"
+    data = write_html(broker, str(page))
+    text = page.read_text()
+    assert data["totals"]["indexed"] == 40
+    assert data["totals"]["consumed"] == 4 * 6  # 3 per queue per tick
+    assert data["series"]["backlog"] == [10, 14, 18, 22]  # the push group falls behind
+    embedded = re.search(r'<script type="application/json" id="deltamq-data">(.*?)</script>', text, re.S)
+    assert json.loads(embedded.group(1)) == data
+    svgs = re.findall(r"<svg.*?</svg>", text, re.S)
+    assert len(svgs) == 3
+    lines = {}
+    for svg in svgs:
+        for el in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}polyline"):
+            lines[el.get("data-series")] = el.get("points").split()
+    assert set(lines) == set(data["series"]) and all(len(v) == 4 for v in lines.values())

@@ -93,6 +93,7 @@ class DeliverResult:
     dropped: int = 0  # BROADCASTING failures: logged and dropped
     suspended: int = 0  # orderly: messages of suspended chunks (their queue waits)
     deduplicated: int = 0  # key already consumed within the window: acknowledged unseen
+    backlog: int = 0  # messages behind the push groups' offsets when the pass began (their lag)
     groups: int = 0
     errors: tuple[tuple[str, str, str], ...] = ()  # (group, msg id, error text), a sample
     skipped_groups: tuple[str, ...] = ()
@@ -110,6 +111,7 @@ class DeliverResult:
             "dropped": self.dropped,
             "suspended": self.suspended,
             "deduplicated": self.deduplicated,
+            "backlog": self.backlog,
             "groups": self.groups,
             "groups_without_listener": len(self.skipped_groups),
         }
@@ -564,6 +566,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         for k, v in c.items():
             total[k] += v
     return DeliverResult(
+        backlog=sum(heads.get((t.topic, t.queue_id), t.hi) - t.lo for t in takes),
         taken=len(index),
         consumed=total["consumed"],
         deduplicated=total["deduplicated"],
