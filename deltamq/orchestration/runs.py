@@ -28,14 +28,16 @@ class Settings:
 def settings(params: dict[str, Any] | None = None, variables: Any = None) -> Settings:
     """Where and how to run: DAG params first, then Airflow Variables (``variables.get``:
     ``deltamq_warehouse``, ``deltamq_engine``, ``deltamq_remote``), then the environment
-    (``DELTAMQ_WAREHOUSE``, ``DELTAMQ_ENGINE``, ``DELTAMQ_REMOTE``)."""
+    (``DELTAMQ_WAREHOUSE``, ``DELTAMQ_ENGINE``, ``DELTAMQ_SPARK_REMOTE``, as the CLI)."""
     params = params or {}
+
+    env = {"warehouse": "DELTAMQ_WAREHOUSE", "engine": "DELTAMQ_ENGINE", "remote": "DELTAMQ_SPARK_REMOTE"}
 
     def pick(name: str, default: str | None = None) -> str | None:
         value = params.get(name)
         if not value and variables is not None:
             value = variables.get(f"deltamq_{name}", default=None)
-        return value or os.environ.get(f"DELTAMQ_{name.upper()}") or default
+        return value or os.environ.get(env[name]) or default
 
     warehouse = pick("warehouse")
     if not warehouse:
