@@ -382,3 +382,18 @@ def test_import_path_check_listener_is_found_by_another_process(setup, clock, tm
     other.runner.release()
     broker.tick(clock.now_ms() + 10_001)  # the consumer's listener lives in this process
     assert consumed(log) == ["COMMIT"]
+
+
+def test_a_committed_message_that_fails_is_retried_like_any_other(broker, clock, tmp_path):
+    """Its retry copies keep TRAN_ID and the committed sys_flag; dispatch must index them
+    (only a second commit of the same transaction in its real topic is a duplicate)."""
+    broker.create_topic("orders", queues=1)
+    log = tmp_path / "b.jsonl"
+    broker.create_group("billing", Recorder(log, "fail_twice"), consume_from="FIRST_OFFSET")
+    broker.subscribe("billing", "orders")
+    broker.producer("shop").send_in_transaction(Message("orders", b"paid"), lambda m, a: "COMMIT")
+    broker.tick(clock.now_ms())
+    for _ in range(6):
+        clock.advance(seconds=10)
+        broker.tick(clock.now_ms())
+    assert [c["reconsume"] for c in read_log(log)] == [0, 1, 2]

@@ -49,7 +49,7 @@ def test_upgrade_v1_warehouse_in_place(tmp_path, broker):
         Broker.open(tmp_path / "old")
     done = Warehouse(broker.engine, tmp_path / "old").init()
     assert done["from_version"] == 1
-    assert done["created"] == ["producer_config", "clients", "dq_results"]
+    assert done["created"] == ["producer_config", "clients", "dq_results"]  # dq_results at v4
     assert done["upgraded"] == {
         "group_config": [
             "instances",

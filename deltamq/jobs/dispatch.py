@@ -34,6 +34,8 @@ from pyspark.sql import types as T
 from deltamq import faults, ids
 from deltamq.constants import (
     DISPATCH_GROUP,
+    DLQ_PREFIX,
+    RETRY_PREFIX,
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
     TRANS_CHECK_MAX_TIME_TOPIC,
@@ -187,10 +189,14 @@ def drop_duplicate_commits(wh: Warehouse, rows: DataFrame) -> tuple[DataFrame, i
     Returns the rows to index and how many were dropped (they stay in commit_log).
     """
     props = F.col("properties")
+    # a committed message is stored in its real topic; its retries and dead letters keep
+    # TRAN_ID and the committed sys_flag but live in %RETRY% / %DLQ% topics: never dropped
     is_commit = (
         (F.col("sys_flag").bitwiseAND(F.lit(0xC)) == F.lit(SysFlag.TRANSACTION_COMMIT_TYPE))
         & props.getItem(Prop.TRAN_ID).rlike(ids.MSG_ID_PATTERN)
         & (F.col("topic") != F.lit(TRANS_OP_HALF_TOPIC))
+        & ~F.col("topic").startswith(RETRY_PREFIX)
+        & ~F.col("topic").startswith(DLQ_PREFIX)
     )
     commits = rows.where(is_commit).select(
         "msg_id", "cl_version", "batch_id", "batch_pos", props.getItem(Prop.TRAN_ID).alias("tran")

@@ -315,6 +315,8 @@ DQ_RESULTS = T.StructType(
         _f("expectation", STR, "expectation name"),
         _f("success", BOOL, "passed"),
         _f("observed", STR, "observed value or unexpected ids"),
+        _f("unexpected_count", LONG, "rows that failed the expectation", added_in=4),
+        _f("sample_ids", T.ArrayType(STR), "up to 20 of the failing rows' ids", added_in=4),
     ]
 )
 

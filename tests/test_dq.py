@@ -1,0 +1,169 @@
+"""Data quality: the Great Expectations suites and the conservation check. A clean
+multi-feature warehouse passes every suite; each invariant broken on purpose fails the
+right expectation and names the rows."""
+
+from __future__ import annotations
+
+import pytest
+from listeners import Recorder
+
+from deltamq import Message
+from deltamq.dq.suites import run
+
+MINUTE = 60_000
+
+
+@pytest.fixture
+def busy(broker, clock, tmp_path):
+    """Normal, delayed, failing (retried then consumed), dead-lettered, transactional,
+    pulled and broadcast messages, ticked until settled."""
+    broker.create_topic("orders", queues=2)
+    broker.create_group("billing", Recorder(tmp_path / "b.jsonl", "fail_twice"), consume_from="FIRST_OFFSET")
+    broker.subscribe("billing", "orders")
+    broker.create_group(
+        "strict", Recorder(tmp_path / "s.jsonl", "fail"), consume_from="FIRST_OFFSET", max_reconsume_times=1
+    )
+    broker.subscribe("strict", "orders", "dlq")
+    broker.create_group(
+        "fanout",
+        Recorder(tmp_path / "f.jsonl"),
+        mode="BROADCASTING",
+        instances=["a", "b"],
+        consume_from="FIRST_OFFSET",
+    )
+    broker.subscribe("fanout", "orders")
+    broker.create_group("pullers", consume_from="FIRST_OFFSET")
+    broker.subscribe("pullers", "orders")
+    p = broker.producer("shop")
+    p.send_batch([Message("orders", f"m{i}".encode()) for i in range(4)])
+    p.send(Message("orders", b"dead", tags="dlq"))
+    p.send(Message("orders", b"later", delay_level=3))
+    p.send_in_transaction(Message("orders", b"tx-commit"), lambda m, a: "COMMIT")
+    p.send_in_transaction(Message("orders", b"tx-rollback"), lambda m, a: "ROLLBACK")
+    broker.tick(clock.now_ms())
+    consumer = broker.pull_consumer("pullers", "c1")
+    for _ in range(12):
+        clock.advance(seconds=10)
+        got = consumer.pull(100, now=clock.now_ms())
+        consumer.ack([m.receipt_handle for m in got], now=clock.now_ms())
+        broker.tick(clock.now_ms())
+    return broker
+
+
+def _names(result):
+    return sorted(f"{r.suite}: {r.expectation}" for r in result.failures)
+
+
+def test_a_clean_multi_feature_warehouse_passes_every_suite(busy):
+    result = run(busy)
+    assert result.success, (_names(result), [(r.observed, r.sample_ids) for r in result.failures])
+    assert len(result.results) > 100
+    accounted = next(r for r in result.results if r.expectation == "every message accounted for per group")
+    assert "billing: consumed=" in accounted.observed and "strict: " in accounted.observed
+    assert "dead_lettered=1" in accounted.observed
+    stored = busy.sql("SELECT count(*) AS n, min(CAST(success AS INT)) AS ok FROM dq_results").collect()[0]
+    assert stored["n"] == len(result.results) and stored["ok"] == 1
+
+
+def _write(broker, statement: str) -> None:
+    broker.sql(statement, write=True).collect()
+
+
+def _copy_index_rows(broker, where: str, **changes) -> None:
+    """Append copies of consume_queue rows matching ``where`` with columns changed."""
+    from pyspark.sql import functions as F
+
+    df = broker.warehouse.read("consume_queue").where(where)
+    for column, value in changes.items():
+        df = df.withColumn(column, F.expr(value))
+    broker.warehouse.append("consume_queue", df)
+
+
+def test_a_duplicate_offset_and_a_gap_are_named(busy):
+    cq = busy.warehouse.ref("consume_queue")
+    _copy_index_rows(
+        busy, "topic = 'orders' AND queue_id = 0 AND queue_offset = 1", msg_id="concat(msg_id, 'X')"
+    )
+    result = run(busy, tables=["consume_queue"], record=False)
+    dup = result.failed("consume_queue", "(topic, queue_id, queue_offset) unique")
+    assert dup is not None and dup.unexpected_count == 2
+    assert "topic=orders,queue_id=0,queue_offset=1" in dup.sample_ids
+    _write(busy, f"DELETE FROM {cq} WHERE topic = 'orders' AND queue_id = 1 AND queue_offset = 1")
+    result = run(busy, tables=["consume_queue", "conservation"], record=False)
+    gap = result.failed("consume_queue", "offsets dense per queue")
+    assert gap is not None and "orders:1" in gap.sample_ids  # (orders:0 holds the duplicate)
+    assert result.failed("conservation", "every stored message indexed once") is not None
+
+
+def test_a_deleted_retrying_message_is_unaccounted(broker, clock, tmp_path):
+    broker.create_topic("orders", queues=1)
+    broker.create_group("billing", Recorder(tmp_path / "b.jsonl", "fail"), consume_from="FIRST_OFFSET")
+    broker.subscribe("billing", "orders")
+    mid = broker.producer("shop").send(Message("orders", b"x"))
+    broker.tick(clock.now_ms())  # fails: retry 1 held at level 3 (10 s)
+    clock.advance(seconds=10)
+    broker.tick(clock.now_ms())  # promoted into %RETRY%billing, delivered, failed again
+    assert run(broker, tables=["conservation"], record=False).success
+    for table in ("consume_queue", "commit_log"):
+        _write(
+            broker,
+            f"DELETE FROM {broker.warehouse.ref(table)} "
+            "WHERE topic = '%RETRY%billing' AND reconsume_times = 1",
+        )
+    result = run(broker, tables=["conservation"], record=False)
+    lost = result.failed("conservation", "every message accounted for")
+    assert lost is not None and lost.unexpected_count == 1
+    assert lost.sample_ids == (
+        f"billing {mid}: retry 1 of billing promoted from SCHEDULE_TOPIC_XXXX but not in %RETRY%billing",
+    )
+
+
+def test_a_dead_letter_with_too_few_retries_and_an_offset_past_the_end(busy):
+    cq, offs = busy.warehouse.ref("consume_queue"), busy.warehouse.ref("offsets")
+    dead = busy.sql("SELECT msg_id FROM consume_queue WHERE topic = '%DLQ%strict'").collect()[0]["msg_id"]
+    _write(busy, f"UPDATE {cq} SET reconsume_times = 1 WHERE msg_id = '{dead}'")
+    _write(
+        busy,
+        f"UPDATE {offs} SET next_offset = 999 "
+        "WHERE consumer_group = 'billing' AND topic = 'orders' AND queue_id = 0",
+    )
+    result = run(busy, tables=["consume_queue", "offsets"], record=False)
+    assert result.failed("consume_queue", "dead letters carry a DLQ_REASON").sample_ids == (dead,)
+    past = result.failed("offsets", "group offsets within")
+    assert past.sample_ids == ("billing orders:0 next_offset=999",)
+    assert {r.suite for r in result.failures} == {"consume_queue", "offsets"} and len(result.failures) == 2
+
+
+def test_a_half_message_leaked_into_a_user_topic_and_bad_due_times(busy):
+    cq = busy.warehouse.ref("consume_queue")
+    half = busy.sql(
+        "SELECT msg_id FROM consume_queue WHERE topic = 'RMQ_SYS_TRANS_HALF_TOPIC' ORDER BY queue_offset"
+    ).collect()[1]["msg_id"]
+    head = busy.sql(
+        "SELECT max(queue_offset) + 1 AS n FROM consume_queue WHERE topic = 'orders' AND queue_id = 0"
+    )
+    nxt = head.collect()[0]["n"]
+    _copy_index_rows(
+        busy,
+        f"msg_id = '{half}'",
+        topic="'orders'",
+        queue_id="0",
+        queue_offset=f"CAST({nxt} AS BIGINT)",
+        slot="0",
+    )
+    _write(busy, f"UPDATE {cq} SET due_ts = store_ts - 1 WHERE topic = 'SCHEDULE_TOPIC_XXXX'")
+    result = run(busy, tables=["consume_queue"], record=False)
+    assert result.failed("consume_queue", "no half message in a user topic").sample_ids == (half,)
+    due = result.failed("consume_queue", "schedule entries due at or after store")
+    assert due is not None and due.unexpected_count >= 1
+
+
+def test_bad_types_topics_and_retry_counts_fail_their_table_expectations(busy):
+    cl = busy.warehouse.ref("commit_log")
+    _write(busy, f"UPDATE {cl} SET topic = 'bad topic!' WHERE topic = 'orders' AND batch_pos = 0")
+    _write(
+        busy, f"UPDATE {busy.warehouse.ref('consume_queue')} SET reconsume_times = 99 WHERE topic = 'orders'"
+    )
+    result = run(busy, tables=["commit_log", "consume_queue"], record=False)
+    assert result.failed("commit_log", "topic valid").sample_ids[0] == "bad topic!"
+    assert result.failed("consume_queue", "reconsume_times within").unexpected_count > 0
