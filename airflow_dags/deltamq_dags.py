@@ -1,7 +1,9 @@
 """deltamq on Airflow 3: three DAGs over one warehouse.
 
 - ``deltamq_tick`` (every minute): one tick's jobs as dependent tasks — dispatch →
-  promote → dispatch again → deliver → sink → check_transactions.
+  promote → dispatch again → deliver → sink → check_transactions — then
+  ``data_quality`` (the Great Expectations suites and the conservation check), which
+  fails the run on any violation.
 - ``deltamq_loop`` (every minute): the tick loop for ``loop_seconds`` (55 s) at
   ``interval_seconds`` (1 s): second-level delays under a per-minute schedule.
 - ``deltamq_tick_spark_submit`` (every minute): the same jobs, each submitted with
@@ -85,8 +87,28 @@ def _job_task(task_id: str, job: str):
     return run_one()
 
 
-with _every_minute("deltamq_tick", "one deltamq tick, a task per job") as tick_dag:
-    chain(*[_job_task(task_id, job) for task_id, job in TICK_TASKS])
+@task(task_id="data_quality", trigger_rule="none_failed")
+def data_quality() -> dict:
+    """The DQ suites and the conservation check: a violation fails the run."""
+    from deltamq.orchestration.runs import run_quality
+
+    if not get_current_context()["params"].get("data_quality", True):
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        raise AirflowSkipException("data_quality=false for this run")
+    summary = run_quality(_settings())
+    if summary["status"] != "ok":
+        raise RuntimeError(f"data quality failed: {summary['failures']}")
+    return summary
+
+
+with _every_minute(
+    "deltamq_tick",
+    "one deltamq tick, a task per job, then the data-quality check",
+    {"data_quality": Param(True, type="boolean", description="run the DQ suites after the jobs")},
+) as tick_dag:
+    jobs = [_job_task(task_id, job) for task_id, job in TICK_TASKS]
+    chain(*jobs, data_quality())
 
 
 with _every_minute(

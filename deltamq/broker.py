@@ -618,6 +618,14 @@ class Broker(Topics):
 
         return ops.resend(self, self.dead_letters(**selection), rate_per_s=rate_per_s)
 
+    def check_quality(self, tables: list[str] | None = None, *, record: bool = True):
+        """Run the data-quality suites (every table's, plus ``"conservation"``) and append
+        the results to ``dq_results``; returns a :class:`deltamq.dq.suites.QualityResult`
+        (``success``, ``failures`` with expectation, table, unexpected count, sample ids)."""
+        from deltamq.dq import suites
+
+        return suites.run(self, tables=tables, record=record)
+
     def trace(self, msg_id: str) -> list[dict[str, Any]]:
         """The message's history: sent, delayed, retries, dead letter, resends, and which
         groups consumed or sent back each copy (see :func:`deltamq.ops.trace`)."""

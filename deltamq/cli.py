@@ -127,6 +127,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--from", dest="from_time", help="with --key: stored at or after (epoch ms or ISO)")
     s.add_argument("--to", dest="to_time", help="with --key: stored before (epoch ms or ISO)")
 
+    s = sub.add_parser("dq", parents=[common], help="run the data-quality suites and the conservation check")
+    s.add_argument(
+        "--table", action="append", help="only this table's suite (repeatable; 'conservation' too)"
+    )
+    s.add_argument("--fail-on-error", action="store_true", help="exit 1 if any expectation failed")
+
     sub.add_parser(
         "rebuild-index", parents=[common], help="rebuild consume_queue from commit_log (holds every lease)"
     )
@@ -310,6 +316,25 @@ def _dispatch_command(broker, args: argparse.Namespace) -> int:
         return _dlq(broker, args)
     if cmd == "msg":
         return _msg(broker, args)
+    if cmd == "dq":
+        result = broker.check_quality(args.table or None)
+        print_table(
+            ["suite", "expectation", "unexpected", "sample ids"],
+            [
+                [
+                    r.suite,
+                    r.expectation,
+                    r.unexpected_count,
+                    " ".join(r.sample_ids[:5]) or (r.observed or "")[:80],
+                ]
+                for r in result.failures
+            ],
+        )
+        print(
+            f"{len(result.results)} expectations, {len(result.failures)} failed "
+            f"(run {result.run_id}, recorded in dq_results)"
+        )
+        return 1 if args.fail_on_error and not result.success else 0
     if cmd == "rebuild-index":
         from deltamq.ops import rebuild_index
 

@@ -70,7 +70,7 @@ def test_the_dags_import_without_errors_and_without_spark(airflow_env):
     jobs = ["dispatch", "promote", "redispatch", "deliver", "sink", "check_transactions"]
     assert bag["dags"] == {
         "deltamq_loop": ["tick_loop"],
-        "deltamq_tick": jobs,
+        "deltamq_tick": [*jobs, "data_quality"],
         "deltamq_tick_spark_submit": jobs,
     }
 
@@ -109,3 +109,20 @@ def test_the_spark_submit_dag_runs_each_job_with_spark_submit(airflow_env, broke
     assert broker.sql("SELECT count(*) AS n FROM consume_queue WHERE topic = 'orders'").collect()[0]["n"] == 2
     holders = broker.sql("SELECT DISTINCT job FROM job_runs").collect()
     assert {"dispatch", "promote", "deliver", "check_transactions"} <= {r["job"] for r in holders}
+
+
+def test_the_tick_dag_fails_on_a_data_quality_violation(airflow_env, broker, tmp_path):
+    broker.create_topic("orders", queues=1)
+    broker.producer("shop").send_batch([Message("orders", b"a"), Message("orders", b"b")])
+    broker.tick()
+    broker.create_group("billing")  # LAST_OFFSET: its offset row starts at 2
+    broker.subscribe("billing", "orders")
+    offsets = broker.warehouse.ref("offsets")
+    broker.sql(f"UPDATE {offsets} SET next_offset = 7 WHERE consumer_group = 'billing'", write=True).collect()
+    conf = json.dumps({"warehouse": str(tmp_path / "wh")})
+    run = _python(_TEST, str(DAGS), "deltamq_tick", conf, env=airflow_env)
+    assert run["state"] == "failed"
+    failed = broker.sql("SELECT expectation, sample_ids FROM dq_results WHERE NOT success").collect()
+    assert [(r["expectation"], r["sample_ids"]) for r in failed] == [
+        ("group offsets within [min, max + 1]", ["billing orders:0 next_offset=7"])
+    ]

@@ -9,6 +9,7 @@ from listeners import Recorder
 
 from deltamq import Message
 from deltamq.dq.suites import run
+from deltamq.errors import ConfigError
 
 MINUTE = 60_000
 
@@ -167,3 +168,30 @@ def test_bad_types_topics_and_retry_counts_fail_their_table_expectations(busy):
     result = run(busy, tables=["commit_log", "consume_queue"], record=False)
     assert result.failed("commit_log", "topic valid").sample_ids[0] == "bad topic!"
     assert result.failed("consume_queue", "reconsume_times within").unexpected_count > 0
+
+
+def test_the_dq_command_and_check_quality(broker, tmp_path, capsys):
+    from deltamq.cli import main
+
+    broker.create_topic("orders", queues=1)
+    broker.producer("shop").send(Message("orders", b"a"))
+    broker.tick()
+    broker.create_group("billing")
+    broker.subscribe("billing", "orders")
+    wh = str(tmp_path / "wh")
+    assert main(["dq", "--table", "offsets", "--table", "conservation", "--fail-on-error", "-w", wh]) == 0
+    assert "0 failed" in capsys.readouterr().out
+    _write(
+        broker,
+        f"UPDATE {broker.warehouse.ref('offsets')} SET next_offset = 5 WHERE consumer_group = 'billing'",
+    )
+    assert main(["dq", "--table", "offsets", "--fail-on-error", "-w", wh]) == 1
+    out = capsys.readouterr().out
+    assert "group offsets within [min, max + 1]" in out and "billing orders:0 next_offset=5" in out
+    assert main(["dq", "--table", "offsets", "-w", wh]) == 0  # reported, not failed, without the flag
+    result = broker.check_quality(["offsets"], record=False)
+    assert not result.success and result.failures[0].sample_ids == ("billing orders:0 next_offset=5",)
+    runs = broker.sql("SELECT count(DISTINCT run_id) AS n FROM dq_results").collect()[0]["n"]
+    assert runs == 3  # each CLI run recorded; the record=False run not
+    with pytest.raises(ConfigError, match="no suite for 'nope'"):
+        broker.check_quality(["nope"])

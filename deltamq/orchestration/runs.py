@@ -99,3 +99,23 @@ def run_loop(s: Settings, *, for_s: float, interval_s: float = 1.0) -> dict[str,
         "waited": len(waits),
         "last_wait": (waits or [None])[-1],
     }
+
+
+def run_quality(s: Settings) -> dict[str, Any]:
+    """The data-quality suites and the conservation check (recorded in ``dq_results``)."""
+    broker = _open(s)
+    result = broker.check_quality()
+    return {
+        "status": "ok" if result.success else "failed",
+        "run_id": result.run_id,
+        "expectations": len(result.results),
+        "failures": [
+            {
+                "suite": r.suite,
+                "expectation": r.expectation,
+                "unexpected": r.unexpected_count,
+                "sample": list(r.sample_ids[:5]),
+            }
+            for r in result.failures
+        ],
+    }
