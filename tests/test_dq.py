@@ -4,6 +4,8 @@ right expectation and names the rows."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from listeners import Recorder
 
@@ -16,8 +18,8 @@ MINUTE = 60_000
 
 @pytest.fixture
 def busy(broker, clock, tmp_path):
-    """Normal, delayed, failing (retried then consumed), dead-lettered, transactional,
-    pulled and broadcast messages, ticked until settled."""
+    """Normal, delayed, timed, failing (retried then consumed), dead-lettered,
+    transactional, pulled, orderly and broadcast messages, ticked until settled."""
     broker.create_topic("orders", queues=2)
     broker.create_group("billing", Recorder(tmp_path / "b.jsonl", "fail_twice"), consume_from="FIRST_OFFSET")
     broker.subscribe("billing", "orders")
@@ -33,12 +35,15 @@ def busy(broker, clock, tmp_path):
         consume_from="FIRST_OFFSET",
     )
     broker.subscribe("fanout", "orders")
+    broker.create_group("ledger", Recorder(tmp_path / "l.jsonl"), orderly=True, consume_from="FIRST_OFFSET")
+    broker.subscribe("ledger", "orders")
     broker.create_group("pullers", consume_from="FIRST_OFFSET")
     broker.subscribe("pullers", "orders")
     p = broker.producer("shop")
     p.send_batch([Message("orders", f"m{i}".encode()) for i in range(4)])
     p.send(Message("orders", b"dead", tags="dlq"))
     p.send(Message("orders", b"later", delay_level=3))
+    p.send(Message("orders", b"timed", delay=timedelta(seconds=45)))
     p.send_in_transaction(Message("orders", b"tx-commit"), lambda m, a: "COMMIT")
     p.send_in_transaction(Message("orders", b"tx-rollback"), lambda m, a: "ROLLBACK")
     broker.tick(clock.now_ms())
