@@ -111,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     s = sub.add_parser("job", parents=[common], help="run one job (with its lease), e.g. for spark-submit")
-    s.add_argument("name", choices=["dispatch", "promote", "deliver", "sink", "check_transactions"])
+    s.add_argument("name", choices=["dispatch", "promote", "deliver", "sink", "check_transactions", "retain"])
     s.add_argument("--now", help="epoch ms or ISO time (default: wall clock)")
 
     s = sub.add_parser("dlq", parents=[common], help="list dead letters, or resend them to their topic")

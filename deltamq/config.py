@@ -79,6 +79,11 @@ class BrokerConfig:
     client_timeout_ms: int = 120_000
     lock_queue_timeout_ms: int = 60_000
     max_deliver_offset_no_change_times: int = 3
+    # Retention (SPEC §8): the retain job runs at most every retain_interval_ms; tick
+    # records and data-quality results are kept their own windows.
+    retain_interval_ms: int = 3_600_000
+    job_runs_reserved_time_ms: int = 7 * 86_400_000
+    dq_reserved_time_ms: int = 30 * 86_400_000
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_MODES:
@@ -101,6 +106,9 @@ class BrokerConfig:
             "client_timeout_ms",
             "lock_queue_timeout_ms",
             "max_deliver_offset_no_change_times",
+            "retain_interval_ms",
+            "job_runs_reserved_time_ms",
+            "dq_reserved_time_ms",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be greater than zero")

@@ -113,6 +113,7 @@ class Perm(StrEnum):
 DISPATCH_GROUP = "%DISPATCH%"
 PROMOTE_GROUP = "%PROMOTE%"
 TRANSACTION_GROUP = "%TRANSACTION%"
+RETAIN_GROUP = "%RETAIN%"
 # Tag of op records (RocketMQ's TransactionalMessageUtil.REMOVE_TAG).
 OP_TAG = "d"
 

@@ -17,6 +17,8 @@ the Spark producer (``Broker.producer``).
 from __future__ import annotations
 
 import os
+import random
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -86,10 +88,21 @@ class Warehouse(Topics):
         return self._max_level
 
     def append_commit_log(self, rows: pa.Table, *, what: str) -> None:
-        """One blind append (delta-rs retries a lost race for the next log version)."""
-        _deltalake().write_deltalake(
-            f"{self.location}/commit_log", rows, mode="append", storage_options=self.storage_options
-        )
+        """One blind append. delta-rs retries a lost race for the next log version itself;
+        an append that its conflict checker refuses (it treats a concurrent delete — the
+        retain job trimming old days — as touching what the append read) wrote nothing and
+        is sent again, with back-off."""
+        dl = _deltalake()
+        for attempt in range(self.config.commit_retries + 1):
+            try:
+                dl.write_deltalake(
+                    f"{self.location}/commit_log", rows, mode="append", storage_options=self.storage_options
+                )
+                return
+            except Exception as e:
+                if type(e).__name__ != "CommitFailedError" or attempt == self.config.commit_retries:
+                    raise
+                time.sleep(self.config.commit_backoff_ms / 1000.0 * (attempt + 1) * (1 + random.random()))
 
 
 class Producer(BaseProducer):

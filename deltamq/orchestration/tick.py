@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from deltamq import ids
 from deltamq.clock import ms_to_iso, to_ms
 from deltamq.errors import ClockError, LeaseHeld
-from deltamq.jobs import check_transactions, deliver, dispatch, promote
+from deltamq.jobs import check_transactions, deliver, dispatch, promote, retain
 from deltamq.orchestration.leases import Leases, wall_ms
 
 if TYPE_CHECKING:
@@ -129,8 +129,20 @@ def _check_transactions(broker: Broker, now: int, fence: Callable[[], None], run
     )
 
 
+def _retain(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
+    r = retain.run(broker, now, fence=fence)
+    return JobRun(
+        "retain",
+        "OK" if r.ran else "SKIPPED",
+        r.index_rows + r.timer_rows,
+        r.body_rows,
+        details=r.details,
+        result=r,
+    )
+
+
 # DESIGN.md order: dispatch → promote → dispatch (if promote wrote) → deliver → sink →
-# check_transactions → retain. Later issues add their jobs here in place.
+# check_transactions → retain (hourly: it skips itself in between).
 # (name, lease kind, function)
 SEQUENCE: tuple[tuple[str, str, JobFn], ...] = (
     ("dispatch", "dispatch", _dispatch),
@@ -140,6 +152,7 @@ SEQUENCE: tuple[tuple[str, str, JobFn], ...] = (
     ("pull_expiry", "deliver", _pull_expiry),
     ("sink", "sink", _sink),
     ("check_transactions", "check_transactions", _check_transactions),
+    ("retain", "retain", _retain),
 )
 
 JOB_NAMES = tuple(dict.fromkeys(lease for _, lease, _ in SEQUENCE))

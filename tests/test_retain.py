@@ -1,0 +1,141 @@
+"""Retention (SPEC §8): expired messages leave the index and commit_log; held timers and
+dead letters stay their windows; queue minimums and group offsets stay consistent; and
+it succeeds while a producer keeps appending."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+from listeners import Recorder, read_log
+
+from deltamq import Message
+from deltamq.dq.suites import run as check
+from deltamq.jobs import retain
+
+DAY = 86_400_000
+
+
+def _rows(broker, query):
+    return broker.sql(query).collect()
+
+
+def test_expired_data_leaves_held_timers_and_dead_letters_stay(broker, clock, tmp_path):
+    broker.create_topic("orders", queues=1)
+    log = tmp_path / "fast.jsonl"
+    broker.create_group("fast", Recorder(log), consume_from="FIRST_OFFSET")
+    broker.subscribe("fast", "orders", "a || far")
+    broker.create_group(
+        "strict", Recorder(tmp_path / "s.jsonl", "fail"), consume_from="FIRST_OFFSET", max_reconsume_times=0
+    )
+    broker.subscribe("strict", "orders", "dead")
+    broker.create_group("slow", consume_from="FIRST_OFFSET")  # never consumes (no listener)
+    broker.subscribe("slow", "orders")
+    p = broker.producer("shop")
+    p.send_batch([Message("orders", f"m{i}".encode(), tags="a") for i in range(5)])
+    p.send(Message("orders", b"far", tags="far", delay=timedelta(days=5)))
+    p.send(Message("orders", b"dead", tags="dead"))
+    t0 = clock.now_ms()
+    broker.tick(t0)
+    broker.tick(t0 + 1000)  # the dead letter is indexed
+    first = retain.run(broker, t0 + 2000, force=True)
+    assert first.ran and first.index_rows == 0 and first.body_rows == 0  # nothing old yet
+    # four days later: two new messages, then the hourly retention
+    clock.set(t0 + 4 * DAY)
+    p.send_batch([Message("orders", b"n0", tags="a"), Message("orders", b"n1", tags="a")])
+    run = broker.tick(clock.now_ms()).job("retain")
+    assert run.status == "OK"
+    r = run.result
+    orders = _rows(
+        broker, "SELECT queue_offset, store_ts FROM consume_queue WHERE topic = 'orders' ORDER BY 1"
+    )
+    assert [x["store_ts"] >= t0 + DAY for x in orders] == [True, True]  # only the new ones
+    lo = orders[0]["queue_offset"]
+    assert [x["queue_offset"] for x in orders] == [lo, lo + 1]  # dense from the new minimum
+    assert r.queues >= 1 and r.index_rows >= 6 and r.body_days == 1
+    slow = _rows(broker, "SELECT next_offset FROM offsets WHERE consumer_group = 'slow' AND topic = 'orders'")
+    assert slow[0]["next_offset"] == lo and r.skipped >= lo  # the idle group skipped forward
+    # the dead letter (7 days) and the held timer (due day 5) stay, with their bodies
+    letters = broker.dead_letters(group="strict").collect()
+    assert len(letters) == 1
+    kept = _rows(
+        broker, "SELECT CAST(body AS STRING) AS b FROM commit_log WHERE store_date < current_date() + 1000"
+    )
+    assert {"far", "dead"} <= {x["b"] for x in kept} and not {"m0", "m4"} & {x["b"] for x in kept}
+    assert check(broker, record=False).success
+    # day 5: the timer is promoted and delivered, body intact
+    clock.set(t0 + 5 * DAY + 1000)
+    broker.tick(clock.now_ms())
+    broker.tick(clock.now_ms() + 1)
+    assert "far" in [c["body"] for c in read_log(log)]
+    # day 8: the dead letter is past 7 days; the promoted timer's entries are gone too
+    clock.set(t0 + 8 * DAY)
+    run = broker.tick(clock.now_ms()).job("retain")
+    assert broker.dead_letters(group="strict").count() == 0
+    assert (
+        _rows(broker, "SELECT count(*) AS n FROM consume_queue WHERE store_ts < " + str(t0 + DAY))[0]["n"]
+        == 0
+    )
+    assert _rows(broker, f"SELECT count(*) AS n FROM commit_log WHERE store_ts < {t0 + DAY}")[0]["n"] == 0
+    assert run.result.pruned["job_runs"] > 0  # ticks of day 0 are past the 7-day window
+    assert check(broker, record=False).success
+    # within the hour it skips itself
+    assert broker.tick(clock.now_ms() + 1000).job("retain").status == "SKIPPED"
+
+
+_APPENDER = """
+import json, sys, time
+from deltamq.lite import Producer
+from deltamq.message import Message
+wh, seconds = sys.argv[1], float(sys.argv[2])
+p = Producer(wh, "busy")
+print("READY", flush=True)
+ids, end = [], time.time() + seconds
+while time.time() < end:
+    ids += p.send_batch([Message("orders", b"x")] * 5)
+print(json.dumps(ids))
+"""
+
+
+def test_retention_succeeds_while_a_producer_keeps_appending(broker, clock, tmp_path):
+    """A Spark-free producer appends to today's commit_log partition for 8 s while this
+    process, pass after pass, stores messages on an old day, dispatches them and runs
+    retention, which deletes that closed day (delta-rs) under the appends."""
+    from deltamq.jobs import dispatch
+
+    broker.create_topic("orders", queues=2)
+    broker.create_topic("archive", queues=2)  # (an index prefix expires: old rows go in their own topic)
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_MODE_ENABLED"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _APPENDER, str(tmp_path / "wh"), "8"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout.readline().strip() == "READY"
+    p = broker.producer("shop")
+    old_day = clock.now_ms()  # 2026-01-01, long closed
+    old: list[str] = []
+    deleted = passes = 0
+    deadline = time.time() + 7
+    while time.time() < deadline:
+        clock.set(old_day + passes * DAY)
+        old += p.send_batch([Message("archive", b"old")] * 3)
+        dispatch.run(broker.warehouse, clock.now_ms())
+        r = retain.run(broker, int(time.time() * 1000) + 3_600_000, force=True)
+        deleted += r.body_rows
+        passes += 1
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    sent = json.loads(out.strip().splitlines()[-1])
+    assert passes >= 3 and len(sent) > 50 and deleted == len(old)
+    left = {r["msg_id"] for r in _rows(broker, "SELECT msg_id FROM commit_log")}
+    assert set(sent) <= left  # every concurrent append survived
+    assert not set(old) & left  # every old day was dropped
+    dispatch.run(broker.warehouse, int(time.time() * 1000))
+    assert check(broker, tables=["consume_queue", "offsets", "conservation"], record=False).success
