@@ -84,6 +84,10 @@ class BrokerConfig:
     retain_interval_ms: int = 3_600_000
     job_runs_reserved_time_ms: int = 7 * 86_400_000
     dq_reserved_time_ms: int = 30 * 86_400_000
+    # after each retention pass: compaction, checkpoints, and vacuum of files no version
+    # newer than this references (time travel reaches back this far)
+    vacuum_retention_ms: int = 24 * 3_600_000
+    compact: bool = True
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_MODES:
@@ -135,6 +139,10 @@ class BrokerConfig:
                     values[f.name] = int(raw)
                 except ValueError:
                     raise ConfigError(f"DELTAMQ_{f.name.upper()}={raw!r} is not an integer") from None
+            elif f.type in ("bool", bool):
+                if raw.lower() not in ("true", "false", "1", "0"):
+                    raise ConfigError(f"DELTAMQ_{f.name.upper()}={raw!r} is not allowed; use true or false")
+                values[f.name] = raw.lower() in ("true", "1")
             else:
                 values[f.name] = raw
         if values.get("remote") and "engine" not in values:

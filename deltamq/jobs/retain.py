@@ -19,6 +19,10 @@ Runs at most every ``retain_interval_ms`` (hourly) in the tick, under its own le
    would starve under continuous sends (docs/engines.md).
 3. **Bookkeeping.** ``consumed_keys`` past each group's dedup window, ``job_runs`` past
    ``job_runs_reserved_time`` (7 days), ``dq_results`` past ``dq_reserved_time`` (30 days).
+4. **Compaction, checkpoints, vacuum** (``deltamq/jobs/compact.py``) unless
+   ``compact`` is off.
+
+The first pass on a new warehouse is due one interval after its first tick.
 
 Crash-safe and idempotent: the index goes first (a body is removed only after nothing
 points at it), every step recomputes from the tables, and a re-run finishes the work.
@@ -59,6 +63,7 @@ class RetainResult:
     body_rows: int = 0
     kept_old_batches: int = 0  # old batches kept because a remaining index row needs them
     pruned: dict[str, int] = field(default_factory=dict)  # bookkeeping tables -> rows removed
+    compacted: Any = None  # compact.CompactResult
 
     @property
     def details(self) -> dict[str, int]:
@@ -73,7 +78,8 @@ class RetainResult:
             "body_rows": self.body_rows,
             "kept_old_batches": self.kept_old_batches,
         }
-        return out | {f"pruned_{k}": v for k, v in self.pruned.items()}
+        out |= {f"pruned_{k}": v for k, v in self.pruned.items()}
+        return out | (self.compacted.details if self.compacted is not None else {})
 
 
 def _last_run(broker: Broker) -> int | None:
@@ -93,7 +99,9 @@ def run(broker: Broker, now: int, *, fence=None, force: bool = False) -> RetainR
     one unless ``force``)."""
     cfg = broker.config
     last = _last_run(broker)
-    if not force and last is not None and now - last < cfg.retain_interval_ms:
+    if not force and (last is None or now - last < cfg.retain_interval_ms):
+        if last is None:  # a new warehouse: the first pass is due an interval from now
+            _record_run(broker, now)
         return RetainResult(False)
     cut = now - cfg.file_reserved_time_ms
     dlq_cut = now - cfg.dlq_reserved_time_ms
@@ -106,10 +114,19 @@ def run(broker: Broker, now: int, *, fence=None, force: bool = False) -> RetainR
     days, body_rows, kept = _trim_bodies(broker, cut)
     faults.point("retain.after_bodies_commit")
     pruned = _prune_bookkeeping(broker, now)
+    from deltamq.jobs import compact
+
+    compacted = compact.run(broker, now) if cfg.compact else None
+    _record_run(broker, now)
+    return RetainResult(
+        True, index_rows, timer_rows, queues, skipped, moved, days, body_rows, kept, pruned, compacted
+    )
+
+
+def _record_run(broker: Broker, now: int) -> None:
     broker.engine.commit(
         lambda: advance_offsets(broker.warehouse, RETAIN_GROUP, [("", -1, None, now)], now), what="offsets"
     )
-    return RetainResult(True, index_rows, timer_rows, queues, skipped, moved, days, body_rows, kept, pruned)
 
 
 # --- 1. the index -----------------------------------------------------------------------------
