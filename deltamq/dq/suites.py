@@ -31,7 +31,9 @@ from pyspark.sql import functions as F
 
 from deltamq.constants import (
     DLQ_PREFIX,
+    RETRY_PREFIX,
     SCHEDULE_TOPIC,
+    SYSTEM_TOPICS,
     TIMER_TOPIC,
     TOPIC_MAX_LENGTH,
     TOPIC_PATTERN,
@@ -131,6 +133,23 @@ def dlq_frame(broker: Broker) -> DataFrame:
             & (F.coalesce("reconsume_times", F.lit(0)) <= most)
         )
     )
+    return _violations(cq, bad, F.col("msg_id"))
+
+
+def reconsume_frame(broker: Broker) -> DataFrame:
+    """A copy's retry count is within [0, its group's max + 1] (unbounded for a group that
+    retries forever); a message in a user topic has not been retried."""
+    cq = broker.warehouse.read("consume_queue")
+    home = F.coalesce(F.col("properties").getItem(Prop.REAL_TOPIC), F.col("topic"))
+    group = F.when(
+        home.startswith(RETRY_PREFIX) | home.startswith(DLQ_PREFIX), F.regexp_replace(home, "^%[A-Z]+%", "")
+    )
+    limit = F.lit(None).cast("int")
+    for g, cfg in broker.groups().items():
+        limit = F.when(group == F.lit(g), F.lit(cfg["max_reconsume_times"])).otherwise(limit)
+    k = F.coalesce(F.col("reconsume_times"), F.lit(0))
+    user = ~F.col("topic").isin(*SYSTEM_TOPICS) & ~F.col("topic").startswith("%")
+    bad = (k < 0) | (user & (k != 0)) | (limit.isNotNull() & (limit >= 0) & (k > limit + 1))
     return _violations(cq, bad, F.col("msg_id"))
 
 
@@ -253,26 +272,9 @@ def _table_expectations(table: str) -> Callable[[Any, Broker], list[Any]]:
                 )
             )
             out.append(_named(ex.ExpectColumnValuesToBeUnique(column="msg_id"), "msg_id unique"))
-            top = _max_reconsume(broker)
-            out.append(
-                _named(
-                    ex.ExpectColumnValuesToBeBetween(
-                        column="reconsume_times", min_value=0, max_value=None if top is None else top + 1
-                    ),
-                    f"reconsume_times within [0, {'∞' if top is None else top + 1}]",
-                )
-            )
         return out
 
     return build
-
-
-def _max_reconsume(broker: Broker) -> int | None:
-    """The largest max_reconsume_times of any group (None: some group retries forever)."""
-    values = [g["max_reconsume_times"] for g in broker.groups().values()]
-    if any(v is not None and v < 0 for v in values):
-        return None
-    return max([16, *[v for v in values if v is not None]])
 
 
 def _violation(name: str) -> Callable[[Any, Broker], list[Any]]:
@@ -294,6 +296,12 @@ def frames(tables: Sequence[str] | None = None) -> list[Frame]:
             "consume_queue.dlq",
             dlq_frame,
             _violation("dead letters carry a DLQ_REASON consistent with their counts"),
+        ),
+        Frame(
+            "consume_queue",
+            "consume_queue.reconsume",
+            reconsume_frame,
+            _violation("reconsume_times within [0, group max + 1]"),
         ),
         Frame(
             "consume_queue",
