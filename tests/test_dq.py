@@ -4,38 +4,43 @@ right expectation and names the rows."""
 
 from __future__ import annotations
 
+import shutil
 from datetime import timedelta
 
 import pytest
 from listeners import Recorder
 
-from deltamq import Message
+from deltamq import Broker, FakeClock, Message
 from deltamq.dq.suites import run
 from deltamq.errors import ConfigError
 
 MINUTE = 60_000
 
 
-@pytest.fixture
-def busy(broker, clock, tmp_path):
+@pytest.fixture(scope="module")
+def busy_template(tmp_path_factory, spark):
     """Normal, delayed, timed, failing (retried then consumed), dead-lettered,
-    transactional, pulled, orderly and broadcast messages, ticked until settled."""
+    transactional, pulled, orderly and broadcast messages, ticked until settled — built
+    once; each test breaks its own copy."""
+    root = tmp_path_factory.mktemp("busy")
+    clock = FakeClock(1_767_225_600_000)
+    broker = Broker.open(root / "wh", clock=clock)
     broker.create_topic("orders", queues=2)
-    broker.create_group("billing", Recorder(tmp_path / "b.jsonl", "fail_twice"), consume_from="FIRST_OFFSET")
+    broker.create_group("billing", Recorder(root / "b.jsonl", "fail_twice"), consume_from="FIRST_OFFSET")
     broker.subscribe("billing", "orders")
     broker.create_group(
-        "strict", Recorder(tmp_path / "s.jsonl", "fail"), consume_from="FIRST_OFFSET", max_reconsume_times=1
+        "strict", Recorder(root / "s.jsonl", "fail"), consume_from="FIRST_OFFSET", max_reconsume_times=1
     )
     broker.subscribe("strict", "orders", "dlq")
     broker.create_group(
         "fanout",
-        Recorder(tmp_path / "f.jsonl"),
+        Recorder(root / "f.jsonl"),
         mode="BROADCASTING",
         instances=["a", "b"],
         consume_from="FIRST_OFFSET",
     )
     broker.subscribe("fanout", "orders")
-    broker.create_group("ledger", Recorder(tmp_path / "l.jsonl"), orderly=True, consume_from="FIRST_OFFSET")
+    broker.create_group("ledger", Recorder(root / "l.jsonl"), orderly=True, consume_from="FIRST_OFFSET")
     broker.subscribe("ledger", "orders")
     broker.create_group("pullers", consume_from="FIRST_OFFSET")
     broker.subscribe("pullers", "orders")
@@ -53,7 +58,17 @@ def busy(broker, clock, tmp_path):
         got = consumer.pull(100, now=clock.now_ms())
         consumer.ack([m.receipt_handle for m in got], now=clock.now_ms())
         broker.tick(clock.now_ms())
-    return broker
+    broker.close()
+    return root / "wh", clock.now_ms()
+
+
+@pytest.fixture
+def busy(busy_template, tmp_path):
+    template, now = busy_template
+    shutil.copytree(template, tmp_path / "busy")
+    broker = Broker.open(tmp_path / "busy", clock=FakeClock(now))
+    yield broker
+    broker.close()
 
 
 def _names(result):
