@@ -60,6 +60,7 @@ class Broker(Topics):
         self.check_listeners: dict[str, Callable[..., Any]] = {}
         self.sink_transforms: dict[str, Callable[..., Any]] = {}
         self._runner = None
+        self._retain_last: int | None = None  # the retain job's last pass (see jobs/retain.py)
 
     # --- opening ---------------------------------------------------------------------------
     @classmethod

@@ -98,6 +98,7 @@ class DeliverResult:
     errors: tuple[tuple[str, str, str], ...] = ()  # (group, msg id, error text), a sample
     skipped_groups: tuple[str, ...] = ()
     by_group: dict[str, dict[str, int]] = field(default_factory=dict)
+    sinks: tuple[str, ...] = ()  # groups that are exact-once sinks (the tick's sink step runs them)
 
     @property
     def details(self) -> dict[str, int]:
@@ -326,14 +327,15 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
     listeners = {g: _listener_bytes(broker, g, cfg["listener"]) for g, cfg in all_groups.items()}
     groups = {g: cfg for g, cfg in all_groups.items() if listeners[g] is not None}
     skipped = tuple(sorted(set(all_groups) - set(groups)))
+    sinks = tuple(sorted(g for g, cfg in all_groups.items() if cfg.get("sink_table")))
     if not groups:
-        return DeliverResult(skipped_groups=skipped)
+        return DeliverResult(skipped_groups=skipped, sinks=sinks)
     subs = broker.subscriptions()
     heads = dispatch.load_state(wh).heads
     offsets = _read_offsets(broker, sorted(groups))
     takes = plan_takes(groups, subs, heads, offsets, now)
     if not takes:
-        return DeliverResult(groups=len(groups), skipped_groups=skipped)
+        return DeliverResult(groups=len(groups), skipped_groups=skipped, sinks=sinks)
 
     # 1. record the attempt before any listener runs
     if fence:
@@ -580,6 +582,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         errors=tuple(errors),
         skipped_groups=skipped,
         by_group={g: dict(c) for g, c in counts.items()},
+        sinks=sinks,
     )
 
 

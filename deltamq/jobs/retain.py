@@ -82,12 +82,17 @@ class RetainResult:
         return out | (self.compacted.details if self.compacted is not None else {})
 
 
-def _last_run(broker: Broker) -> int | None:
+def _last_run(broker: Broker, *, fresh: bool = False) -> int | None:
+    """The last pass's now, remembered per broker: an idle tick within the interval asks
+    nothing; ``fresh`` reads the table (a pass another runner made meanwhile)."""
+    if not fresh and broker._retain_last is not None:
+        return broker._retain_last
     rows = broker.engine.rows(
         f"SELECT progress_version FROM {broker.warehouse.ref('offsets')} "
         f"WHERE consumer_group = {sql_str(RETAIN_GROUP)} AND queue_id = -1"
     )
-    return rows[0]["progress_version"] if rows else None
+    broker._retain_last = rows[0]["progress_version"] if rows else None
+    return broker._retain_last
 
 
 def _count(broker: Broker, query: str) -> int:
@@ -98,11 +103,15 @@ def run(broker: Broker, now: int, *, fence=None, force: bool = False) -> RetainR
     """One retention pass at ``now`` (skipped within ``retain_interval_ms`` of the last
     one unless ``force``)."""
     cfg = broker.config
-    last = _last_run(broker)
-    if not force and (last is None or now - last < cfg.retain_interval_ms):
+    if not force:
+        last = _last_run(broker)
+        if last is not None and now - last >= cfg.retain_interval_ms:
+            last = _last_run(broker, fresh=True)  # due by our memory: did another runner run it?
         if last is None:  # a new warehouse: the first pass is due an interval from now
             _record_run(broker, now)
-        return RetainResult(False)
+            return RetainResult(False)
+        if now - last < cfg.retain_interval_ms:
+            return RetainResult(False)
     cut = now - cfg.file_reserved_time_ms
     dlq_cut = now - cfg.dlq_reserved_time_ms
     if fence:
@@ -127,6 +136,7 @@ def _record_run(broker: Broker, now: int) -> None:
     broker.engine.commit(
         lambda: advance_offsets(broker.warehouse, RETAIN_GROUP, [("", -1, None, now)], now), what="offsets"
     )
+    broker._retain_last = now
 
 
 # --- 1. the index -----------------------------------------------------------------------------

@@ -110,6 +110,9 @@ def _sink(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobRun
     """Exactly-once Delta sinks: each sink group's new messages MERGEd into its table."""
     from deltamq import sink
 
+    delivered = next((r.result for r in runs if r.job == "deliver"), None)
+    if delivered is not None and not delivered.sinks:
+        return None  # deliver read group_config this tick: no sink groups
     results = sink.run(broker, now, fence=fence)
     if not results:
         return None
