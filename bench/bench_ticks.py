@@ -1,0 +1,115 @@
+"""Benchmark: file counts and tick cost after many ticks, with and without compaction.
+
+Each tick: 10 messages sent (1 KiB), a pull client pulls and acks them, then a tick at a
+fake clock 30 s later (retention and compaction run hourly: every 120 ticks). After
+every block of ticks: the median cost of 10 idle ticks, the files the newest version of
+each busy table references and the Parquet files on disk. Run once with compaction and
+once without (``compact=False``). Writes bench/results/ticks-<timestamp>.json. A
+benchmark, not a test.
+
+    python bench/bench_ticks.py [--ticks 2000] [--block 500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+from deltalake import DeltaTable
+
+from deltamq import Broker, FakeClock, Message
+
+HERE = Path(__file__).parent
+TABLES = (
+    "commit_log",
+    "consume_queue",
+    "offsets",
+    "deliveries",
+    "queue_lock",
+    "clients",
+    "job_runs",
+    "leases",
+)
+
+
+def _files(wh) -> dict[str, dict[str, int]]:
+    out = {}
+    for t in TABLES:
+        path = wh.path(t)
+        disk = sum(
+            1
+            for root, _, fs in os.walk(path)
+            if "_delta_log" not in root
+            for f in fs
+            if f.endswith(".parquet")
+        )
+        log = len(os.listdir(os.path.join(path, "_delta_log")))
+        out[t] = {"live": len(DeltaTable(path).file_uris()), "disk": disk, "log_entries": log}
+    return out
+
+
+def run(root: Path, ticks: int, block: int, compact: bool) -> dict:
+    wh_dir = root / f"ticks-{compact}"
+    shutil.rmtree(wh_dir, ignore_errors=True)
+    clock = FakeClock()
+    b = Broker.open(wh_dir, clock=clock)
+    b.config = replace(b.config, compact=compact, vacuum_retention_ms=3_600_000)
+    b.create_topic("orders", queues=4)
+    b.create_group("workers", consume_from="FIRST_OFFSET")
+    b.subscribe("workers", "orders")
+    consumer = b.pull_consumer("workers", "c1")
+    p = b.producer("p")
+    body = os.urandom(1024)
+    blocks = []
+    t_start = time.perf_counter()
+    for i in range(1, ticks + 1):
+        p.send_batch([Message("orders", body)] * 10)
+        clock.advance(seconds=30)
+        b.tick(clock.now_ms())
+        got = consumer.pull(100, now=clock.now_ms())
+        consumer.ack([m.receipt_handle for m in got], now=clock.now_ms())
+        if i % block == 0:
+            idle = []
+            for _ in range(10):
+                clock.advance(seconds=1)
+                s0 = time.perf_counter()
+                b.tick(clock.now_ms())
+                idle.append(time.perf_counter() - s0)
+            blocks.append(
+                {
+                    "ticks": i,
+                    "idle_tick_median_s": round(statistics.median(idle), 3),
+                    "files": _files(b.warehouse),
+                }
+            )
+            print(json.dumps({"compact": compact, **blocks[-1]}), flush=True)
+    total = time.perf_counter() - t_start
+    shutil.rmtree(wh_dir, ignore_errors=True)
+    return {"compact": compact, "ticks": ticks, "seconds": round(total, 1), "blocks": blocks}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ticks", type=int, default=2000)
+    ap.add_argument("--block", type=int, default=500)
+    ap.add_argument("--root", default="/tmp/deltamq-bench-ticks")
+    args = ap.parse_args()
+    root = Path(args.root)
+    root.mkdir(parents=True, exist_ok=True)
+    runs = [run(root, args.ticks, args.block, c) for c in (True, False)]
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    result = {"bench": "ticks", "at": datetime.now(UTC).isoformat(), "runs": runs}
+    out = HERE / "results" / f"ticks-{stamp}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
