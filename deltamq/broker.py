@@ -32,7 +32,7 @@ from deltamq.errors import (
 from deltamq.message import validate_group_name, validate_topic_name
 from deltamq.producer import Producer
 from deltamq.sending import Topics
-from deltamq.tables.sqltext import sql_bool, sql_int, sql_long, sql_str
+from deltamq.tables.sqltext import USER_GROUPS, sql_bool, sql_int, sql_long, sql_str
 from deltamq.tables.warehouse import Warehouse
 
 if TYPE_CHECKING:
@@ -700,7 +700,7 @@ class Broker(Topics):
         lag = []
         for r in self.engine.rows(
             f"SELECT consumer_group, client_id, topic, queue_id, next_offset, suspend_until "
-            f"FROM {self.warehouse.ref('offsets')} WHERE consumer_group NOT LIKE '\\%%' "
+            f"FROM {self.warehouse.ref('offsets')} WHERE {USER_GROUPS} "
             "ORDER BY consumer_group, client_id, topic, queue_id"
         ):
             head = state.heads.get((r["topic"], r["queue_id"]), 0)

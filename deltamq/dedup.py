@@ -107,11 +107,13 @@ def record(wh: Warehouse, consumed: list[tuple[str, str, str]], now: int) -> Non
     wh.engine.commit(lambda: wh.append("consumed_keys", df), what="consumed_keys")
 
 
-def prune(wh: Warehouse, groups: dict[str, dict[str, Any]], now: int) -> int:
+def prune(wh: Warehouse, groups: dict[str, dict[str, Any]], now: int, *, orphans: bool = False) -> int:
     """Delete keys older than their group's window, when there are any (a min() the
-    file statistics answer; the DELETE runs about once per window)."""
+    file statistics answer; the DELETE runs about once per window). ``orphans``: also
+    every key of a group not among ``groups`` with a dedup key (deleted, or dedup turned
+    off) — pass every group then. Returns the rows removed."""
     deduped = {g: cfg for g, cfg in groups.items() if cfg.get("dedup_key")}
-    if not deduped:
+    if not deduped and not orphans:
         return 0
     oldest = {
         r["consumer_group"]: r["t"]
@@ -120,14 +122,21 @@ def prune(wh: Warehouse, groups: dict[str, dict[str, Any]], now: int) -> int:
             "GROUP BY consumer_group"
         )
     }
-    stale = [g for g, cfg in deduped.items() if oldest.get(g) is not None and oldest[g] < now - _window(cfg)]
-    for g in stale:
-        statement = (
-            f"DELETE FROM {wh.ref('consumed_keys')} WHERE consumer_group = {sql_str(g)} "
-            f"AND first_ts < {sql_long(now - _window(deduped[g]))}"
-        )
-        wh.engine.commit(lambda s=statement: wh.engine.execute(s), what="consumed_keys")
-    return len(stale)
+    stale = []
+    for g, t in sorted(oldest.items()):
+        if g in deduped and t is not None and t < now - _window(deduped[g]):
+            stale.append(
+                f"(consumer_group = {sql_str(g)} AND first_ts < {sql_long(now - _window(deduped[g]))})"
+            )
+        elif g not in deduped and orphans:
+            stale.append(f"consumer_group = {sql_str(g)}")
+    if not stale:
+        return 0
+    cond = " OR ".join(stale)
+    n = wh.engine.rows(f"SELECT count(*) AS n FROM {wh.ref('consumed_keys')} WHERE {cond}")[0]["n"]
+    statement = f"DELETE FROM {wh.ref('consumed_keys')} WHERE {cond}"
+    wh.engine.commit(lambda: wh.engine.execute(statement), what="consumed_keys")
+    return n
 
 
 def _window(cfg: dict[str, Any]) -> int:

@@ -29,6 +29,7 @@ from deltamq.constants import (
 from deltamq.errors import ConfigError
 from deltamq.message import Message, validate_group_name
 from deltamq.tables.bodies import join_bodies, read_bodies
+from deltamq.tables.offsets import group_positions
 from deltamq.tables.sqltext import sql_str
 
 if TYPE_CHECKING:
@@ -260,12 +261,7 @@ def trace(broker: Broker, msg_id: str) -> list[dict[str, Any]]:
     rows.sort(key=lambda r: (r["cl_version"], r["cl_batch_pos"], r["topic"]))  # commit order
     if not rows:
         return []
-    queues = sorted({(r["topic"], r["queue_id"]) for r in rows})
-    cond = " OR ".join(f"(topic = {sql_str(t)} AND queue_id = {q})" for t, q in queues)
-    offsets = broker.engine.rows(
-        "SELECT consumer_group, client_id, topic, queue_id, next_offset "
-        f"FROM {broker.warehouse.ref('offsets')} WHERE consumer_group NOT LIKE '\\%%' AND ({cond})"
-    )
+    offsets = group_positions(broker.warehouse, {(r["topic"], r["queue_id"]) for r in rows})
 
     def lineage(r: dict[str, Any]) -> str:
         return (r["properties"] or {}).get(Prop.UNIQ_KEY) or r["msg_id"]
@@ -280,13 +276,11 @@ def trace(broker: Broker, msg_id: str) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         groups = []
-        for o in offsets:
-            if (o["topic"], o["queue_id"]) != (r["topic"], r["queue_id"]) or (o["next_offset"] or 0) <= r[
-                "queue_offset"
-            ]:
+        for (group, client, topic, qid), nxt in offsets.items():
+            if (topic, qid) != (r["topic"], r["queue_id"]) or nxt <= r["queue_offset"]:
                 continue
-            name = o["consumer_group"] + (f"/{o['client_id']}" if o["client_id"] else "")
-            failed = f"{lineage(r)}|{o['consumer_group']}#{(r['reconsume_times'] or 0) + 1}" in sent_back
+            name = group + (f"/{client}" if client else "")
+            failed = f"{lineage(r)}|{group}#{(r['reconsume_times'] or 0) + 1}" in sent_back
             groups.append(f"{name}: {'sent back' if failed else 'consumed'}")
         props = r["properties"] or {}
         out.append(

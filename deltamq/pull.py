@@ -47,11 +47,11 @@ from pyspark.sql import functions as F
 
 from deltamq import dedup, faults
 from deltamq.errors import CommitConflict, ConfigError, UnknownGroup
-from deltamq.filters import compile_sql92, parse_tag_expression
+from deltamq.filters import subscriptions_filter
 from deltamq.message import StoredMessage, validate_group_name
 from deltamq.tables.bodies import join_bodies, read_bodies
 from deltamq.tables.ranges import queue_ranges
-from deltamq.tables.sqltext import sql_int, sql_long, sql_str
+from deltamq.tables.sqltext import sql_int, sql_long, sql_queues, sql_str
 
 if TYPE_CHECKING:
     from deltamq.broker import Broker
@@ -306,11 +306,8 @@ class PullConsumer:
 
     def _read(self, takes: list[tuple[str, int, int, int]], now: int) -> list[_Handout]:
         wh = self.broker.warehouse
-        subs = {s["topic"]: s for s in self.broker.subscriptions(self.group)}
+        matches = subscriptions_filter(self.broker.subscriptions(self.group), default=True)
         cq = wh.read("consume_queue").where(queue_ranges(takes))
-        matches = F.lit(True)
-        for topic, sub in subs.items():
-            matches = F.when(F.col("topic") == topic, _matcher(sub)).otherwise(matches)
         cq = cq.withColumn("matched", matches).where(F.col("matched"))
         # idempotent consumption: a key the group consumed within its window is skipped
         # (treated as acknowledged: never in flight, the acked offset passes it)
@@ -433,15 +430,6 @@ def _handles(handles: Iterable[str]) -> list[str]:
             raise ConfigError(f"{h!r} is not a receipt handle (hex text returned by pull)")
         out.append(h)
     return sorted(set(out))
-
-
-def _matcher(sub: dict[str, Any]):
-    if sub["expr_type"] == "SQL92":
-        return compile_sql92(sub["expression"])
-    tags = parse_tag_expression(sub["expression"])
-    if tags is None:
-        return F.lit(True)
-    return F.col("tags").isNotNull() & F.col("tags").isin(*tags)
 
 
 # --- shared reads and writes ----------------------------------------------------------------
@@ -607,8 +595,10 @@ def _backoff(broker: Broker):
 def revoke(broker: Broker, group: str, queues: dict[Queue, int], new_owner: str) -> None:
     """After a takeover: the previous owner's in-flight messages of ``queues`` leave the
     in-flight set (the new owner hands them out again from the acknowledged offset)."""
-    cond = " OR ".join(f"(topic = {sql_str(t)} AND queue_id = {q})" for t, q in sorted(queues))
-    where = f"WHERE consumer_group = {sql_str(group)} AND client_id <> {sql_str(new_owner)} AND ({cond})"
+    where = (
+        f"WHERE consumer_group = {sql_str(group)} AND client_id <> {sql_str(new_owner)} "
+        f"AND {sql_queues(queues)}"
+    )
     ref = broker.warehouse.ref("deliveries")
     statement = f"DELETE FROM {ref} {where}"
     broker.engine.commit(lambda: broker.engine.execute(statement), what="deliveries")
@@ -635,10 +625,9 @@ def set_positions(
     if not targets:
         return
     inflight = defaultdict(lambda: None)
-    cond = " OR ".join(f"(topic = {sql_str(t)} AND queue_id = {q})" for t, q in sorted(targets))
     for r in broker.engine.rows(
         f"SELECT topic, queue_id, min(queue_offset) AS lo FROM {broker.warehouse.ref('deliveries')} "
-        f"WHERE consumer_group = {sql_str(group)} AND ({cond}) GROUP BY topic, queue_id"
+        f"WHERE consumer_group = {sql_str(group)} AND {sql_queues(targets)} GROUP BY topic, queue_id"
     ):
         inflight[(r["topic"], r["queue_id"])] = r["lo"]
     positions = read_positions(broker, group)

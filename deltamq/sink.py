@@ -34,6 +34,8 @@ from pyspark.sql import types as T
 from deltamq import faults
 from deltamq.constants import Prop
 from deltamq.errors import ConfigError, DeltaMQError, UnknownGroup
+from deltamq.filters import subscriptions_filter
+from deltamq.schemas import TABLES
 from deltamq.tables.bodies import join_bodies, read_bodies
 from deltamq.tables.offsets import advance_offsets
 from deltamq.tables.ranges import queue_ranges
@@ -90,16 +92,12 @@ def validate_table_path(broker: Broker, table: Any) -> str:
     if not isinstance(table, str) or not (table.startswith("/") or "://" in table):
         raise ConfigError(f"table_path={table!r} must be an absolute path or a URI of a Delta table")
     table = table.rstrip("/")
-    own = {broker.warehouse.path(name).rstrip("/") for name in _tables()}
-    if table in own or table.rstrip("/") == broker.warehouse.location.rstrip("/"):
+    own = {broker.warehouse.path(name).rstrip("/") for name in TABLES} | {
+        broker.warehouse.location.rstrip("/")
+    }
+    if table in own:
         raise ConfigError(f"table_path={table!r} is one of the warehouse's own tables; choose another path")
     return table
-
-
-def _tables() -> list[str]:
-    from deltamq.schemas import TABLES
-
-    return list(TABLES)
 
 
 def validate_keys(key_columns: Any) -> tuple[str, ...]:
@@ -254,14 +252,9 @@ def run(broker: Broker, now: int, *, fence=None, only: str | None = None) -> lis
 
 
 def _pass(broker: Broker, cfg: SinkConfig, takes: list, now: int, subs: list[dict[str, Any]]) -> SinkResult:
-    from deltamq.pull import _matcher
-
     wh = broker.warehouse
     pred = queue_ranges((t.topic, t.queue_id, t.lo, t.hi) for t in takes)
-    matches = F.lit(False)
-    for sub in subs:
-        if sub["consumer_group"] == cfg.group:
-            matches = F.when(F.col("topic") == sub["topic"], _matcher(sub)).otherwise(matches)
+    matches = subscriptions_filter(s for s in subs if s["consumer_group"] == cfg.group)
     cq = wh.read("consume_queue").where(pred).where(matches)
     index = cq.select("cl_date", "cl_batch_id").groupBy("cl_date", "cl_batch_id").count().collect()
     n = sum(r["count"] for r in index)

@@ -39,6 +39,8 @@ from deltamq.constants import (
     Prop,
     is_system_topic,
 )
+from deltamq.filters import subscriptions_filter
+from deltamq.tables.offsets import group_positions
 
 if TYPE_CHECKING:
     from deltamq.broker import Broker
@@ -82,21 +84,20 @@ def _held_passed(row: dict[str, Any], promote) -> bool:
 def account(broker: Broker) -> Accounting:
     """Walk every group's messages and their copies (see the module doc)."""
     from deltamq.jobs import promote as promote_job
-    from deltamq.pull import _matcher
 
     wh = broker.warehouse
     groups = broker.groups()
+    order = sorted(groups)
     subs = [s for s in broker.subscriptions() if s["consumer_group"] in groups]
     promote = promote_job.load_state(wh)
     props = F.col("properties")
     cq = wh.read("consume_queue")
-    flags = []
-    for g in sorted(groups):
-        match = F.lit(False)
-        for s in subs:
-            if s["consumer_group"] == g and not is_system_topic(s["topic"]):
-                match = F.when(F.col("topic") == s["topic"], _matcher(s)).otherwise(match)
-        flags.append(match.alias(f"m{len(flags)}"))
+    flags = [
+        subscriptions_filter(
+            s for s in subs if s["consumer_group"] == g and not is_system_topic(s["topic"])
+        ).alias(f"m{gi}")
+        for gi, g in enumerate(order)
+    ]
     rows = cq.select(
         "topic",
         "queue_id",
@@ -108,24 +109,13 @@ def account(broker: Broker) -> Accounting:
         "due_ts",
         *flags,
     ).collect()
-    order = sorted(groups)
-    offsets: dict[tuple[str, str, str, int], int] = {}
-    for r in broker.engine.rows(
-        f"SELECT consumer_group, client_id, topic, queue_id, next_offset FROM {wh.ref('offsets')} "
-        "WHERE consumer_group NOT LIKE '\\%%'"
-    ):
-        offsets[(r["consumer_group"], r["client_id"] or "", r["topic"], r["queue_id"])] = (
-            r["next_offset"] or 0
-        )
-    minimum: dict[tuple[str, int], int] = {}
+    offsets = group_positions(wh)
     originals: list[Any] = []
     visible: set[tuple[str, str, int]] = set()  # (uid, topic, k) present in a readable topic
     copies: dict[str, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))  # group -> uid -> rows
     lost: list[tuple[str, str]] = []
     held_originals: dict[str, Any] = {}
     for r in rows:
-        q = (r["topic"], r["queue_id"])
-        minimum[q] = min(minimum.get(q, r["queue_offset"]), r["queue_offset"])
         topic = r["topic"]
         if topic in (SCHEDULE_TOPIC, TIMER_TOPIC):
             real = r["real_topic"] or ""
@@ -141,10 +131,16 @@ def account(broker: Broker) -> Accounting:
         elif not is_system_topic(topic):
             originals.append(r)
             visible.add((r["uid"], topic, r["k"]))
-    # a delayed message the schedule service passed must be visible in its real topic
+    # a delayed message the schedule service passed must be visible in its real topic;
+    # one it has not passed is held (for every group subscribed to that topic)
+    still_held: list[Any] = []
     for uid, r in held_originals.items():
-        if _held_passed(r, promote) and (uid, r["real_topic"], r["k"]) not in visible:
+        if (uid, r["real_topic"], r["k"]) in visible:
+            continue
+        if _held_passed(r, promote):
             lost.append((uid, f"promoted from {r['topic']} but not in {r['real_topic']}"))
+        else:
+            still_held.append(r)
     accounts = []
     for gi, g in enumerate(order):
         cfg = groups[g]
@@ -158,22 +154,18 @@ def account(broker: Broker) -> Accounting:
                 if r["queue_offset"] >= nxt:
                     acc.counts["pending"] += 1
                     continue
-                state, why = _after_pass(copies[g].get(r["uid"], []), g, client, offsets, promote, visible)
+                state, why = _after_pass(copies[g].get(r["uid"], []), g, client, offsets, promote)
                 if state is None:
                     acc.unaccounted.append((r["uid"], why))
                 else:
                     acc.counts[state] += 1
-            # held originals count as held for every group that will see them
-            for uid, r in held_originals.items():
-                if (uid, r["real_topic"], r["k"]) in visible or _held_passed(r, promote):
-                    continue
-                if any(s["consumer_group"] == g and s["topic"] == r["real_topic"] for s in subs):
-                    acc.counts["held"] += 1
+            topics = {s["topic"] for s in subs if s["consumer_group"] == g}
+            acc.counts["held"] += sum(1 for r in still_held if r["real_topic"] in topics)
             accounts.append(acc)
     return Accounting(tuple(accounts), tuple(lost))
 
 
-def _after_pass(chain, group, client, offsets, promote, visible) -> tuple[str | None, str]:
+def _after_pass(chain, group, client, offsets, promote) -> tuple[str | None, str]:
     """State of a message the group's offset has passed, from its copies for the group."""
     if not chain:
         return "consumed", ""

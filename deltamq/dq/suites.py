@@ -33,6 +33,7 @@ from deltamq.constants import (
     DLQ_PREFIX,
     RETRY_PREFIX,
     SCHEDULE_TOPIC,
+    SYSTEM_TOPIC_PREFIXES,
     SYSTEM_TOPICS,
     TIMER_TOPIC,
     TOPIC_MAX_LENGTH,
@@ -136,6 +137,15 @@ def dlq_frame(broker: Broker) -> DataFrame:
     return _violations(cq, bad, F.col("msg_id"))
 
 
+def _system_topic() -> F.Column:
+    """Column form of ``constants.is_system_topic`` over ``topic``."""
+    topic = F.col("topic")
+    out = topic.isin(*SYSTEM_TOPICS)
+    for prefix in SYSTEM_TOPIC_PREFIXES:
+        out = out | topic.startswith(prefix)
+    return out
+
+
 def reconsume_frame(broker: Broker) -> DataFrame:
     """A copy's retry count is within [0, its group's max + 1] (unbounded for a group that
     retries forever); a message in a user topic has not been retried."""
@@ -148,8 +158,7 @@ def reconsume_frame(broker: Broker) -> DataFrame:
     for g, cfg in broker.groups().items():
         limit = F.when(group == F.lit(g), F.lit(cfg["max_reconsume_times"])).otherwise(limit)
     k = F.coalesce(F.col("reconsume_times"), F.lit(0))
-    user = ~F.col("topic").isin(*SYSTEM_TOPICS) & ~F.col("topic").startswith("%")
-    bad = (k < 0) | (user & (k != 0)) | (limit.isNotNull() & (limit >= 0) & (k > limit + 1))
+    bad = (k < 0) | (~_system_topic() & (k != 0)) | (limit.isNotNull() & (limit >= 0) & (k > limit + 1))
     return _violations(cq, bad, F.col("msg_id"))
 
 
@@ -163,11 +172,9 @@ def due_frame(broker: Broker) -> DataFrame:
 
 def half_frame(broker: Broker) -> DataFrame:
     wh = broker.warehouse
-    system = F.col("topic").isin(SCHEDULE_TOPIC, TIMER_TOPIC) | F.col("topic").startswith("%")
-    system = system | F.col("topic").startswith("RMQ_SYS_") | (F.col("topic") == "TRANS_CHECK_MAX_TIME_TOPIC")
     cq = (
         wh.read("consume_queue")
-        .where(~system & (F.col("properties").getItem(Prop.TRAN_MSG) == F.lit("true")))
+        .where(~_system_topic() & (F.col("properties").getItem(Prop.TRAN_MSG) == F.lit("true")))
         .select("msg_id", "cl_batch_id", "cl_batch_pos")
     )
     cl = wh.read("commit_log").select(

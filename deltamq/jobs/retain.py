@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from deltamq import faults, ids
+from deltamq import dedup, faults, ids
 from deltamq.constants import (
     DLQ_PREFIX,
     RETAIN_GROUP,
@@ -42,7 +42,7 @@ from deltamq.constants import (
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
 )
-from deltamq.tables.offsets import advance_offsets
+from deltamq.tables.offsets import advance_offsets, group_positions
 from deltamq.tables.sqltext import sql_long, sql_str
 
 if TYPE_CHECKING:
@@ -168,14 +168,13 @@ def _trim_index(broker: Broker, cut: int, dlq_cut: int) -> tuple[int, int, int, 
         f"min(CASE WHEN {stays} THEN queue_offset END) AS keep FROM {cq} "
         f"WHERE topic <> {sql_str(TIMER_TOPIC)} GROUP BY topic, queue_id"
     )
-    moves = {
-        (r["topic"], r["queue_id"]): (r["keep"] if r["keep"] is not None else r["head"])
-        for r in heads
-        if (r["keep"] if r["keep"] is not None else r["head"]) > r["lo"]
-    }
-    index_rows = sum(
-        (m - r["lo"]) for r in heads if (key := (r["topic"], r["queue_id"])) in moves for m in [moves[key]]
-    )
+    moves: dict[tuple[str, int], int] = {}
+    index_rows = 0
+    for r in heads:
+        keep = r["head"] if r["keep"] is None else r["keep"]  # nothing must stay: all of it goes
+        if keep > r["lo"]:
+            moves[(r["topic"], r["queue_id"])] = keep
+            index_rows += keep - r["lo"]
     if moves:
         values = ", ".join(f"({sql_str(t)}, {q}, {sql_long(m)})" for (t, q), m in sorted(moves.items()))
         statement = (
@@ -204,14 +203,7 @@ def _skip_consumers(broker: Broker, moves: dict[tuple[str, int], int], now: int)
         return 0, 0
     wh = broker.warehouse
     groups = broker.groups()
-    stored = {
-        (r["consumer_group"], r["client_id"] or "", r["topic"], r["queue_id"]): r["next_offset"] or 0
-        for r in broker.engine.rows(
-            f"SELECT consumer_group, client_id, topic, queue_id, next_offset FROM {wh.ref('offsets')} "
-            "WHERE consumer_group NOT LIKE '\\%%'"
-        )
-    }
-    positions = dict(stored)
+    positions = group_positions(wh, moves)
     for sub in broker.subscriptions():
         cfg = groups.get(sub["consumer_group"])
         if cfg is None:
@@ -306,23 +298,11 @@ def _prune_bookkeeping(broker: Broker, now: int) -> dict[str, int]:
     wh = broker.warehouse
     cfg = broker.config
     out: dict[str, int] = {}
-    windows = {
-        g: c["dedup_window_ms"] or 24 * 3_600_000 for g, c in broker.groups().items() if c.get("dedup_key")
-    }
     conds = {
-        "consumed_keys": " OR ".join(
-            f"(consumer_group = {sql_str(g)} AND first_ts < {sql_long(now - w)})"
-            for g, w in sorted(windows.items())
-        )
-        + (" OR " if windows else "")
-        + (
-            "consumer_group NOT IN (" + ", ".join(sql_str(g) for g in sorted(windows)) + ")"
-            if windows
-            else "TRUE"
-        ),
         "job_runs": f"run_date < DATE'{ids.store_date(now - cfg.job_runs_reserved_time_ms).isoformat()}'",
         "dq_results": f"run_ts < {sql_long(now - cfg.dq_reserved_time_ms)}",
     }
+    out["consumed_keys"] = dedup.prune(wh, broker.groups(), now, orphans=True)
     for table, cond in conds.items():
         n = _count(broker, f"SELECT count(*) AS n FROM {wh.ref(table)} WHERE {cond}")
         if n:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from deltamq.tables.sqltext import sql_long, sql_str
+from deltamq.tables.sqltext import USER_GROUPS, sql_long, sql_queues, sql_str
 
 if TYPE_CHECKING:
     from deltamq.tables.warehouse import Warehouse
@@ -59,3 +59,18 @@ def advance_offsets(
         "s.queue_id, s.client_id, s.next_offset, CAST(NULL AS INT), CAST(NULL AS BIGINT), "
         "s.progress_version, s.attempt_ts, s.updated_ts)"
     )
+
+
+def group_positions(
+    wh: Warehouse, queues: Iterable[tuple[str, int]] | None = None
+) -> dict[tuple[str, str, str, int], int]:
+    """Consumer groups' next offsets (not the jobs' progress rows), keyed by (group,
+    client, topic, queue) — of ``queues`` only, if given."""
+    where = USER_GROUPS if queues is None else f"{USER_GROUPS} AND {sql_queues(queues)}"
+    return {
+        (r["consumer_group"], r["client_id"] or "", r["topic"], r["queue_id"]): r["next_offset"] or 0
+        for r in wh.engine.rows(
+            "SELECT consumer_group, client_id, topic, queue_id, next_offset "
+            f"FROM {wh.ref('offsets')} WHERE {where}"
+        )
+    }

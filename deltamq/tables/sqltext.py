@@ -49,3 +49,13 @@ def sql_in(values: Iterable[str]) -> str:
     if not items:
         raise ValueError("an IN list needs at least one value")
     return "(" + ", ".join(items) + ")"
+
+
+USER_GROUPS = "consumer_group NOT LIKE '\\%%'"
+"""SQL predicate: rows of consumer groups, not the jobs' progress rows (``%DISPATCH%``, …)."""
+
+
+def sql_queues(queues: Iterable[tuple[str, int]]) -> str:
+    """SQL predicate: ``topic``/``queue_id`` is one of ``queues`` (FALSE for none)."""
+    cond = " OR ".join(f"(topic = {sql_str(t)} AND queue_id = {int(q)})" for t, q in sorted(queues))
+    return f"({cond})" if cond else "FALSE"
