@@ -7,8 +7,14 @@
   disk; the end-to-end and send rates as a share of it.
 - **Idle tick**: every job, nothing new — median and p95 of 20 ticks on that warehouse.
 - **Peak memory** of the driver process (RSS).
-- With ``--history``: tick cost with 1M vs 10M retained (``bench_dispatch_history``);
-  with ``--lateness``: delay lateness p50/p99 under the real clock (``bench_promote``).
+- **Tick cost vs history** (``--history``): one warehouse grown to 1M and then 10M
+  retained messages (1M-message steps, each sent, dispatched and consumed by a tick);
+  at both sizes the median of ticks that each carry 1 000 new messages (send + tick:
+  dispatch, promote, deliver, check, retain) and of idle ticks. The ratio is the
+  10M / 1M cost.
+- **Delay lateness** (``--lateness``): 100k delayed messages due across one minute,
+  ``deltamq tick --loop --interval 1`` on the real clock; p50/p99 of (visible − due)
+  (``bench_promote.lateness``).
 
 Targets (2 cores): end to end ≥ 200k msgs/s and ≥ 30 % of the Parquet floor; idle tick
 ≤ 0.3 s; 10M / 1M tick cost ≤ 1.2. Writes ``bench/results/run-<timestamp>.json`` and
@@ -31,7 +37,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from deltamq import Broker, FakeClock
+from deltamq import Broker, FakeClock, Message
 from deltamq.jobs import deliver, dispatch
 
 HERE = Path(__file__).parent
@@ -42,8 +48,10 @@ from bench_send_dispatch import body_expr  # noqa: E402
 BEGIN, END = "<!-- run.py:begin -->", "<!-- run.py:end -->"
 
 
-def end_to_end(root: Path, n: int) -> dict:
-    wh = root / f"run-{n}"
+def _setup(root: Path, name: str, n: int) -> tuple[Path, FakeClock, Broker, Path]:
+    """A warehouse with topic ``bench`` (4 queues) and group ``g`` (a trivial listener, batch
+    1000, taking up to ``n`` per queue), and ``n`` rows of 1 KiB bodies staged as Parquet."""
+    wh = root / name
     shutil.rmtree(wh, ignore_errors=True)
     clock = FakeClock()
     b = Broker.open(wh, clock=clock)
@@ -56,10 +64,17 @@ def end_to_end(root: Path, n: int) -> dict:
         consume_message_batch_max_size=1000,
     )
     b.subscribe("g", "bench")
-    spark = b.engine.spark
-    staging = root / f"staging-{n}"
+    staging = root / f"{name}-staging"
     shutil.rmtree(staging, ignore_errors=True)
-    spark.range(n).selectExpr("'bench' AS topic", f"{body_expr()} AS body").write.parquet(str(staging))
+    b.engine.spark.range(n).selectExpr("'bench' AS topic", f"{body_expr()} AS body").write.parquet(
+        str(staging)
+    )
+    return wh, clock, b, staging
+
+
+def end_to_end(root: Path, n: int) -> dict:
+    wh, clock, b, staging = _setup(root, f"run-{n}", n)
+    spark = b.engine.spark
     t0 = time.perf_counter()
     b.producer("bench").send_dataframe(spark.read.parquet(str(staging)))
     t1 = time.perf_counter()
@@ -103,6 +118,59 @@ def end_to_end(root: Path, n: int) -> dict:
     }
 
 
+def _tick_costs(b: Broker, clock: FakeClock, body: bytes, samples: int, busy: int) -> dict:
+    p = b.producer("bench")
+    busy_s, idle_s = [], []
+    for _ in range(samples):
+        p.send_batch([Message("bench", body)] * busy)
+        clock.advance(seconds=1)
+        t = time.perf_counter()
+        r = b.tick(clock.now_ms())
+        busy_s.append(time.perf_counter() - t)
+        assert r.job("deliver").details["consumed"] == busy, r
+    for _ in range(samples):
+        clock.advance(seconds=1)
+        t = time.perf_counter()
+        b.tick(clock.now_ms())
+        idle_s.append(time.perf_counter() - t)
+    return {
+        "busy_tick_s": [round(x, 3) for x in busy_s],
+        "idle_tick_s": [round(x, 3) for x in idle_s],
+        "busy_median_s": round(statistics.median(busy_s), 3),
+        "idle_median_s": round(statistics.median(idle_s), 3),
+    }
+
+
+def history(root: Path, step: int, steps: int, busy: int = 1000, samples: int = 7) -> dict:
+    """Tick cost (``busy`` new messages per tick, and idle) at ``step`` and at
+    ``step * steps`` retained messages, on one warehouse."""
+    wh, clock, b, staging = _setup(root, "history", step)
+    spark = b.engine.spark
+    body = bytes(range(256)) * 4
+    points = []
+    for k in range(1, steps + 1):
+        t = time.perf_counter()
+        b.producer("bench").send_dataframe(spark.read.parquet(str(staging)))
+        clock.advance(seconds=1)
+        r = b.tick(clock.now_ms())
+        assert r.job("deliver").details["consumed"] == step, r
+        grow_s = time.perf_counter() - t
+        retained = b.sql("SELECT count(*) AS n FROM commit_log").collect()[0]["n"]
+        print(json.dumps({"retained": retained, "grow_s": round(grow_s, 1)}), flush=True)
+        if k in (1, steps):
+            points.append({"retained": retained, **_tick_costs(b, clock, body, samples, busy)})
+            print(json.dumps(points[-1]), flush=True)
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(wh, ignore_errors=True)
+    small, big = points[0], points[-1]
+    return {
+        "busy_messages_per_tick": busy,
+        "points": points,
+        "busy_ratio": round(big["busy_median_s"] / small["busy_median_s"], 3),
+        "idle_ratio": round(big["idle_median_s"] / small["idle_median_s"], 3),
+    }
+
+
 def _table(result: dict) -> str:
     e = result["end_to_end"]
     rows = [
@@ -119,10 +187,32 @@ def _table(result: dict) -> str:
         ("peak driver RSS", f"{result['peak_rss_mib']:,} MiB", ""),
     ]
     if "history" in result:
-        rows.append(("tick cost 10M / 1M retained", str(result["history"]), "≤ 1.2"))
+        h = result["history"]
+        small, big = h["points"][0], h["points"][-1]
+        rows.append(
+            (
+                f"tick with {h['busy_messages_per_tick']:,} new messages at {small['retained']:,} / "
+                f"{big['retained']:,} retained",
+                f"{small['busy_median_s']} / {big['busy_median_s']} s (× {h['busy_ratio']})",
+                "≤ 1.2 ×",
+            )
+        )
+        rows.append(
+            (
+                f"idle tick at {small['retained']:,} / {big['retained']:,} retained",
+                f"{small['idle_median_s']} / {big['idle_median_s']} s (× {h['idle_ratio']})",
+                "≤ 1.2 ×",
+            )
+        )
     if "lateness" in result:
         lt = result["lateness"]
-        rows.append(("delay lateness p50 / p99", f"{lt.get('p50_s')} / {lt.get('p99_s')} s", ""))
+        rows.append(
+            (
+                f"delay lateness p50 / p99 ({lt['messages']:,} due across a minute, 1 s ticks)",
+                f"{lt['lateness_ms_p50'] / 1000:.2f} / {lt['lateness_ms_p99'] / 1000:.2f} s",
+                "",
+            )
+        )
     lines = [
         f"`python bench/run.py --messages {e['messages']}` — {result['at'][:10]}, `results/{result['file']}`",
         "",
@@ -137,6 +227,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--history", action="store_true", help="also tick cost at 1M vs 10M retained (slow)")
+    ap.add_argument("--history-step", type=int, default=1_000_000, help="messages per growth step")
+    ap.add_argument("--history-steps", type=int, default=10, help="growth steps (10: 1M → 10M)")
     ap.add_argument("--lateness", action="store_true", help="also delay lateness under the real clock")
     ap.add_argument("--root", default="/tmp/deltamq-bench-run")
     args = ap.parse_args()
@@ -150,10 +242,7 @@ def main() -> None:
 
         result["lateness"] = bench_promote.lateness(root, 100_000)
     if args.history:
-        import bench_dispatch_history
-
-        bench_dispatch_history.main()  # writes results/dispatch_history-*.json
-        result["history"] = "see the newest results/dispatch_history-*.json"
+        result["history"] = history(root, args.history_step, args.history_steps)
     result["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     (HERE / "results" / result["file"]).write_text(json.dumps(result, indent=2) + "\n")
     readme = HERE / "README.md"

@@ -15,8 +15,10 @@ from deltamq.constants import (
     GROUP_MAX_LENGTH,
     GROUP_PATTERN,
     MAX_BODY_BYTES,
+    RETRY_PREFIX,
     TOPIC_MAX_LENGTH,
     TOPIC_PATTERN,
+    Prop,
     is_system_topic,
 )
 from deltamq.errors import (
@@ -76,6 +78,32 @@ class StoredMessage:
     reconsume_times: int = 0
     flag: int = 0
     sys_flag: int = 0
+
+
+def stored_fields(r: Mapping[str, Any]) -> dict[str, Any]:
+    """A consume_queue + commit_log row as the consumer sees it (StoredMessage fields): a
+    retried message shows its original topic and id (RocketMQ clients show UNIQ_KEY), and
+    an orderly queue head's ``suspends`` count as reconsumes (RocketMQ keeps them in client
+    memory; here they are stored with the queue offset)."""
+    props = dict(r["properties"] or [])
+    topic = r["topic"]
+    if topic.startswith(RETRY_PREFIX) and props.get(Prop.RETRY_TOPIC):
+        topic = props[Prop.RETRY_TOPIC]
+    return {
+        "msg_id": props.get(Prop.UNIQ_KEY) or props.get(Prop.ORIGIN_MESSAGE_ID) or r["msg_id"],
+        "topic": topic,
+        "queue_id": r["queue_id"],
+        "queue_offset": r["queue_offset"],
+        "body": r["body"],
+        "tags": r["tags"],
+        "keys": r["keys"],
+        "properties": props,
+        "born_ts": r["born_ts"],
+        "store_ts": r["store_ts"],
+        "reconsume_times": (r["reconsume_times"] or 0) + (r.get("suspends") or 0),
+        "flag": r["flag"] or 0,
+        "sys_flag": r["sys_flag"] or 0,
+    }
 
 
 def validate_topic_name(topic: Any, *, allow_system: bool = False) -> str:

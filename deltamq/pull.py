@@ -48,7 +48,7 @@ from pyspark.sql import functions as F
 from deltamq import dedup, faults
 from deltamq.errors import CommitConflict, ConfigError, UnknownGroup
 from deltamq.filters import subscriptions_filter
-from deltamq.message import StoredMessage, validate_group_name
+from deltamq.message import StoredMessage, stored_fields, validate_group_name
 from deltamq.tables.bodies import join_bodies, read_bodies
 from deltamq.tables.ranges import queue_ranges
 from deltamq.tables.sqltext import sql_int, sql_long, sql_queues, sql_str
@@ -321,12 +321,10 @@ class PullConsumer:
         rows = join_bodies(
             cq.drop("properties", "born_ts"), bodies, ["body", "born_ts", "flag", "sys_flag", "properties"]
         )
-        from deltamq.jobs.deliver import _stored
-
         out = []
         for r in rows.collect():
             d = r.asDict()
-            msg = PulledMessage(**_stored(d), receipt_handle=secrets.token_hex(12))
+            msg = PulledMessage(**stored_fields(d), receipt_handle=secrets.token_hex(12))
             out.append(_Handout(msg, (d["topic"], d["queue_id"]), d["msg_id"], d["reconsume_times"] or 0))
         return out
 

@@ -30,14 +30,12 @@ import os
 import pickle
 from collections import defaultdict
 from dataclasses import dataclass, field
-from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql import functions as F
 
 from deltamq import dedup, faults
-from deltamq.constants import RETRY_PREFIX, Prop
 from deltamq.consumer import ImportPathListener
 from deltamq.filters import compile_sql92, parse_tag_expression
 from deltamq.jobs import dispatch, sendback
@@ -59,12 +57,6 @@ def _parallelism(spark) -> int:
         return max(1, int(spark.conf.get("spark.default.parallelism", "0")) or (os.cpu_count() or 1))
     except Exception:  # noqa: BLE001 - engines without the setting
         return os.cpu_count() or 1
-
-
-_OUT_SCHEMA = (
-    "consumer_group string, client_id string, topic string, queue_id int, queue_offset bigint, ok boolean, "
-    "level int, reason string, error string"
-)
 
 
 @dataclass(frozen=True)
@@ -204,6 +196,90 @@ def _read_offsets(
 
 
 # --- the listener call (runs inside the engine) ---------------------------------------------
+# What the consumer returns: a row per message that was not consumed ("fail": its outcome
+# and what the send-back needs), a row per consumed message whose group de-duplicates
+# ("key"), and one row per group and instance with the number consumed ("count"). A pass
+# that consumes everything returns a handful of rows, whatever its size.
+_OUT_ARROW = pa.schema(
+    [
+        ("kind", pa.string()),
+        ("consumer_group", pa.string()),
+        ("client_id", pa.string()),
+        ("topic", pa.string()),
+        ("queue_id", pa.int32()),
+        ("queue_offset", pa.int64()),
+        ("msg_id", pa.string()),
+        ("cl_date", pa.date32()),
+        ("cl_batch_id", pa.int64()),
+        ("cl_batch_pos", pa.int64()),
+        ("reconsume_times", pa.int32()),
+        ("dkey", pa.string()),
+        ("ok", pa.bool_()),
+        ("level", pa.int32()),
+        ("reason", pa.string()),
+        ("error", pa.string()),
+        ("n", pa.int64()),
+    ]
+)
+_OUT_SCHEMA = (
+    "kind string, consumer_group string, client_id string, topic string, queue_id int, queue_offset bigint, "
+    "msg_id string, cl_date date, cl_batch_id bigint, cl_batch_pos bigint, reconsume_times int, dkey string, "
+    "ok boolean, level int, reason string, error string, n bigint"
+)
+_ORDER = ["consumer_group", "client_id", "topic", "queue_id", "queue_offset"]
+# the columns a listener worker receives (it builds StoredMessage objects from them)
+_MESSAGE_COLUMNS = [
+    "topic",
+    "queue_id",
+    "queue_offset",
+    "msg_id",
+    "tags",
+    "keys",
+    "body",
+    "properties",
+    "born_ts",
+    "store_ts",
+    "reconsume_times",
+    "suspends",
+    "flag",
+    "sys_flag",
+]
+
+
+def _out_rows(rows, kind: str, outcome=None, n: int | None = None):
+    """Output rows for the input ``rows`` (a pyarrow Table) with one outcome."""
+    k = rows.num_rows
+    const = {
+        "kind": pa.array([kind] * k, pa.string()),
+        "ok": pa.array([outcome.ok if outcome else None] * k, pa.bool_()),
+        "level": pa.array([outcome.level if outcome else None] * k, pa.int32()),
+        "reason": pa.array([outcome.reason if outcome else None] * k, pa.string()),
+        "error": pa.array([outcome.error if outcome else None] * k, pa.string()),
+        "n": pa.array([n] * k, pa.int64()),
+    }
+    arrays = [
+        const[f.name] if f.name in const else rows.column(f.name).combine_chunks().cast(f.type)
+        for f in _OUT_ARROW
+    ]
+    return pa.Table.from_arrays(arrays, schema=_OUT_ARROW)
+
+
+def _runs(table, keys: list[str]) -> list[tuple[int, int, tuple]]:
+    """(start, length, key values) of the runs of equal ``keys`` in a table sorted by them."""
+    counts = (
+        table.select([*keys, "queue_offset"])
+        .group_by(keys, use_threads=False)
+        .aggregate([("queue_offset", "count")])
+        .to_pylist()
+    )
+    out, start = [], 0
+    for c in counts:
+        n = c["queue_offset_count"]
+        out.append((start, n, tuple(c[k] for k in keys)))
+        start += n
+    return out
+
+
 def _make_consumer(
     listeners: dict[str, bytes],
     batch: dict[str, int],
@@ -212,110 +288,70 @@ def _make_consumer(
     orderly: frozenset[str] = frozenset(),
 ):
     def consume_partition(batches):
+        import pyarrow.compute as pc
+
         from deltamq.jobs.listener_worker import Outcome, consume
 
+        batches = list(batches)
+        if not batches:
+            return
         # A partition holds whole queues (the input is partitioned by queue); orderly
-        # groups need all of a queue's rows before the first call, so gather them first.
-        rows = [r for rb in batches for r in rb.to_pylist()]
-        by_group: dict[tuple[str, str], list[dict]] = defaultdict(list)
-        for r in rows:
-            by_group[(r["consumer_group"], r["client_id"])].append(r)
-        out: list[dict] = []
-        for (group, client), items in by_group.items():
-            items.sort(key=lambda r: (r["topic"], r["queue_id"], r["queue_offset"]))
-            if group in orderly:
-                outcomes = []
-                for _, queue in groupby(items, key=lambda r: (r["topic"], r["queue_id"])):
-                    queue = list(queue)
-                    for start in range(0, len(queue), batch[group]):
-                        chunk = queue[start : start + batch[group]]
-                        got = consume(
-                            listeners[group],
-                            group,
-                            [_stored(r) for r in chunk],
-                            len(chunk),
-                            timeout_s[group],
-                            tries,
-                            instance=client or None,
-                        )
-                        ok = all(o.ok for o in got)
-                        # the whole chunk succeeds, or is suspended together (RocketMQ)
-                        outcomes += (
-                            got if ok else [Outcome(False, reason="suspend", error=o.error) for o in got]
-                        )
-                        if not ok:
-                            outcomes += [Outcome(False, reason="not_delivered")] * (
-                                len(queue) - start - len(chunk)
-                            )
-                            break
-            else:
-                outcomes = consume(
+        # groups need all of a queue's rows, in offset order, before the first call.
+        table = pa.Table.from_batches(batches)
+        if table.num_rows == 0:
+            return
+        table = table.take(pc.sort_indices(table.select(_ORDER), [(c, "ascending") for c in _ORDER]))
+        messages = table.select(_MESSAGE_COLUMNS)
+        out = []
+        for start, length, (group, client) in _runs(table, ["consumer_group", "client_id"]):
+
+            def call(lo: int, n: int, size: int, group=group, client=client):
+                got = consume(
                     listeners[group],
                     group,
-                    [_stored(r) for r in items],
-                    batch[group],
+                    messages.slice(lo, n),
+                    size,
                     timeout_s[group],
                     tries,
                     instance=client or None,
                 )
-            for r, o in zip(items, outcomes, strict=True):
-                out.append(
-                    {
-                        "consumer_group": group,
-                        "client_id": client,
-                        "topic": r["topic"],
-                        "queue_id": r["queue_id"],
-                        "queue_offset": r["queue_offset"],
-                        "ok": o.ok,
-                        "level": o.level,
-                        "reason": o.reason,
-                        "error": o.error,
-                    }
-                )
-        yield pa.RecordBatch.from_pylist(out, schema=_OUT_ARROW)
+                return [(lo + i, k, o) for i, k, o in got]
+
+            spans = []
+            if group in orderly:
+                runs = _runs(table.slice(start, length), ["topic", "queue_id"])
+                for q_start, q_len, _ in runs:
+                    q_start += start
+                    for lo in range(q_start, q_start + q_len, batch[group]):
+                        n = min(batch[group], q_start + q_len - lo)
+                        got = call(lo, n, n)
+                        failed = [o for _, _, o in got if not o.ok]
+                        if not failed:
+                            spans += got
+                            continue
+                        # the whole chunk is suspended together (RocketMQ); the rest waits
+                        spans.append((lo, n, Outcome(False, reason="suspend", error=failed[0].error)))
+                        if lo + n < q_start + q_len:
+                            spans.append(
+                                (lo + n, q_start + q_len - lo - n, Outcome(False, reason="not_delivered"))
+                            )
+                        break
+            else:
+                spans = call(start, length, batch[group])
+            consumed = 0
+            for lo, n, o in spans:
+                rows = table.slice(lo, n)
+                if o.ok:
+                    consumed += n
+                    keyed = rows.filter(pc.is_valid(rows.column("dkey")))
+                    if keyed.num_rows:
+                        out.append(_out_rows(keyed, "key"))
+                else:
+                    out.append(_out_rows(rows, "fail", o))
+            out.append(_out_rows(table.slice(start, 1), "count", n=consumed))
+        yield from pa.concat_tables(out).to_batches()
 
     return consume_partition
-
-
-_OUT_ARROW = pa.schema(
-    [
-        ("consumer_group", pa.string()),
-        ("client_id", pa.string()),
-        ("topic", pa.string()),
-        ("queue_id", pa.int32()),
-        ("queue_offset", pa.int64()),
-        ("ok", pa.bool_()),
-        ("level", pa.int32()),
-        ("reason", pa.string()),
-        ("error", pa.string()),
-    ]
-)
-
-
-def _stored(r: dict) -> dict:
-    """A consume_queue+commit_log row as the listener sees it (StoredMessage fields):
-    a retried message shows its original topic and id (RocketMQ clients show UNIQ_KEY)."""
-    props = dict(r["properties"] or [])
-    topic = r["topic"]
-    if topic.startswith(RETRY_PREFIX) and props.get(Prop.RETRY_TOPIC):
-        topic = props[Prop.RETRY_TOPIC]
-    return {
-        "msg_id": props.get(Prop.UNIQ_KEY) or props.get(Prop.ORIGIN_MESSAGE_ID) or r["msg_id"],
-        "topic": topic,
-        "queue_id": r["queue_id"],
-        "queue_offset": r["queue_offset"],
-        "body": r["body"],
-        "tags": r["tags"],
-        "keys": r["keys"],
-        "properties": props,
-        "born_ts": r["born_ts"],
-        "store_ts": r["store_ts"],
-        # orderly: the suspends of the queue's head count as reconsumes (RocketMQ keeps
-        # them in client memory; here they are stored with the queue offset)
-        "reconsume_times": (r["reconsume_times"] or 0) + (r.get("suspends") or 0),
-        "flag": r["flag"] or 0,
-        "sys_flag": r["sys_flag"] or 0,
-    }
 
 
 # --- running ------------------------------------------------------------------------------
@@ -382,19 +418,33 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
             (F.col("consumer_group") == g) & (F.col("t_topic") == topic), compile_sql92(expression)
         ).otherwise(matches)
     # orderly: the suspend count belongs to the queue's head message only
-    taken = taken.withColumn("matched", matches).withColumn(
+    taken = taken.withColumn("matched", F.coalesce(matches, F.lit(False))).withColumn(
         "suspends", F.when(F.col("queue_offset") == F.col("lo"), F.col("suspends")).otherwise(F.lit(0))
     )
     # idempotent consumption: keys the group already consumed within its window
     taken = dedup.mark(wh, taken, groups, now)
     taken.createOrReplaceTempView("dmq_deliver_taken")
-    index = engine.rows(
-        "SELECT consumer_group, client_id, topic, queue_id, queue_offset, msg_id, matched, poison, cl_date, "
-        "cl_batch_id, "
-        "cl_batch_pos, reconsume_times, suspends, dkey, dup FROM dmq_deliver_taken"
+    # What was taken, summarised in the engine (one row per group, outcome class and body
+    # batch): the counts, and the batch ranges the bodies are read by.
+    summary = engine.rows(
+        "SELECT consumer_group, matched, poison, dup, cl_date, cl_batch_id, count(*) AS n "
+        "FROM dmq_deliver_taken GROUP BY consumer_group, matched, poison, dup, cl_date, cl_batch_id"
     )
-    deliverable = [r for r in index if r["matched"] and not r["poison"] and not r["dup"]]
+    counts: dict[str, dict[str, int]] = {g: defaultdict(int) for g in groups}
+    n_taken = n_deliverable = 0
+    for r in summary:
+        n_taken += r["n"]
+        if not r["matched"]:
+            counts[r["consumer_group"]]["filtered"] += r["n"]
+        elif r["poison"]:
+            pass
+        elif r["dup"]:
+            counts[r["consumer_group"]]["deduplicated"] += r["n"]
+        else:
+            n_deliverable += r["n"]
+    deliverable = [r for r in summary if r["matched"] and not r["poison"] and not r["dup"]]
     outcomes: list[dict] = []
+    consumed_keys: list[tuple[str, str, str]] = []
     if deliverable:
         bodies = read_bodies(wh, (r["cl_date"] for r in deliverable), (r["cl_batch_id"] for r in deliverable))
         taken_rows = spark.table("dmq_deliver_taken").where(
@@ -405,22 +455,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
             bodies,
             ["body", "born_ts", "flag", "sys_flag", "properties"],
         ).select(
-            "consumer_group",
-            "client_id",
-            "topic",
-            "queue_id",
-            "queue_offset",
-            "msg_id",
-            "tags",
-            "keys",
-            "body",
-            "properties",
-            "born_ts",
-            "store_ts",
-            "reconsume_times",
-            "suspends",
-            "flag",
-            "sys_flag",
+            "consumer_group", "client_id", *_MESSAGE_COLUMNS, "cl_date", "cl_batch_id", "cl_batch_pos", "dkey"
         )
         orderly = frozenset(g for g, cfg in groups.items() if cfg["orderly"])
         consumer = _make_consumer(
@@ -430,40 +465,46 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
             POISON_TRIES,
             orderly,
         )
-        if orderly or len(deliverable) > _PARALLEL_ABOVE:
+        if orderly or n_deliverable > _PARALLEL_ABOVE:
             # whole queues per partition (orderly needs it), spread over the engine's cores
             msgs = msgs.repartition(_parallelism(spark), "consumer_group", "client_id", "topic", "queue_id")
-        outcomes = [r.asDict() for r in msgs.mapInArrow(consumer, _OUT_SCHEMA).collect()]
-        if len(outcomes) != len(deliverable):
+        # the listeners' outcomes, materialised once: every later write derives from them
+        consumed = 0
+        for r in msgs.mapInArrow(consumer, _OUT_SCHEMA).collect():
+            if r["kind"] == "fail":
+                outcomes.append(r.asDict())
+            elif r["kind"] == "key":
+                consumed_keys.append((r["consumer_group"], r["dkey"], r["msg_id"]))
+            else:
+                consumed += r["n"]
+                counts[r["consumer_group"]]["consumed"] += r["n"]
+        if consumed + len(outcomes) != n_deliverable:
             raise RuntimeError(
-                f"deliver: {len(deliverable)} messages taken but {len(outcomes)} outcomes; bodies missing?"
+                f"deliver: {n_deliverable} messages taken but {consumed + len(outcomes)} outcomes; "
+                "bodies missing?"
             )
     faults.point("deliver.after_listener")
 
     # 3. failures → retry / DLQ
-    by_key = {
-        (r["consumer_group"], r["client_id"], r["topic"], r["queue_id"], r["queue_offset"]): r for r in index
-    }
     attempt_ts = {(t.group, t.client, t.topic, t.queue_id): t.attempt_ts for t in takes}
     failures = []
     max_level = broker.max_delay_level()
-    counts: dict[str, dict[str, int]] = {g: defaultdict(int) for g in groups}
     errors = []
-    poisoned = [
-        {
-            "consumer_group": r["consumer_group"],
-            "client_id": r["client_id"],
-            "topic": r["topic"],
-            "queue_id": r["queue_id"],
-            "queue_offset": r["queue_offset"],
-            "ok": False,
-            "level": 0,
-            "reason": "poison",
-            "error": f"{POISON_TRIES} delivery attempts ended without an outcome",
-        }
-        for r in index
-        if r["poison"] and r["matched"]
-    ]
+    poisoned = []
+    if any(r["matched"] and r["poison"] for r in summary):
+        poisoned = [
+            {
+                **r.asDict(),
+                "ok": False,
+                "level": 0,
+                "reason": "poison",
+                "error": f"{POISON_TRIES} delivery attempts ended without an outcome",
+            }
+            for r in engine.rows(
+                "SELECT consumer_group, client_id, topic, queue_id, queue_offset, msg_id, cl_date, "
+                "cl_batch_id, cl_batch_pos, reconsume_times FROM dmq_deliver_taken WHERE poison AND matched"
+            )
+        ]
     # orderly queues: stop at the suspended chunk; its head waits (or, at the maximum,
     # goes to the DLQ and the queue moves on)
     positions: dict[tuple[str, str, str, int], tuple[int, int, int | None]] = {}
@@ -489,24 +530,20 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         if o["reason"] in ("suspend", "not_delivered"):
             continue
         key = (o["consumer_group"], o["client_id"], o["topic"], o["queue_id"], o["queue_offset"])
-        src = by_key[key]
         g = o["consumer_group"]
-        if o["ok"]:
-            counts[g]["consumed"] += 1
-            continue
         cfg = groups[g]
         if o["error"] and len(errors) < 20:
-            errors.append((g, src["msg_id"], o["error"]))
+            errors.append((g, o["msg_id"], o["error"]))
         if cfg["mode"] == "BROADCASTING":  # logged and dropped, never retried (SPEC §3)
             counts[g]["dropped"] += 1
-            log.warning("broadcast %s/%s dropped %s: %s", g, o["client_id"], src["msg_id"], o["error"])
+            log.warning("broadcast %s/%s dropped %s: %s", g, o["client_id"], o["msg_id"], o["error"])
             continue
         ts = attempt_ts[key[:4]]
         if o["reason"] == "orderly_max":
             d = sendback.Decision("dlq", dlq_reason="orderly_max")
         else:
             d = sendback.decide(
-                reconsume_times=src["reconsume_times"] or 0,
+                reconsume_times=o["reconsume_times"] or 0,
                 requested_level=o["level"] or 0,
                 reason=o["reason"],
                 max_reconsume=cfg["max_reconsume_times"],
@@ -523,10 +560,10 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
                 o["topic"],
                 o["queue_id"],
                 o["queue_offset"],
-                src["msg_id"],
-                src["cl_batch_id"],
-                src["cl_batch_pos"],
-                src["cl_date"],
+                o["msg_id"],
+                o["cl_batch_id"],
+                o["cl_batch_pos"],
+                o["cl_date"],
                 ts,
                 d.target,
                 d.level,
@@ -536,25 +573,11 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
                 o["error"],
             )
         )
-    for r in index:
-        if not r["matched"]:
-            counts[r["consumer_group"]]["filtered"] += 1
-        elif r["dup"] and not r["poison"]:
-            counts[r["consumer_group"]]["deduplicated"] += 1
     if failures:
         sendback.store(broker, failures, fence)
     faults.point("deliver.after_sendback_commit")
 
     # 3b. keys of what was consumed, before the offsets move (a re-run skips them)
-    consumed_keys = [
-        (o["consumer_group"], src["dkey"], src["msg_id"])
-        for o in outcomes
-        if o["ok"]
-        for src in [
-            by_key[(o["consumer_group"], o["client_id"], o["topic"], o["queue_id"], o["queue_offset"])]
-        ]
-        if src["dkey"] is not None
-    ]
     if consumed_keys:
         dedup.record(wh, consumed_keys, now)
         dedup.prune(wh, groups, now)
@@ -569,7 +592,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
             total[k] += v
     return DeliverResult(
         backlog=sum(heads.get((t.topic, t.queue_id), t.hi) - t.lo for t in takes),
-        taken=len(index),
+        taken=n_taken,
         consumed=total["consumed"],
         deduplicated=total["deduplicated"],
         filtered=total["filtered"],

@@ -11,8 +11,13 @@ alone, up to ``poison_tries`` times in all; a message that still ends without an
 gets the outcome ``poison`` or ``timeout`` (the caller dead-letters it), so one bad
 message never stalls its group.
 
-This module imports only the standard library and ``deltamq.message`` so that workers
-start fast.
+Messages travel to the worker as one Arrow IPC stream per chunk (no per-message
+pickling), and the worker builds the ``StoredMessage`` objects the listener sees; the
+reply is one small tuple per chunk. ``consume`` answers with *spans* — runs of messages
+sharing one outcome — so a million consumed messages are a handful of Python objects.
+
+This module imports only the standard library, pyarrow and ``deltamq.message`` so that
+workers start fast.
 """
 
 from __future__ import annotations
@@ -51,7 +56,13 @@ def _send(stream, obj: Any) -> None:
     stream.flush()
 
 
-def _recv(stream) -> Any:
+def _send_raw(stream, data) -> None:
+    stream.write(struct.pack(">Q", len(data)))
+    stream.write(data)
+    stream.flush()
+
+
+def _recv_raw(stream) -> bytes:
     head = stream.read(8)
     if len(head) < 8:
         raise EOFError("worker stream closed")
@@ -59,7 +70,30 @@ def _recv(stream) -> Any:
     data = stream.read(size)
     if len(data) < size:
         raise EOFError("worker stream closed mid-frame")
-    return pickle.loads(data)
+    return data
+
+
+def _recv(stream) -> Any:
+    return pickle.loads(_recv_raw(stream))
+
+
+def to_ipc(messages: Any) -> Any:
+    """A pyarrow Table as one Arrow IPC stream (a buffer)."""
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, messages.schema) as writer:
+        writer.write_table(messages)
+    return sink.getvalue()
+
+
+def stored_messages(ipc: bytes) -> list:
+    """The StoredMessage objects of an IPC chunk, as the listener sees them."""
+    import pyarrow as pa
+
+    from deltamq.message import StoredMessage, stored_fields
+
+    return [StoredMessage(**stored_fields(r)) for r in pa.ipc.open_stream(ipc).read_all().to_pylist()]
 
 
 def _worker_main() -> None:  # pragma: no cover - runs in the worker process
@@ -71,7 +105,6 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
     listener = _recv(proto_in)
 
     from deltamq.consumer import SUCCESS_STATUSES, ConsumeContext
-    from deltamq.message import StoredMessage
 
     _send(proto_out, "ready")  # start-up is not part of any call's timeout
 
@@ -82,8 +115,11 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
             return
         if request is None:
             return
-        group, instance, rows = request
-        messages = [StoredMessage(**r) for r in rows]
+        group, instance = request
+        try:
+            messages = stored_messages(_recv_raw(proto_in))
+        except EOFError:
+            return
         ctx = ConsumeContext(group=group, ack_index=len(messages) - 1, instance=instance)
         error = None
         try:
@@ -128,10 +164,11 @@ class _Worker:
                 "listener worker did not start (the listener could not be loaded?); see its stderr"
             ) from e
 
-    def call(self, payload: Any, timeout_s: float) -> tuple | str:
-        """The worker's reply, or "poison" (it died) or "timeout" (it was killed)."""
+    def call(self, group: str, instance: str | None, ipc: Any, timeout_s: float) -> tuple | str:
+        """The worker's reply to one chunk, or "poison" (it died) or "timeout" (it was killed)."""
         try:
-            _send(self.proc.stdin, payload)
+            _send(self.proc.stdin, (group, instance))
+            _send_raw(self.proc.stdin, ipc)
             ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
             if not ready:
                 self.kill()
@@ -184,54 +221,60 @@ def _give_back(w: _Worker) -> None:
     w.stop()
 
 
+Span = tuple[int, int, Outcome]
+"""(first index, count, outcome): ``count`` consecutive messages with one outcome."""
+
+
 def consume(
     listener_bytes: bytes,
     group: str,
-    messages: list[dict],
+    messages: Any,
     batch_size: int,
     timeout_s: float,
     poison_tries: int,
     instance: str | None = None,
-) -> list[Outcome]:
-    """Hand ``messages`` to the listener in chunks of ``batch_size``; one Outcome each."""
+) -> list[Span]:
+    """Hand ``messages`` (a pyarrow Table of consume_queue + commit_log columns) to the
+    listener in chunks of ``batch_size``; the outcomes as spans covering every message
+    once, in order."""
     key = hashlib.sha256(listener_bytes).hexdigest()
     worker = _take(key, listener_bytes)
-    outcomes: list[Outcome] = []
+    spans: list[Span] = []
     try:
-        for start in range(0, len(messages), batch_size):
-            chunk = messages[start : start + batch_size]
-            reply = worker.call((group, instance, chunk), timeout_s)
+        for start in range(0, messages.num_rows, batch_size):
+            chunk = messages.slice(start, batch_size)
+            reply = worker.call(group, instance, to_ipc(chunk), timeout_s)
             if isinstance(reply, tuple):
-                outcomes.extend(_apply(reply, len(chunk)))
+                spans.extend(_apply(reply, start, chunk.num_rows))
                 continue
             worker = _take(key, listener_bytes)
             tries_left = poison_tries - 1  # the chunk's call was the first try of each message
-            for one in chunk:
+            for i in range(chunk.num_rows):
+                one = to_ipc(chunk.slice(i, 1))
                 result: tuple | str = reply
                 for _ in range(tries_left):
-                    result = worker.call((group, instance, [one]), timeout_s)
+                    result = worker.call(group, instance, one, timeout_s)
                     if isinstance(result, tuple):
                         break
                     worker = _take(key, listener_bytes)
                 if isinstance(result, tuple):
-                    outcomes.extend(_apply(result, 1))
+                    spans.extend(_apply(result, start + i, 1))
                 else:
-                    outcomes.append(
-                        Outcome(False, reason=result, error=f"listener ended without an outcome ({result})")
-                    )
+                    error = f"listener ended without an outcome ({result})"
+                    spans.append((start + i, 1, Outcome(False, reason=result, error=error)))
     finally:
         _give_back(worker)
-    return outcomes
+    return spans
 
 
-def _apply(reply: tuple, n: int) -> list[Outcome]:
+def _apply(reply: tuple, start: int, n: int) -> list[Span]:
     ok, ack, level, error = reply
-    if ok:
-        return [
-            Outcome(True) if i <= ack else Outcome(False, level=level, error="after ack_index")
-            for i in range(n)
-        ]
-    return [Outcome(False, level=level, error=error) for _ in range(n)]
+    if not ok:
+        return [(start, n, Outcome(False, level=level, error=error))]
+    spans: list[Span] = [(start, ack + 1, Outcome(True))] if ack >= 0 else []
+    if ack + 1 < n:
+        spans.append((start + ack + 1, n - ack - 1, Outcome(False, level=level, error="after ack_index")))
+    return spans
 
 
 def shutdown() -> None:
