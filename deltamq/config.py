@@ -87,6 +87,12 @@ class BrokerConfig:
     # after each retention pass: compaction, checkpoints, and vacuum of files no version
     # newer than this references (time travel reaches back this far)
     vacuum_retention_ms: int = 24 * 3_600_000
+    # ... and Delta log cleanup: commit entries older than this (wall clock) below each
+    # table's newest checkpoint are deleted (commit_log's only once dispatch has read
+    # them). Every tick adds several entries to the hot tables, and reading a table lists
+    # its log: without cleanup an idle tick slows as ticks accumulate (bench/README.md).
+    # Time travel through delta-rs reaches back this far.
+    log_retention_ms: int = 600_000
     compact: bool = True
 
     def __post_init__(self) -> None:
@@ -116,6 +122,11 @@ class BrokerConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be greater than zero")
+        if self.log_retention_ms < 0 or self.vacuum_retention_ms < 0:
+            raise ConfigError(
+                f"log_retention_ms={self.log_retention_ms!r} and vacuum_retention_ms="
+                f"{self.vacuum_retention_ms!r} must be zero or more"
+            )
         if self.commit_retries < 0 or self.commit_backoff_ms < 0:
             raise ConfigError("commit_retries and commit_backoff_ms must be zero or more")
 

@@ -88,6 +88,10 @@ class SchemaVersionError(DeltaMQError, RuntimeError):
     """The warehouse was written by a newer deltamq schema than this release knows."""
 
 
+class OperationError(DeltaMQError, RuntimeError):
+    """An operator command cannot run on this warehouse as it is (nothing was changed)."""
+
+
 class ReadOnlyQuery(DeltaMQError, PermissionError):
     """A statement that changes tables was given where only reads are allowed."""
 

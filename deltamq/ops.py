@@ -26,7 +26,7 @@ from deltamq.constants import (
     TRANS_OP_HALF_TOPIC,
     Prop,
 )
-from deltamq.errors import ConfigError
+from deltamq.errors import ConfigError, OperationError
 from deltamq.message import Message, validate_group_name
 from deltamq.tables.bodies import join_bodies, read_bodies
 from deltamq.tables.offsets import group_positions
@@ -301,6 +301,26 @@ def trace(broker: Broker, msg_id: str) -> list[dict[str, Any]]:
 
 
 # --- rebuilding the index ---------------------------------------------------------------------
+def _check_replayable(path: str) -> None:
+    """A rebuild replays every commit of commit_log from version 0: refuse (before touching
+    anything) when retention, compaction or log cleanup changed that history."""
+    from deltamq.tables import deltalog
+
+    first = deltalog.first_version(path)
+    if first > 0:
+        raise OperationError(
+            f"rebuild-index needs commit_log's whole Delta log, but entries 0..{first - 1} were removed "
+            "by log cleanup (log_retention_ms); the index cannot be rebuilt from the log"
+        )
+    for c in deltalog.commits_after(path, -1, 10**9):
+        if c.rewrite:
+            raise OperationError(
+                f"rebuild-index replays commit_log from version 0, but version {c.version} "
+                f"({c.operation or 'a rewrite'}) removed files (retention or compaction): replaying would "
+                "index expired messages or read vacuumed files; the index was left as it is"
+            )
+
+
 def rebuild_index(broker: Broker, now: int) -> dict[str, int]:
     """Rebuild ``consume_queue`` from ``commit_log``: holding every job lease, delete the
     index and dispatch's progress, then dispatch every commit again (offsets are a function
@@ -310,6 +330,7 @@ def rebuild_index(broker: Broker, now: int) -> dict[str, int]:
     from deltamq.orchestration.tick import JOB_NAMES
 
     wh = broker.warehouse
+    _check_replayable(wh.local_path + "/commit_log")
     leases = broker.runner.leases  # this broker's runner: its ticks may already hold them
     leases.acquire(JOB_NAMES, last_now=now)
     try:

@@ -115,6 +115,22 @@ def test_rebuild_index_reproduces_the_index(broker, clock, tmp_path):
     assert broker.tick(clock.now_ms()).job("deliver").rows_in == 0  # consumers carry on, nothing repeated
 
 
+def test_rebuild_index_refuses_once_retention_rewrote_the_commit_log(broker, clock):
+    from deltamq.errors import OperationError
+
+    broker.create_topic("orders")
+    p = broker.producer("shop")
+    p.send(Message("orders", b"old"))
+    broker.tick(clock.now_ms())
+    clock.advance(timedelta(days=4))  # past file_reserved_time: the retention pass deletes the old day
+    p.send(Message("orders", b"new"))
+    assert broker.tick(clock.now_ms()).job("retain").details["body_rows"] >= 1
+    index = broker.sql("SELECT msg_id FROM consume_queue ORDER BY msg_id").collect()
+    with pytest.raises(OperationError, match=r"removed files \(retention or compaction\)"):
+        rebuild_index(broker, clock.now_ms())
+    assert broker.sql("SELECT msg_id FROM consume_queue ORDER BY msg_id").collect() == index
+
+
 def test_report_charts_lag_and_throughput_from_job_runs(broker, clock, tmp_path):
     import json
     import re

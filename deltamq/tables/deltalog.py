@@ -35,6 +35,7 @@ class Commit:
     operation: str
     files: tuple[AddedFile, ...]
     skipped_files: int  # adds of non-append commits (rewrites)
+    rewrite: bool = False  # the commit removed files (retention, compaction, DML)
 
 
 class LogGap(DeltaMQError, RuntimeError):
@@ -54,6 +55,12 @@ def _versions(table_path: str) -> list[int]:
     except FileNotFoundError:
         return []
     return sorted(int(m.group(1)) for n in names if (m := _COMMIT_FILE.match(n)))
+
+
+def first_version(table_path: str) -> int:
+    """Lowest commit entry still in the log (−1 for a missing table)."""
+    versions = _versions(table_path)
+    return versions[0] if versions else -1
 
 
 def commits_after(table_path: str, after_version: int, limit: int) -> list[Commit]:
@@ -102,5 +109,5 @@ def read_commit(table_path: str, version: int) -> Commit:
                     )
                 )
     if removes:
-        return Commit(version, operation, (), len(adds))
+        return Commit(version, operation, (), len(adds), rewrite=True)
     return Commit(version, operation, tuple(adds), 0)
