@@ -1,13 +1,15 @@
-"""Benchmark: file counts and tick cost after many ticks, with and without compaction.
+"""Benchmark: file counts and tick cost after many ticks (compaction and log hygiene).
 
-Each tick: 10 messages sent (1 KiB), a pull client pulls and acks them, then a tick at a
-fake clock 30 s later (retention and compaction run hourly: every 120 ticks). After
-every block of ticks: the median cost of 10 idle ticks, the files the newest version of
-each busy table references and the Parquet files on disk. Run once with compaction and
-once without (``compact=False``). Writes bench/results/ticks-<timestamp>.json. A
-benchmark, not a test.
+Each tick: 10 messages sent (1 KiB), then a tick at a fake clock 30 s later that
+dispatches and delivers them to a push group (with ``--pull``: a pull client pulls and
+acks them instead); retention, compaction and log cleanup run hourly (every 120 ticks).
+After every block of ticks: the median cost of those busy ticks and of 10 idle ticks,
+the files the newest version of each busy table references, the Parquet files on disk
+and the Delta log entries. Vacuum and log cleanup go by the wall clock (1 h and the
+default 10 min here). ``--compare`` runs the same without compaction and log cleanup.
+Writes bench/results/ticks-<timestamp>.json. A benchmark, not a test.
 
-    python bench/bench_ticks.py [--ticks 2000] [--block 500]
+    python bench/bench_ticks.py [--ticks 10000] [--block 1000] [--pull] [--compare]
 """
 
 from __future__ import annotations
@@ -55,26 +57,32 @@ def _files(wh) -> dict[str, dict[str, int]]:
     return out
 
 
-def run(root: Path, ticks: int, block: int, compact: bool) -> dict:
+def run(root: Path, ticks: int, block: int, compact: bool, pull: bool) -> dict:
     wh_dir = root / f"ticks-{compact}"
     shutil.rmtree(wh_dir, ignore_errors=True)
     clock = FakeClock()
     b = Broker.open(wh_dir, clock=clock)
     b.config = replace(b.config, compact=compact, vacuum_retention_ms=3_600_000)
     b.create_topic("orders", queues=4)
-    b.create_group("workers", consume_from="FIRST_OFFSET")
+    b.create_group("workers", None if pull else "bench_listeners:ok", consume_from="FIRST_OFFSET")
     b.subscribe("workers", "orders")
-    consumer = b.pull_consumer("workers", "c1")
+    consumer = b.pull_consumer("workers", "c1") if pull else None
     p = b.producer("p")
     body = os.urandom(1024)
     blocks = []
+    busy: list[float] = []
     t_start = time.perf_counter()
     for i in range(1, ticks + 1):
         p.send_batch([Message("orders", body)] * 10)
         clock.advance(seconds=30)
-        b.tick(clock.now_ms())
-        got = consumer.pull(100, now=clock.now_ms())
-        consumer.ack([m.receipt_handle for m in got], now=clock.now_ms())
+        s0 = time.perf_counter()
+        r = b.tick(clock.now_ms())
+        busy.append(time.perf_counter() - s0)
+        if consumer is not None:
+            got = consumer.pull(100, now=clock.now_ms())
+            consumer.ack([m.receipt_handle for m in got], now=clock.now_ms())
+        else:
+            assert r.job("deliver").details["consumed"] == 10, r
         if i % block == 0:
             idle = []
             for _ in range(10):
@@ -85,25 +93,32 @@ def run(root: Path, ticks: int, block: int, compact: bool) -> dict:
             blocks.append(
                 {
                     "ticks": i,
+                    "wall_s": round(time.perf_counter() - t_start),
+                    "busy_tick_median_s": round(statistics.median(busy), 3),
                     "idle_tick_median_s": round(statistics.median(idle), 3),
                     "files": _files(b.warehouse),
                 }
             )
+            busy = []
             print(json.dumps({"compact": compact, **blocks[-1]}), flush=True)
     total = time.perf_counter() - t_start
     shutil.rmtree(wh_dir, ignore_errors=True)
-    return {"compact": compact, "ticks": ticks, "seconds": round(total, 1), "blocks": blocks}
+    return {"compact": compact, "pull": pull, "ticks": ticks, "seconds": round(total, 1), "blocks": blocks}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ticks", type=int, default=2000)
-    ap.add_argument("--block", type=int, default=500)
+    ap.add_argument("--ticks", type=int, default=10_000)
+    ap.add_argument("--block", type=int, default=1000)
+    ap.add_argument("--pull", action="store_true", help="a pull client consumes instead of a push group")
+    ap.add_argument("--compare", action="store_true", help="also run without compaction and log cleanup")
     ap.add_argument("--root", default="/tmp/deltamq-bench-ticks")
     args = ap.parse_args()
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
-    runs = [run(root, args.ticks, args.block, c) for c in (True, False)]
+    runs = [
+        run(root, args.ticks, args.block, c, args.pull) for c in ((True, False) if args.compare else (True,))
+    ]
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     result = {"bench": "ticks", "at": datetime.now(UTC).isoformat(), "runs": runs}
     out = HERE / "results" / f"ticks-{stamp}.json"

@@ -213,8 +213,9 @@ def _table(result: dict) -> str:
                 "",
             )
         )
+    args = result.get("args") or f"--messages {e['messages']}"
     lines = [
-        f"`python bench/run.py --messages {e['messages']}` — {result['at'][:10]}, `results/{result['file']}`",
+        f"`python bench/run.py {args}` — {result['at'][:10]}, `results/{result['file']}`",
         "",
         "| measure | result | target |",
         "|---|---:|---:|",
@@ -235,7 +236,12 @@ def main() -> None:
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    result: dict = {"bench": "run", "at": datetime.now(UTC).isoformat(), "file": f"run-{stamp}.json"}
+    result: dict = {
+        "bench": "run",
+        "at": datetime.now(UTC).isoformat(),
+        "file": f"run-{stamp}.json",
+        "args": " ".join(sys.argv[1:]),
+    }
     result["end_to_end"] = end_to_end(root, args.messages)
     if args.lateness:
         import bench_promote

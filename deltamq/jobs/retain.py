@@ -19,7 +19,7 @@ Runs at most every ``retain_interval_ms`` (hourly) in the tick, under its own le
    would starve under continuous sends (docs/engines.md).
 3. **Bookkeeping.** ``consumed_keys`` past each group's dedup window, ``job_runs`` past
    ``job_runs_reserved_time`` (7 days), ``dq_results`` past ``dq_reserved_time`` (30 days).
-4. **Compaction, checkpoints, vacuum** (``deltamq/jobs/compact.py``) unless
+4. **Compaction, checkpoints, vacuum, log cleanup** (``deltamq/jobs/compact.py``) unless
    ``compact`` is off.
 
 The first pass on a new warehouse is due one interval after its first tick.
