@@ -87,12 +87,13 @@ class BrokerConfig:
     # after each retention pass: compaction, checkpoints, and vacuum of files no version
     # newer than this references (time travel reaches back this far)
     vacuum_retention_ms: int = 24 * 3_600_000
-    # ... and Delta log cleanup: commit entries older than this (wall clock) below each
-    # table's newest checkpoint are deleted (commit_log's only once dispatch has read
-    # them). Every tick adds several entries to the hot tables, and reading a table lists
-    # its log: without cleanup an idle tick slows as ticks accumulate (bench/README.md).
-    # Time travel through delta-rs reaches back this far.
-    log_retention_ms: int = 600_000
+    # Delta log cleanup (every tick's retain step, every log_retention_ms / 2 of wall
+    # clock): commit entries older than this (wall clock) below each table's newest
+    # checkpoint are deleted (commit_log's only once dispatch has read them). Every tick
+    # adds several entries to the hot tables, and reading a table lists its log: without
+    # cleanup an idle tick slows as ticks accumulate (bench/README.md). Time travel
+    # through delta-rs reaches back this far.
+    log_retention_ms: int = 60_000
     compact: bool = True
 
     def __post_init__(self) -> None:

@@ -117,3 +117,26 @@ def test_log_cleanup_drops_entries_below_the_checkpoint_but_keeps_what_dispatch_
     clock.advance(seconds=30)
     assert broker.tick(clock.now_ms()).job("dispatch").rows_out == 12
     assert broker.sql("SELECT count(*) AS n FROM consume_queue").collect()[0]["n"] == len(index) + 12
+
+
+def test_ticks_keep_the_delta_logs_short_between_retention_passes(broker, clock):
+    import time
+
+    broker.create_topic("orders")
+    broker.create_group("g", consume_from="FIRST_OFFSET")
+    broker.subscribe("g", "orders")
+    p = broker.producer("shop")
+    removed = 0
+    for i in range(30):  # 30 s apart: the hourly retention pass never comes
+        p.send(Message("orders", f"m{i}".encode()))
+        clock.advance(seconds=30)
+        r = broker.tick(clock.now_ms()).job("retain")
+        assert r.status == "SKIPPED"
+        removed += r.details["log_entries_removed"]
+        if i == 14:  # from now on every entry below a checkpoint may go
+            broker.config = replace(broker.config, log_retention_ms=0)
+            time.sleep(1.0)  # the cleanup runs at most once a wall-clock second
+    offsets = _log_versions(broker.warehouse.path("offsets"))
+    assert removed > 0 and offsets[0] > 0  # the oldest entries are gone ...
+    assert len(offsets) < 30  # ... and the log holds about one checkpoint interval
+    assert broker.sql("SELECT count(*) AS n FROM consume_queue").collect()[0]["n"] == 30

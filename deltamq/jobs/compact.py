@@ -13,8 +13,10 @@ vacuumed, and dispatch skips compaction commits (they remove files: not blind ap
 - **Vacuum** removes files no version newer than ``vacuum_retention_ms`` (24 h) still
   references.
 - **Log cleanup** deletes commit entries (``<v>.json``, ``.crc``) and older checkpoints
-  below each table's newest checkpoint once they are ``log_retention_ms`` old (10 min,
+  below each table's newest checkpoint once they are ``log_retention_ms`` old (60 s,
   wall clock, so a reader that listed the log a moment ago still finds its entries);
+  it runs after each pass and, being a few directory listings, also from every tick's
+  retain step whenever half of ``log_retention_ms`` has passed (``cleanup_logs_if_due``);
   for ``commit_log`` only entries dispatch has already read. Readers start from the
   newest checkpoint, so nothing they need goes; time travel (through delta-rs — Sail
   cannot reach versions behind its newest checkpoint anyway) reaches back that far. Every
@@ -110,11 +112,7 @@ def run(broker: Broker, now: int, *, vacuum: bool = True) -> CompactResult:
     wh = broker.warehouse
     today = ids.store_date(now).isoformat()
     hours = max(0, broker.config.vacuum_retention_ms // 3_600_000)
-    removed = added = vacuumed = conflicts = logs = 0
-    older_than_s = time.time() - broker.config.log_retention_ms / 1000.0
-    from deltamq.jobs import dispatch
-
-    dispatched = dispatch.load_state(wh).version  # commit_log entries after it are still to read
+    removed = added = vacuumed = conflicts = 0
     per_table: dict[str, int] = {}
     for name in TABLES:
         path = wh.local_path + "/" + name
@@ -139,8 +137,33 @@ def run(broker: Broker, now: int, *, vacuum: bool = True) -> CompactResult:
                 raise
             conflicts += 1
             log.info("compaction of %s skipped this pass: %s", name, e)
+    logs = cleanup_logs(broker)
+    return CompactResult(removed, added, vacuumed, conflicts, logs, per_table)
+
+
+def cleanup_logs(broker: Broker) -> int:
+    """Log cleanup of every table (see the module docstring); returns entries deleted."""
+    from deltamq.jobs import dispatch
+    from deltamq.schemas import TABLES
+
+    wh = broker.warehouse
+    older_than_s = time.time() - broker.config.log_retention_ms / 1000.0
+    dispatched = dispatch.load_state(wh).version  # commit_log entries after it are still to read
+    deleted = 0
+    for name in TABLES:
         if name == "commit_log" and dispatched < 0:
             continue  # dispatch has read nothing yet: every entry is still needed
         keep_from = dispatched + 1 if name == "commit_log" else None
-        logs += cleanup_log(path, keep_from=keep_from, older_than_s=older_than_s)
-    return CompactResult(removed, added, vacuumed, conflicts, logs, per_table)
+        deleted += cleanup_log(wh.local_path + "/" + name, keep_from=keep_from, older_than_s=older_than_s)
+    broker._log_cleanup_wall = time.time()
+    return deleted
+
+
+def cleanup_logs_if_due(broker: Broker) -> int:
+    """:func:`cleanup_logs` when half of ``log_retention_ms`` (wall clock, at least a second)
+    has passed since this broker last ran it; 0 otherwise. Cheap: a listing per table."""
+    last = broker._log_cleanup_wall
+    every_s = max(1.0, broker.config.log_retention_ms / 2000.0)
+    if last is not None and time.time() - last < every_s:
+        return 0
+    return cleanup_logs(broker)

@@ -64,6 +64,7 @@ class RetainResult:
     kept_old_batches: int = 0  # old batches kept because a remaining index row needs them
     pruned: dict[str, int] = field(default_factory=dict)  # bookkeeping tables -> rows removed
     compacted: Any = None  # compact.CompactResult
+    log_entries: int = 0  # Delta log entries deleted between passes
 
     @property
     def details(self) -> dict[str, int]:
@@ -77,6 +78,7 @@ class RetainResult:
             "body_days": self.body_days,
             "body_rows": self.body_rows,
             "kept_old_batches": self.kept_old_batches,
+            "log_entries_removed": self.log_entries,
         }
         out |= {f"pruned_{k}": v for k, v in self.pruned.items()}
         return out | (self.compacted.details if self.compacted is not None else {})
@@ -111,7 +113,11 @@ def run(broker: Broker, now: int, *, fence=None, force: bool = False) -> RetainR
             _record_run(broker, now)
             return RetainResult(False)
         if now - last < cfg.retain_interval_ms:
-            return RetainResult(False)
+            from deltamq.jobs import compact
+
+            # between passes only the Delta logs are trimmed (on the wall clock: they grow
+            # with every tick, however far apart the ticks' `now`s are)
+            return RetainResult(False, log_entries=compact.cleanup_logs_if_due(broker) if cfg.compact else 0)
     cut = now - cfg.file_reserved_time_ms
     dlq_cut = now - cfg.dlq_reserved_time_ms
     if fence:
