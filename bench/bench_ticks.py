@@ -2,13 +2,14 @@
 
 Each tick: 10 messages sent (1 KiB), then a tick at a fake clock 30 s later that
 dispatches and delivers them to a push group (with ``--pull``: a pull client pulls and
-acks them instead); retention, compaction and log cleanup run hourly (every 120 ticks).
-After every block of ticks: the median cost of those busy ticks and of 10 idle ticks,
-the files the newest version of each busy table references, the Parquet files on disk
-and the Delta log entries. Vacuum and log cleanup go by the wall clock; the bench runs
-a 30 s tick in well under a second, so their retentions are scaled down alike (vacuum
-60 s, log 1 s: a few ticks, as the defaults of 24 h and 60 s are at 30 s ticks). ``--compare`` runs the same without compaction and log cleanup.
-Writes bench/results/ticks-<timestamp>.json. A benchmark, not a test.
+acks them instead); retention and compaction run hourly (every 120 ticks), log cleanup
+from every tick. After every block of ticks: the median cost of those busy ticks and of
+10 idle ticks, the files the newest version of each busy table references, the Parquet
+files on disk and the Delta log entries. Vacuum and log cleanup go by the wall clock;
+the bench runs a 30 s tick in well under a second, so their retentions are scaled down
+alike (vacuum 60 s, log 1 s: a few ticks, as the defaults of 24 h and 60 s are at 30 s
+ticks). ``--compare`` runs the same without compaction and log cleanup. Writes
+bench/results/ticks-<timestamp>.json. A benchmark, not a test.
 
     python bench/bench_ticks.py [--ticks 10000] [--block 1000] [--pull] [--compare]
 """
