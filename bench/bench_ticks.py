@@ -59,7 +59,7 @@ def _files(wh) -> dict[str, dict[str, int]]:
     return out
 
 
-def run(root: Path, ticks: int, block: int, compact: bool, pull: bool) -> dict:
+def run(root: Path, ticks: int, block: int, compact: bool, pull: bool, save=lambda blocks: None) -> dict:
     wh_dir = root / f"ticks-{compact}"
     shutil.rmtree(wh_dir, ignore_errors=True)
     clock = FakeClock()
@@ -103,6 +103,7 @@ def run(root: Path, ticks: int, block: int, compact: bool, pull: bool) -> dict:
             )
             busy = []
             print(json.dumps({"compact": compact, **blocks[-1]}), flush=True)
+            save(blocks)  # a run cut short still leaves its blocks
     total = time.perf_counter() - t_start
     shutil.rmtree(wh_dir, ignore_errors=True)
     return {"compact": compact, "pull": pull, "ticks": ticks, "seconds": round(total, 1), "blocks": blocks}
@@ -118,13 +119,18 @@ def main() -> None:
     args = ap.parse_args()
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
-    runs = [
-        run(root, args.ticks, args.block, c, args.pull) for c in ((True, False) if args.compare else (True,))
-    ]
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    result = {"bench": "ticks", "at": datetime.now(UTC).isoformat(), "runs": runs}
     out = HERE / "results" / f"ticks-{stamp}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    result: dict = {"bench": "ticks", "at": datetime.now(UTC).isoformat(), "args": vars(args), "runs": []}
+
+    def save(blocks: list | None = None, done: dict | None = None) -> None:
+        partial = [*result["runs"], done or {"partial": True, "blocks": blocks}]
+        out.write_text(json.dumps({**result, "runs": partial}, indent=2) + "\n")
+
+    for c in (True, False) if args.compare else (True,):
+        done = run(root, args.ticks, args.block, c, args.pull, save=lambda blocks, c=c: save(blocks))
+        result["runs"].append(done)
+        out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
 
 

@@ -61,9 +61,7 @@ class Broker(Topics):
         self.sink_transforms: dict[str, Callable[..., Any]] = {}
         self._runner = None
         self._retain_last: int | None = None  # the retain job's last pass (see jobs/retain.py)
-        self._log_cleanup_wall: float | None = (
-            None  # wall time of the last Delta log cleanup (jobs/compact.py)
-        )
+        self._log_cleanup_wall: float | None = None  # the last Delta log cleanup (jobs/compact.py)
 
     # --- opening ---------------------------------------------------------------------------
     @classmethod

@@ -38,6 +38,15 @@ def parse_duration_ms(text: str) -> int:
     return value
 
 
+TOMBSTONE_RETENTION = "delta.deletedFileRetentionDuration"
+
+
+def tombstone_retention(config: BrokerConfig) -> str:
+    """The ``delta.deletedFileRetentionDuration`` deltamq keeps on its tables: as long as
+    the Delta log entries (``log_retention_ms``); see jobs/compact.py."""
+    return f"interval {max(1, config.log_retention_ms // 1000)} seconds"
+
+
 def parse_levels(level_string: str) -> list[tuple[int, int, str]]:
     """Parse RocketMQ's ``messageDelayLevel`` string into (level, delay_ms, label).
 

@@ -206,13 +206,22 @@ class Engine:
         on purpose: engines disagree on them (DESIGN.md); count with a query."""
         self.sql(statement).collect()
 
-    def append(self, df: DataFrame, location: str, partition_by: Sequence[str] = ()) -> None:
-        """Blind-append ``df`` to the Delta table at ``location``.
+    def append(
+        self,
+        df: DataFrame,
+        location: str,
+        partition_by: Sequence[str] = (),
+        properties: dict[str, str] | None = None,
+    ) -> None:
+        """Blind-append ``df`` to the Delta table at ``location``; ``properties``
+        (``delta.*`` table properties) take effect when the append creates the table.
 
         Sail has no ``INSERT INTO delta.`path```; the DataFrame writer works on every
         engine, so appends use it (docs/engines.md).
         """
         writer = df.write.format("delta").mode("append")
+        for key, value in (properties or {}).items():
+            writer = writer.option(key, value)
         if partition_by:
             writer = writer.partitionBy(*partition_by)
         writer.save(location)

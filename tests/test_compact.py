@@ -8,6 +8,7 @@ import os
 from dataclasses import replace
 
 from deltalake import DeltaTable
+from listeners import Recorder
 
 from deltamq import Message
 from deltamq.jobs import compact
@@ -140,3 +141,47 @@ def test_ticks_keep_the_delta_logs_short_between_retention_passes(broker, clock)
     assert removed > 0 and offsets[0] > 0  # the oldest entries are gone ...
     assert len(offsets) < 30  # ... and the log holds about one checkpoint interval
     assert broker.sql("SELECT count(*) AS n FROM consume_queue").collect()[0]["n"] == 30
+
+
+def _newest_checkpoint_removes(path: str) -> int:
+    import glob
+
+    import pyarrow.parquet as pq
+
+    newest = sorted(glob.glob(os.path.join(path, "_delta_log", "*.checkpoint.parquet")))[-1]
+    t = pq.read_table(newest, columns=["remove"])
+    return t.num_rows - t.column("remove").null_count
+
+
+def test_checkpoints_drop_the_tombstones_of_rewritten_files(broker, clock, tmp_path):
+    import time
+
+    from deltamq.jobs.compact import TOMBSTONE_RETENTION
+
+    broker.create_topic("orders")
+    broker.create_group("g", Recorder(tmp_path / "g.jsonl"), consume_from="FIRST_OFFSET")
+    broker.subscribe("g", "orders")
+    p = broker.producer("shop")
+
+    def busy_ticks(n: int) -> None:
+        for i in range(n):
+            p.send(Message("orders", f"m{i}".encode()))
+            clock.advance(seconds=30)
+            broker.tick(clock.now_ms())
+
+    busy_ticks(3)
+    offsets = broker.warehouse.path("offsets")
+    # created with the default (log_retention_ms, 60 s); a retention pass sets a changed one
+    assert DeltaTable(offsets).metadata().configuration[TOMBSTONE_RETENTION] == "interval 60 seconds"
+    assert compact.set_tombstone_retention(broker) == 0
+    broker.config = replace(broker.config, log_retention_ms=1_000)
+    assert compact.set_tombstone_retention(broker) >= 10  # every table
+    assert DeltaTable(offsets).metadata().configuration[TOMBSTONE_RETENTION] == "interval 1 seconds"
+    time.sleep(1.2)
+    before = DeltaTable(offsets).version()
+    busy_ticks(20)
+    rewrites = DeltaTable(offsets).version() - before
+    # every MERGE into offsets removed a file, yet Sail's newest checkpoint keeps only the
+    # tombstones of about the last second
+    assert rewrites >= 60 and _newest_checkpoint_removes(offsets) < rewrites // 2
+    assert broker.sql("SELECT count(*) AS n FROM consume_queue").collect()[0]["n"] == 23

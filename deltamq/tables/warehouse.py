@@ -13,7 +13,7 @@ import re
 import time
 from typing import TYPE_CHECKING
 
-from deltamq.config import parse_levels
+from deltamq.config import TOMBSTONE_RETENTION, parse_levels, tombstone_retention
 from deltamq.errors import ConfigError, SchemaVersionError
 from deltamq.schemas import SCHEMA_VERSION, TABLES, TableSpec
 from deltamq.tables.sqltext import sql_str
@@ -91,11 +91,13 @@ class Warehouse:
     def _create(self, spec: TableSpec, version: int) -> None:
         schema = spec.columns_at(version)
         empty = self.engine.spark.createDataFrame([], schema)
+        # checkpoints keep remove tombstones only this long (jobs/compact.py)
+        properties = {TOMBSTONE_RETENTION: tombstone_retention(self.engine.config)} | spec.properties
 
         def attempt() -> None:
             if self.table_exists(spec.name):
                 return
-            self.engine.append(empty, self.path(spec.name), spec.partition_by)
+            self.engine.append(empty, self.path(spec.name), spec.partition_by, properties)
 
         self.engine.commit(attempt, what=f"create {spec.name}")
 
