@@ -109,6 +109,44 @@ def run(root: Path, ticks: int, block: int, compact: bool, pull: bool, save=lamb
     return {"compact": compact, "pull": pull, "ticks": ticks, "seconds": round(total, 1), "blocks": blocks}
 
 
+BEGIN, END = "<!-- ticks:begin -->", "<!-- ticks:end -->"
+
+
+def table(result: dict, name: str) -> str:
+    """The markdown table of a result (the last run: compaction on unless only off ran)."""
+    run = result["runs"][0]
+    cut = " — cut short at the end of its session" if run.get("partial") else ""
+    lines = [
+        f"`python bench/bench_ticks.py --ticks {result.get('args', {}).get('ticks', '?')}` — "
+        f"{result['at'][:10]}, `results/{name}`{cut}",
+        "",
+        "| ticks | wall | busy tick (block median) | idle tick (median of 10) | files referenced: "
+        "commit_log / consume_queue / offsets / job_runs | Parquet files on disk: consume_queue / offsets "
+        "| log entries: commit_log / consume_queue / offsets / job_runs |",
+        "|---:|---:|---:|---:|---|---|---|",
+    ]
+    for b in run["blocks"]:
+        f = b["files"]
+        t = ("commit_log", "consume_queue", "offsets", "job_runs")
+        lines.append(
+            f"| {b['ticks']:,} | {b['wall_s']} s | {b['busy_tick_median_s']} s "
+            f"| {b['idle_tick_median_s']} s | "
+            + " / ".join(str(f[x]["live"]) for x in t)
+            + f" | {f['consume_queue']['disk']} / {f['offsets']['disk']} | "
+            + " / ".join(str(f[x]["log_entries"]) for x in t)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def write_table(path: Path) -> None:
+    """Regenerate the table between the markers in bench/README.md from a result file."""
+    readme = HERE / "README.md"
+    text = readme.read_text()
+    block = f"{BEGIN}\n{table(json.loads(path.read_text()), path.name)}\n{END}"
+    readme.write_text(text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) :])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ticks", type=int, default=10_000)
@@ -116,21 +154,32 @@ def main() -> None:
     ap.add_argument("--pull", action="store_true", help="a pull client consumes instead of a push group")
     ap.add_argument("--compare", action="store_true", help="also run without compaction and log cleanup")
     ap.add_argument("--root", default="/tmp/deltamq-bench-ticks")
+    ap.add_argument("--table", type=Path, help="only regenerate the README table from this result file")
     args = ap.parse_args()
+    if args.table:
+        write_table(args.table)
+        return
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = HERE / "results" / f"ticks-{stamp}.json"
-    result: dict = {"bench": "ticks", "at": datetime.now(UTC).isoformat(), "args": vars(args), "runs": []}
+    result: dict = {
+        "bench": "ticks",
+        "at": datetime.now(UTC).isoformat(),
+        "args": {k: v for k, v in vars(args).items() if k != "table"},
+        "runs": [],
+    }
 
     def save(blocks: list | None = None, done: dict | None = None) -> None:
         partial = [*result["runs"], done or {"partial": True, "blocks": blocks}]
         out.write_text(json.dumps({**result, "runs": partial}, indent=2) + "\n")
+        write_table(out)
 
     for c in (True, False) if args.compare else (True,):
         done = run(root, args.ticks, args.block, c, args.pull, save=lambda blocks, c=c: save(blocks))
         result["runs"].append(done)
         out.write_text(json.dumps(result, indent=2) + "\n")
+        write_table(out)
     print(f"wrote {out}")
 
 
