@@ -115,7 +115,7 @@ BEGIN, END = "<!-- ticks:begin -->", "<!-- ticks:end -->"
 def table(result: dict, name: str) -> str:
     """The markdown table of a result (the last run: compaction on unless only off ran)."""
     run = result["runs"][0]
-    cut = " — cut short at the end of its session" if run.get("partial") else ""
+    cut = " — stopped before its last block (see below)" if run.get("partial") else ""
     lines = [
         f"`python bench/bench_ticks.py --ticks {result.get('args', {}).get('ticks', '?')}` — "
         f"{result['at'][:10]}, `results/{name}`{cut}",
