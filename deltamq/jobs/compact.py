@@ -123,9 +123,7 @@ def run(broker: Broker, now: int, *, vacuum: bool = True) -> CompactResult:
     today = ids.store_date(now).isoformat()
     hours = max(0, broker.config.vacuum_retention_ms // 3_600_000)
     removed = added = vacuumed = conflicts = 0
-    # tables created before this setting (or with another log_retention_ms) get it here:
-    # a pass commits anyway, an idle tick must not
-    set_tombstone_retention(broker)
+    wanted = tombstone_retention(broker.config)
     per_table: dict[str, int] = {}
     for name in TABLES:
         path = wh.local_path + "/" + name
@@ -133,6 +131,9 @@ def run(broker: Broker, now: int, *, vacuum: bool = True) -> CompactResult:
             continue
         try:
             table = DeltaTable(path)
+            # tables created before this setting (or with another log_retention_ms) get it
+            # here: a pass commits anyway, an idle tick must not
+            _set_tombstone_retention(table, name, wanted)
             filters = [(_BY_DAY[name], "<", today)] if name in _BY_DAY else None
             metrics = table.optimize.compact(partition_filters=filters)
             n_removed = int(metrics.get("numFilesRemoved") or 0)
@@ -148,7 +149,7 @@ def run(broker: Broker, now: int, *, vacuum: bool = True) -> CompactResult:
                     )
                 )
         except Exception as e:  # noqa: BLE001 - a lost race: the next pass compacts it
-            if type(e).__name__ not in ("CommitFailedError", "DeltaError"):
+            if not _lost_race(e):
                 raise
             conflicts += 1
             log.info("compaction of %s skipped this pass: %s", name, e)
@@ -156,30 +157,40 @@ def run(broker: Broker, now: int, *, vacuum: bool = True) -> CompactResult:
     return CompactResult(removed, added, vacuumed, conflicts, logs, per_table)
 
 
+def _lost_race(e: Exception) -> bool:
+    """True for delta-rs' refusal of a commit that lost a race with another writer."""
+    return type(e).__name__ in ("CommitFailedError", "DeltaError")
+
+
+def _set_tombstone_retention(table, name: str, wanted: str) -> bool:
+    """Set :data:`TOMBSTONE_RETENTION` on a delta-rs ``table`` unless it has ``wanted``;
+    True when it committed. A lost race is left for the next pass."""
+    if table.metadata().configuration.get(TOMBSTONE_RETENTION) == wanted:
+        return False
+    try:
+        table.alter.set_table_properties({TOMBSTONE_RETENTION: wanted})
+    except Exception as e:  # noqa: BLE001 - a concurrent commit: the next pass sets it
+        if not _lost_race(e):
+            raise
+        log.info("tombstone retention of %s not set this pass: %s", name, e)
+        return False
+    return True
+
+
 def set_tombstone_retention(broker: Broker) -> int:
-    """Set :data:`TOMBSTONE_RETENTION` on every table that lacks this value (a metadata
-    commit through delta-rs); returns the tables changed. A lost race is left for the
-    next call."""
+    """Set :data:`TOMBSTONE_RETENTION` (a metadata commit through delta-rs) on every table
+    that lacks this broker's value, as each compaction pass does; returns the tables
+    changed."""
     from deltalake import DeltaTable
 
     from deltamq.schemas import TABLES
 
     wanted = tombstone_retention(broker.config)
-    changed = 0
-    for name in TABLES:
-        if not broker.warehouse.table_exists(name):
-            continue
-        table = DeltaTable(broker.warehouse.local_path + "/" + name)
-        if table.metadata().configuration.get(TOMBSTONE_RETENTION) == wanted:
-            continue
-        try:
-            table.alter.set_table_properties({TOMBSTONE_RETENTION: wanted})
-            changed += 1
-        except Exception as e:  # noqa: BLE001 - a concurrent commit: the next pass sets it
-            if type(e).__name__ not in ("CommitFailedError", "DeltaError"):
-                raise
-            log.info("tombstone retention of %s not set this pass: %s", name, e)
-    return changed
+    return sum(
+        _set_tombstone_retention(DeltaTable(broker.warehouse.local_path + "/" + name), name, wanted)
+        for name in TABLES
+        if broker.warehouse.table_exists(name)
+    )
 
 
 def cleanup_logs(broker: Broker) -> int:

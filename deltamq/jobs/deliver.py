@@ -295,8 +295,8 @@ def _make_consumer(
         batches = list(batches)
         if not batches:
             return
-        # A partition holds whole queues (the input is partitioned by queue); orderly
-        # groups need all of a queue's rows, in offset order, before the first call.
+        # Orderly groups' partitions hold whole queues (the input is partitioned by queue)
+        # and need all of a queue's rows, in offset order, before the first call.
         table = pa.Table.from_batches(batches)
         if table.num_rows == 0:
             return
@@ -442,9 +442,8 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         "FROM dmq_deliver_taken GROUP BY consumer_group, matched, poison, dup, cl_date, cl_batch_id"
     )
     counts: dict[str, dict[str, int]] = {g: defaultdict(int) for g in groups}
-    n_taken = n_deliverable = 0
+    deliverable = []  # summary rows of messages the listeners get
     for r in summary:
-        n_taken += r["n"]
         if not r["matched"]:
             counts[r["consumer_group"]]["filtered"] += r["n"]
         elif r["poison"]:
@@ -452,8 +451,9 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         elif r["dup"]:
             counts[r["consumer_group"]]["deduplicated"] += r["n"]
         else:
-            n_deliverable += r["n"]
-    deliverable = [r for r in summary if r["matched"] and not r["poison"] and not r["dup"]]
+            deliverable.append(r)
+    n_taken = sum(r["n"] for r in summary)
+    n_deliverable = sum(r["n"] for r in deliverable)
     outcomes: list[dict] = []
     consumed_keys: list[tuple[str, str, str]] = []
     if deliverable:

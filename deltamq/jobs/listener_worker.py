@@ -51,9 +51,7 @@ class Outcome:
 
 
 def _send(stream, obj: Any) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(struct.pack(">Q", len(data)) + data)
-    stream.flush()
+    _send_raw(stream, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _send_raw(stream, data) -> None:
@@ -159,8 +157,7 @@ class _Worker:
             env=env,
         )
         _send(self.proc.stdin, list(sys.path))
-        self.proc.stdin.write(struct.pack(">Q", len(listener_bytes)) + listener_bytes)
-        self.proc.stdin.flush()
+        _send_raw(self.proc.stdin, listener_bytes)
         ready, _, _ = select.select([self.proc.stdout], [], [], _START_TIMEOUT_S)
         try:
             if not ready or _recv(self.proc.stdout) != "ready":
