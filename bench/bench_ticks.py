@@ -8,8 +8,10 @@ from every tick. After every block of ticks: the median cost of those busy ticks
 files on disk and the Delta log entries. Vacuum and log cleanup go by the wall clock;
 the bench runs a 30 s tick in well under a second, so their retentions are scaled down
 alike (vacuum 60 s, log 1 s: a few ticks, as the defaults of 24 h and 60 s are at 30 s
-ticks). ``--compare`` runs the same without compaction and log cleanup. Writes
-bench/results/ticks-<timestamp>.json. A benchmark, not a test.
+ticks). A tick over 5 s or one that fails is recorded with each job's time and the
+engine's counters (a failed tick is counted and the run goes on, as ``deltamq run``
+does); deltamq's log goes to <root>/bench.log. ``--compare`` runs the same without
+compaction and log cleanup. Writes bench/results/ticks-<timestamp>.json. A benchmark, not a test.
 
     python bench/bench_ticks.py [--ticks 10000] [--block 1000] [--pull] [--compare]
 """
@@ -18,11 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -41,6 +44,20 @@ TABLES = (
     "job_runs",
     "leases",
 )
+
+
+SLOW_S = 5.0
+
+
+def _slow(i: int, took: float, r, error: str | None, before: dict, after: dict) -> dict:
+    """What a slow or failed tick did: each job's wall time and the engine's counters."""
+    return {
+        "tick": i,
+        "seconds": round(took, 2),
+        "error": error,
+        "jobs_ms": {j.job: j.end_ts - j.start_ts for j in r.jobs} if r is not None else None,
+        "engine": {k: after[k] - before[k] for k in after if k != "by_job"},
+    }
 
 
 def _files(wh) -> dict[str, dict[str, int]]:
@@ -73,19 +90,33 @@ def run(root: Path, ticks: int, block: int, compact: bool, pull: bool, save=lamb
     body = os.urandom(1024)
     blocks = []
     busy: list[float] = []
+    slow: list[dict] = []  # ticks over SLOW_S: per-job times, engine counters, failure
+    failed = consumed = 0
     t_start = time.perf_counter()
     for i in range(1, ticks + 1):
         p.send_batch([Message("orders", body)] * 10)
         clock.advance(seconds=30)
+        before = asdict(b.engine.stats)
         s0 = time.perf_counter()
-        r = b.tick(clock.now_ms())
-        busy.append(time.perf_counter() - s0)
+        error, r = None, None
+        try:
+            r = b.tick(clock.now_ms())
+        except Exception as e:  # noqa: BLE001 - recorded; the next tick carries on, as the loop does
+            failed += 1
+            error = f"{type(e).__name__}: {e}"[:500]
+        took = time.perf_counter() - s0
+        busy.append(took)
+        if took > SLOW_S or error:
+            slow.append(_slow(i, took, r, error, before, asdict(b.engine.stats)))
+            print(json.dumps({"slow": slow[-1]}), flush=True)
         if consumer is not None:
             got = consumer.pull(100, now=clock.now_ms())
             consumer.ack([m.receipt_handle for m in got], now=clock.now_ms())
-        else:
-            assert r.job("deliver").details["consumed"] == 10, r
+            consumed += len(got)
+        elif r is not None:
+            consumed += r.job("deliver").details["consumed"]
         if i % block == 0:
+            assert consumed == 10 * i or failed, (consumed, i)
             idle = []
             for _ in range(10):
                 clock.advance(seconds=1)
@@ -99,9 +130,13 @@ def run(root: Path, ticks: int, block: int, compact: bool, pull: bool, save=lamb
                     "busy_tick_median_s": round(statistics.median(busy), 3),
                     "idle_tick_median_s": round(statistics.median(idle), 3),
                     "files": _files(b.warehouse),
+                    "failed_ticks": failed,
+                    "consumed": consumed,
+                    "engine": {k: v for k, v in asdict(b.engine.stats).items() if k != "by_job"},
+                    "slow_ticks": slow,
                 }
             )
-            busy = []
+            busy, slow = [], []
             print(json.dumps({"compact": compact, **blocks[-1]}), flush=True)
             save(blocks)  # a run cut short still leaves its blocks
     total = time.perf_counter() - t_start
@@ -161,6 +196,11 @@ def main() -> None:
         return
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
+    # deltamq's own log (commit conflicts retried, lease waits) next to the warehouses
+    logging.basicConfig(
+        filename=root / "bench.log", level=logging.WARNING, format="%(asctime)s %(name)s %(message)s"
+    )
+    logging.getLogger("deltamq").setLevel(logging.INFO)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = HERE / "results" / f"ticks-{stamp}.json"
     result: dict = {

@@ -104,3 +104,25 @@ def test_now_earlier_than_last_tick_is_refused(broker, clock, tmp_path):
     with pytest.raises(ClockError):
         other.tick(clock.now_ms() - 60_000)
     other.close()
+
+
+def test_a_long_tick_renews_its_lease_between_jobs(broker):
+    """A job that runs past half the lease does not leave the next job an expired lease:
+    the runner renews before each job (the fence inside the next job then passes)."""
+    from deltamq.orchestration.tick import TickRunner
+
+    wall = [1_000_000]
+    fenced = []
+
+    def slow(_broker, _now, fence, _runs):
+        wall[0] += 700  # 0.7 of the lease per job: two jobs outlive one lease
+        fence()
+        fenced.append(wall[0])
+
+    seq = (("a", "dispatch", slow), ("b", "dispatch", slow), ("c", "dispatch", slow))
+    runner = TickRunner(broker, holder="long", sequence=seq)
+    runner.leases = Leases(broker.warehouse, holder="long", ttl_ms=1000, wall=lambda: wall[0])
+    runner.tick(1)
+    assert fenced == [1_000_700, 1_001_400, 1_002_100]
+    lease = broker.sql("SELECT holder, epoch, expires_at FROM leases WHERE job = 'dispatch'").collect()[0]
+    assert (lease["holder"], lease["epoch"], lease["expires_at"]) == ("long", 1, 1_002_400)

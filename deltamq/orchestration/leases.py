@@ -138,6 +138,14 @@ class Leases:
             "VALUES (s.job, s.holder, s.epoch, s.expires_at, s.acquired_at, s.last_now)"
         )
 
+    def renew_due(self, jobs: Sequence[str]) -> None:
+        """Renew ``jobs`` if any has half its time or less left (by what this holder last
+        saw: no read otherwise). Called between jobs, so a long tick does not run a later
+        job on a lease that expires under it."""
+        now = self.wall()
+        if any(j not in self.held or self.held[j].expires_at - now <= self.ttl_ms // 2 for j in jobs):
+            self.acquire(jobs)
+
     def check(self, jobs: Sequence[str]) -> None:
         """Raise LeaseLost if any of ``jobs`` is no longer ours at the epoch we took it
         (a stale holder must not write): call before committing progress."""

@@ -1,9 +1,10 @@
 """The tick: one pass of the broker's jobs in DESIGN.md's order.
 
 ``TickRunner.tick(now)`` takes the job leases (committing only when a lease is new or
-past half its time), refuses a ``now`` earlier than the warehouse's last tick, runs
-each job with ``now``, and appends one ``job_runs`` commit with a row per job. An idle
-tick therefore commits nothing but that one append.
+past half its time, and renewing the same way before each job), refuses a ``now``
+earlier than the warehouse's last tick, runs each job with ``now``, and appends one
+``job_runs`` commit with a row per job. An idle tick therefore commits nothing but
+that one append.
 """
 
 from __future__ import annotations
@@ -225,6 +226,7 @@ class TickRunner:
                 runs.append(JobRun(name, "SKIPPED", start_ts=start, end_ts=start, error="stopping"))
                 continue
             try:
+                self.leases.renew_due([lease])
                 run = fn(self.broker, now_ms, lambda n=lease: self.leases.check([n]), runs)
                 if run is not None:
                     runs.append(_stamped(run, start))
