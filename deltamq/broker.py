@@ -25,13 +25,13 @@ from deltamq.errors import (
     AlreadyExists,
     ConfigError,
     DeltaMQError,
-    ReadOnlyQuery,
     UnknownGroup,
     UnknownTopic,
 )
 from deltamq.message import validate_group_name, validate_topic_name
 from deltamq.producer import Producer
 from deltamq.sending import Topics
+from deltamq.tables.sqlguard import check_read_only
 from deltamq.tables.sqltext import USER_GROUPS, sql_bool, sql_int, sql_long, sql_str
 from deltamq.tables.warehouse import Warehouse
 
@@ -43,7 +43,6 @@ ConsumeFrom = Literal["LAST_OFFSET", "FIRST_OFFSET", "TIMESTAMP"]
 CONSUME_FROM = ("LAST_OFFSET", "FIRST_OFFSET", "TIMESTAMP")
 MessageModel = Literal["CLUSTERING", "BROADCASTING"]
 MESSAGE_MODELS = ("CLUSTERING", "BROADCASTING")
-_READ_ONLY_START = ("SELECT", "WITH", "SHOW", "DESCRIBE", "EXPLAIN", "VALUES", "(")
 
 
 class Broker(Topics):
@@ -118,11 +117,8 @@ class Broker(Topics):
 
         Read-only unless ``write=True`` (then DML on ``delta.`path``` works too).
         """
-        if not write and not query.lstrip().upper().startswith(_READ_ONLY_START):
-            raise ReadOnlyQuery(
-                f"only queries (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN, VALUES) are allowed here; "
-                f"got {query.strip()[:60]!r}. Pass write=True (CLI: --write) to change tables"
-            )
+        if not write:
+            check_read_only(query)
         # Re-registered on every call: Sail resolves a temp view's Delta snapshot when the
         # view is created, so a view made earlier would not see later commits.
         self.warehouse.register_views()
