@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from deltamq.clock import Clock, SystemClock
 from deltamq.config import BrokerConfig
-from deltamq.constants import MAX_QUEUES, Perm, dlq_topic, retry_topic
+from deltamq.constants import DLQ_PREFIX, MAX_QUEUES, Perm, dlq_topic, is_system_topic, retry_topic
 from deltamq.engine import Engine
 from deltamq.errors import (
     AlreadyExists,
     ConfigError,
     DeltaMQError,
+    SystemTopicError,
     UnknownGroup,
     UnknownTopic,
 )
@@ -349,6 +350,11 @@ class Broker(Topics):
         """Subscribe ``group`` to ``topic`` with a tag expression (``*`` or ``A || B``)."""
         validate_group_name(group)
         validate_topic_name(topic, allow_system=True)
+        if is_system_topic(topic) and not topic.startswith(DLQ_PREFIX):
+            raise SystemTopicError(
+                f"topic {topic!r} is internal to the engine (delayed, half or retry copies); a "
+                f"group may subscribe to user topics and to dead-letter topics ({DLQ_PREFIX}<group>)"
+            )
         if not self._group_exists(group):
             raise UnknownGroup(f"consumer group {group!r} does not exist; create it first")
         if self._topic(topic) is None:

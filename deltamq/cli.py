@@ -137,6 +137,12 @@ def _parser() -> argparse.ArgumentParser:
         "rebuild-index", parents=[common], help="rebuild consume_queue from commit_log (holds every lease)"
     )
 
+    sub.add_parser(
+        "doctor",
+        parents=[common],
+        help="list data files the Delta log references that are missing or truncated",
+    )
+
     s = sub.add_parser("report", parents=[common], help="an HTML page of lag and throughput over time")
     s.add_argument("--html", required=True, metavar="FILE")
     s.add_argument("--from", dest="from_time", help="ticks at or after (epoch ms or ISO)")
@@ -335,6 +341,14 @@ def _dispatch_command(broker, args: argparse.Namespace) -> int:
             f"(run {result.run_id}, recorded in dq_results)"
         )
         return 1 if args.fail_on_error and not result.success else 0
+    if cmd == "doctor":
+        from deltamq.tables.integrity import damaged_files
+
+        damage = damaged_files(broker.warehouse)
+        for d in damage:
+            print(d.describe())
+        print(f"{len(damage)} damaged data file(s)" if damage else "every referenced data file is whole")
+        return 1 if damage else 0
     if cmd == "rebuild-index":
         from deltamq.ops import rebuild_index
 

@@ -88,6 +88,15 @@ class SchemaVersionError(DeltaMQError, RuntimeError):
     """The warehouse was written by a newer deltamq schema than this release knows."""
 
 
+class TableDamaged(DeltaMQError, RuntimeError):
+    """A data file the Delta log references is missing or truncated (``damage`` lists
+    them; see deltamq/tables/integrity.py). The failed job committed nothing."""
+
+    def __init__(self, message: str, damage: list | None = None) -> None:
+        super().__init__(message)
+        self.damage = damage or []
+
+
 class OperationError(DeltaMQError, RuntimeError):
     """An operator command cannot run on this warehouse as it is (nothing was changed)."""
 

@@ -10,6 +10,7 @@ import json
 import os
 import time
 
+from deltamq.constants import Prop, TxState
 from deltamq.consumer import ConsumeStatus
 
 
@@ -152,3 +153,23 @@ def order_rows_without_guard(df):
 def always_fail(messages, context):
     """Import-path listener: never succeeds (dead letters on demand)."""
     return ConsumeStatus.RECONSUME_LATER
+
+
+class Checks:
+    """A check listener that records each call and answers from a script."""
+
+    def __init__(self, answers=None, default=TxState.UNKNOWN):
+        self.calls: list[tuple[str, str]] = []  # (tran id, TRANSACTION_CHECK_TIMES)
+        self.answers = dict(answers or {})
+        self.default = default
+
+    def __call__(self, message):
+        tran = message.properties[Prop.TRAN_ID]
+        self.calls.append((tran, message.properties.get(Prop.TRANSACTION_CHECK_TIMES)))
+        answer = self.answers.get(message.body.decode(), self.default)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def count(self, tran: str) -> int:
+        return sum(1 for t, _ in self.calls if t == tran)

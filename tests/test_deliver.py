@@ -88,21 +88,6 @@ def test_ack_index_partial_success(setup, clock):
     assert retried == ["m1", "m2"]  # everything after ack_index 0 failed
 
 
-@pytest.mark.parametrize(
-    "behavior, text",
-    [("none", "returned None"), ("raise", "ValueError: cannot handle"), ("garbage", "returned {'status'")],
-)
-def test_none_exceptions_and_garbage_count_as_reconsume_later(setup, clock, behavior, text):
-    broker, group = setup
-    group(behavior)
-    sent = broker.producer("p").send(Message("orders", b"x"))
-    result = broker.tick(clock.now_ms()).job("deliver").result
-    assert result.retried == 1 and result.consumed == 0
-    assert any(text in err and mid for _, mid, err in result.errors)
-    row = broker.sql("SELECT properties FROM commit_log WHERE topic = '%RETRY%g'").collect()[0]
-    assert text in row["properties"][Prop.LAST_ERROR] and row["properties"][Prop.ORIGIN_MESSAGE_ID] == sent
-
-
 def test_delay_level_when_next_consume(setup, clock):
     broker, group = setup
     log = group("level_from_body")
@@ -147,19 +132,6 @@ def test_group_created_after_the_messages_gets_its_own_retries(broker, clock, tm
     broker.tick(t + 10_001)
     broker.tick(t + 40_001)
     assert [(c["body"], c["reconsume"]) for c in read_log(log)] == [("new", 0), ("new", 1), ("new", 2)]
-
-
-def test_hostile_listeners_are_isolated(setup, clock):
-    broker, group = setup
-    log = group("hostile", consume_timeout_ms=700)
-    bodies = ["ok1", "exit", "ok2", "sleep", "ok3"]
-    broker.producer("p").send_batch([Message("orders", b) for b in bodies], queue_keys=["k"] * 5)
-    result = broker.tick(clock.now_ms()).job("deliver").result
-    assert result.consumed == 3 and result.dead_lettered == 2 and result.poison == 2
-    reasons = sorted((d["body"], d["properties"][Prop.DLQ_REASON]) for d in _dlq(broker))
-    assert reasons == [("exit", "poison"), ("sleep", "timeout")]
-    assert {c["body"] for c in read_log(log)} >= {"ok1", "ok2", "ok3"}
-    assert [c["body"] for c in read_log(log)].count("exit") == 3  # tried 3 times, then dead-lettered
 
 
 def test_offset_reset_redelivers(setup, clock):

@@ -3,33 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from listeners import Recorder, read_log
+from listeners import Checks, Recorder, read_log
 
 from deltamq import Message
 from deltamq.constants import TRANS_CHECK_MAX_TIME_TOPIC, Prop, TxState
 from deltamq.errors import ConfigError, InvalidMessage, InvalidTransaction
 
 MINUTE = 60_000
-
-
-class Checks:
-    """A check listener that records each call and answers from a script."""
-
-    def __init__(self, answers=None, default=TxState.UNKNOWN):
-        self.calls: list[tuple[str, str]] = []  # (tran id, TRANSACTION_CHECK_TIMES)
-        self.answers = dict(answers or {})
-        self.default = default
-
-    def __call__(self, message):
-        tran = message.properties[Prop.TRAN_ID]
-        self.calls.append((tran, message.properties.get(Prop.TRANSACTION_CHECK_TIMES)))
-        answer = self.answers.get(message.body.decode(), self.default)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    def count(self, tran: str) -> int:
-        return sum(1 for t, _ in self.calls if t == tran)
 
 
 @pytest.fixture

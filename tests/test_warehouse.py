@@ -71,18 +71,6 @@ def test_upgrade_v1_warehouse_in_place(tmp_path, broker):
     upgraded.close()
 
 
-def test_newer_warehouse_is_refused(tmp_path, broker):
-    wh = Warehouse(broker.engine, tmp_path / "future")
-    wh.init()
-    wh._set_meta("schema_version", str(SCHEMA_VERSION + 1))
-    before = table_versions(tmp_path / "future")
-    with pytest.raises(SchemaVersionError, match="newer than this release"):
-        Broker.open(tmp_path / "future")
-    with pytest.raises(SchemaVersionError, match="newer"):
-        Warehouse(broker.engine, tmp_path / "future").init()
-    assert table_versions(tmp_path / "future") == before
-
-
 @pytest.mark.parametrize("location", ["/tmp/a`b", "/tmp/a'b", "x;DROP", ""])
 def test_hostile_warehouse_locations_refused(broker, location):
     from deltamq.errors import ConfigError

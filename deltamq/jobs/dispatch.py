@@ -46,6 +46,7 @@ from deltamq.constants import (
 )
 from deltamq.schemas import SCHEMA_VERSION, TABLES
 from deltamq.tables import deltalog
+from deltamq.tables.integrity import check_added
 from deltamq.tables.offsets import advance_offsets
 from deltamq.tables.sqltext import sql_long, sql_str
 
@@ -121,9 +122,11 @@ def read_new_rows(wh: Warehouse, commits: list[deltalog.Commit]) -> DataFrame | 
     Files are read in one scan and mapped to their version through the ``batch_id``
     statistics of each added file (one batch per producer commit). Files whose
     statistics cannot say (missing stats, a batch id seen in two versions) are read
-    per version instead.
+    per version instead. A file that is missing or truncated stops dispatch before it
+    reads (TableDamaged): Sail skips a missing path in a file list silently.
     """
     spark = wh.engine.spark
+    check_added("commit_log", [f for c in commits for f in c.files])
     by_batch: dict[int, set[int]] = defaultdict(set)
     stat_files: list[tuple[int, deltalog.AddedFile, int]] = []
     odd: dict[int, list[str]] = defaultdict(list)

@@ -24,6 +24,7 @@ from deltamq.clock import ms_to_iso, to_ms
 from deltamq.errors import ClockError, LeaseHeld
 from deltamq.jobs import check_transactions, deliver, dispatch, promote, retain
 from deltamq.orchestration.leases import Leases, wall_ms
+from deltamq.tables.integrity import diagnose
 
 if TYPE_CHECKING:
     from deltamq.broker import Broker
@@ -231,7 +232,7 @@ class TickRunner:
                 if run is not None:
                     runs.append(_stamped(run, start))
             except Exception as e:  # noqa: BLE001 - recorded, then re-raised after the append
-                failed = e
+                failed = e = diagnose(self.broker.warehouse, e)
                 runs.append(
                     JobRun(
                         name,

@@ -27,6 +27,7 @@ class AddedFile:
     num_records: int | None
     min_values: dict
     max_values: dict
+    size: int | None = None  # bytes, as the log recorded it
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ def read_commit(table_path: str, version: int) -> Commit:
                         num_records=stats.get("numRecords"),
                         min_values=stats.get("minValues") or {},
                         max_values=stats.get("maxValues") or {},
+                        size=add.get("size"),
                     )
                 )
     if removes:
