@@ -371,7 +371,7 @@ def _dispatch_command(broker, args: argparse.Namespace) -> int:
         from deltamq.orchestration.tick import TickRunner, job_sequence
 
         runner = TickRunner(broker, sequence=job_sequence(args.name))
-        print("READY", flush=True)  # the crash harness waits for this line
+        _ready()
         try:
             result = runner.tick(_now_arg(args.now))
         except LeaseHeld as e:
@@ -599,6 +599,7 @@ def _tick(broker, args) -> int:
         )
         print(f"stopped after {n} ticks")
         return 0
+    _ready()
     try:
         result = broker.tick(_now_arg(args.now))
     except LeaseHeld as e:
@@ -606,6 +607,13 @@ def _tick(broker, args) -> int:
         return SKIPPED_EXIT
     print(result.summary())
     return 0
+
+
+def _ready() -> None:
+    """Say the broker is open and the job about to run (for a harness that kills jobs at
+    random times: tests/crash.py sets DELTAMQ_READY_LINE)."""
+    if os.environ.get("DELTAMQ_READY_LINE"):
+        print("READY", flush=True)
 
 
 def _now_arg(text: str | None) -> int | None:

@@ -46,6 +46,7 @@ def run_job(
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
     env.update(extra)
     env["RUST_LOG"] = "error"
+    env["DELTAMQ_READY_LINE"] = "1"  # the child prints READY right before its job runs
     env["DELTAMQ_RUNNER_ID"] = RUNNER_ID  # a restarted runner keeps its lease
     env.pop("DELTAMQ_CRASH_AT", None)
     if crash_at:

@@ -11,7 +11,7 @@ import os
 import time
 
 from deltamq.constants import Prop, TxState
-from deltamq.consumer import ConsumeStatus
+from deltamq.consumer import ConsumeOrderlyStatus, ConsumeStatus
 
 
 def read_log(path) -> list[dict]:
@@ -173,3 +173,26 @@ class Checks:
 
     def count(self, tran: str) -> int:
         return sum(1 for t, _ in self.calls if t == tran)
+
+
+def _odd_first_time(messages) -> bool:
+    return any(m.reconsume_times == 0 and m.body[-1:] in b"13579" for m in messages)
+
+
+def fail_odd_once(messages, context):
+    """Import-path listener: a batch holding a message whose body ends in an odd digit
+    fails on its first delivery, then succeeds."""
+    return ConsumeStatus.RECONSUME_LATER if _odd_first_time(messages) else ConsumeStatus.CONSUME_SUCCESS
+
+
+def suspend_ones_once(messages, context):
+    """Orderly import-path listener: suspends the queue once for a body ending in 1 (a
+    suspended queue waits for the next tick, so suspends are kept rare)."""
+    if any(m.reconsume_times == 0 and m.body[-1:] == b"1" for m in messages):
+        return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+    return ConsumeOrderlyStatus.SUCCESS
+
+
+def check_by_prefix(message):
+    """Check listener: the body starts with the state (``COMMIT:...``)."""
+    return message.body.decode().split(":", 1)[0]
