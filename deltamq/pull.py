@@ -50,7 +50,7 @@ from deltamq.errors import CommitConflict, ConfigError, UnknownGroup
 from deltamq.filters import subscriptions_filter
 from deltamq.message import StoredMessage, stored_fields, validate_group_name
 from deltamq.tables.bodies import join_bodies, read_bodies
-from deltamq.tables.ranges import queue_ranges
+from deltamq.tables.ranges import queue_offsets, queue_ranges
 from deltamq.tables.sqltext import sql_int, sql_long, sql_queues, sql_str
 
 if TYPE_CHECKING:
@@ -409,14 +409,7 @@ class _Handout:
 
 def _at_offsets(rows: Iterable[dict[str, Any]]):
     """consume_queue rows at the (topic, queue, offset) of ``rows`` (deliveries)."""
-    pred = F.lit(False)
-    for r in rows:
-        pred = pred | (
-            (F.col("topic") == r["topic"])
-            & (F.col("queue_id") == r["queue_id"])
-            & (F.col("queue_offset") == r["queue_offset"])
-        )
-    return pred
+    return queue_offsets((r["topic"], r["queue_id"], r["queue_offset"]) for r in rows)
 
 
 def _handles(handles: Iterable[str]) -> list[str]:

@@ -104,7 +104,7 @@ class FaultLoad:
         b.create_topic("fifo", queues=2, ordered=True)
         b.create_group("push", "listeners:fail_odd_once", consume_from="FIRST_OFFSET")
         b.subscribe("push", "orders")
-        b.create_group("seq", "listeners:suspend_ones_once", orderly=True, consume_from="FIRST_OFFSET")
+        b.create_group("seq", "listeners:suspend_marked_once", orderly=True, consume_from="FIRST_OFFSET")
         b.subscribe("seq", "fifo")
         b.create_group("puller", consume_from="FIRST_OFFSET", invisible_time_ms=30_000)
         b.subscribe("puller", "orders")
@@ -118,7 +118,7 @@ class FaultLoad:
         batch += [Message("orders", f"r{r}d{i}", delay_level=1 + i % 3) for i in range(4)]
         batch += [Message("orders", f"r{r}t{i}", delay=timedelta(seconds=7 + i)) for i in range(2)]
         ids = p.send_batch(batch)
-        fifo = [Message("fifo", f"r{r}o{i}") for i in range(6)]
+        fifo = [Message("fifo", f"r{r}o{i}" + ("-suspend" * (i == 1 and r % 4 == 0))) for i in range(6)]
         ids_fifo = p.send_batch(fifo, queue_keys=[f"k{i % 3}" for i in range(6)])
         shop = self.broker.producer("shop")
         for i in range(2):

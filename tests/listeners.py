@@ -185,10 +185,10 @@ def fail_odd_once(messages, context):
     return ConsumeStatus.RECONSUME_LATER if _odd_first_time(messages) else ConsumeStatus.CONSUME_SUCCESS
 
 
-def suspend_ones_once(messages, context):
-    """Orderly import-path listener: suspends the queue once for a body ending in 1 (a
-    suspended queue waits for the next tick, so suspends are kept rare)."""
-    if any(m.reconsume_times == 0 and m.body[-1:] == b"1" for m in messages):
+def suspend_marked_once(messages, context):
+    """Orderly import-path listener: suspends the queue once for a body ending in
+    ``-suspend`` (a suspended queue waits for the next tick: such bodies are rare)."""
+    if any(m.reconsume_times == 0 and m.body.endswith(b"-suspend") for m in messages):
         return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
     return ConsumeOrderlyStatus.SUCCESS
 

@@ -38,7 +38,7 @@ from deltamq.constants import PROMOTE_GROUP, SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_
 from deltamq.jobs.dispatch import TIMER_SLOT_MS
 from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns, restored_message, stored_ids
 from deltamq.tables.offsets import advance_offsets
-from deltamq.tables.ranges import merge_ranges
+from deltamq.tables.ranges import any_of, merge_ranges
 from deltamq.tables.sqltext import sql_long, sql_str
 
 if TYPE_CHECKING:
@@ -114,10 +114,7 @@ def read_candidates(wh: Warehouse, state: PromoteState, levels: list[tuple[int, 
         & (F.col("due_ts") <= F.lit(now))
     )
     late = (F.col("queue_offset") >= F.lit(state.timer_next_offset)) & (F.col("due_ts") <= F.lit(wm))
-    schedule_pred = F.lit(False)
-    for p in level_preds:
-        schedule_pred = schedule_pred | p
-    pred = ((F.col("topic") == F.lit(SCHEDULE_TOPIC)) & schedule_pred) | (
+    pred = ((F.col("topic") == F.lit(SCHEDULE_TOPIC)) & any_of(level_preds)) | (
         (F.col("topic") == F.lit(TIMER_TOPIC)) & (window | late)
     )
     return cq.where(pred)

@@ -144,7 +144,10 @@ class Leases:
         job on a lease that expires under it."""
         now = self.wall()
         if any(j not in self.held or self.held[j].expires_at - now <= self.ttl_ms // 2 for j in jobs):
-            self.acquire(jobs)
+            try:
+                self.acquire(jobs)
+            except LeaseHeld as e:  # taken over while this tick ran: fenced, as check() would
+                raise LeaseLost(f"{e}; this runner ({self.holder}) stops writing") from e
 
     def check(self, jobs: Sequence[str]) -> None:
         """Raise LeaseLost if any of ``jobs`` is no longer ours at the epoch we took it

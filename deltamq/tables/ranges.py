@@ -36,19 +36,37 @@ def merge_ranges(
     return [(lo, hi) for lo, hi in ranges]
 
 
+def any_of(preds: Iterable[Column]) -> Column:
+    """OR of ``preds`` as a balanced tree (FALSE for none). A left-deep chain of a few
+    hundred ORs exceeds the nesting depth Spark Connect's protobuf decoder accepts."""
+    items = list(preds)
+    if not items:
+        return F.lit(False)
+    while len(items) > 1:
+        items = [items[i] | items[i + 1] if i + 1 < len(items) else items[i] for i in range(0, len(items), 2)]
+    return items[0]
+
+
 def ranges_predicate(column: str, ranges: list[tuple[int, int]]) -> Column:
     """``column`` within any of ``ranges`` (FALSE for none)."""
-    pred = F.lit(False)
-    for lo, hi in ranges:
-        pred = pred | F.col(column).between(lo, hi)
-    return pred
+    return any_of(F.col(column).between(lo, hi) for lo, hi in ranges)
 
 
 def queue_ranges(ranges: Iterable[tuple[str, int, int, int]]) -> Column:
     """consume_queue rows within any of ``(topic, queue_id, lo, hi)`` (``hi`` exclusive)."""
-    pred = F.lit(False)
-    for topic, qid, lo, hi in ranges:
-        pred = pred | (
-            (F.col("topic") == topic) & (F.col("queue_id") == qid) & F.col("queue_offset").between(lo, hi - 1)
-        )
-    return pred
+    return any_of(
+        (F.col("topic") == topic) & (F.col("queue_id") == qid) & F.col("queue_offset").between(lo, hi - 1)
+        for topic, qid, lo, hi in ranges
+    )
+
+
+def queue_offsets(rows: Iterable[tuple[str, int, int]]) -> Column:
+    """consume_queue rows at any of ``(topic, queue_id, queue_offset)``: one ``IN`` list
+    per queue, so the expression grows with the queues, not the rows."""
+    by_queue: dict[tuple[str, int], set[int]] = {}
+    for topic, qid, offset in rows:
+        by_queue.setdefault((topic, qid), set()).add(offset)
+    return any_of(
+        (F.col("topic") == topic) & (F.col("queue_id") == qid) & F.col("queue_offset").isin(sorted(offsets))
+        for (topic, qid), offsets in sorted(by_queue.items())
+    )
