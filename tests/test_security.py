@@ -234,3 +234,11 @@ def test_producers_cannot_write_system_or_read_only_topics(broker, tmp_path):
         with pytest.raises(DeltaMQError, match=re.escape(topic)):
             p.send_dataframe(spark.createDataFrame([(topic, "x")], "topic string, body string"))
     assert table_versions(tmp_path / "wh") == before
+
+
+@pytest.mark.parametrize("where", ["1=1; DELETE FROM offsets", "true) OR (true", "1=1 -- x\n; DROP TABLE x"])
+def test_operator_predicates_stay_single_expressions(broker, tmp_path, where):
+    before = table_versions(tmp_path / "wh")
+    with pytest.raises(Exception, match="(?i)parse|syntax|invalid|expected"):
+        broker.dead_letters(where=where).collect()
+    assert table_versions(tmp_path / "wh") == before
