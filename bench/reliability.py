@@ -8,7 +8,11 @@ message accounted for); then the clock runs on until everything is consumed and
 nothing may be missing. Stops at the first failed check (a bug: the figures say where).
 Writes bench/results/reliability-<timestamp>.json and the figures in docs/reliability.md.
 
-    python bench/reliability.py [--kills 500] [--per-campaign 50]
+With ``--concurrency SECONDS`` it also runs tests/test_concurrency.py's four tick runners,
+producer and pull client for that long (30x accelerated clock) and writes their figures:
+lease hand-overs, commit conflicts retried, the same checks (``--kills 0``: only that).
+
+    python bench/reliability.py [--kills 500] [--per-campaign 50] [--concurrency 300]
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ from faultload import FaultLoad  # noqa: E402
 from deltamq import Broker, FakeClock  # noqa: E402
 
 DOC = HERE.parent / "docs" / "reliability.md"
-BEGIN, END = "<!-- reliability:begin -->", "<!-- reliability:end -->"
+MARKERS = {
+    "kills": ("<!-- reliability:begin -->", "<!-- reliability:end -->"),
+    "concurrency": ("<!-- concurrency:begin -->", "<!-- concurrency:end -->"),
+}
 
 
 def campaign(root: Path, seed: int, kills: int) -> dict:
@@ -110,10 +117,56 @@ def markdown(result: dict, name: str) -> str:
     return "\n".join(lines)
 
 
-def write_doc(result: dict, name: str) -> None:
-    text = DOC.read_text() if DOC.exists() else f"# Reliability\n\n{BEGIN}\n{END}\n"
-    block = f"{BEGIN}\n{markdown(result, name)}\n{END}"
-    DOC.write_text(text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) :])
+def concurrency_markdown(f: dict, name: str) -> str:
+    rows = [
+        ("wall time / broker time", f"{f['seconds']:.0f} s / {f['broker_minutes']} min"),
+        ("tick runners (processes) / that ticked", f"{f['runners']} / {f['runners_that_ticked']}"),
+        (
+            "runner lives (each a new holder) / leases abandoned",
+            f"{f['runner_lives']} / {f['abandoned_leases']}",
+        ),
+        ("ticks by the runners", f"{f['ticks']}"),
+        ("lease hand-overs", f"**{f['lease_handovers']}**"),
+        (
+            "commit conflicts retried (all processes)",
+            f"**{f['conflicts_retried']}** of {f['commits']} commits",
+        ),
+        ("jobs failed (fenced: a lease lost mid-tick)", f"{f['failed_jobs']}"),
+        ("messages sent", f"{f['messages']:,}"),
+        (
+            "consumed: push / orderly / pull group",
+            " / ".join(f"{f['consumed'].get(g, 0):,}" for g in ("push", "seq", "puller")),
+        ),
+        (
+            "lost / copies twice / in no state",
+            f"**{f['lost']} / {f['duplicate_copies']} / {f['unaccounted']}**",
+        ),
+    ]
+    head = (
+        f"`python bench/reliability.py --kills 0 --concurrency {f['seconds']:.0f}` — `bench/results/{name}`"
+    )
+    return "\n".join([head, "", "| figure | value |", "|---|---:|", *(f"| {k} | {v} |" for k, v in rows)])
+
+
+def write_doc(part: str, body: str) -> None:
+    begin, end = MARKERS[part]
+    text = DOC.read_text()
+    if begin not in text:
+        text += f"\n{begin}\n{end}\n"
+    DOC.write_text(text[: text.index(begin)] + f"{begin}\n{body}\n{end}" + text[text.index(end) + len(end) :])
+
+
+def concurrency(root: Path, seconds: float) -> dict:
+    from test_concurrency import run_concurrently
+
+    wh = root / "concurrency"
+    shutil.rmtree(wh, ignore_errors=True)
+    clock = FakeClock()
+    broker = Broker.open(wh, clock=clock)
+    try:
+        return run_concurrently(broker, clock, wh, seconds=seconds)
+    finally:
+        broker.close()
 
 
 def main() -> None:
@@ -122,6 +175,7 @@ def main() -> None:
     ap.add_argument("--per-campaign", type=int, default=50)
     ap.add_argument("--seed", type=int, default=100, help="seed of the first campaign")
     ap.add_argument("--root", default="/tmp/deltamq-reliability")
+    ap.add_argument("--concurrency", type=float, default=0, metavar="SECONDS")
     args = ap.parse_args()
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
@@ -142,7 +196,7 @@ def main() -> None:
         result["totals"] = totals(result["campaigns"])
         result["wall_s"] = round(time.monotonic() - started)
         out.write_text(json.dumps(result, indent=2) + "\n")
-        write_doc(result, out.name)
+        write_doc("kills", markdown(result, out.name))
         print(
             json.dumps({k: c[k] for k in ("seed", "kills", "rounds", "messages", "lost", "error")}),
             flush=True,
@@ -150,6 +204,10 @@ def main() -> None:
         if c["error"]:
             break
         seed += 1
+    if args.concurrency:
+        result["concurrency"] = concurrency(root, args.concurrency)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        write_doc("concurrency", concurrency_markdown(result["concurrency"], out.name))
     print(f"wrote {out} and {DOC}")
 
 
