@@ -32,6 +32,7 @@ from pathlib import Path
 from deltalake import DeltaTable
 
 from deltamq import Broker, FakeClock, Message
+from deltamq.engine import Engine
 
 HERE = Path(__file__).parent
 TABLES = (
@@ -57,6 +58,19 @@ def _slow(i: int, took: float, r, error: str | None, before: dict, after: dict) 
         "error": error,
         "jobs_ms": {j.job: j.end_ts - j.start_ts for j in r.jobs} if r is not None else None,
         "engine": {k: after[k] - before[k] for k in after if k != "by_job"},
+    }
+
+
+def _memory() -> dict:
+    """Resident memory (MiB) of this process and of the embedded Sail server, and how
+    often the server was replaced for passing embedded_max_rss_mb."""
+    with open("/proc/self/status") as f:
+        mine = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+    server = Engine.embedded_rss_mb()
+    return {
+        "broker": round(mine),
+        "server": None if server is None else round(server),
+        "server_recycles": Engine.embedded_recycles(),
     }
 
 
@@ -133,6 +147,7 @@ def run(root: Path, ticks: int, block: int, compact: bool, pull: bool, save=lamb
                     "failed_ticks": failed,
                     "consumed": consumed,
                     "engine": {k: v for k, v in asdict(b.engine.stats).items() if k != "by_job"},
+                    "memory_mb": _memory(),
                     "slow_ticks": slow,
                 }
             )
@@ -157,8 +172,9 @@ def table(result: dict, name: str) -> str:
         "",
         "| ticks | wall | busy tick (block median) | idle tick (median of 10) | files referenced: "
         "commit_log / consume_queue / offsets / job_runs | Parquet files on disk: consume_queue / offsets "
-        "| log entries: commit_log / consume_queue / offsets / job_runs |",
-        "|---:|---:|---:|---:|---|---|---|",
+        "| log entries: commit_log / consume_queue / offsets / job_runs "
+        "| memory MiB: broker / Sail server (replacements) |",
+        "|---:|---:|---:|---:|---|---|---|---|",
     ]
     for b in run["blocks"]:
         f = b["files"]
@@ -169,9 +185,15 @@ def table(result: dict, name: str) -> str:
             + " / ".join(str(f[x]["live"]) for x in t)
             + f" | {f['consume_queue']['disk']} / {f['offsets']['disk']} | "
             + " / ".join(str(f[x]["log_entries"]) for x in t)
-            + " |"
+            + f" | {_memory_cell(b.get('memory_mb'))} |"
         )
     return "\n".join(lines)
+
+
+def _memory_cell(m: dict | None) -> str:
+    if not m:
+        return "—"  # runs before the Sail server had a process of its own
+    return f"{m['broker']} / {m['server']} ({m['server_recycles']})"
 
 
 def write_table(path: Path) -> None:

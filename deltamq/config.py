@@ -104,6 +104,10 @@ class BrokerConfig:
     # through delta-rs reaches back this far.
     log_retention_ms: int = 60_000
     compact: bool = True
+    # The embedded Sail server keeps memory for every operation it ran until its process
+    # ends (docs/engines.md): a tick or pull finding it above this many MiB replaces it
+    # first (0: never).
+    embedded_max_rss_mb: int = 4096
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_MODES:
@@ -139,6 +143,11 @@ class BrokerConfig:
             )
         if self.commit_retries < 0 or self.commit_backoff_ms < 0:
             raise ConfigError("commit_retries and commit_backoff_ms must be zero or more")
+        if self.embedded_max_rss_mb < 0:
+            raise ConfigError(
+                f"embedded_max_rss_mb={self.embedded_max_rss_mb!r} must be zero (never replace "
+                "the embedded server) or a size in MiB"
+            )
 
     @property
     def levels(self) -> list[tuple[int, int, str]]:

@@ -2,8 +2,9 @@
 
 Three modes (DESIGN.md, "Engine"):
 
-* ``embedded`` (default): an in-process Sail server (``pysail``) on 127.0.0.1 at a
-  free port, shared by every Broker of the process and stopped at exit;
+* ``embedded`` (default): a Sail server (``pysail``) in a child process, on 127.0.0.1
+  at a free port, shared by every Broker of the process, replaced when its memory
+  grows past ``embedded_max_rss_mb`` and stopped at exit (or when the process dies);
 * ``remote``: any Spark Connect endpoint, ``sc://host:port`` (argument or
   ``DELTAMQ_SPARK_REMOTE``);
 * ``classic``: the active SparkSession (e.g. under ``spark-submit``) with delta-spark
@@ -21,13 +22,18 @@ Engine gaps and their workarounds are listed in docs/engines.md.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import random
+import select
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from deltamq.errors import CommitConflict, EngineError
@@ -39,6 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
+_START_TIMEOUT_S = 120.0
 
 # Texts by which engines report that another writer committed first.
 _CONFLICT_MARKERS = (
@@ -72,50 +79,122 @@ def is_commit_conflict(exc: BaseException) -> bool:
 
 
 class _EmbeddedServer:
-    """One Sail Spark Connect server per process, started on first use."""
+    """The process's Sail Spark Connect server, run in a child process
+    (deltamq/_sail_child.py), started on first use and replaced by :meth:`recycle`.
 
-    _lock = threading.Lock()
-    _server = None
+    Sail holds on to ~0.1 MB for every operation it executes and frees it only when its
+    process ends (docs/engines.md), so a long-lived broker must be able to swap the
+    server for a fresh one: every embedded Engine notices the new ``generation`` and
+    reconnects on its next use of ``spark``.
+    """
+
+    _lock = threading.RLock()
+    _proc: subprocess.Popen | None = None
     _url: str | None = None
+    generation = 0
+    recycles = 0
     sessions: list = []
+    _atexit = False
 
     @classmethod
     def url(cls) -> str:
         with cls._lock:
-            if cls._url is None:
-                os.environ.setdefault("RUST_LOG", "error")
-                try:
-                    from pysail.spark import SparkConnectServer
-                except ImportError as e:  # pragma: no cover - pysail is a hard dependency
-                    raise EngineError("the embedded engine needs pysail: pip install pysail") from e
-                server = SparkConnectServer(ip="127.0.0.1", port=0)
-                server.start(background=True)
-                host, port = server.listening_address
-                cls._server, cls._url = server, f"sc://{host}:{port}"
-                atexit.register(cls.stop)
-                log.info("embedded Sail server listening on %s", cls._url)
+            if cls._url is None or cls._proc is None or cls._proc.poll() is not None:
+                if cls._proc is not None:
+                    log.warning("embedded Sail server (pid %s) is gone; starting another", cls._proc.pid)
+                cls._start()
+            assert cls._url is not None
             return cls._url
+
+    @classmethod
+    def alive(cls) -> bool:
+        return cls._proc is not None and cls._proc.poll() is None
+
+    @classmethod
+    def _start(cls) -> None:
+        env = dict(os.environ)
+        env.setdefault("RUST_LOG", "error")
+        proc = subprocess.Popen(
+            [sys.executable, "-I", str(Path(__file__).with_name("_sail_child.py")), str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        try:
+            assert proc.stdin is not None and proc.stdout is not None
+            setup = {"sys_path": [p for p in sys.path if isinstance(p, str)]}
+            proc.stdin.write(json.dumps(setup).encode() + b"\n")
+            proc.stdin.flush()
+            ready, _, _ = select.select([proc.stdout], [], [], _START_TIMEOUT_S)
+            line = proc.stdout.readline().decode().split() if ready else []
+            if len(line) != 3 or line[0] != "LISTENING":
+                raise EngineError(
+                    f"the embedded Sail server did not start within {_START_TIMEOUT_S:.0f}s "
+                    f"(exit code {proc.poll()}, said {line!r}); is pysail installed?"
+                )
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        cls._proc, cls._url = proc, f"sc://{line[1]}:{line[2]}"
+        cls.generation += 1
+        if not cls._atexit:
+            atexit.register(cls.stop)
+            cls._atexit = True
+        log.info("embedded Sail server (pid %s) listening on %s", proc.pid, cls._url)
+
+    @classmethod
+    def rss_mb(cls) -> float | None:
+        """The server process's resident memory in MiB (None: not running or unknown)."""
+        proc = cls._proc
+        if proc is None or proc.poll() is not None:
+            return None
+        try:
+            with open(f"/proc/{proc.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) / 1024.0
+        except OSError:  # not Linux: no recycling by size
+            return None
+        return None
+
+    @classmethod
+    def recycle(cls, reason: str) -> None:
+        """Replace the server by a fresh one; engines reconnect on next use."""
+        with cls._lock:
+            log.info("replacing the embedded Sail server: %s", reason)
+            cls.stop()
+            cls._start()
+            cls.recycles += 1
 
     @classmethod
     def stop(cls) -> None:
         with cls._lock:
-            # Close our clients first: a server stop waits for open streams otherwise.
-            for spark in cls.sessions:
+            proc, cls._proc, cls._url = cls._proc, None, None
+            # Close our clients while the server still answers: a client finishes its
+            # pending ReleaseExecute calls then; against a dead server they would be
+            # retried for minutes, holding up the process's exit.
+            sessions, cls.sessions = cls.sessions, []
+            for spark in sessions:
                 try:
                     spark.client.close()
                 except Exception:  # noqa: BLE001 - already closed
                     pass
-            cls.sessions = []
-            if cls._server is not None:
-                try:
-                    cls._server.stop()
-                except Exception:  # noqa: BLE001 - best effort at exit
-                    log.debug("embedded server stop failed", exc_info=True)
-            cls._server, cls._url = None, None
+            if proc is None:
+                return
+            try:
+                if proc.stdin is not None:
+                    proc.stdin.close()
+                proc.wait(timeout=5)
+            except Exception:  # noqa: BLE001 - it would not stop: make it
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
 
     @classmethod
     def running(cls) -> bool:
-        return cls._url is not None
+        return cls._url is not None and cls.alive()
 
 
 @dataclass
@@ -133,10 +212,46 @@ class Engine:
     """A SparkSession plus the helpers every deltamq module uses to touch tables."""
 
     def __init__(self, spark: SparkSession, mode: str, config: BrokerConfig) -> None:
-        self.spark = spark
+        self._spark = spark
+        self._generation = _EmbeddedServer.generation
         self.mode = mode
         self.config = config
         self.stats = EngineStats()
+
+    @property
+    def spark(self) -> SparkSession:
+        """The session; an embedded engine reconnects here after the server was
+        replaced (:meth:`recycle_if_large`) or found dead."""
+        if self.mode == "embedded" and (
+            self._generation != _EmbeddedServer.generation or not _EmbeddedServer.alive()
+        ):
+            self._spark = _embedded_session()
+            self._generation = _EmbeddedServer.generation
+        return self._spark
+
+    def recycle_if_large(self) -> bool:
+        """Replace the embedded server when its memory passed ``embedded_max_rss_mb``
+        (Sail frees memory only with its process: docs/engines.md). Call it between
+        units of work (a tick, a pull): a query that another thread of this process is
+        running on the old server fails and must be retried. True when replaced."""
+        limit = self.config.embedded_max_rss_mb
+        if self.mode != "embedded" or limit <= 0:
+            return False
+        rss = _EmbeddedServer.rss_mb()
+        if rss is None or rss <= limit:
+            return False
+        _EmbeddedServer.recycle(f"its memory {rss:.0f} MiB is over embedded_max_rss_mb={limit}")
+        return True
+
+    @staticmethod
+    def embedded_rss_mb() -> float | None:
+        """The embedded server process's resident memory in MiB, if it runs."""
+        return _EmbeddedServer.rss_mb()
+
+    @staticmethod
+    def embedded_recycles() -> int:
+        """How many times this process replaced its embedded server."""
+        return _EmbeddedServer.recycles
 
     # --- construction -------------------------------------------------------------
     @classmethod
@@ -163,15 +278,11 @@ class Engine:
                     "or set DELTAMQ_SPARK_REMOTE"
                 )
             return cls(_connect(url), "remote", config)
-        spark = _connect(_EmbeddedServer.url())
-        _EmbeddedServer.sessions.append(spark)
-        # Our own server: render times in UTC like the epoch-ms columns (session-local).
-        spark.conf.set("spark.sql.session.timeZone", "UTC")
-        return cls(spark, "embedded", config)
+        return cls(_embedded_session(), "embedded", config)
 
     @staticmethod
     def shutdown_embedded() -> None:
-        """Stop the process's embedded Sail server (it restarts on next use)."""
+        """Stop the process's embedded Sail server (it starts again on next use)."""
         _EmbeddedServer.stop()
 
     @staticmethod
@@ -254,6 +365,35 @@ class Engine:
                 log.info("%s: commit conflict, retry %d in %.3fs", what, i + 1, delay)
                 time.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _embedded_session() -> SparkSession:
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    with _EmbeddedServer._lock:
+        spark = _connect(_EmbeddedServer.url())
+        _EmbeddedServer.sessions.append(spark)
+    # A local server that stops answering is gone, not busy: give up in ~5 s rather than
+    # the client's default ~10 minutes of retries (per query and per ReleaseExecute).
+    spark.client.set_retry_policies([DefaultPolicy(max_retries=5, max_backoff=2000)])
+    _adopt_as_default(spark)
+    # Our own server: render times in UTC like the epoch-ms columns (session-local).
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    return spark
+
+
+def _adopt_as_default(spark: SparkSession) -> None:
+    """After the embedded server was replaced, the process's default and this thread's
+    active Connect session are closed ones: code that finds its session by
+    ``SparkSession.builder.getOrCreate()`` (Great Expectations) would try to create one
+    without a URL. Make ``spark`` both, where they are unusable."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    with ConnectSession._lock:
+        if ConnectSession._get_default_session() is None:
+            ConnectSession._default_session = spark
+    if ConnectSession.getActiveSession() is None:
+        ConnectSession._active_session.session = spark
 
 
 def _connect(url: str) -> SparkSession:

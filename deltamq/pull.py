@@ -204,6 +204,7 @@ class PullConsumer:
         if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
             raise ConfigError(f"max_messages={max_messages!r} must be an integer >= 1")
         now = self._now(now)
+        self.broker.engine.recycle_if_large()
         self.heartbeat(now)
         mine = self.assignment(now)
         if not mine:

@@ -34,11 +34,24 @@ class ScaledClock:
         return self.base_ms + int((time.time() - self.wall0) * 1000 * self.speed)
 
 
-def runner(broker: Broker, name: str, rng: random.Random, until: float) -> dict:
+def _ticks(broker: Broker) -> int:
+    return broker.sql("SELECT count(DISTINCT tick_id) AS n FROM job_runs").collect()[0]["n"]
+
+
+def runner(broker: Broker, name: str, rng: random.Random, until: float, min_ticks: int = 0) -> dict:
+    """Lives until ``until``; then on (at most as long again) while the runners together
+    have recorded fewer than ``min_ticks`` ticks (a loaded machine ticks slowly)."""
     from deltamq.orchestration.tick import TickRunner
 
     lives = released = abandoned = loops = 0
-    while time.time() < until:
+    start = time.time()
+    cap = until + (until - start)
+    while True:
+        now = time.time()
+        if now >= until:
+            if not min_ticks or now >= cap or _ticks(broker) >= min_ticks:
+                break
+            until = now + 3.0  # one more short life
         lives += 1
         r = TickRunner(broker, holder=f"{name}:life{lives}")
         life = min(rng.uniform(3.0, 9.0), max(0.0, until - time.time()))
@@ -56,13 +69,14 @@ def runner(broker: Broker, name: str, rng: random.Random, until: float) -> dict:
 
 def main() -> None:
     role, wh, base_ms, wall0, speed, for_s, seed = sys.argv[1:8]
+    min_ticks = int(sys.argv[8]) if len(sys.argv) > 8 else 0
     clock = ScaledClock(int(base_ms), float(wall0), float(speed))
     broker = Broker.open(wh, clock=clock)
     rng = random.Random(int(seed))
     until = time.time() + float(for_s)
     out: dict = {"role": role, "seed": int(seed)}
     if role == "runner":
-        out |= runner(broker, f"runner{seed}", rng, until)
+        out |= runner(broker, f"runner{seed}", rng, until, min_ticks)
     elif role == "producer":
         load = FaultLoad(broker, clock, wh, seed=int(seed))
         r = 0

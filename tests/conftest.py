@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -34,9 +35,16 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: 1 if item.get_closest_marker("spark_guard") else 0)
 
 
+@pytest.fixture
+def spark(_spark_source):
+    """Spark for plan tests: embedded Sail, or classic local Spark (TEST_ENGINE)."""
+    return _spark_source.spark
+
+
 @pytest.fixture(scope="session")
-def spark():
-    """The session's Spark: embedded Sail, or classic local Spark for plan tests."""
+def _spark_source():
+    """An object whose ``spark`` is the session to use: an embedded Engine reconnects
+    when a test replaced the embedded server."""
     if TEST_ENGINE == "classic":
         from pyspark.sql import SparkSession
 
@@ -47,13 +55,13 @@ def spark():
             .config("spark.sql.session.timeZone", "UTC")
             .getOrCreate()
         )
-        yield session
+        yield SimpleNamespace(spark=session)
         session.stop()
         return
     from deltamq.config import BrokerConfig
     from deltamq.engine import Engine
 
-    yield Engine.open(BrokerConfig()).spark
+    yield Engine.open(BrokerConfig())
 
 
 @pytest.fixture(autouse=True)

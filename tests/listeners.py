@@ -196,3 +196,16 @@ def suspend_marked_once(messages, context):
 def check_by_prefix(message):
     """Check listener: the body starts with the state (``COMMIT:...``)."""
     return message.body.decode().split(":", 1)[0]
+
+
+class EnvEcho:
+    """Records the value of one environment variable as the listener's process sees it."""
+
+    def __init__(self, log_path, name: str) -> None:
+        self.log_path, self.name = str(log_path), name
+
+    def __call__(self, messages, context):
+        with open(self.log_path, "a", encoding="utf-8") as fh:
+            for m in messages:
+                fh.write(json.dumps({"body": m.body.decode(), "value": os.environ.get(self.name)}) + "\n")
+        return ConsumeStatus.CONSUME_SUCCESS

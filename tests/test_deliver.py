@@ -255,3 +255,21 @@ def test_status_shows_group_lag_and_dead_letters(setup, clock):
     lag = {(g["topic"], g["queue_id"]): g["lag"] for g in st["lag"] if g["group"] == "g"}
     assert sum(v for (topic, _), v in lag.items() if topic == "orders") == 1
     assert st["dead_letters"] == {"%DLQ%g": 2}
+
+
+def test_listeners_see_the_broker_process_environment(broker, clock, tmp_path, monkeypatch):
+    """Sail runs listener code in its own server process: the workers still get the
+    environment and path the broker's process has when it delivers."""
+    from listeners import EnvEcho
+
+    log = tmp_path / "env.jsonl"
+    broker.create_topic("t", queues=1)
+    broker.create_group("g", EnvEcho(log, "DMQ_LISTENER_SEES"), consume_from="FIRST_OFFSET")
+    broker.subscribe("g", "t")
+    producer = broker.producer("p")
+    for value in ("first", "second"):
+        monkeypatch.setenv("DMQ_LISTENER_SEES", value)  # set after the server started
+        producer.send(Message("t", value.encode()))
+        broker.tick(clock.now_ms())
+        clock.advance(seconds=1)
+    assert [(c["body"], c["value"]) for c in read_log(log)] == [("first", "first"), ("second", "second")]

@@ -18,7 +18,7 @@ MINUTE = 60_000
 
 
 @pytest.fixture(scope="module")
-def busy_template(tmp_path_factory, spark):
+def busy_template(tmp_path_factory, _spark_source):
     """Normal, delayed, timed, failing (retried then consumed), dead-lettered,
     transactional, pulled, orderly and broadcast messages, ticked until settled — built
     once; each test breaks its own copy."""

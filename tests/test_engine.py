@@ -145,3 +145,83 @@ def test_conflict_markers():
     assert is_commit_conflict(RuntimeError("Failed to commit transaction"))
     assert is_commit_conflict(Exception("io.delta.exceptions.ConcurrentAppendException: x"))
     assert not is_commit_conflict(ValueError("bad value"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return not any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except FileNotFoundError:
+        return False
+
+
+def test_an_oversized_embedded_server_is_replaced_between_ticks(tmp_path, clock):
+    """Sail frees memory only with its process (docs/engines.md): a tick that finds the
+    server over embedded_max_rss_mb replaces it, and every broker carries on."""
+    from listeners import Recorder, read_log
+
+    from deltamq.engine import _EmbeddedServer
+
+    log = tmp_path / "calls.jsonl"
+    small = Broker.open(tmp_path / "w", clock=clock, config=BrokerConfig(embedded_max_rss_mb=1))
+    other = Broker.open(tmp_path / "o", clock=clock)  # default limit, same server
+    other.create_topic("o")
+    small.create_topic("t", queues=2)
+    small.create_group("g", Recorder(log), consume_from="FIRST_OFFSET")
+    small.subscribe("g", "t")
+    small.create_group("puller", None, consume_from="FIRST_OFFSET")
+    small.subscribe("puller", "t")
+    producer = small.producer("p")
+    before = Engine.embedded_recycles()
+    pids = set()
+    for i in range(3):
+        pids.add(_EmbeddedServer._proc.pid)
+        producer.send(Message("t", f"m{i}".encode()))
+        small.tick(clock.now_ms())  # replaces the server first (it is over 1 MiB), then runs
+        clock.advance(seconds=1)
+    pids.add(_EmbeddedServer._proc.pid)
+    assert Engine.embedded_recycles() - before == 3
+    assert len(pids) == 4 and not any(_alive(p) for p in pids - {_EmbeddedServer._proc.pid})
+    assert sorted(c["body"] for c in read_log(log)) == ["m0", "m1", "m2"]  # listener ran in the new server
+    pulled = small.pull_consumer("puller", "c1").pull(10)  # a pull replaces it too
+    assert sorted(m.body for m in pulled) == [b"m0", b"m1", b"m2"]
+    assert Engine.embedded_recycles() - before == 4
+    assert small.sql("SELECT count(*) AS n FROM commit_log").collect()[0]["n"] == 3
+    assert other.topics()["o"]["queues"] == 4  # the other broker reconnected on its own
+    # code that finds the session itself (Great Expectations) gets a live one
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    assert ConnectSession.builder.getOrCreate().sql("SELECT 1 AS x").collect()[0]["x"] == 1
+    assert not other.engine.recycle_if_large()  # 4096 MiB default: nothing to do
+    with pytest.raises(ConfigError, match="embedded_max_rss_mb=-1"):
+        BrokerConfig(embedded_max_rss_mb=-1)
+    small.close()
+    other.close()
+
+
+def test_the_embedded_server_dies_with_its_process_and_is_restarted_if_it_dies_alone(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys, time
+        from deltamq import Broker
+        from deltamq.engine import _EmbeddedServer
+        b = Broker.open({str(tmp_path / "w")!r})
+        b.create_topic("t")
+        first = _EmbeddedServer._proc.pid
+        os.kill(first, signal.SIGKILL)  # the server dies on its own (e.g. the OOM killer)
+        _EmbeddedServer._proc.wait()
+        assert "t" in b.topics()  # the next use starts another and reconnects
+        print(first, _EmbeddedServer._proc.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)  # now the broker's process dies
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == -9, out.stderr[-2000:]
+    first, second = map(int, out.stdout.split())
+    assert first != second and not _alive(first)
+    import time
+
+    deadline = time.monotonic() + 10
+    while _alive(second) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(second), "the server outlived the process that started it"

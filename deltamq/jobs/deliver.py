@@ -39,6 +39,7 @@ from deltamq import dedup, faults
 from deltamq.consumer import ImportPathListener
 from deltamq.filters import compile_sql92, parse_tag_expression
 from deltamq.jobs import dispatch, sendback
+from deltamq.jobs.listener_worker import Home
 from deltamq.tables.bodies import join_bodies, read_bodies
 from deltamq.tables.ranges import queue_ranges
 from deltamq.tables.sqltext import sql_in, sql_int, sql_long, sql_str
@@ -286,6 +287,7 @@ def _make_consumer(
     timeout_s: dict[str, float],
     tries: int,
     orderly: frozenset[str] = frozenset(),
+    home=None,
 ):
     def consume_partition(batches):
         import pyarrow.compute as pc
@@ -325,6 +327,7 @@ def _make_consumer(
                     timeout_s[group],
                     tries,
                     instance=client or None,
+                    home=home,
                 )
                 return [(lo + i, k, o) for i, k, o in got]
 
@@ -475,6 +478,9 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
             {g: cfg["consume_timeout_ms"] / 1000.0 for g, cfg in groups.items()},
             POISON_TRIES,
             orderly,
+            # the embedded server runs this in its own process: listeners get the
+            # broker's environment and path (never shipped to a remote endpoint)
+            Home.here() if engine.mode == "embedded" else None,
         )
         if orderly:
             # whole queues per partition (orderly needs them), spread over the engine's cores

@@ -36,6 +36,7 @@ from typing import Any
 _IDLE: dict[str, list[_Worker]] = {}
 _IDLE_LOCK = threading.Lock()
 _MAX_IDLE_PER_LISTENER = 4
+_MAX_IDLE = 16  # idle workers of all listeners together
 _START_TIMEOUT_S = 120.0
 
 
@@ -146,9 +147,9 @@ class _Worker:
     """A listener worker: ``python -m deltamq.jobs.listener_worker`` on pipes (not
     multiprocessing, whose spawn re-imports the parent's main module)."""
 
-    def __init__(self, key: str, listener_bytes: bytes) -> None:
+    def __init__(self, key: str, listener_bytes: bytes, home: Home | None) -> None:
         self.key = key
-        env = dict(os.environ)
+        env = dict(os.environ) if home is None else dict(home.env)
         env.pop("DELTAMQ_CRASH_AT", None)  # crash points are for the broker, not its workers
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "deltamq.jobs.listener_worker"],
@@ -156,7 +157,7 @@ class _Worker:
             stdout=subprocess.PIPE,
             env=env,
         )
-        _send(self.proc.stdin, list(sys.path))
+        _send(self.proc.stdin, list(sys.path) if home is None else list(home.sys_path))
         _send_raw(self.proc.stdin, listener_bytes)
         ready, _, _ = select.select([self.proc.stdout], [], [], _START_TIMEOUT_S)
         try:
@@ -204,25 +205,51 @@ class _Worker:
         return self.proc.poll() is None
 
 
-def _take(key: str, listener_bytes: bytes) -> _Worker:
+@dataclass(frozen=True)
+class Home:
+    """The broker process's environment and ``sys.path``, for workers started by a
+    server in another process (the embedded Sail server runs listener code in its own
+    process: a listener must see the broker's environment, as it would in-process)."""
+
+    env: tuple[tuple[str, str], ...]
+    sys_path: tuple[str, ...]
+
+    @classmethod
+    def here(cls) -> Home:
+        return cls(tuple(sorted(os.environ.items())), tuple(p for p in sys.path if isinstance(p, str)))
+
+    def digest(self) -> str:
+        return hashlib.sha256(pickle.dumps((self.env, self.sys_path))).hexdigest()
+
+
+def _take(key: str, listener_bytes: bytes, home: Home | None) -> _Worker:
     with _IDLE_LOCK:
         pool = _IDLE.get(key, [])
         while pool:
             w = pool.pop()
             if w.alive:
                 return w
-    return _Worker(key, listener_bytes)
+    return _Worker(key, listener_bytes, home)
 
 
 def _give_back(w: _Worker) -> None:
     if not w.alive:
         return
+    surplus = [w]
     with _IDLE_LOCK:
-        pool = _IDLE.setdefault(w.key, [])
+        pool = _IDLE.pop(w.key, [])
+        _IDLE[w.key] = pool  # most recently used last
         if len(pool) < _MAX_IDLE_PER_LISTENER:
             pool.append(w)
-            return
-    w.stop()
+            surplus = []
+        # listeners not used for a while give their idle workers back first
+        while sum(len(p) for p in _IDLE.values()) > _MAX_IDLE:
+            oldest = next(k for k, p in _IDLE.items() if p)
+            surplus.append(_IDLE[oldest].pop(0))
+            if not _IDLE[oldest]:
+                del _IDLE[oldest]
+    for extra in surplus:
+        extra.stop()
 
 
 Span = tuple[int, int, Outcome]
@@ -237,12 +264,14 @@ def consume(
     timeout_s: float,
     poison_tries: int,
     instance: str | None = None,
+    home: Home | None = None,
 ) -> list[Span]:
     """Hand ``messages`` (a pyarrow Table of consume_queue + commit_log columns) to the
     listener in chunks of ``batch_size``; the outcomes as spans covering every message
-    once, in order."""
-    key = hashlib.sha256(listener_bytes).hexdigest()
-    worker = _take(key, listener_bytes)
+    once, in order. Workers run with ``home``'s environment and path (default: this
+    process's); workers of another home are not reused."""
+    key = hashlib.sha256(listener_bytes).hexdigest() + ("" if home is None else home.digest())
+    worker = _take(key, listener_bytes, home)
     spans: list[Span] = []
     try:
         for start in range(0, messages.num_rows, batch_size):
@@ -251,7 +280,7 @@ def consume(
             if isinstance(reply, tuple):
                 spans.extend(_apply(reply, start, chunk.num_rows))
                 continue
-            worker = _take(key, listener_bytes)
+            worker = _take(key, listener_bytes, home)
             tries_left = poison_tries - 1  # the chunk's call was the first try of each message
             for i in range(chunk.num_rows):
                 one = to_ipc(chunk.slice(i, 1))
@@ -260,7 +289,7 @@ def consume(
                     result = worker.call(group, instance, one, timeout_s)
                     if isinstance(result, tuple):
                         break
-                    worker = _take(key, listener_bytes)
+                    worker = _take(key, listener_bytes, home)
                 if isinstance(result, tuple):
                     spans.extend(_apply(result, start + i, 1))
                 else:

@@ -203,6 +203,7 @@ class TickRunner:
     def tick(self, now: int | datetime | None = None) -> TickResult:
         """Run one tick at ``now`` (default: the broker's clock)."""
         now_ms = self.broker.clock.now_ms() if now is None else to_ms(now)
+        self.broker.engine.recycle_if_large()
         first = self.last_now is None
         held = self.leases.acquire(self.jobs, last_now=now_ms)
         if first:
