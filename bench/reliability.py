@@ -13,6 +13,7 @@ producer and pull client for that long (30x accelerated clock) and writes their 
 lease hand-overs, commit conflicts retried, the same checks (``--kills 0``: only that).
 
     python bench/reliability.py [--kills 500] [--per-campaign 50] [--concurrency 300]
+    python bench/reliability.py --resume bench/results/reliability-<stamp>.json [...]
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def markdown(result: dict, name: str) -> str:
     t = result["totals"]
     lines = [
         f"`python bench/reliability.py --kills {result['args']['kills']}` — {result['at'][:10]}, "
-        f"`bench/results/{name}`, {len(result['campaigns'])} campaigns, {t['seconds'] / 60:.0f} min",
+        f"`bench/results/{name}`, {len(result['campaigns'])} campaigns, {t['seconds'] / 60:.0f} min"
+        + "".join(f", resumed {r[:16]}" for r in result.get("resumed", [])),
         "",
         "| figure | value |",
         "|---|---:|",
@@ -176,6 +178,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=100, help="seed of the first campaign")
     ap.add_argument("--root", default="/tmp/deltamq-reliability")
     ap.add_argument("--concurrency", type=float, default=0, metavar="SECONDS")
+    ap.add_argument(
+        "--resume", type=Path, help="continue the run of this result file (its campaigns count to --kills)"
+    )
     args = ap.parse_args()
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
@@ -184,11 +189,18 @@ def main() -> None:
     result = {
         "bench": "reliability",
         "at": datetime.now(UTC).isoformat(),
-        "args": vars(args),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "campaigns": [],
     }
-    started = time.monotonic()
-    seed = args.seed
+    seed, wall_before = args.seed, 0
+    if args.resume:  # campaigns are independent (own warehouse and seed): a run may span sessions
+        out, result = args.resume, json.loads(args.resume.read_text())
+        if any(c["error"] for c in result["campaigns"]):
+            raise SystemExit(f"{out} stopped on a failed check; look at it rather than resume it")
+        seed = max((c["seed"] for c in result["campaigns"]), default=args.seed - 1) + 1
+        wall_before = result.get("wall_s", 0)
+        result.setdefault("resumed", []).append(datetime.now(UTC).isoformat())
+    started = time.monotonic() - wall_before
     while sum(c["kills"] for c in result["campaigns"]) < args.kills:
         left = args.kills - sum(c["kills"] for c in result["campaigns"])
         c = campaign(root, seed, min(args.per_campaign, left))

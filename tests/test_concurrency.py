@@ -20,7 +20,7 @@ from deltamq.errors import LeaseHeld
 from deltamq.orchestration.tick import TickRunner
 
 HERE = Path(__file__).parent
-SECONDS = float(os.environ.get("DELTAMQ_CONCURRENCY_SECONDS", "40"))
+SECONDS = float(os.environ.get("DELTAMQ_CONCURRENCY_SECONDS", "30"))
 SPEED = 30.0
 TTL_MS = 6000
 MIN_TICKS = 10  # runners carry on (up to twice as long) until they ticked this often
