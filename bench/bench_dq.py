@@ -24,6 +24,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from run import peak_server_rss_mib
+
 from deltamq import Broker, FakeClock
 from deltamq.dq import suites
 
@@ -76,6 +78,7 @@ def run(root: Path, n: int) -> dict:
         "run_s": total_s,
         "parts_s": parts,
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "peak_server_rss_mib": peak_server_rss_mib(),
     }
     shutil.rmtree(wh, ignore_errors=True)
     return out

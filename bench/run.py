@@ -185,6 +185,11 @@ def _table(result: dict) -> str:
         ("send vs floor", f"{e['send_vs_floor'] * 100:.0f} %", ""),
         ("idle tick, median / p95", f"{e['idle_tick_median_s']} / {e['idle_tick_p95_s']} s", "≤ 0.3 s"),
         ("peak driver RSS", f"{result['peak_rss_mib']:,} MiB", ""),
+        *(
+            [("peak Sail server RSS (its own process)", f"{result['peak_server_rss_mib']:,} MiB", "")]
+            if result.get("peak_server_rss_mib")
+            else []
+        ),
     ]
     if "history" in result:
         h = result["history"]
@@ -224,6 +229,15 @@ def _table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def peak_server_rss_mib() -> int:
+    """The embedded Sail server's peak resident memory: it runs in a child process, so
+    stop it and read the children's peak (getrusage counts waited-for children)."""
+    from deltamq.engine import Engine
+
+    Engine.shutdown_embedded()
+    return round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages", type=int, default=1_000_000)
@@ -250,6 +264,7 @@ def main() -> None:
     if args.history:
         result["history"] = history(root, args.history_step, args.history_steps)
     result["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    result["peak_server_rss_mib"] = peak_server_rss_mib()
     (HERE / "results" / result["file"]).write_text(json.dumps(result, indent=2) + "\n")
     readme = HERE / "README.md"
     text = readme.read_text()
