@@ -34,13 +34,19 @@ class ScaledClock:
         return self.base_ms + int((time.time() - self.wall0) * 1000 * self.speed)
 
 
-def _ticks(broker: Broker) -> int:
-    return broker.sql("SELECT count(DISTINCT tick_id) AS n FROM job_runs").collect()[0]["n"]
+def _progress(broker: Broker) -> tuple[int, int]:
+    """(ticks recorded, distinct runners that recorded one) so far."""
+    row = broker.sql(
+        "SELECT count(DISTINCT tick_id) AS n, count(DISTINCT split(holder, ':')[0]) AS r FROM job_runs"
+    ).collect()[0]
+    return row["n"], row["r"]
 
 
 def runner(broker: Broker, name: str, rng: random.Random, until: float, min_ticks: int = 0) -> dict:
     """Lives until ``until``; then on (at most as long again) while the runners together
-    have recorded fewer than ``min_ticks`` ticks (a loaded machine ticks slowly)."""
+    have recorded fewer than ``min_ticks`` ticks, or only one of them has ticked (a loaded
+    machine ticks slowly). Between lives it stays down for a moment, as a restarted
+    process does, so that a released lease can pass to another runner."""
     from deltamq.orchestration.tick import TickRunner
 
     lives = released = abandoned = loops = 0
@@ -49,7 +55,10 @@ def runner(broker: Broker, name: str, rng: random.Random, until: float, min_tick
     while True:
         now = time.time()
         if now >= until:
-            if not min_ticks or now >= cap or _ticks(broker) >= min_ticks:
+            if not min_ticks or now >= cap:
+                break
+            ticks, runners = _progress(broker)
+            if ticks >= min_ticks and runners >= 2:
                 break
             until = now + 3.0  # one more short life
         lives += 1
@@ -64,6 +73,7 @@ def runner(broker: Broker, name: str, rng: random.Random, until: float, min_tick
                 pass
         else:
             abandoned += 1  # as if it crashed: its leases expire
+        time.sleep(rng.uniform(0.5, 2.0))  # restarting
     return {"lives": lives, "released": released, "abandoned": abandoned, "loops": loops}
 
 
