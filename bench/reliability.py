@@ -135,6 +135,7 @@ def concurrency_markdown(f: dict, name: str) -> str:
         ),
         ("jobs failed (fenced: a lease lost mid-tick)", f"{f['failed_jobs']}"),
         ("messages sent", f"{f['messages']:,}"),
+        ("ticks to drain the backlog afterwards (10 broker minutes apart)", f"{f['drain_ticks']}"),
         (
             "consumed: push / orderly / pull group",
             " / ".join(f"{f['consumed'].get(g, 0):,}" for g in ("push", "seq", "puller")),

@@ -180,20 +180,27 @@ class FaultLoad:
         ).collect()
         return Counter((r["topic"], r["uid"], r["k"]) for r in rows if r["topic"] not in HOLD_TOPICS)
 
-    def drain(self, max_ticks: int = 40) -> None:
-        """Run on until nothing is pending, held or retrying for any group; then check
-        that nothing was lost."""
-        for _ in range(max_ticks):
+    def drain(self, stalled_ticks: int = 8) -> int:
+        """Run on until nothing is pending, held or retrying for any group, or until
+        ``stalled_ticks`` ticks in a row made no progress (a backlog drains at its own
+        pace: each suspend of the orderly queue costs a tick); then check that nothing
+        was lost. Returns the ticks it took."""
+        best, stalled, ticks = None, 0, 0
+        while stalled < stalled_ticks:
+            ticks += 1
             self.clock.advance(minutes=10)
             now = self.clock.now_ms()
             self.runner.tick(now)
             self.pull(now)
             acc = account(self.broker)
             open_ = sum(g.counts["pending"] + g.counts["held"] + g.counts["retrying"] for g in acc.groups)
-            if not open_ and self._halves_open() == 0:
+            open_ += self._halves_open()
+            if not open_:
                 break
+            best, stalled = (open_, 0) if best is None or open_ < best else (best, stalled + 1)
         self.check()
         self._final()
+        return ticks
 
     def _halves_open(self) -> int:
         seen = self._visible_ids()

@@ -75,7 +75,7 @@ def run_concurrently(broker, clock, wh: Path, seconds: float = SECONDS, runners:
         except LeaseHeld:
             assert time.time() < deadline, "a lease outlived its TTL"
             time.sleep(0.5)
-    load.drain()
+    drain_ticks = load.drain()
     leases = broker.sql("SELECT job, epoch FROM leases").collect()
     ticked = broker.sql(
         "SELECT count(DISTINCT split(holder, ':')[0]) AS runners, count(DISTINCT tick_id) AS ticks, "
@@ -97,6 +97,7 @@ def run_concurrently(broker, clock, wh: Path, seconds: float = SECONDS, runners:
         "commits": sum(o["commits"] for o in outs),
         "messages": load.figures.messages,
         "consumed": load.figures.consumed,
+        "drain_ticks": drain_ticks,
         "lost": load.figures.lost,
         "duplicate_copies": load.figures.duplicate_copies,
         "unaccounted": load.figures.unaccounted,
