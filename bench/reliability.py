@@ -146,7 +146,7 @@ def concurrency_markdown(f: dict, name: str) -> str:
         ),
     ]
     head = (
-        f"`python bench/reliability.py --kills 0 --concurrency {f['seconds']:.0f}` — `bench/results/{name}`"
+        f"`python bench/reliability.py --concurrency {f['seconds']:.0f}` — `bench/results/{name}`"
     )
     return "\n".join([head, "", "| figure | value |", "|---|---:|", *(f"| {k} | {v} |" for k, v in rows)])
 
