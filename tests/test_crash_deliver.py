@@ -26,7 +26,7 @@ def test_deliver_survives_kills(broker, clock, tmp_path):
     broker.subscribe("g", "orders")
     wh, log = tmp_path / "wh", tmp_path / "calls.jsonl"
     rng = random.Random(7)
-    plan = KillPlan(POINTS, random_rounds=4)
+    plan = KillPlan(POINTS, random_rounds=2)
     killed_runs, sent = set(), []
     p = broker.producer("p")
     for round_no, (point, _) in enumerate(plan):
