@@ -32,7 +32,7 @@ from pathlib import Path
 from deltalake import DeltaTable
 
 from deltamq import Broker, FakeClock, Message
-from deltamq.engine import Engine
+from deltamq.engine import Engine, resident_mb
 
 HERE = Path(__file__).parent
 TABLES = (
@@ -64,11 +64,9 @@ def _slow(i: int, took: float, r, error: str | None, before: dict, after: dict) 
 def _memory() -> dict:
     """Resident memory (MiB) of this process and of the embedded Sail server, and how
     often the server was replaced for passing embedded_max_rss_mb."""
-    with open("/proc/self/status") as f:
-        mine = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
     server = Engine.embedded_rss_mb()
     return {
-        "broker": round(mine),
+        "broker": round(resident_mb()),
         "server": None if server is None else round(server),
         "server_recycles": Engine.embedded_recycles(),
     }

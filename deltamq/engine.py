@@ -149,14 +149,7 @@ class _EmbeddedServer:
         proc = cls._proc
         if proc is None or proc.poll() is not None:
             return None
-        try:
-            with open(f"/proc/{proc.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1]) / 1024.0
-        except OSError:  # not Linux: no recycling by size
-            return None
-        return None
+        return resident_mb(proc.pid)
 
     @classmethod
     def recycle(cls, reason: str) -> None:
@@ -365,6 +358,19 @@ class Engine:
                 log.info("%s: commit conflict, retry %d in %.3fs", what, i + 1, delay)
                 time.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+def resident_mb(pid: int | str = "self") -> float | None:
+    """A process's resident memory in MiB (None: unknown, e.g. not Linux, which then
+    never replaces its embedded server by size)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
 
 
 def _embedded_session() -> SparkSession:

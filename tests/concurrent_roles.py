@@ -34,12 +34,13 @@ class ScaledClock:
         return self.base_ms + int((time.time() - self.wall0) * 1000 * self.speed)
 
 
-def _progress(broker: Broker) -> tuple[int, int]:
-    """(ticks recorded, distinct runners that recorded one) so far."""
-    row = broker.sql(
-        "SELECT count(DISTINCT tick_id) AS n, count(DISTINCT split(holder, ':')[0]) AS r FROM job_runs"
+def progress(broker: Broker):
+    """What the runners recorded so far (the drainer's ticks left out): ``ticks``,
+    ``runners`` that ticked, ``failed`` jobs."""
+    return broker.sql(
+        "SELECT count(DISTINCT split(holder, ':')[0]) AS runners, count(DISTINCT tick_id) AS ticks, "
+        "count_if(status = 'FAILED') AS failed FROM job_runs WHERE holder <> 'drainer'"
     ).collect()[0]
-    return row["n"], row["r"]
 
 
 def runner(broker: Broker, name: str, rng: random.Random, until: float, min_ticks: int = 0) -> dict:
@@ -57,8 +58,8 @@ def runner(broker: Broker, name: str, rng: random.Random, until: float, min_tick
         if now >= until:
             if not min_ticks or now >= cap:
                 break
-            ticks, runners = _progress(broker)
-            if ticks >= min_ticks and runners >= 2:
+            so_far = progress(broker)
+            if so_far["ticks"] >= min_ticks and so_far["runners"] >= 2:
                 break
             until = now + 3.0  # one more short life
         lives += 1

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from concurrent_roles import ScaledClock
+from concurrent_roles import ScaledClock, progress
 from faultload import FaultLoad
 
 from deltamq.errors import LeaseHeld
@@ -77,10 +77,7 @@ def run_concurrently(broker, clock, wh: Path, seconds: float = SECONDS, runners:
             time.sleep(0.5)
     drain_ticks = load.drain()
     leases = broker.sql("SELECT job, epoch FROM leases").collect()
-    ticked = broker.sql(
-        "SELECT count(DISTINCT split(holder, ':')[0]) AS runners, count(DISTINCT tick_id) AS ticks, "
-        "count_if(status = 'FAILED') AS failed FROM job_runs WHERE holder <> 'drainer'"
-    ).collect()[0]
+    ticked = progress(broker)
     runner_outs = [o for o in outs if o["role"] == "runner"]
     return {
         "seconds": seconds,

@@ -147,9 +147,9 @@ class _Worker:
     """A listener worker: ``python -m deltamq.jobs.listener_worker`` on pipes (not
     multiprocessing, whose spawn re-imports the parent's main module)."""
 
-    def __init__(self, key: str, listener_bytes: bytes, home: Home | None) -> None:
+    def __init__(self, key: str, listener_bytes: bytes, home: Home) -> None:
         self.key = key
-        env = dict(os.environ) if home is None else dict(home.env)
+        env = dict(home.env)
         env.pop("DELTAMQ_CRASH_AT", None)  # crash points are for the broker, not its workers
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "deltamq.jobs.listener_worker"],
@@ -157,7 +157,7 @@ class _Worker:
             stdout=subprocess.PIPE,
             env=env,
         )
-        _send(self.proc.stdin, list(sys.path) if home is None else list(home.sys_path))
+        _send(self.proc.stdin, list(home.sys_path))
         _send_raw(self.proc.stdin, listener_bytes)
         ready, _, _ = select.select([self.proc.stdout], [], [], _START_TIMEOUT_S)
         try:
@@ -222,7 +222,7 @@ class Home:
         return hashlib.sha256(pickle.dumps((self.env, self.sys_path))).hexdigest()
 
 
-def _take(key: str, listener_bytes: bytes, home: Home | None) -> _Worker:
+def _take(key: str, listener_bytes: bytes, home: Home) -> _Worker:
     with _IDLE_LOCK:
         pool = _IDLE.get(key, [])
         while pool:
@@ -270,7 +270,8 @@ def consume(
     listener in chunks of ``batch_size``; the outcomes as spans covering every message
     once, in order. Workers run with ``home``'s environment and path (default: this
     process's); workers of another home are not reused."""
-    key = hashlib.sha256(listener_bytes).hexdigest() + ("" if home is None else home.digest())
+    home = home or Home.here()
+    key = hashlib.sha256(listener_bytes).hexdigest() + home.digest()
     worker = _take(key, listener_bytes, home)
     spans: list[Span] = []
     try:
