@@ -145,9 +145,7 @@ def concurrency_markdown(f: dict, name: str) -> str:
             f"**{f['lost']} / {f['duplicate_copies']} / {f['unaccounted']}**",
         ),
     ]
-    head = (
-        f"`python bench/reliability.py --concurrency {f['seconds']:.0f}` — `bench/results/{name}`"
-    )
+    head = f"`python bench/reliability.py --concurrency {f['seconds']:.0f}` — `bench/results/{name}`"
     return "\n".join([head, "", "| figure | value |", "|---|---:|", *(f"| {k} | {v} |" for k, v in rows)])
 
 
