@@ -693,7 +693,7 @@ class Broker(Topics):
         pending = sum(
             f.num_records or 0
             for c in deltalog.commits_after(
-                self.warehouse.local_path + "/commit_log", state.version, 1_000_000
+                self.warehouse.storage, self.warehouse.uri("commit_log"), state.version, 1_000_000
             )
             for f in c.files
         )

@@ -167,7 +167,8 @@ def _open(args: argparse.Namespace):
 
     if not args.warehouse:
         raise SystemExit("deltamq: error: give --warehouse DIR (or set DELTAMQ_WAREHOUSE)")
-    return Broker.open(args.warehouse, remote=args.remote)
+    # only `init` creates a warehouse: a typo'd location must not become a new one
+    return Broker.open(args.warehouse, remote=args.remote, create=False)
 
 
 def _run(args: argparse.Namespace) -> int:

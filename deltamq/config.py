@@ -11,7 +11,7 @@ import dataclasses
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from deltamq.constants import DEFAULT_LEVELS, DEFAULT_QUEUES, MAX_BODY_BYTES
@@ -108,6 +108,11 @@ class BrokerConfig:
     # ends (docs/engines.md): a tick or pull finding it above this many MiB replaces it
     # first (0: never).
     embedded_max_rss_mb: int = 4096
+    # Object-store settings of the warehouse (deltamq/storage.py, docs/storage.md), named
+    # like the standard environment variables they override: AWS_REGION,
+    # AWS_ENDPOINT_URL, AZURE_STORAGE_ACCOUNT_NAME, GOOGLE_SERVICE_ACCOUNT, ... Kept out
+    # of repr (they may hold credentials) and never written to a table.
+    storage_options: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_MODES:
@@ -143,6 +148,10 @@ class BrokerConfig:
             )
         if self.commit_retries < 0 or self.commit_backoff_ms < 0:
             raise ConfigError("commit_retries and commit_backoff_ms must be zero or more")
+        if not isinstance(self.storage_options, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str | int | bool) for k, v in self.storage_options.items()
+        ):
+            raise ConfigError("storage_options must map option names (e.g. 'AWS_REGION') to string values")
         if self.embedded_max_rss_mb < 0:
             raise ConfigError(
                 f"embedded_max_rss_mb={self.embedded_max_rss_mb!r} must be zero (never replace "
@@ -159,6 +168,8 @@ class BrokerConfig:
         env = os.environ if env is None else env
         values: dict[str, object] = dict(overrides)
         for f in dataclasses.fields(cls):
+            if f.name == "storage_options":
+                continue  # the stores' own variables (AWS_*, AZURE_*, GOOGLE_*) apply instead
             raw = env.get("DELTAMQ_" + f.name.upper())
             if raw is None:
                 if f.name == "remote" and env.get("DELTAMQ_SPARK_REMOTE"):

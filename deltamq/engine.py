@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row, SparkSession
 
     from deltamq.config import BrokerConfig
+    from deltamq.storage import Storage
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -95,6 +96,19 @@ class _EmbeddedServer:
     recycles = 0
     sessions: list = []
     _atexit = False
+    # environment the server needs beyond this process's (object-store settings of the
+    # warehouses opened here: deltamq/storage.py)
+    env: dict[str, str] = {}
+
+    @classmethod
+    def require_env(cls, env: dict[str, str]) -> None:
+        """Make sure the server runs with ``env`` (replacing a running one without it)."""
+        with cls._lock:
+            if all(cls.env.get(k) == v for k, v in env.items()):
+                return
+            cls.env = cls.env | env
+            if cls._proc is not None and cls._proc.poll() is None:
+                cls.recycle("a warehouse needs other object-store settings")
 
     @classmethod
     def url(cls) -> str:
@@ -112,7 +126,7 @@ class _EmbeddedServer:
 
     @classmethod
     def _start(cls) -> None:
-        env = dict(os.environ)
+        env = dict(os.environ) | cls.env
         env.setdefault("RUST_LOG", "error")
         proc = subprocess.Popen(
             [sys.executable, "-I", str(Path(__file__).with_name("_sail_child.py")), str(os.getpid())],
@@ -245,6 +259,19 @@ class Engine:
     def embedded_recycles() -> int:
         """How many times this process replaced its embedded server."""
         return _EmbeddedServer.recycles
+
+    def prepare_storage(self, storage: Storage) -> None:
+        """Give the engine what ``storage`` needs: the embedded server its environment
+        (Sail reads the standard AWS_* / AZURE_* / GOOGLE_* variables), a classic session
+        its ``spark.hadoop.fs.s3a.*`` settings. A remote server is configured where it
+        runs (docs/storage.md)."""
+        if self.mode == "embedded":
+            env = storage.engine_env()
+            if env:
+                _EmbeddedServer.require_env(env)
+        elif self.mode == "classic":
+            for key, value in storage.spark_conf().items():
+                self._spark.conf.set(key, value)
 
     # --- construction -------------------------------------------------------------
     @classmethod

@@ -115,3 +115,15 @@ class InvalidTimer(InvalidMessage):
 
 class InvalidTransaction(DeltaMQError, ValueError):
     """A transaction id or state is not allowed (unknown id, not a half message, bad state)."""
+
+
+class StorageError(DeltaMQError, OSError):
+    """A warehouse location cannot be listed, read or written; names the URI and the cause."""
+
+
+class WarehouseNotFound(DeltaMQError, FileNotFoundError):
+    """No deltamq warehouse at the location given (and the command does not create one)."""
+
+
+class UnsafeStorage(ConfigError):
+    """The store cannot make concurrent Delta commits safe with the settings given."""

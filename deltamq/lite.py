@@ -26,8 +26,9 @@ import pyarrow as pa
 from deltamq.clock import Clock, SystemClock
 from deltamq.config import BrokerConfig
 from deltamq.constants import SCHEMA_VERSION
-from deltamq.errors import SchemaVersionError
+from deltamq.errors import SchemaVersionError, WarehouseNotFound
 from deltamq.sending import BaseProducer, Topics
+from deltamq.storage import Storage
 
 
 def _deltalake():
@@ -50,28 +51,34 @@ class Warehouse(Topics):
         storage_options: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
-        self.location = str(location).rstrip("/")
         self.config = config or BrokerConfig.from_env()
+        # the storage seam: the same options, credentials and commit-safety settings as
+        # the broker (storage_options here, else the config's, else the environment's)
+        self.storage = Storage(location, storage_options or self.config.storage_options)
+        self.location = self.storage.location
         self.clock = clock or SystemClock()
-        self.storage_options = storage_options
         self._max_level: int | None = None
         version = self._schema_version()
+        if version is None:
+            raise WarehouseNotFound(
+                f"no deltamq warehouse at {self.location}; create it with `deltamq init --warehouse "
+                f"{self.location}` (which needs the Spark install)"
+            )
         if version != SCHEMA_VERSION:
             raise SchemaVersionError(
                 f"{self.location} has schema version {version}; this release writes {SCHEMA_VERSION} "
                 "(create or upgrade it with `deltamq init`, which needs the Spark install)"
             )
 
-    def _table(self, name: str):
-        return _deltalake().DeltaTable(f"{self.location}/{name}", storage_options=self.storage_options)
-
     def _read(self, name: str, columns: list[str]) -> list[dict[str, Any]]:
+        uri = self.storage.join(name)
+        if not self.storage.is_delta_table(uri):  # a store it cannot list raises StorageError
+            return []
         try:
-            return self._table(name).to_pyarrow_table(columns=columns).to_pylist()
-        except Exception as e:  # noqa: BLE001 - delta-rs raises TableNotFoundError and kin
-            if type(e).__name__ in ("TableNotFoundError", "FileNotFoundError"):
-                return []
-            raise
+            table = _deltalake().DeltaTable(uri, storage_options=self.storage.delta_rs_options())
+            return table.to_pyarrow_table(columns=columns).to_pylist()
+        except Exception as e:  # noqa: BLE001 - a store error becomes a StorageError naming it
+            raise self.storage.error("read", uri, e) from e
 
     def _schema_version(self) -> int | None:
         rows = [r for r in self._read("warehouse_meta", ["key", "value"]) if r["key"] == "schema_version"]
@@ -96,7 +103,10 @@ class Warehouse(Topics):
         for attempt in range(self.config.commit_retries + 1):
             try:
                 dl.write_deltalake(
-                    f"{self.location}/commit_log", rows, mode="append", storage_options=self.storage_options
+                    self.storage.join("commit_log"),
+                    rows,
+                    mode="append",
+                    storage_options=self.storage.delta_rs_options(),
                 )
                 return
             except Exception as e:

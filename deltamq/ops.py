@@ -34,6 +34,7 @@ from deltamq.tables.sqltext import sql_str
 
 if TYPE_CHECKING:
     from deltamq.broker import Broker
+    from deltamq.tables.warehouse import Warehouse
 
 # properties the broker sets; a resent message starts without them
 _SYSTEM_PROPS = tuple(
@@ -301,18 +302,19 @@ def trace(broker: Broker, msg_id: str) -> list[dict[str, Any]]:
 
 
 # --- rebuilding the index ---------------------------------------------------------------------
-def _check_replayable(path: str) -> None:
+def _check_replayable(wh: Warehouse) -> None:
     """A rebuild replays every commit of commit_log from version 0: refuse (before touching
     anything) when retention, compaction or log cleanup changed that history."""
     from deltamq.tables import deltalog
 
-    first = deltalog.first_version(path)
+    path = wh.uri("commit_log")
+    first = deltalog.first_version(wh.storage, path)
     if first > 0:
         raise OperationError(
             f"rebuild-index needs commit_log's whole Delta log, but entries 0..{first - 1} were removed "
             "by log cleanup (log_retention_ms); the index cannot be rebuilt from the log"
         )
-    for c in deltalog.commits_after(path, -1, 10**9):
+    for c in deltalog.commits_after(wh.storage, path, -1, 10**9):
         if c.rewrite:
             raise OperationError(
                 f"rebuild-index replays commit_log from version 0, but version {c.version} "
@@ -330,7 +332,7 @@ def rebuild_index(broker: Broker, now: int) -> dict[str, int]:
     from deltamq.orchestration.tick import JOB_NAMES
 
     wh = broker.warehouse
-    _check_replayable(wh.local_path + "/commit_log")
+    _check_replayable(wh)
     leases = broker.runner.leases  # this broker's runner: its ticks may already hold them
     leases.acquire(JOB_NAMES, last_now=now)
     try:

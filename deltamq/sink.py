@@ -187,7 +187,8 @@ def check_table(broker: Broker, cfg: SinkConfig, out: DataFrame) -> bool:
     try:
         existing = broker.engine.spark.read.format("delta").load(cfg.table).columns
     except Exception as e:  # noqa: BLE001 - engines word "not a Delta table" differently
-        if _missing_table(cfg.table):
+        sink_storage = broker.warehouse.storage.at(cfg.table)
+        if not sink_storage.is_delta_table(sink_storage.location):
             return False
         raise SinkError(f"sink of {cfg.group!r}: {cfg.table} is not readable as a Delta table: {e}") from e
     if sorted(existing) != sorted(out.columns):
@@ -204,15 +205,6 @@ def ensure_table(broker: Broker, cfg: SinkConfig, out: DataFrame) -> None:
         broker.engine.commit(
             lambda: out.limit(0).write.format("delta").mode("append").save(cfg.table), what="sink"
         )
-
-
-def _missing_table(table: str) -> bool:
-    import os
-
-    if "://" in table and not table.startswith("file://"):
-        return False
-    path = table.removeprefix("file://")
-    return not os.path.isdir(os.path.join(path, "_delta_log"))
 
 
 # --- the pass -------------------------------------------------------------------------------

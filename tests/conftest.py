@@ -30,6 +30,16 @@ def pytest_configure(config):
     SQL_RECORDERS.append(RECORDED_SQL.add)
 
 
+def pytest_generate_tests(metafunc):
+    # A test marked `story` (the main story: normal, delayed, timer, retried, transactional,
+    # pull, orderly, sinks, ...) runs on a local warehouse and on one in S3 (moto).
+    # `@pytest.mark.story(s3="slow")`: the S3 run is long and goes to the slow tier.
+    story = metafunc.definition.get_closest_marker("story")
+    if story and "store" in metafunc.fixturenames:
+        s3 = pytest.param("s3", marks=pytest.mark.slow) if story.kwargs.get("s3") == "slow" else "s3"
+        metafunc.parametrize("store", ["local", s3], indirect=True)
+
+
 def pytest_collection_modifyitems(config, items):
     # The guard parses what the rest of the suite issued: run it last.
     items.sort(key=lambda item: 1 if item.get_closest_marker("spark_guard") else 0)
@@ -79,8 +89,38 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def broker(tmp_path, clock):
-    b = Broker.open(tmp_path / "wh", clock=clock)
+def store(request) -> str:
+    """Where the test's warehouse lives: "local" (a temp dir), or "s3" for tests marked
+    `story` (their second run)."""
+    return getattr(request, "param", "local")
+
+
+@pytest.fixture
+def location(store, tmp_path, request) -> str:
+    """The test's warehouse location: tmp_path/wh, or a fresh prefix on the S3 server."""
+    if store == "s3":
+        return request.getfixturevalue("s3_location")
+    return str(tmp_path / "wh")
+
+
+@pytest.fixture
+def store_env(store, request) -> dict[str, str]:
+    """The environment for a subprocess that opens the test's warehouse: this process's,
+    plus the S3 server's AWS_* variables for an S3 warehouse."""
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_MODE_ENABLED"}
+    if store == "s3":
+        env.update(request.getfixturevalue("s3_server").options)
+    return env
+
+
+@pytest.fixture
+def broker(location, store, clock, request):
+    config = None
+    if store == "s3":
+        from deltamq.config import BrokerConfig
+
+        config = BrokerConfig(storage_options=request.getfixturevalue("s3_server").options)
+    b = Broker.open(location, clock=clock, config=config)
     yield b
     b.close()
 
@@ -92,3 +132,69 @@ def table_versions(warehouse_dir: Path | str) -> dict[str, int]:
     for table in sorted(p for p in root.iterdir() if (p / "_delta_log").is_dir()):
         out[table.name] = len(list((table / "_delta_log").glob("*.json")))
     return out
+
+
+# --- an S3 API server (moto) on 127.0.0.1: a real HTTP endpoint in its own process ---------
+S3_BUCKET = "deltamq-test"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on a free port, with one bucket; yields the storage options a
+    warehouse on it needs (the names of the standard AWS_* variables)."""
+    import shutil
+    import subprocess
+    import time
+    import urllib.request
+
+    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
+    if exe is None:
+        pytest.fail('moto_server is not installed: pip install -e ".[dev]" (moto[server])')
+    port = _free_port()
+    proc = subprocess.Popen(
+        [exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                req = urllib.request.Request(f"{endpoint}/{S3_BUCKET}", method="PUT")
+                urllib.request.urlopen(req, timeout=2).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    pytest.fail(f"moto_server did not start on {endpoint}")
+                time.sleep(0.2)
+        yield SimpleNamespace(
+            endpoint=endpoint,
+            port=port,
+            bucket=S3_BUCKET,
+            options={
+                "AWS_ACCESS_KEY_ID": "deltamq-test",
+                "AWS_SECRET_ACCESS_KEY": "deltamq-test-secret",
+                "AWS_REGION": "us-east-1",
+                "AWS_ENDPOINT_URL": endpoint,
+                "AWS_ALLOW_HTTP": "true",
+            },
+        )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def s3_location(s3_server, request):
+    """A fresh warehouse URI on the S3 server, one per test."""
+    import uuid
+
+    name = "".join(c if c.isalnum() else "-" for c in request.node.name)[:40]
+    return f"s3://{s3_server.bucket}/{name}-{uuid.uuid4().hex[:8]}/wh"

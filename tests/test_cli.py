@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from deltamq.cli import main
 
 
@@ -50,6 +52,7 @@ def test_admin_send_tick_sql_status(tmp_path, capsys):
 
 def test_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
     wh = str(tmp_path / "wh")
+    assert _run(capsys, "init", "--warehouse", wh)[0] == 0
     code, _, err = _run(capsys, "send", "missing", "x", "--warehouse", wh)
     assert code == 2 and "topic 'missing' does not exist" in err
     code, _, err = _run(capsys, "topic", "create", "bad/name", "--warehouse", wh)
@@ -57,6 +60,27 @@ def test_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
     code, _, err = _run(capsys, "tick", "--now", "1000", "--warehouse", wh)
     code, _, err = _run(capsys, "tick", "--now", "999", "--warehouse", wh)
     assert code == 2 and "earlier than the warehouse's last tick" in err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("status",),
+        ("sql", "SELECT 1"),
+        ("msg", "show", "0A0000000000000000000000"),
+        ("dlq", "list"),
+        ("doctor",),
+        ("report", "--html", "r.html"),
+        ("tick", "--now", "1000"),
+        ("topic", "create", "orders"),
+    ],
+)
+def test_commands_other_than_init_refuse_a_missing_warehouse_and_create_nothing(tmp_path, capsys, command):
+    wh = tmp_path / "no" / "such" / "wh"
+    code, _, err = _run(capsys, *command, "--warehouse", str(wh))
+    assert code == 2
+    assert f"no deltamq warehouse at {wh}" in err and "deltamq init" in err
+    assert not (tmp_path / "no").exists()
 
 
 def test_console_script_help():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
+import pytest
 from deltalake import DeltaTable
 from listeners import Recorder
 
@@ -16,16 +17,15 @@ from deltamq.jobs import compact
 DAY = 86_400_000
 
 
-def _disk_files(path: str) -> int:
+def _disk_files(wh, table: str) -> int:
     return sum(
         1
-        for root, _, files in os.walk(path)
-        if "_delta_log" not in root
-        for f in files
-        if f.endswith(".parquet")
+        for e in wh.storage.list(wh.uri(table), recursive=True)
+        if not e.name.startswith("_delta_log") and e.name.endswith(".parquet")
     )
 
 
+@pytest.mark.story(s3="slow")
 def test_compaction_keeps_rows_and_time_travel_and_vacuum_frees_files(broker, clock):
     broker.config = replace(broker.config, compact=False)  # the ticks' retain passes must not compact
     broker.create_topic("orders", queues=2)
@@ -45,12 +45,11 @@ def test_compaction_keeps_rows_and_time_travel_and_vacuum_frees_files(broker, cl
     }
     before = {k: broker.sql(q).collect() for k, q in queries.items()}
     live = {
-        t: len(DeltaTable(wh.path(t)).file_uris())
-        for t in ("commit_log", "consume_queue", "job_runs", "offsets")
+        t: len(wh.delta_rs(t).file_uris()) for t in ("commit_log", "consume_queue", "job_runs", "offsets")
     }
-    version = DeltaTable(wh.path("consume_queue")).version()
+    version = wh.delta_rs("consume_queue").version()
     result = compact.run(broker, clock.now_ms(), vacuum=False)
-    after_live = {t: len(DeltaTable(wh.path(t)).file_uris()) for t in live}
+    after_live = {t: len(wh.delta_rs(t).file_uris()) for t in live}
     assert result.files_removed > result.files_added > 0
     assert (
         after_live["consume_queue"] < live["consume_queue"] and after_live["commit_log"] < live["commit_log"]
@@ -58,7 +57,9 @@ def test_compaction_keeps_rows_and_time_travel_and_vacuum_frees_files(broker, cl
     assert {k: broker.sql(q).collect() for k, q in queries.items()} == before
     # time travel to the version before compaction (through delta-rs: Sail's versionAsOf
     # fails for versions older than the newest checkpoint, compaction or not — engines.md)
-    old = DeltaTable(wh.path("consume_queue"), version=version).to_pyarrow_table(columns=["msg_id"])
+    old = DeltaTable(
+        wh.uri("consume_queue"), version=version, storage_options=wh.storage.delta_rs_options()
+    ).to_pyarrow_table(columns=["msg_id"])
     assert sorted(old.column("msg_id").to_pylist()) == sorted(r["msg_id"] for r in before["index"])
     # dispatch skips the compaction commits: new messages are indexed once, old ones not again
     p.send(Message("orders", b"after"))
@@ -69,7 +70,7 @@ def test_compaction_keeps_rows_and_time_travel_and_vacuum_frees_files(broker, cl
     freed = compact.run(broker, clock.now_ms())
     assert freed.vacuumed > 0
     for t in ("consume_queue", "commit_log"):
-        assert _disk_files(wh.path(t)) == len(DeltaTable(wh.path(t)).file_uris())
+        assert _disk_files(wh, t) == len(wh.delta_rs(t).file_uris())
     assert broker.sql(queries["bodies"]).count() == len(before["bodies"]) + 1
 
 

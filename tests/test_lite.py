@@ -4,7 +4,6 @@ indexed by dispatch like any other send, concurrently with the Spark producer.""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -60,16 +59,16 @@ def test_lite_producer_validates_like_the_broker(broker, tmp_path):
     ]
 
 
-def test_lite_producer_runs_without_spark_alongside_the_spark_producer(broker, tmp_path, clock):
+@pytest.mark.story
+def test_lite_producer_runs_without_spark_alongside_the_spark_producer(broker, location, store_env, clock):
     broker.create_topic("orders", queues=4)
-    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_MODE_ENABLED"}
     go = time.time() + 3.0
     proc = subprocess.Popen(
-        [sys.executable, "-c", _NO_SPARK, str(tmp_path / "wh"), "20", str(go)],
+        [sys.executable, "-c", _NO_SPARK, location, "20", str(go)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
+        env=store_env,
     )
     spark_ids = []
     producer = broker.producer("spark-service")

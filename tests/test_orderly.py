@@ -28,6 +28,7 @@ def _send(broker, queue, bodies):
     )
 
 
+@pytest.mark.story
 def test_order_preserved_across_suspends(orderly, clock):
     broker, group = orderly
     log = group("suspend_bad_twice")

@@ -45,6 +45,7 @@ def test_every_default_level_is_promoted_exactly_at_its_due_time(orders, clock):
     assert len(_visible(orders)) == 18
 
 
+@pytest.mark.story
 def test_promoted_message_is_a_new_message_without_delay_properties(orders, clock):
     t0 = clock.now_ms()
     original = orders.producer("p").send(
@@ -185,6 +186,7 @@ def test_timer_beyond_the_horizon_is_refused(orders, clock, tmp_path):
     assert table_versions(tmp_path / "wh") == before
 
 
+@pytest.mark.story
 def test_timers_in_30_days_and_in_1_5_seconds(orders, clock):
     t0 = clock.now_ms()
     p = orders.producer("p")

@@ -5,12 +5,12 @@ it succeeds while a producer keeps appending."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from datetime import timedelta
 
+import pytest
 from listeners import Recorder, read_log
 
 from deltamq import Message
@@ -88,34 +88,36 @@ def test_expired_data_leaves_held_timers_and_dead_letters_stay(broker, clock, tm
 
 
 _APPENDER = """
-import json, sys, time
+import json, os, sys, time
 from deltamq.lite import Producer
 from deltamq.message import Message
-wh, seconds = sys.argv[1], float(sys.argv[2])
+wh, stop, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
 p = Producer(wh, "busy")
 print("READY", flush=True)
 ids, end = [], time.time() + seconds
-while time.time() < end:
+while time.time() < end and not os.path.exists(stop):
     ids += p.send_batch([Message("orders", b"x")] * 5)
 print(json.dumps(ids))
 """
 
 
-def test_retention_succeeds_while_a_producer_keeps_appending(broker, clock, tmp_path):
-    """A Spark-free producer appends to today's commit_log partition for 8 s while this
-    process, pass after pass, stores messages on an old day, dispatches them and runs
-    retention, which deletes that closed day (delta-rs) under the appends."""
+@pytest.mark.story(s3="slow")
+def test_retention_succeeds_while_a_producer_keeps_appending(broker, clock, location, store_env, tmp_path):
+    """A Spark-free producer appends to today's commit_log partition while this process,
+    pass after pass (for 7 s and at least 3 passes), stores messages on an old day,
+    dispatches them and runs retention, which deletes that closed day (delta-rs) under
+    the appends."""
     from deltamq.jobs import dispatch
 
     broker.create_topic("orders", queues=2)
     broker.create_topic("archive", queues=2)  # (an index prefix expires: old rows go in their own topic)
-    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_MODE_ENABLED"}
+    stop = tmp_path / "stop"
     proc = subprocess.Popen(
-        [sys.executable, "-c", _APPENDER, str(tmp_path / "wh"), "8"],
+        [sys.executable, "-c", _APPENDER, location, str(stop), "300"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
+        env=store_env,
     )
     assert proc.stdout.readline().strip() == "READY"
     p = broker.producer("shop")
@@ -123,17 +125,18 @@ def test_retention_succeeds_while_a_producer_keeps_appending(broker, clock, tmp_
     old: list[str] = []
     deleted = passes = 0
     deadline = time.time() + 7
-    while time.time() < deadline:
+    while time.time() < deadline or passes < 3:
         clock.set(old_day + passes * DAY)
         old += p.send_batch([Message("archive", b"old")] * 3)
         dispatch.run(broker.warehouse, clock.now_ms())
         r = retain.run(broker, int(time.time() * 1000) + 3_600_000, force=True)
         deleted += r.body_rows
         passes += 1
+    stop.touch()
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
     sent = json.loads(out.strip().splitlines()[-1])
-    assert passes >= 3 and len(sent) > 50 and deleted == len(old)
+    assert len(sent) > 50 and deleted == len(old)
     left = {r["msg_id"] for r in _rows(broker, "SELECT msg_id FROM commit_log")}
     assert set(sent) <= left  # every concurrent append survived
     assert not set(old) & left  # every old day was dropped

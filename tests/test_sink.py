@@ -25,8 +25,9 @@ def _table(sink) -> dict[str, int]:
     return {r["order_id"]: r["amount"] for r in rows}
 
 
-def test_a_sink_keeps_the_latest_message_per_key_and_replays_change_nothing(lake, clock, tmp_path):
-    sink = lake.sink_to_table("lake", str(tmp_path / "orders_sink"), ["order_id"], order_rows)
+@pytest.mark.story
+def test_a_sink_keeps_the_latest_message_per_key_and_replays_change_nothing(lake, clock, location):
+    sink = lake.sink_to_table("lake", f"{location}-orders-sink", ["order_id"], order_rows)
     p = lake.producer("p")
     for i in range(6):
         p.send(Message("orders", str(i).encode(), keys=f"o{i % 4}"))  # o0 and o1 sent twice

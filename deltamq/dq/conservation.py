@@ -57,7 +57,7 @@ def check_dispatch(wh: Warehouse, *, dispatched_only: bool = False) -> DispatchC
         from deltamq.tables import deltalog
 
         version = dispatch.load_state(wh).version
-        later = deltalog.commits_after(wh.local_path + "/commit_log", version, 10**9)
+        later = deltalog.commits_after(wh.storage, wh.uri("commit_log"), version, 10**9)
         new = dispatch.read_new_rows(wh, later)
         if new is not None:
             new.select("msg_id").createOrReplaceTempView("dmq_undispatched")

@@ -479,7 +479,7 @@ def run(broker: Broker, now: int, *, fence=None) -> CheckResult:
             TxState.UNKNOWN.value: kinds.get(ids.KIND_TXN_HALF, 0) - counts["putback"],
         }
         # the next pass waits for dispatch to index this far (the copies written here)
-        wait_version = deltalog.latest_version(wh.local_path + "/commit_log")
+        wait_version = deltalog.latest_version(wh.storage, wh.uri("commit_log"))
 
     # the op offset: first op record whose transaction still has an entry to walk
     left = first_pending_op(wh, new_half, head, ops)

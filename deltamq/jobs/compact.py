@@ -40,7 +40,6 @@ next pass; it changes no data, so nothing is lost either way.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from deltamq.config import TOMBSTONE_RETENTION, tombstone_retention
 
 if TYPE_CHECKING:
     from deltamq.broker import Broker
+    from deltamq.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -60,37 +60,31 @@ _LOG_ENTRY = re.compile(r"^(\d{20})\.(json|crc|checkpoint\.parquet|checkpoint\.\
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
 
 
-def cleanup_log(table_path: str, *, keep_from: int | None, older_than_s: float) -> int:
+def cleanup_log(storage: Storage, table_path: str, *, keep_from: int | None, older_than_s: float) -> int:
     """Delete the Delta log entries of ``table_path`` that no reader needs: versions below
     the newest checkpoint (and below ``keep_from``, when given), modified before
     ``older_than_s`` (epoch seconds); older checkpoints likewise. Returns files deleted."""
-    log_dir = os.path.join(table_path, "_delta_log")
-    try:
-        names = os.listdir(log_dir)
-    except FileNotFoundError:
-        return 0
+    log_dir = table_path + "/_delta_log"
+    entries = storage.list(log_dir)
+    names = [e.name for e in entries]
     checkpoints = [int(m.group(1)) for n in names if (m := _CHECKPOINT.match(n))]
     if not checkpoints:
         return 0
     newest = max(checkpoints)
     bound = newest if keep_from is None else min(newest, keep_from)
     deleted = 0
-    for n in names:
-        m = _LOG_ENTRY.match(n)
+    for e in entries:
+        m = _LOG_ENTRY.match(e.name)
         if not m:
             continue
         version = int(m.group(1))
-        is_checkpoint = _CHECKPOINT.match(n) is not None
+        is_checkpoint = _CHECKPOINT.match(e.name) is not None
         if (version >= newest) if is_checkpoint else (version >= bound):
             continue
-        path = os.path.join(log_dir, n)
-        try:
-            if os.stat(path).st_mtime >= older_than_s:
-                continue
-            os.remove(path)
-            deleted += 1
-        except FileNotFoundError:  # another cleanup got there first
+        if e.mtime_s is None or e.mtime_s >= older_than_s:
             continue
+        # False: another cleanup got there first
+        deleted += storage.delete(f"{log_dir}/{e.name}")
     return deleted
 
 
@@ -115,8 +109,6 @@ class CompactResult:
 
 
 def run(broker: Broker, now: int, *, vacuum: bool = True) -> CompactResult:
-    from deltalake import DeltaTable
-
     from deltamq.schemas import TABLES
 
     wh = broker.warehouse
@@ -126,11 +118,10 @@ def run(broker: Broker, now: int, *, vacuum: bool = True) -> CompactResult:
     wanted = tombstone_retention(broker.config)
     per_table: dict[str, int] = {}
     for name in TABLES:
-        path = wh.local_path + "/" + name
         if not wh.table_exists(name):
             continue
+        table = wh.delta_rs(name)
         try:
-            table = DeltaTable(path)
             # tables created before this setting (or with another log_retention_ms) get it
             # here: a pass commits anyway, an idle tick must not
             _set_tombstone_retention(table, name, wanted)
@@ -181,13 +172,11 @@ def set_tombstone_retention(broker: Broker) -> int:
     """Set :data:`TOMBSTONE_RETENTION` (a metadata commit through delta-rs) on every table
     that lacks this broker's value, as each compaction pass does; returns the tables
     changed."""
-    from deltalake import DeltaTable
-
     from deltamq.schemas import TABLES
 
     wanted = tombstone_retention(broker.config)
     return sum(
-        _set_tombstone_retention(DeltaTable(broker.warehouse.local_path + "/" + name), name, wanted)
+        _set_tombstone_retention(broker.warehouse.delta_rs(name), name, wanted)
         for name in TABLES
         if broker.warehouse.table_exists(name)
     )
@@ -206,7 +195,7 @@ def cleanup_logs(broker: Broker) -> int:
         if name == "commit_log" and dispatched < 0:
             continue  # dispatch has read nothing yet: every entry is still needed
         keep_from = dispatched + 1 if name == "commit_log" else None
-        deleted += cleanup_log(wh.local_path + "/" + name, keep_from=keep_from, older_than_s=older_than_s)
+        deleted += cleanup_log(wh.storage, wh.uri(name), keep_from=keep_from, older_than_s=older_than_s)
     broker._log_cleanup_wall = time.time()
     return deleted
 

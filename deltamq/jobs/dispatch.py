@@ -126,7 +126,7 @@ def read_new_rows(wh: Warehouse, commits: list[deltalog.Commit]) -> DataFrame | 
     reads (TableDamaged): Sail skips a missing path in a file list silently.
     """
     spark = wh.engine.spark
-    check_added("commit_log", [f for c in commits for f in c.files])
+    check_added(wh.storage, "commit_log", [f for c in commits for f in c.files])
     by_batch: dict[int, set[int]] = defaultdict(set)
     stat_files: list[tuple[int, deltalog.AddedFile, int]] = []
     odd: dict[int, list[str]] = defaultdict(list)
@@ -137,15 +137,15 @@ def read_new_rows(wh: Warehouse, commits: list[deltalog.Commit]) -> DataFrame | 
                 stat_files.append((c.version, f, lo))
                 by_batch[lo].add(c.version)
             else:
-                odd[c.version].append(f.path)
+                odd[c.version].append(wh.engine_path(f.path))
     mapped: list[tuple[int, int]] = []
     mapped_paths: list[str] = []
     for version, f, batch in stat_files:
         if len(by_batch[batch]) > 1:
-            odd[version].append(f.path)
+            odd[version].append(wh.engine_path(f.path))
         else:
             mapped.append((batch, version))
-            mapped_paths.append(f.path)
+            mapped_paths.append(wh.engine_path(f.path))
     parts: list[DataFrame] = []
     if mapped_paths:
         versions = spark.createDataFrame(sorted(set(mapped)), "batch_id bigint, cl_version bigint")
@@ -341,7 +341,7 @@ def run(wh: Warehouse, now: int, *, fence=None) -> DispatchResult:
     def index() -> DispatchResult:
         state = load_state(wh)
         commits = deltalog.commits_after(
-            wh.local_path + "/commit_log", state.version, engine.config.dispatch_max_versions
+            wh.storage, wh.uri("commit_log"), state.version, engine.config.dispatch_max_versions
         )
         if not commits:
             # Nothing new; but a run killed after its index commit left the hint behind

@@ -254,11 +254,12 @@ def _trim_bodies(broker: Broker, cut: int) -> tuple[int, int, int]:
 
     wh = broker.warehouse
     cut_day = ids.store_date(cut)
-    path = wh.local_path + "/commit_log"
     # days that still hold rows dispatch has not indexed are left alone
     undispatched = {
         f.partition_values.get("store_date")
-        for c in deltalog.commits_after(path, dispatch.load_state(wh).version, 10**9)
+        for c in deltalog.commits_after(
+            wh.storage, wh.uri("commit_log"), dispatch.load_state(wh).version, 10**9
+        )
         for f in c.files
     }
     days = [
@@ -278,7 +279,7 @@ def _trim_bodies(broker: Broker, cut: int) -> tuple[int, int, int]:
     ):
         if r["cl_date"] in needed:
             needed[r["cl_date"]].append(r["cl_batch_id"])
-    table = _delta_rs_table(path)
+    table = wh.delta_rs("commit_log")
     removed = kept = 0
     for day in sorted(days):
         keep = sorted(set(needed[day]))
@@ -289,14 +290,6 @@ def _trim_bodies(broker: Broker, cut: int) -> tuple[int, int, int]:
         removed += int((metrics or {}).get("num_deleted_rows") or 0)
         kept += len(keep)
     return len(days), removed, kept
-
-
-def _delta_rs_table(path: str):
-    try:
-        from deltalake import DeltaTable
-    except ImportError as e:  # pragma: no cover - the broker extra depends on it
-        raise ImportError('retention needs the deltalake package: pip install "deltamq[broker]"') from e
-    return DeltaTable(path)
 
 
 # --- 3. bookkeeping ---------------------------------------------------------------------------

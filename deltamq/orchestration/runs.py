@@ -57,7 +57,7 @@ def settings(params: dict[str, Any] | None = None, variables: Any = None) -> Set
 def _open(s: Settings):
     from deltamq.broker import Broker
 
-    return Broker.open(s.warehouse, remote=s.remote)
+    return Broker.open(s.warehouse, remote=s.remote, create=False)
 
 
 def run_job(job: str, s: Settings) -> dict[str, Any]:

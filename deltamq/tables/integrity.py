@@ -10,12 +10,12 @@ file and what is wrong, and ``deltamq doctor`` lists the same. Nothing is repair
 automatically: the rows in such a file exist nowhere else, so the way back is to
 restore the file (from a backup or a replica); then the next tick goes on where the
 failed one stopped, since a job that fails has committed nothing of its step.
-Local warehouses only (``file://`` or a path): an object store does not truncate.
+The comparison goes through the storage seam (deltamq/storage.py), so it works the same
+on a local path and on an object store, where a deleted object is the usual damage.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,6 +25,7 @@ from deltamq.errors import DeltaMQError, TableDamaged
 from deltamq.schemas import TABLES
 
 if TYPE_CHECKING:
+    from deltamq.storage import Storage
     from deltamq.tables.deltalog import AddedFile
     from deltamq.tables.warehouse import Warehouse
 
@@ -52,43 +53,45 @@ class Damage:
         )
 
 
-def _check(table: str, path: str, expected: int | None) -> Damage | None:
-    try:
-        size = os.path.getsize(path)
-    except FileNotFoundError:
-        return Damage(table, path, "missing", expected or 0, None)
-    if expected is not None and size != expected:
-        return Damage(table, path, "truncated", expected, size)
-    return None
+def _check(storage: Storage, table: str, expected: dict[str, int | None]) -> list[Damage]:
+    """Damage among files ``expected`` (path → size the log recorded)."""
+    out = []
+    for path, size in storage.sizes(expected).items():
+        want = expected[path]
+        if size is None:
+            out.append(Damage(table, path, "missing", want or 0, None))
+        elif want is not None and size != want:
+            out.append(Damage(table, path, "truncated", want, size))
+    return out
 
 
 def damaged_files(warehouse: Warehouse, tables: list[str] | None = None) -> list[Damage]:
     """Every live data file of ``tables`` (default: all) that is missing or not the size
     the Delta log recorded. Tables not created yet are skipped."""
     import pyarrow as pa
-    from deltalake import DeltaTable
 
-    if not warehouse.is_local:
-        return []
     out: list[Damage] = []
     for table in tables or list(TABLES):
-        root = os.path.join(warehouse.local_path, table)
-        if not os.path.isdir(os.path.join(root, "_delta_log")):
+        if not warehouse.table_exists(table):
             continue
-        adds = pa.table(DeltaTable(root).get_add_actions(flatten=True)).select(["path", "size_bytes"])
+        root = warehouse.uri(table)
+        adds = pa.table(warehouse.delta_rs(table).get_add_actions(flatten=True)).select(
+            ["path", "size_bytes"]
+        )
+        expected = {}
         for add in adds.to_pylist():
             rel = unquote(add["path"])
-            damage = _check(table, rel if os.path.isabs(rel) else os.path.join(root, rel), add["size_bytes"])
-            if damage:
-                out.append(damage)
+            absolute = rel.startswith("/") or "://" in rel
+            expected[rel.removeprefix("file://") if absolute else f"{root}/{rel}"] = add["size_bytes"]
+        out.extend(_check(warehouse.storage, table, expected))
     return out
 
 
-def check_added(table: str, files: list[AddedFile]) -> None:
-    """Raise TableDamaged if any of ``files`` (read from the log, local) is missing or
+def check_added(storage: Storage, table: str, files: list[AddedFile]) -> None:
+    """Raise TableDamaged if any of ``files`` (read from the log) is missing or
     truncated. A job that reads a list of files calls this first: an engine may skip a
     file that is not there instead of failing, which would lose its rows silently."""
-    damage = [d for f in files if (d := _check(table, f.path, f.size))]
+    damage = _check(storage, table, {f.path: f.size for f in files})
     if damage:
         raise table_damaged(damage)
 

@@ -9,13 +9,13 @@ newer schema version than this release is refused rather than half-understood.
 from __future__ import annotations
 
 import os
-import re
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from deltamq.config import TOMBSTONE_RETENTION, parse_levels, tombstone_retention
-from deltamq.errors import ConfigError, SchemaVersionError
+from deltamq.errors import ConfigError, SchemaVersionError, WarehouseNotFound
 from deltamq.schemas import SCHEMA_VERSION, TABLES, TableSpec
+from deltamq.storage import Storage, normalize_location
 from deltamq.tables.sqltext import sql_str
 
 if TYPE_CHECKING:
@@ -23,50 +23,61 @@ if TYPE_CHECKING:
 
     from deltamq.engine import Engine
 
-_URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
-_FORBIDDEN_IN_PATH = ("`", "'", '"', "\n", "\r", "\x00", ";")
-
-
-def normalize_location(location: str | os.PathLike[str]) -> str:
-    """Absolute local path or a URI; refuses characters that could break SQL quoting."""
-    text = os.fspath(location)
-    if not text:
-        raise ConfigError("the warehouse location is empty; give a directory or a URI")
-    bad = [c for c in _FORBIDDEN_IN_PATH if c in text]
-    if bad:
-        raise ConfigError(
-            f"warehouse location {text!r} contains {bad!r}; quotes, backticks, semicolons "
-            "and control characters are not allowed"
-        )
-    if _URI.match(text):
-        return text.rstrip("/")
-    return os.path.abspath(text)
+__all__ = ["Warehouse", "normalize_location"]
 
 
 class Warehouse:
-    """Locations and SQL references of every table of one warehouse."""
+    """Locations and SQL references of every table of one warehouse.
 
-    def __init__(self, engine: Engine, location: str | os.PathLike[str]) -> None:
+    ``storage`` (deltamq/storage.py) is the one way to the files: built from the
+    location and ``engine.config.storage_options`` unless given. The engine is prepared
+    for it (the embedded server's environment, classic Spark's ``fs.s3a`` settings).
+    """
+
+    def __init__(
+        self, engine: Engine, location: str | os.PathLike[str], *, storage: Storage | None = None
+    ) -> None:
         self.engine = engine
-        self.location = normalize_location(location)
+        self.storage = storage or Storage(location, engine.config.storage_options)
+        self.location = self.storage.location
+        engine.prepare_storage(self.storage)
         self._known: set[str] = set()
 
     @property
     def is_local(self) -> bool:
-        return not _URI.match(self.location) or self.location.startswith("file://")
+        return self.storage.is_local
 
-    @property
-    def local_path(self) -> str:
-        """Local filesystem path (for reading Delta commit entries directly)."""
-        return self.location[len("file://") :] if self.location.startswith("file://") else self.location
+    def uri(self, table: str) -> str:
+        """A table's location as the storage seam and delta-rs name it."""
+        TABLES[table]  # KeyError for an unknown table
+        return self.storage.join(table)
 
     def path(self, table: str) -> str:
-        TABLES[table]  # KeyError for an unknown table
-        return f"{self.location}/{table}"
+        """A table's location as the engine reads it (``s3a://`` for classic Spark)."""
+        return self.storage.engine_path(self.uri(table), self.engine.mode)
+
+    def engine_path(self, uri: str) -> str:
+        """Any file or table URI of this warehouse as the engine reads it."""
+        return self.storage.engine_path(uri, self.engine.mode)
 
     def ref(self, table: str) -> str:
         """SQL reference of a table: delta.`<location>/<table>`."""
         return f"delta.`{self.path(table)}`"
+
+    def delta_rs(self, table: str) -> Any:
+        """The delta-rs ``DeltaTable`` of one of the tables (maintenance the engines lack:
+        deletes beside appending producers, compaction, vacuum, checkpoints)."""
+        try:
+            from deltalake import DeltaTable
+        except ImportError as e:  # pragma: no cover - the broker extra depends on it
+            raise ImportError(
+                f'{table} maintenance needs the deltalake package: pip install "deltamq[broker]"'
+            ) from e
+        uri = self.uri(table)
+        try:
+            return DeltaTable(uri, storage_options=self.storage.delta_rs_options())
+        except Exception as e:  # noqa: BLE001 - a store error becomes a StorageError naming it
+            raise self.storage.error("open the Delta table", uri, e) from e
 
     def read(self, table: str) -> DataFrame:
         return self.engine.spark.read.format("delta").load(self.path(table))
@@ -77,13 +88,9 @@ class Warehouse:
 
     # --- existence and creation ---------------------------------------------------------
     def table_exists(self, table: str) -> bool:
-        if self.is_local:
-            return os.path.isdir(os.path.join(self.local_path, table, "_delta_log"))
-        try:
-            self.read(table).schema  # noqa: B018 - resolving the schema is the probe
-            return True
-        except Exception:  # noqa: BLE001 - any failure to resolve means "not a Delta table"
-            return False
+        """Whether the table has a Delta log. A store that cannot be listed (no bucket,
+        no credentials, …) raises StorageError naming the location and the cause."""
+        return self.storage.is_delta_table(self.uri(table))
 
     def table_columns(self, table: str) -> list[str]:
         return self.read(table).schema.fieldNames()
@@ -198,9 +205,9 @@ class Warehouse:
         """Raise unless the warehouse was initialised at this release's schema version."""
         version = self.schema_version()
         if version is None:
-            raise SchemaVersionError(
-                f"{self.location} is not a deltamq warehouse yet; "
-                f"run `deltamq init --warehouse {self.location}`"
+            raise WarehouseNotFound(
+                f"no deltamq warehouse at {self.location} (nothing was created); check the "
+                f"location, or create one with `deltamq init --warehouse {self.location}`"
             )
         if version != SCHEMA_VERSION:
             raise SchemaVersionError(

@@ -1,0 +1,428 @@
+"""The storage seam: one place that turns a warehouse location and its credentials into
+what every component needs, and the only way deltamq touches files itself.
+
+A warehouse is a local path, a ``file://`` URI, or an object-store URI: ``s3://`` (or
+``s3a://``, classic Spark's spelling, the same bucket), ``abfss://`` / ``abfs://`` /
+``az://`` (Azure Data Lake Storage / Blob), or ``gs://`` (Google Cloud Storage).
+:class:`Storage` gives
+
+* the engine its paths (classic Spark reads S3 through Hadoop's ``s3a://``; Sail and
+  Spark Connect servers take ``s3://``) and, for the embedded Sail server, the
+  environment it must start with (Sail reads the standard ``AWS_*`` / ``AZURE_*`` /
+  ``GOOGLE_*`` variables); for classic Spark the ``spark.hadoop.fs.s3a.*`` lines;
+* delta-rs (the ``deltalake`` package: retention deletes, compaction, vacuum,
+  checkpoints, the Spark-free producer) its ``storage_options``;
+* deltamq itself a small filesystem — list a directory, read a file, a file's size,
+  delete a file — used for the Delta commit entries dispatch reads, the integrity
+  check, log cleanup and existence checks. Local paths use ``os`` directly (today's
+  speed); object stores use delta-rs' object-store client through pyarrow's
+  filesystem interface, so the same options and credentials reach every component.
+
+Credentials and endpoints come from the standard environment variables or from
+``BrokerConfig.storage_options`` (which win); they are never printed (the repr of a
+:class:`Storage` shows only option names) and never written to a table.
+
+Commit safety (docs/storage.md): two writers racing for the same Delta log version must
+not both win. Sail and delta-rs write each commit entry as a put-if-absent (on S3 a PUT
+with ``If-None-Match: *``; checked against an S3 API server: the loser gets 412 and
+retries or reports a conflict). The seam sets ``AWS_CONDITIONAL_PUT=etag`` for every
+component and refuses any other value (``disabled`` would make every commit fail, or
+with an older client, race unprotected).
+
+Every failure to list, read or write names the URI and the cause (a missing bucket,
+no or rejected credentials, access denied, an unreachable endpoint): :class:`StorageError`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import unquote
+
+from deltamq.errors import ConfigError, StorageError, UnsafeStorage
+
+Kind = Literal["local", "s3", "azure", "gcs"]
+
+_URI = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://(.*)$")
+_SCHEMES: dict[str, Kind] = {
+    "file": "local",
+    "s3": "s3",
+    "s3a": "s3",
+    "abfss": "azure",
+    "abfs": "azure",
+    "az": "azure",
+    "gs": "gcs",
+}
+# environment variables (and option names) each store reads
+_PREFIXES: dict[Kind, tuple[str, ...]] = {
+    "local": (),
+    "s3": ("AWS_",),
+    "azure": ("AZURE_",),
+    "gcs": ("GOOGLE_",),
+}
+# quotes, backticks and semicolons could break SQL quoting; Sail reads * ? [ ] { } in a
+# path as a glob (a warehouse at /tmp/t[1]/wh read another table's files): docs/engines.md
+_FORBIDDEN_IN_PATH = ("`", "'", '"', "\n", "\r", "\x00", ";", "*", "?", "[", "]", "{", "}")
+
+# Commit safety on S3 (docs/storage.md)
+CONDITIONAL_PUT = "AWS_CONDITIONAL_PUT"
+
+
+def split_uri(location: str) -> tuple[str | None, str]:
+    """``("s3", "bucket/wh")`` for a URI, ``(None, path)`` for a plain path."""
+    m = _URI.match(location)
+    return (m.group(1).lower(), m.group(2)) if m else (None, location)
+
+
+def normalize_location(location: str | os.PathLike[str]) -> str:
+    """An absolute local path, or a URI without a trailing slash (``s3a://`` becomes
+    ``s3://``, ``file://`` a plain path). Refuses characters that could break SQL
+    quoting and schemes no component can reach."""
+    text = os.fspath(location)
+    if not text:
+        raise ConfigError("the warehouse location is empty; give a directory or a URI")
+    bad = [c for c in _FORBIDDEN_IN_PATH if c in text]
+    if bad:
+        raise ConfigError(
+            f"warehouse location {text!r} contains {bad!r}; quotes, backticks, semicolons, "
+            "control characters and the glob characters * ? [ ] { } are not allowed"
+        )
+    scheme, rest = split_uri(text)
+    if scheme is None:
+        return os.path.abspath(text)
+    if scheme not in _SCHEMES:
+        raise ConfigError(
+            f"warehouse location {text!r} has scheme {scheme}://, which deltamq cannot reach; use "
+            "a local path, file://, s3:// (s3a://), abfss://, abfs://, az:// or gs://"
+        )
+    if scheme == "file":
+        return os.path.abspath(unquote(rest) or "/")
+    rest = rest.rstrip("/")
+    if not rest.split("/", 1)[0]:
+        raise ConfigError(f"warehouse location {text!r} names no bucket or container")
+    return f"{'s3' if scheme == 's3a' else scheme}://{rest}"
+
+
+def kind_of(location: str) -> Kind:
+    scheme, _ = split_uri(location)
+    return "local" if scheme is None else _SCHEMES.get(scheme, "local")
+
+
+def canonical_options(options: Mapping[str, Any] | None) -> dict[str, str]:
+    """Option names upper-cased (``aws_region`` → ``AWS_REGION``, the spelling of the
+    environment variables); values as strings."""
+    out: dict[str, str] = {}
+    for key, value in (options or {}).items():
+        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z0-9_]+", key):
+            raise ConfigError(f"storage option name {key!r} is not allowed; use names like AWS_REGION")
+        out[key.upper()] = (
+            value if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A file found by :meth:`Storage.list`."""
+
+    name: str
+    size: int
+    mtime_s: float | None  # seconds since the epoch, when the store says
+
+
+class Storage:
+    """One warehouse location and its credentials; see the module docstring.
+
+    Example:
+        >>> s = Storage("s3://bucket/wh", {"aws_region": "us-east-1"}, env={})
+        >>> s.join("commit_log", "_delta_log")
+        's3://bucket/wh/commit_log/_delta_log'
+        >>> s.delta_rs_options()["AWS_CONDITIONAL_PUT"]
+        'etag'
+    """
+
+    def __init__(
+        self,
+        location: str | os.PathLike[str],
+        options: Mapping[str, Any] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.location = normalize_location(location)
+        self.kind: Kind = kind_of(self.location)
+        self._explicit = canonical_options(options)
+        environ = os.environ if env is None else env
+        prefixes = _PREFIXES[self.kind]
+        from_env = {k: v for k, v in environ.items() if k.startswith(prefixes)} if prefixes else {}
+        self._env = environ
+        self._options = from_env | self._explicit
+        self._fs: Any = None
+        self._check_commit_safety()
+
+    def at(self, location: str | os.PathLike[str]) -> Storage:
+        """The same options and credentials for another location (a sink table)."""
+        return Storage(location, self._explicit, env=self._env)
+
+    def __repr__(self) -> str:  # never the values: they hold credentials
+        return f"Storage({self.location!r}, options={sorted(self._options)})"
+
+    @property
+    def is_local(self) -> bool:
+        return self.kind == "local"
+
+    # --- paths ---------------------------------------------------------------------------
+    def join(self, *parts: str) -> str:
+        """``location/part/...`` (a path or a URI, like the location)."""
+        return "/".join([self.location.rstrip("/"), *(p.strip("/") for p in parts if p)])
+
+    def engine_path(self, path: str, mode: str) -> str:
+        """The spelling the engine of ``mode`` reads: classic Spark (Hadoop) reads S3 as
+        ``s3a://``; Sail and other Spark Connect servers as ``s3://``."""
+        if mode == "classic" and path.startswith("s3://"):
+            return "s3a://" + path[len("s3://") :]
+        return path
+
+    # --- what each component needs -------------------------------------------------------
+    def delta_rs_options(self) -> dict[str, str]:
+        """``storage_options`` for the ``deltalake`` package (delta-rs)."""
+        out = dict(self._options)
+        if self.kind == "s3":
+            out.update(self._s3_commit_settings())
+        return out
+
+    def engine_env(self) -> dict[str, str]:
+        """Environment an embedded Sail server needs for this location beyond the process's
+        own: the explicit options, and the S3 commit-safety settings."""
+        out = dict(self._explicit)
+        if self.kind == "s3":
+            out.update(self._s3_commit_settings())
+        return out
+
+    def spark_conf(self) -> dict[str, str]:
+        """``spark.hadoop.fs.s3a.*`` settings for classic Spark (spark-submit ``--conf``)."""
+        if self.kind != "s3":
+            return {}
+        o = self._options
+        conf: dict[str, str] = {}
+        pairs = {
+            "AWS_ACCESS_KEY_ID": "access.key",
+            "AWS_SECRET_ACCESS_KEY": "secret.key",
+            "AWS_SESSION_TOKEN": "session.token",
+            "AWS_REGION": "endpoint.region",
+        }
+        for key, name in pairs.items():
+            if o.get(key):
+                conf[f"spark.hadoop.fs.s3a.{name}"] = o[key]
+        endpoint = o.get("AWS_ENDPOINT_URL") or o.get("AWS_ENDPOINT")
+        if endpoint:
+            conf["spark.hadoop.fs.s3a.endpoint"] = endpoint
+            conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
+            if endpoint.startswith("http://"):
+                conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = "false"
+        if "AWS_SESSION_TOKEN" in o:
+            conf["spark.hadoop.fs.s3a.aws.credentials.provider"] = (
+                "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+            )
+        return conf
+
+    def _s3_commit_settings(self) -> dict[str, str]:
+        return {CONDITIONAL_PUT: "etag"}
+
+    def _check_commit_safety(self) -> None:
+        if self.kind != "s3":
+            return
+        put = self._options.get(CONDITIONAL_PUT)
+        if put is not None and put.lower() != "etag":
+            raise UnsafeStorage(
+                f"{CONDITIONAL_PUT}={put!r} is set for {self.location}: Delta commits on S3 are safe "
+                "with concurrent writers only through conditional writes (If-None-Match); unset it or "
+                f"set {CONDITIONAL_PUT}=etag. A store that cannot do conditional writes cannot hold a "
+                "deltamq warehouse (docs/storage.md)"
+            )
+
+    # --- files ---------------------------------------------------------------------------
+    def _remote(self) -> Any:
+        if self._fs is None:
+            try:
+                from deltalake.fs import DeltaStorageHandler
+                from pyarrow.fs import PyFileSystem
+            except ImportError as e:  # pragma: no cover - the broker extra depends on it
+                raise ImportError(
+                    f'reaching {self.location} needs the deltalake package: pip install "deltamq[broker]"'
+                ) from e
+            self._fs = PyFileSystem(DeltaStorageHandler(self.location, self.delta_rs_options()))
+        return self._fs
+
+    def _key(self, path: str) -> str:
+        """A path under the location as the remote filesystem names it (relative)."""
+        root = self.location.rstrip("/") + "/"
+        if path == self.location:
+            return ""
+        if not path.startswith(root):
+            raise ValueError(f"{path} is not under the warehouse {self.location}")
+        return path[len(root) :]
+
+    def list(self, directory: str, *, recursive: bool = False) -> list[Entry]:
+        """The files directly in ``directory`` ([] when it does not exist); with
+        ``recursive``, every file below it, named by its path relative to ``directory``."""
+        if self.is_local and recursive:
+            out = []
+            for root, _, files in os.walk(directory):
+                for f in files:
+                    st = os.stat(os.path.join(root, f))
+                    rel = os.path.relpath(os.path.join(root, f), directory)
+                    out.append(Entry(rel, st.st_size, st.st_mtime))
+            return out
+        if self.is_local:
+            try:
+                with os.scandir(directory) as it:
+                    out = []
+                    for e in it:
+                        if e.is_file():
+                            st = e.stat()
+                            out.append(Entry(e.name, st.st_size, st.st_mtime))
+                    return out
+            except FileNotFoundError:
+                return []
+            except OSError as e:
+                raise self.error("list", directory, e) from e
+        from pyarrow.fs import FileSelector, FileType
+
+        key = self._key(directory)
+        try:
+            selector = FileSelector(key, allow_not_found=True, recursive=recursive)
+            infos = self._remote().get_file_info(selector)
+        except Exception as e:  # noqa: BLE001 - every store error becomes a StorageError
+            raise self.error("list", directory, e) from e
+        return [
+            Entry(
+                i.path[len(key) :].lstrip("/") if recursive else i.base_name,
+                i.size or 0,
+                i.mtime.timestamp() if i.mtime else None,
+            )
+            for i in infos
+            if i.type == FileType.File
+        ]
+
+    def read_text(self, path: str) -> str:
+        if self.is_local:
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    return fh.read()
+            except OSError as e:
+                raise self.error("read", path, e) from e
+        try:
+            with self._remote().open_input_stream(self._key(path)) as fh:
+                return fh.read().decode("utf-8")
+        except Exception as e:  # noqa: BLE001
+            raise self.error("read", path, e) from e
+
+    def sizes(self, paths: Iterable[str]) -> dict[str, int | None]:
+        """Each path's size in bytes, None for a missing file."""
+        paths = list(paths)
+        if self.is_local:
+            out: dict[str, int | None] = {}
+            for p in paths:
+                try:
+                    out[p] = os.path.getsize(p)
+                except FileNotFoundError:
+                    out[p] = None
+                except OSError as e:
+                    raise self.error("read", p, e) from e
+            return out
+        from pyarrow.fs import FileType
+
+        out = {}
+        for p in paths:
+            try:
+                info = self._remote().get_file_info(self._key(p))
+            except Exception as e:  # noqa: BLE001
+                raise self.error("read", p, e) from e
+            out[p] = info.size if info.type == FileType.File else None
+        return out
+
+    def delete(self, path: str) -> bool:
+        """Delete a file; False when it was already gone."""
+        if self.is_local:
+            try:
+                os.remove(path)
+                return True
+            except FileNotFoundError:
+                return False
+            except OSError as e:
+                raise self.error("delete", path, e) from e
+        try:
+            self._remote().delete_file(self._key(path))
+            return True
+        except FileNotFoundError:
+            return False
+        except Exception as e:  # noqa: BLE001
+            raise self.error("delete", path, e) from e
+
+    def is_delta_table(self, path: str) -> bool:
+        """Whether ``path`` holds a Delta table (its ``_delta_log`` has a commit or a
+        checkpoint). A store that cannot be listed raises :class:`StorageError`."""
+        if self.is_local:
+            return os.path.isdir(os.path.join(path, "_delta_log")) and any(
+                n.endswith((".json", ".parquet")) for n in os.listdir(os.path.join(path, "_delta_log"))
+            )
+        return any(e.name.endswith((".json", ".parquet")) for e in self.list(path + "/_delta_log"))
+
+    def check_reachable(self) -> None:
+        """List the location once: a missing bucket, missing or rejected credentials or an
+        unreachable endpoint raise :class:`StorageError` here, before any job runs."""
+        if not self.is_local:
+            self.list(self.location)
+
+    # --- errors --------------------------------------------------------------------------
+    def error(self, action: str, path: str, cause: BaseException) -> StorageError:
+        return StorageError(f"cannot {action} {path}: {describe_cause(cause)} ({_detail(cause)})")
+
+
+_CAUSES: tuple[tuple[str, str], ...] = (
+    (
+        # no keys configured: the client asked the instance metadata service, which did not answer
+        r"latest/api/token|latest/meta-data|computeMetadata|metadata/identity",
+        "no credentials (none configured, and no instance metadata service answered)",
+    ),
+    (
+        r"NoSuchBucket|bucket does not exist|ContainerNotFound|container does not exist",
+        "the bucket does not exist",
+    ),
+    (
+        r"InvalidAccessKeyId|SignatureDoesNotMatch|ExpiredToken|InvalidToken|Missing.?credentials|"
+        r"no credentials|NoCredentialProviders|Unable to load credentials|AuthenticationFailed|"
+        r"invalid_grant|Failed to get credentials|credential",
+        "no credentials, or credentials the store rejects",
+    ),
+    (r"AccessDenied|Access Denied|Forbidden|403|AuthorizationFailure|PermissionDenied", "access denied"),
+    (
+        r"Connection refused|error sending request|dns error|failed to lookup|timed out|timeout|"
+        r"Couldn't connect|Could not connect|unreachable|connect error|tcp connect",
+        "the endpoint cannot be reached",
+    ),
+    (r"No such file|NotFound|not found|does not exist", "not found"),
+)
+
+
+def describe_cause(error: BaseException) -> str:
+    """A short, user-facing cause for a store error (what to fix)."""
+    text = f"{type(error).__name__}: {error}"
+    for pattern, cause in _CAUSES:
+        if re.search(pattern, text, re.IGNORECASE):
+            return cause
+    return "the store refused the request"
+
+
+def _detail(error: BaseException) -> str:
+    """The store's own words, on one line: delta-rs chains its causes over several lines
+    with terminal colour codes."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    text = " ".join(text.split()) or type(error).__name__
+    return text if len(text) <= 500 else text[:500] + " …"
+
+
+__all__ = ["Entry", "Storage", "canonical_options", "describe_cause", "kind_of", "normalize_location"]

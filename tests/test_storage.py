@@ -1,0 +1,203 @@
+"""The storage seam (deltamq/storage.py): locations, options, and loud failures against a
+real S3 API server (moto, its own process, real HTTP on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from conftest import _free_port
+
+from deltamq import Broker
+from deltamq.config import BrokerConfig
+from deltamq.errors import ConfigError, StorageError, UnsafeStorage, WarehouseNotFound
+from deltamq.storage import Storage, describe_cause, normalize_location
+
+
+# --- locations and options (no server) --------------------------------------------------------
+def test_locations_are_normalised_and_bad_ones_named():
+    assert normalize_location("s3a://bucket/wh/") == "s3://bucket/wh"
+    assert normalize_location("file:///tmp/wh") == "/tmp/wh"
+    assert normalize_location("gs://b/x") == "gs://b/x"
+    assert (
+        normalize_location("abfss://c@acct.dfs.core.windows.net/wh")
+        == "abfss://c@acct.dfs.core.windows.net/wh"
+    )
+    with pytest.raises(ConfigError, match="scheme hdfs://.*use a local path, file://, s3://"):
+        normalize_location("hdfs://nn/wh")
+    with pytest.raises(ConfigError, match="names no bucket"):
+        normalize_location("s3:///wh")
+    with pytest.raises(ConfigError, match=r"glob characters"):
+        normalize_location("/tmp/t[1]/wh")  # Sail reads [1] as a glob
+
+
+def test_options_come_from_the_environment_and_explicit_ones_win():
+    env = {"AWS_REGION": "eu-west-1", "AWS_ACCESS_KEY_ID": "env-key", "AZURE_X": "no", "HOME": "/root"}
+    s = Storage("s3://bucket/wh", {"aws_access_key_id": "mine"}, env=env)
+    opts = s.delta_rs_options()
+    assert opts["AWS_ACCESS_KEY_ID"] == "mine" and opts["AWS_REGION"] == "eu-west-1"
+    assert "AZURE_X" not in opts and "HOME" not in opts
+    assert opts["AWS_CONDITIONAL_PUT"] == "etag"  # commits are put-if-absent
+    # the embedded server inherits the process's environment: it gets the explicit ones
+    assert s.engine_env() == {"AWS_ACCESS_KEY_ID": "mine", "AWS_CONDITIONAL_PUT": "etag"}
+    assert "mine" not in repr(s) and "AWS_ACCESS_KEY_ID" in repr(s)
+    assert "mine" not in repr(BrokerConfig(storage_options={"AWS_ACCESS_KEY_ID": "mine"}))
+    assert Storage("/tmp/wh", env=env).delta_rs_options() == {}
+
+
+def test_classic_spark_gets_s3a_paths_and_conf_lines():
+    s = Storage(
+        "s3://bucket/wh",
+        {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_ENDPOINT_URL": "http://127.0.0.1:9000"},
+        env={},
+    )
+    assert s.engine_path(s.join("commit_log"), "classic") == "s3a://bucket/wh/commit_log"
+    assert s.engine_path(s.join("commit_log"), "embedded") == "s3://bucket/wh/commit_log"
+    conf = s.spark_conf()
+    assert conf["spark.hadoop.fs.s3a.access.key"] == "k"
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9000"
+    assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
+
+
+def test_a_store_without_conditional_writes_is_refused_naming_the_setting():
+    with pytest.raises(UnsafeStorage, match="AWS_CONDITIONAL_PUT='disabled'.*If-None-Match"):
+        Storage("s3://bucket/wh", {"AWS_CONDITIONAL_PUT": "disabled"}, env={})
+    with pytest.raises(UnsafeStorage, match="AWS_CONDITIONAL_PUT"):
+        Storage("s3://bucket/wh", env={"AWS_CONDITIONAL_PUT": "disabled"})
+    with pytest.raises(ConfigError, match="storage option name"):
+        Storage("s3://bucket/wh", {"bad name": "x"}, env={})
+
+
+def test_causes_are_told_apart():
+    assert describe_cause(OSError("404 Not Found: <Code>NoSuchBucket</Code>")) == "the bucket does not exist"
+    assert "credentials" in describe_cause(OSError("403 Forbidden <Code>InvalidAccessKeyId</Code>"))
+    assert describe_cause(OSError("<Code>AccessDenied</Code>")) == "access denied"
+    assert describe_cause(OSError("Connection refused (os error 111)")) == "the endpoint cannot be reached"
+
+
+# --- against the S3 API server ----------------------------------------------------------------
+def _options(s3_server, **changes):
+    return {**s3_server.options, **changes}
+
+
+def _objects(s3_server, prefix: str) -> list[str]:
+    """Keys under ``prefix`` in the test bucket (listed with the storage seam itself)."""
+    storage = Storage(f"s3://{s3_server.bucket}", s3_server.options, env={})
+    return [e.name for e in storage.list(f"s3://{s3_server.bucket}/{prefix}", recursive=True)]
+
+
+def test_a_missing_bucket_is_named(s3_server):
+    config = BrokerConfig(storage_options=s3_server.options)
+    with pytest.raises(StorageError, match=r"s3://no-such-bucket-here/wh.*the bucket does not exist"):
+        Broker.open("s3://no-such-bucket-here/wh", config=config)
+
+
+def test_an_unreachable_endpoint_is_named(s3_server):
+    dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    config = BrokerConfig(storage_options=_options(s3_server, AWS_ENDPOINT_URL=dead))
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=r"s3://deltamq-test/x/wh.*the endpoint cannot be reached"):
+        Broker.open("s3://deltamq-test/x/wh", config=config)
+    assert time.monotonic() - started < 60
+
+
+def test_read_only_commands_on_a_uri_without_a_warehouse_create_nothing(s3_server, capsys):
+    from deltamq.cli import main
+
+    env_before = dict(os.environ)
+    os.environ.update(s3_server.options)  # the CLI reads the standard AWS_* variables
+    try:
+        for command in (["status"], ["sql", "SELECT 1"], ["doctor"], ["dlq", "list"]):
+            code = main([*command, "--warehouse", f"s3://{s3_server.bucket}/typo/wh"])
+            err = capsys.readouterr().err
+            assert code == 2 and "no deltamq warehouse at s3://deltamq-test/typo/wh" in err
+    finally:
+        os.environ.clear()
+        os.environ.update(env_before)
+    assert _objects(s3_server, "typo") == []
+    with pytest.raises(WarehouseNotFound, match="deltamq init"):
+        Broker.open(
+            f"s3://{s3_server.bucket}/typo/wh",
+            config=BrokerConfig(storage_options=s3_server.options),
+            create=False,
+        )
+    assert _objects(s3_server, "typo") == []
+
+
+@pytest.fixture(scope="module")
+def s3_with_auth():
+    """A second S3 server that checks credentials and permissions (moto's IAM auth): one
+    bucket, one user with no permissions; yields (endpoint, that user's keys)."""
+    import boto3
+
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3")  # bucket, user and key unauthenticated
+    exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
+    proc = subprocess.Popen(
+        [exe, "-H", "127.0.0.1", "-p", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail("moto_server with auth did not start")
+                time.sleep(0.2)
+        kw = {"endpoint_url": endpoint, "region_name": "us-east-1"}
+        kw |= {"aws_access_key_id": "bootstrap", "aws_secret_access_key": "bootstrap"}
+        boto3.client("s3", **kw).create_bucket(Bucket="locked")
+        iam = boto3.client("iam", **kw)
+        iam.create_user(UserName="nobody")
+        key = iam.create_access_key(UserName="nobody")["AccessKey"]
+        yield endpoint, key["AccessKeyId"], key["SecretAccessKey"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _auth_options(endpoint: str, key: str, secret: str) -> dict[str, str]:
+    return {
+        "AWS_ACCESS_KEY_ID": key,
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "AWS_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ALLOW_HTTP": "true",
+    }
+
+
+def test_credentials_the_store_rejects_are_named(s3_with_auth):
+    endpoint, _, _ = s3_with_auth
+    config = BrokerConfig(storage_options=_auth_options(endpoint, "AKIANOSUCHKEY0000000", "wrong"))
+    with pytest.raises(
+        StorageError, match=r"s3://locked/wh.*no credentials, or credentials the store rejects"
+    ):
+        Broker.open("s3://locked/wh", config=config)
+
+
+def test_access_denied_is_named(s3_with_auth):
+    endpoint, key, secret = s3_with_auth
+    config = BrokerConfig(storage_options=_auth_options(endpoint, key, secret))
+    with pytest.raises(StorageError, match=r"s3://locked/wh.*access denied"):
+        Broker.open("s3://locked/wh", config=config)
+
+
+def test_no_credentials_at_all_is_named(s3_server):
+    """No keys anywhere: the client falls back to the instance metadata service, which
+    here is a closed port on 127.0.0.1 (never a real address)."""
+    options = {k: v for k, v in s3_server.options.items() if not k.startswith(("AWS_ACCESS", "AWS_SECRET"))}
+    options["AWS_METADATA_ENDPOINT"] = f"http://127.0.0.1:{_free_port()}"
+    storage = Storage(f"s3://{s3_server.bucket}/wh", options, env={})
+    with pytest.raises(StorageError, match=r"s3://deltamq-test/wh.*no credentials"):
+        storage.check_reachable()
