@@ -20,18 +20,30 @@ Targets (2 cores): end to end ≥ 200k msgs/s and ≥ 30 % of the Parquet floor;
 ≤ 0.3 s; 10M / 1M tick cost ≤ 1.2. Writes ``bench/results/run-<timestamp>.json`` and
 the table between the ``run.py`` markers in bench/README.md. A benchmark, not a test.
 
+``--warehouse s3://bucket/prefix`` puts the warehouses on object storage (credentials
+from the standard AWS_* variables); ``--s3-emulator`` starts moto's S3 server on
+127.0.0.1 for it first (the bucket is created). The table then goes between the
+``run.py s3`` markers, with the time spent in the storage seam's own requests (Delta log
+reads, size checks, listings) beside the engine's. The emulator is not S3: the figures
+show the overhead of the object-store path, not S3's speed.
+
     python bench/run.py [--messages 1000000] [--history] [--lateness]
+    python bench/run.py --messages 1000000 --warehouse s3://deltamq-bench/run --s3-emulator
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import time
+import urllib.request
+from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -39,6 +51,7 @@ import pyarrow.parquet as pq
 
 from deltamq import Broker, FakeClock, Message
 from deltamq.jobs import deliver, dispatch
+from deltamq.storage import Storage
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
@@ -46,13 +59,77 @@ sys.path.insert(0, str(HERE))
 from bench_send_dispatch import body_expr  # noqa: E402
 
 BEGIN, END = "<!-- run.py:begin -->", "<!-- run.py:end -->"
+S3_BEGIN, S3_END = "<!-- run.py s3:begin -->", "<!-- run.py s3:end -->"
+# where warehouses go: None (under --root) or an object-store URI prefix (--warehouse)
+WAREHOUSE_ROOT: str | None = None
+# time and calls spent in the storage seam's own requests, by method
+SEAM: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
 
 
-def _setup(root: Path, name: str, n: int) -> tuple[Path, FakeClock, Broker, Path]:
+def _time_the_seam() -> None:
+    for name in ("list", "read_text", "sizes", "delete"):
+        original = getattr(Storage, name)
+
+        def timed(self, *a, _original=original, _name=name, **kw):
+            t = time.perf_counter()
+            try:
+                return _original(self, *a, **kw)
+            finally:
+                SEAM[_name][0] += 1
+                SEAM[_name][1] += time.perf_counter() - t
+
+        setattr(Storage, name, timed)
+
+
+def _seam_spent() -> dict:
+    out = {k: {"calls": int(v[0]), "s": round(v[1], 2)} for k, v in SEAM.items()}
+    SEAM.clear()
+    return out
+
+
+def _remove(wh) -> None:
+    if WAREHOUSE_ROOT is None:
+        shutil.rmtree(wh, ignore_errors=True)
+
+
+def start_s3_emulator(uri: str) -> subprocess.Popen:
+    """moto's S3 server on a free 127.0.0.1 port, the URI's bucket created, and the AWS_*
+    variables of this process (and so of the embedded server it starts) pointing at it."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or "moto_server"
+    proc = subprocess.Popen(
+        [exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    bucket = uri.split("://", 1)[1].split("/", 1)[0]
+    for _ in range(150):
+        try:
+            urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{bucket}", method="PUT"), timeout=2)
+            break
+        except OSError:
+            time.sleep(0.2)
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="bench",
+        AWS_SECRET_ACCESS_KEY="bench-secret",
+        AWS_REGION="us-east-1",
+        AWS_ENDPOINT_URL=endpoint,
+        AWS_ALLOW_HTTP="true",
+    )
+    return proc
+
+
+def _setup(root: Path, name: str, n: int) -> tuple[str | Path, FakeClock, Broker, Path]:
     """A warehouse with topic ``bench`` (4 queues) and group ``g`` (a trivial listener, batch
     1000, taking up to ``n`` per queue), and ``n`` rows of 1 KiB bodies staged as Parquet."""
-    wh = root / name
-    shutil.rmtree(wh, ignore_errors=True)
+    if WAREHOUSE_ROOT is None:
+        wh: str | Path = root / name
+        shutil.rmtree(wh, ignore_errors=True)
+    else:
+        wh = f"{WAREHOUSE_ROOT}/{name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}"
     clock = FakeClock()
     b = Broker.open(wh, clock=clock)
     b.create_topic("bench", queues=4)
@@ -72,35 +149,64 @@ def _setup(root: Path, name: str, n: int) -> tuple[Path, FakeClock, Broker, Path
     return wh, clock, b, staging
 
 
+def _floor(b: Broker, root: Path, n: int) -> float:
+    """Seconds for pyarrow to write the commit_log rows as one Parquet file, to the same
+    store (a local file, or an object next to the warehouse)."""
+    wh = b.warehouse
+    if wh.is_local:
+        table = pq.read_table(wh.uri("commit_log"))
+        floor_path = root / f"floor-{n}.parquet"
+        f0 = time.perf_counter()
+        pq.write_table(table, str(floor_path), compression="snappy")
+        floor_s = time.perf_counter() - f0
+        floor_path.unlink(missing_ok=True)
+        return floor_s
+    from pyarrow import fs
+
+    table = wh.delta_rs("commit_log").to_pyarrow_table()
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    s3 = fs.S3FileSystem(
+        region=os.environ.get("AWS_REGION"),
+        endpoint_override=endpoint.split("://", 1)[1] if endpoint else None,
+        scheme=endpoint.split("://", 1)[0] if endpoint else "https",
+    )
+    key = wh.uri("commit_log").split("://", 1)[1] + f"-floor-{n}.parquet"
+    f0 = time.perf_counter()
+    pq.write_table(table, key, filesystem=s3, compression="snappy")
+    floor_s = time.perf_counter() - f0
+    s3.delete_file(key)
+    return floor_s
+
+
 def end_to_end(root: Path, n: int) -> dict:
     wh, clock, b, staging = _setup(root, f"run-{n}", n)
     spark = b.engine.spark
+    _seam_spent()
     t0 = time.perf_counter()
     b.producer("bench").send_dataframe(spark.read.parquet(str(staging)))
     t1 = time.perf_counter()
+    seam_send = _seam_spent()
     d = dispatch.run(b.warehouse, clock.now_ms())
     t2 = time.perf_counter()
+    seam_dispatch = _seam_spent()
     r = deliver.run(b, clock.now_ms())
     t3 = time.perf_counter()
+    seam_deliver = _seam_spent()
     assert d.rows_out == n and r.consumed == n, (d, r)
-    table = pq.read_table(str(wh / "commit_log"))
-    floor_path = root / f"floor-{n}.parquet"
-    f0 = time.perf_counter()
-    pq.write_table(table, str(floor_path), compression="snappy")
-    floor_s = time.perf_counter() - f0
-    floor_path.unlink(missing_ok=True)
-    del table
+    floor_s = _floor(b, root, n)
     # idle ticks: every job, nothing new (the first tick after the pass warms the runner)
     clock.advance(seconds=1)
     b.tick(clock.now_ms())
     idle = []
+    _seam_spent()
     for _ in range(20):
         clock.advance(seconds=1)
         s0 = time.perf_counter()
         b.tick(clock.now_ms())
         idle.append(time.perf_counter() - s0)
+    seam_idle = _seam_spent()
     shutil.rmtree(staging, ignore_errors=True)
-    shutil.rmtree(wh, ignore_errors=True)
+    _remove(wh)
     total = t3 - t0
     return {
         "messages": n,
@@ -115,6 +221,14 @@ def end_to_end(root: Path, n: int) -> dict:
         "send_vs_floor": round(floor_s / (t1 - t0), 3),
         "idle_tick_median_s": round(statistics.median(idle), 3),
         "idle_tick_p95_s": round(sorted(idle)[int(len(idle) * 0.95) - 1], 3),
+        "warehouse": str(wh),
+        # the storage seam's own requests (Delta log reads, sizes, listings) in each step
+        "seam": {
+            "send": seam_send,
+            "dispatch": seam_dispatch,
+            "deliver": seam_deliver,
+            "idle_20_ticks": seam_idle,
+        },
     }
 
 
@@ -161,7 +275,7 @@ def history(root: Path, step: int, steps: int, busy: int = 1000, samples: int = 
             points.append({"retained": retained, **_tick_costs(b, clock, body, samples, busy)})
             print(json.dumps(points[-1]), flush=True)
     shutil.rmtree(staging, ignore_errors=True)
-    shutil.rmtree(wh, ignore_errors=True)
+    _remove(wh)
     small, big = points[0], points[-1]
     return {
         "busy_messages_per_tick": busy,
@@ -218,6 +332,14 @@ def _table(result: dict) -> str:
                 "",
             )
         )
+    if "seam" in e and any(e["seam"].values()):
+        for step in ("send", "dispatch", "deliver", "idle_20_ticks"):
+            spent = e["seam"][step]
+            calls = sum(v["calls"] for v in spent.values())
+            secs = sum(v["s"] for v in spent.values())
+            rows.append(
+                (f"  storage seam requests in {step.replace('_', ' ')}", f"{calls} calls, {secs:.2f} s", "")
+            )
     args = result.get("args") or f"--messages {e['messages']}"
     lines = [
         f"`python bench/run.py {args}` — {result['at'][:10]}, `results/{result['file']}`",
@@ -246,7 +368,16 @@ def main() -> None:
     ap.add_argument("--history-steps", type=int, default=10, help="growth steps (10: 1M → 10M)")
     ap.add_argument("--lateness", action="store_true", help="also delay lateness under the real clock")
     ap.add_argument("--root", default="/tmp/deltamq-bench-run")
+    ap.add_argument("--warehouse", help="put the warehouses under this object-store URI (s3://bucket/prefix)")
+    ap.add_argument("--s3-emulator", action="store_true", help="start moto's S3 server for --warehouse first")
     args = ap.parse_args()
+    global WAREHOUSE_ROOT
+    emulator = None
+    if args.warehouse:
+        WAREHOUSE_ROOT = args.warehouse.rstrip("/")
+        if args.s3_emulator:
+            emulator = start_s3_emulator(WAREHOUSE_ROOT)
+    _time_the_seam()
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -265,12 +396,16 @@ def main() -> None:
         result["history"] = history(root, args.history_step, args.history_steps)
     result["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     result["peak_server_rss_mib"] = peak_server_rss_mib()
+    if emulator is not None:
+        result["s3_emulator"] = "moto_server on 127.0.0.1"
+        emulator.terminate()
     (HERE / "results" / result["file"]).write_text(json.dumps(result, indent=2) + "\n")
     readme = HERE / "README.md"
     text = readme.read_text()
-    block = f"{BEGIN}\n{_table(result)}\n{END}"
-    if BEGIN in text:
-        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) :]
+    begin, end = (S3_BEGIN, S3_END) if WAREHOUSE_ROOT else (BEGIN, END)
+    block = f"{begin}\n{_table(result)}\n{end}"
+    if begin in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
     else:
         text = text.replace("\n## ", f"\n## The suite — `run.py`\n\n{block}\n\n## ", 1)
     readme.write_text(text)

@@ -26,7 +26,24 @@ RECORDED_SQL: set[str] = set()
 TEST_ENGINE = os.environ.get("DELTAMQ_TEST_ENGINE", "embedded")
 
 
+# `pytest --engine remote`: the engine-facing tests run against a Spark Connect endpoint,
+# Sail in local-cluster mode (driver and workers exchanging plans and data over RPC)
+# started by the `cluster` fixture. CI runs the main story (`-m story`) that way.
+ENGINE = "embedded"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--engine",
+        choices=("embedded", "remote"),
+        default="embedded",
+        help="embedded: the broker's own Sail server; remote: a Sail local-cluster Spark Connect server",
+    )
+
+
 def pytest_configure(config):
+    global ENGINE
+    ENGINE = config.getoption("--engine")
     SQL_RECORDERS.append(RECORDED_SQL.add)
 
 
@@ -52,7 +69,7 @@ def spark(_spark_source):
 
 
 @pytest.fixture(scope="session")
-def _spark_source():
+def _spark_source(request):
     """An object whose ``spark`` is the session to use: an embedded Engine reconnects
     when a test replaced the embedded server."""
     if TEST_ENGINE == "classic":
@@ -71,6 +88,9 @@ def _spark_source():
     from deltamq.config import BrokerConfig
     from deltamq.engine import Engine
 
+    if ENGINE == "remote":
+        yield Engine.open(BrokerConfig(engine="remote", remote=request.getfixturevalue("cluster").url))
+        return
     yield Engine.open(BrokerConfig())
 
 
@@ -113,16 +133,36 @@ def store_env(store, request) -> dict[str, str]:
     return env
 
 
+def broker_config(store: str, request) -> object:
+    """The BrokerConfig of a test's broker: the S3 server's options for an S3 warehouse,
+    the cluster's URL under --engine remote."""
+    from deltamq.config import BrokerConfig
+
+    options = request.getfixturevalue("s3_server").options if store == "s3" else {}
+    if ENGINE == "remote":
+        return BrokerConfig(
+            engine="remote", remote=request.getfixturevalue("cluster").url, storage_options=options
+        )
+    return BrokerConfig(storage_options=options)
+
+
 @pytest.fixture
 def broker(location, store, clock, request):
-    config = None
-    if store == "s3":
-        from deltamq.config import BrokerConfig
-
-        config = BrokerConfig(storage_options=request.getfixturevalue("s3_server").options)
-    b = Broker.open(location, clock=clock, config=config)
+    b = Broker.open(location, clock=clock, config=broker_config(store, request))
     yield b
     b.close()
+
+
+@pytest.fixture
+def env_listener_log(request, tmp_path, monkeypatch) -> Path:
+    """Where `listeners:env_recorder` writes: its DELTAMQ_TEST_LOG. The embedded engine
+    ships this process's environment to listener workers; a cluster's workers have the
+    cluster's own (set when the `cluster` fixture started it)."""
+    if ENGINE == "remote":
+        return request.getfixturevalue("cluster").listener_log
+    path = tmp_path / "env-listener.jsonl"
+    monkeypatch.setenv("DELTAMQ_TEST_LOG", str(path))
+    return path
 
 
 def table_versions(warehouse_dir: Path | str) -> dict[str, int]:
@@ -198,3 +238,54 @@ def s3_location(s3_server, request):
 
     name = "".join(c if c.isalnum() else "-" for c in request.node.name)[:40]
     return f"s3://{s3_server.bucket}/{name}-{uuid.uuid4().hex[:8]}/wh"
+
+
+@pytest.fixture(scope="session")
+def cluster(s3_server, tmp_path_factory):
+    """Sail in local-cluster mode (`SAIL_MODE=local-cluster sail spark server`) on a free
+    port, for `--engine remote`. What a deployment must give such a server (docs/storage.md):
+    deltamq and the listeners' modules importable (here: PYTHONPATH has tests/), the
+    listeners' environment, and the object store's credentials (here: the S3 server's)."""
+    import shutil
+    import socket
+    import subprocess
+    import time
+
+    exe = shutil.which("sail", path=str(Path(sys.executable).parent)) or shutil.which("sail")
+    if exe is None:
+        pytest.fail("the sail command is not installed (pysail)")
+    port = _free_port()
+    log = tmp_path_factory.mktemp("cluster") / "env-listener.jsonl"
+    env = dict(os.environ)
+    env.update(s3_server.options)
+    env.update(
+        SAIL_MODE="local-cluster",
+        RUST_LOG="error",
+        PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")]),
+        DELTAMQ_TEST_LOG=str(log),
+        AWS_CONDITIONAL_PUT="etag",
+    )
+    proc = subprocess.Popen(
+        [exe, "spark", "server", "--ip", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    pytest.fail(f"Sail local-cluster did not start on port {port}")
+                time.sleep(0.2)
+        yield SimpleNamespace(url=f"sc://127.0.0.1:{port}", pid=proc.pid, listener_log=log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from crash import KillPlan, kill_and_rerun
 
 from deltamq import Message
@@ -57,9 +58,10 @@ def _check(broker, expected: int) -> None:
     assert heads == counts
 
 
-def test_dispatch_survives_kills(broker, clock, tmp_path):
+@pytest.mark.parametrize("store", ["local", pytest.param("s3", marks=pytest.mark.slow)], indirect=True)
+def test_dispatch_survives_kills(broker, clock, location, store_env):
     broker.create_topic("orders", queues=4)
-    wh = tmp_path / "wh"
+    wh = location
     rng = random.Random(20261123)
     plan = KillPlan(POINTS, random_rounds=3, want=8)
     expected = 0
@@ -67,6 +69,6 @@ def test_dispatch_survives_kills(broker, clock, tmp_path):
         _produce(broker, clock, round_no)
         expected += 620
         clock.advance(seconds=1)
-        kill_and_rerun(plan, wh, "dispatch", clock.now_ms(), point, rng=rng)
+        kill_and_rerun(plan, wh, "dispatch", clock.now_ms(), point, rng=rng, env=store_env)
         _check(broker, expected)
     assert plan.kills >= 8

@@ -258,6 +258,24 @@ def test_status_shows_group_lag_and_dead_letters(setup, clock):
     assert st["dead_letters"] == {"%DLQ%g": 2}
 
 
+@pytest.mark.story
+def test_a_listener_given_as_an_import_path_runs_where_the_engine_runs(broker, clock, env_listener_log):
+    """Embedded: in a worker of the broker's server, with the broker's environment. On a
+    cluster (--engine remote): in a worker the cluster started, which imports the module
+    from the cluster's own path and sees the cluster's environment (docs/storage.md)."""
+    import uuid
+
+    broker.create_topic("orders", queues=2)
+    broker.create_group("g", "listeners:env_recorder", consume_from="FIRST_OFFSET")
+    broker.subscribe("g", "orders")
+    run = uuid.uuid4().hex
+    broker.producer("p").send_batch([Message("orders", f"{run}-{i}") for i in range(6)])
+    result = broker.tick(clock.now_ms())
+    assert result.job("deliver").status == "OK"
+    seen = sorted(c["body"] for c in read_log(env_listener_log) if c["body"].startswith(run))
+    assert seen == sorted(f"{run}-{i}" for i in range(6))
+
+
 def test_listeners_see_the_broker_process_environment(broker, clock, tmp_path, monkeypatch):
     """Sail runs listener code in its own server process: the workers still get the
     environment and path the broker's process has when it delivers."""

@@ -71,12 +71,12 @@ def test_upgrade_v1_warehouse_in_place(tmp_path, broker):
     upgraded.close()
 
 
-@pytest.mark.parametrize("location", ["/tmp/a`b", "/tmp/a'b", "x;DROP", ""])
-def test_hostile_warehouse_locations_refused(broker, location):
+@pytest.mark.parametrize("bad", ["/tmp/a`b", "/tmp/a'b", "x;DROP", "", "/tmp/t[1]/wh", "s3://b/*"])
+def test_hostile_warehouse_locations_refused(broker, bad):
     from deltamq.errors import ConfigError
 
     with pytest.raises(ConfigError):
-        Warehouse(broker.engine, location)
+        Warehouse(broker.engine, bad)
 
 
 def test_sql_is_read_only_unless_asked(broker):
