@@ -207,7 +207,7 @@ class Broker(Topics):
 
     def delete_topic(self, name: str) -> None:
         """Delete a topic's configuration and its subscriptions. Stored messages stay
-        until retention removes them (SPEC §8); producers are refused at once."""
+        until retention removes them (docs/behaviour.md §8); producers are refused at once."""
         validate_topic_name(name)
         if self._topic(name) is None:
             raise UnknownTopic(f"topic {name!r} does not exist")
@@ -259,7 +259,7 @@ class Broker(Topics):
         dedup_window_ms: int = 24 * 3_600_000,
         exist_ok: bool = False,
     ) -> None:
-        """Create a consumer group (SPEC §3).
+        """Create a consumer group (docs/behaviour.md §3).
 
         ``listener`` is a callable or an import path ``"package.module:function"``; the
         path is stored in ``group_config`` so jobs started by Airflow or spark-submit
@@ -267,7 +267,7 @@ class Broker(Topics):
         ``invisible_time_ms``: pull consumers — a pulled message not acked within it counts
         as RECONSUME_LATER. ``dedup_key`` (``UNIQ_KEY``, ``KEYS`` or an SQL expression over
         the consume_queue row): a message whose key the group consumed successfully within
-        ``dedup_window_ms`` is acknowledged without reaching the listener (SPEC §7).
+        ``dedup_window_ms`` is acknowledged without reaching the listener (docs/behaviour.md §7).
         """
         validate_group_name(name)
         if mode not in MESSAGE_MODELS:
@@ -286,7 +286,7 @@ class Broker(Topics):
                 raise ConfigError(f"consume_timeout={consume_timeout!r} must be a datetime.timedelta")
             consume_timeout_ms = int(consume_timeout / timedelta(milliseconds=1))
         if max_reconsume_times is None:
-            max_reconsume_times = -1 if orderly else 16  # orderly: unlimited (SPEC §4)
+            max_reconsume_times = -1 if orderly else 16  # orderly: unlimited (docs/behaviour.md §4)
         for field_name, value, low in (
             ("pull_batch_size", pull_batch_size, 1),
             ("consume_message_batch_max_size", consume_message_batch_max_size, 1),
@@ -384,7 +384,7 @@ class Broker(Topics):
         return {q: firsts.get(q, head) for q, head in heads.items()}
 
     def _init_offsets(self, group: str, topic: str) -> None:
-        """Decide where a group starts on a topic, once, when it first subscribes (SPEC §3).
+        """Decide where a group starts on a topic, once, when it first subscribes (docs/behaviour.md §3).
 
         Queues that appear later start at 0 (no row); retry queues always start at 0."""
         from deltamq.tables.offsets import advance_offsets
@@ -464,7 +464,7 @@ class Broker(Topics):
     ) -> Producer:
         """A producer for ``group``.
 
-        ``check_listener`` answers transaction check-back for the group (SPEC §5):
+        ``check_listener`` answers transaction check-back for the group (docs/behaviour.md §5):
         ``fn(message) -> TxState`` as a callable (this process only, unless it is a
         module-level function, whose import path is stored) or an import path
         ``"package.module:function"`` stored in ``producer_config`` for jobs started
@@ -560,7 +560,7 @@ class Broker(Topics):
         return out
 
     def pull_consumer(self, group: str, client_id: str):
-        """A pull client of a CLUSTERING group without a push listener (SPEC §6): its share
+        """A pull client of a CLUSTERING group without a push listener (docs/behaviour.md §6): its share
         of the group's queues, guarded by the queue access lock."""
         from deltamq.pull import PullConsumer
 

@@ -61,7 +61,7 @@ def parse_levels(level_string: str) -> list[tuple[int, int, str]]:
 
 @dataclass(frozen=True)
 class BrokerConfig:
-    """Every tunable of the broker. Defaults follow RocketMQ (SPEC)."""
+    """Every tunable of the broker. Defaults follow RocketMQ (docs/behaviour.md)."""
 
     engine: EngineMode = "embedded"
     remote: str | None = None
@@ -76,19 +76,19 @@ class BrokerConfig:
     commit_backoff_ms: int = 50
     dispatch_max_versions: int = 10_000
     orderly_suspend_ms: int = 1000  # SUSPEND_CURRENT_QUEUE_A_MOMENT pause
-    # SPEC §5: check-back pass interval, age before a half message is checked, checks
+    # docs/behaviour.md §5: check-back pass interval, age before a half message is checked, checks
     # before it is discarded (a half message born more than file_reserved_time_ms ago is
     # discarded too)
     transaction_check_interval_ms: int = 60_000
     transaction_timeout_ms: int = 6_000
     transaction_check_max: int = 15
-    # Pull clients (SPEC §6): a client silent this long leaves its group; a queue owner
+    # Pull clients (docs/behaviour.md §6): a client silent this long leaves its group; a queue owner
     # silent lock_queue_timeout_ms loses the queue lock; a non-owner may take a fully
     # acked queue after this many of its refused pulls saw the delivered offset unchanged.
     client_timeout_ms: int = 120_000
     lock_queue_timeout_ms: int = 60_000
     max_deliver_offset_no_change_times: int = 3
-    # Retention (SPEC §8): the retain job runs at most every retain_interval_ms; tick
+    # Retention (docs/behaviour.md §8): the retain job runs at most every retain_interval_ms; tick
     # records and data-quality results are kept their own windows.
     retain_interval_ms: int = 3_600_000
     job_runs_reserved_time_ms: int = 7 * 86_400_000

@@ -1,6 +1,6 @@
 """Names shared with RocketMQ: system topics, property keys, statuses, flags.
 
-The values are RocketMQ's own spellings (SPEC §1) so that SQL users and RocketMQ
+The values are RocketMQ's own spellings (docs/behaviour.md §1) so that SQL users and RocketMQ
 users recognise them in the tables.
 """
 
@@ -39,7 +39,7 @@ def dlq_topic(group: str) -> str:
 
 
 def is_system_topic(topic: str) -> bool:
-    """True for topics only the engine may write (SPEC §1)."""
+    """True for topics only the engine may write (docs/behaviour.md §1)."""
     return topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIXES)
 
 
@@ -58,7 +58,7 @@ DEFAULT_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 
 
 class Prop:
-    """System property keys (SPEC §1). Use these, never string literals."""
+    """System property keys (docs/behaviour.md §1). Use these, never string literals."""
 
     DELAY = "DELAY"
     REAL_TOPIC = "REAL_TOPIC"

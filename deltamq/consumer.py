@@ -1,4 +1,4 @@
-"""The listener contract of a push consumer group (SPEC §3).
+"""The listener contract of a push consumer group (docs/behaviour.md §3).
 
 A listener is ``fn(messages: list[StoredMessage], context: ConsumeContext) ->
 ConsumeStatus``. ``None`` or an exception counts as ``RECONSUME_LATER``. On

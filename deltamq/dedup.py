@@ -1,4 +1,4 @@
-"""Idempotent consumption (SPEC §7): a group may skip messages whose key it already
+"""Idempotent consumption (docs/behaviour.md §7): a group may skip messages whose key it already
 consumed successfully within a window.
 
 The key is ``UNIQ_KEY`` (the producer's message id, kept by retries and re-stored

@@ -1,6 +1,6 @@
 """The engine seam: the one place that yields a SparkSession and runs SQL.
 
-Three modes (DESIGN.md, "Engine"):
+Three modes (docs/design.md, "Engine"):
 
 * ``embedded`` (default): a Sail server (``pysail``) in a child process, on 127.0.0.1
   at a free port, shared by every Broker of the process, replaced when its memory
@@ -96,17 +96,20 @@ class _EmbeddedServer:
     recycles = 0
     sessions: list = []
     _atexit = False
-    # environment the server needs beyond this process's (object-store settings of the
-    # warehouses opened here: deltamq/storage.py)
+    # environment the server runs with beyond this process's: the object-store settings
+    # of the warehouse whose engine used it last (deltamq/storage.py)
     env: dict[str, str] = {}
 
     @classmethod
     def require_env(cls, env: dict[str, str]) -> None:
-        """Make sure the server runs with ``env`` (replacing a running one without it)."""
+        """Make sure the server runs with exactly ``env`` beyond the process's environment,
+        replacing a running one that has other settings. One server serves one set of
+        object-store settings at a time: engines of warehouses with other settings swap
+        it back on their next use (about a second each time)."""
         with cls._lock:
-            if all(cls.env.get(k) == v for k, v in env.items()):
+            if cls.env == env:
                 return
-            cls.env = cls.env | env
+            cls.env = dict(env)
             if cls._proc is not None and cls._proc.poll() is None:
                 cls.recycle("a warehouse needs other object-store settings")
 
@@ -224,16 +227,19 @@ class Engine:
         self.mode = mode
         self.config = config
         self.stats = EngineStats()
+        # the server environment this engine's warehouse needs (None: any; embedded only)
+        self._server_env: dict[str, str] | None = None
 
     @property
     def spark(self) -> SparkSession:
         """The session; an embedded engine reconnects here after the server was
         replaced (:meth:`recycle_if_large`) or found dead."""
-        if self.mode == "embedded" and (
-            self._generation != _EmbeddedServer.generation or not _EmbeddedServer.alive()
-        ):
-            self._spark = _embedded_session()
-            self._generation = _EmbeddedServer.generation
+        if self.mode == "embedded":
+            if self._server_env is not None and _EmbeddedServer.env != self._server_env:
+                _EmbeddedServer.require_env(self._server_env)
+            if self._generation != _EmbeddedServer.generation or not _EmbeddedServer.alive():
+                self._spark = _embedded_session()
+                self._generation = _EmbeddedServer.generation
         return self._spark
 
     def recycle_if_large(self) -> bool:
@@ -268,10 +274,14 @@ class Engine:
         if self.mode == "embedded":
             env = storage.engine_env()
             if env:
+                self._server_env = env
                 _EmbeddedServer.require_env(env)
         elif self.mode == "classic":
+            # at run time Hadoop reads fs.s3a.* from the context's configuration; the
+            # spark.hadoop.* spelling only takes effect at start-up (--conf)
+            hadoop = self._spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
             for key, value in storage.spark_conf().items():
-                self._spark.conf.set(key, value)
+                hadoop.set(key.removeprefix("spark.hadoop."), value)
 
     # --- construction -------------------------------------------------------------
     @classmethod
@@ -334,7 +344,7 @@ class Engine:
 
     def execute(self, statement: str) -> None:
         """Run a DML/DDL statement for its effect. Its returned counts are ignored
-        on purpose: engines disagree on them (DESIGN.md); count with a query."""
+        on purpose: engines disagree on them (docs/design.md); count with a query."""
         self.sql(statement).collect()
 
     def append(

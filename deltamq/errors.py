@@ -49,7 +49,7 @@ class TopicNotWritable(DeltaMQError, PermissionError):
 
 
 class InvalidMessage(DeltaMQError, ValueError):
-    """A message breaks a rule of SPEC §1 (body size, properties, delay level, ...)."""
+    """A message breaks a rule of docs/behaviour.md §1 (body size, properties, delay level, ...)."""
 
 
 class BodyTooLarge(InvalidMessage):

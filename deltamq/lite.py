@@ -74,8 +74,8 @@ class Warehouse(Topics):
         uri = self.storage.join(name)
         if not self.storage.is_delta_table(uri):  # a store it cannot list raises StorageError
             return []
+        table = self.storage.delta_table(uri)
         try:
-            table = _deltalake().DeltaTable(uri, storage_options=self.storage.delta_rs_options())
             return table.to_pyarrow_table(columns=columns).to_pylist()
         except Exception as e:  # noqa: BLE001 - a store error becomes a StorageError naming it
             raise self.storage.error("read", uri, e) from e
@@ -110,7 +110,9 @@ class Warehouse(Topics):
                 )
                 return
             except Exception as e:
-                if type(e).__name__ != "CommitFailedError" or attempt == self.config.commit_retries:
+                if type(e).__name__ != "CommitFailedError":
+                    raise self.storage.error("append to", self.storage.join("commit_log"), e) from e
+                if attempt == self.config.commit_retries:
                     raise
                 time.sleep(self.config.commit_backoff_ms / 1000.0 * (attempt + 1) * (1 + random.random()))
 

@@ -1,4 +1,4 @@
-"""Messages and the validation rules of SPEC §1.
+"""Messages and the validation rules of docs/behaviour.md §1.
 
 Every rule has its own error class (``deltamq.errors``) and a message that names the
 bad value and the rule. Validation runs before anything is written.
@@ -35,7 +35,7 @@ from deltamq.errors import (
 
 @dataclass(frozen=True)
 class Message:
-    """A message to send (SPEC §1).
+    """A message to send (docs/behaviour.md §1).
 
     Example:
         >>> Message("orders", b'{"id": 1}', tags="created", keys="order-1")
@@ -107,7 +107,7 @@ def stored_fields(r: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def validate_topic_name(topic: Any, *, allow_system: bool = False) -> str:
-    """Check a topic name against SPEC §1; returns it."""
+    """Check a topic name against docs/behaviour.md §1; returns it."""
     if not isinstance(topic, str) or not topic:
         raise InvalidTopic(f"topic {topic!r} is not allowed: a topic is a non-empty string")
     if len(topic) > TOPIC_MAX_LENGTH:
@@ -175,7 +175,7 @@ def validate_properties(props: Any) -> dict[str, str]:
 
 
 def validate_delay_level(level: Any) -> int:
-    """Delay levels are integers ≥ 0 (above the maximum they clamp, SPEC §2)."""
+    """Delay levels are integers ≥ 0 (above the maximum they clamp, docs/behaviour.md §2)."""
     if isinstance(level, bool) or not isinstance(level, int):
         raise InvalidDelayLevel(f"delay_level {level!r} is not an integer; allowed: 0 (none) or 1..N")
     if level < 0:

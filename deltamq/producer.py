@@ -191,7 +191,7 @@ class Producer(BaseProducer):
             .select("msg_id", "topic", "queue_id")
         )
 
-    # --- transactions (SPEC §5) -------------------------------------------------------------
+    # --- transactions (docs/behaviour.md §5) -------------------------------------------------------------
     def send_in_transaction(
         self,
         message: Message,
@@ -387,7 +387,7 @@ def plan_send_dataframe(
 ) -> DataFrame:
     """Pure plan: user rows (topic, body, tags, keys, properties, delay_level, flag,
     queue_id) → commit_log rows. Deterministic given its arguments and row order.
-    ``transactional``: half messages (SPEC §5)."""
+    ``transactional``: half messages (docs/behaviour.md §5)."""
     # Positions must be unique within the batch, from one evaluation of the plan (no
     # shuffle): monotonically_increasing_id is (partition << 33) + row; packed as
     # (partition << 22) | row when that fits 32 bits (24-digit ids), else kept whole with

@@ -1,4 +1,4 @@
-"""Pull consumers: consumers outside the engine (SPEC §6).
+"""Pull consumers: consumers outside the engine (docs/behaviour.md §6).
 
 ``consumer = broker.pull_consumer(group, client_id)``; ``consumer.pull(n)`` returns
 messages, each with a ``receipt_handle``; ``consumer.ack(handles)`` /
@@ -116,7 +116,7 @@ def decide_lock(
     timeout_ms: int,
     max_no_change: int,
 ) -> tuple[str, LockEntry]:
-    """SPEC §6 for one pull attempt of ``me``: ("acquired" | "owner" | "refused", the
+    """docs/behaviour.md §6 for one pull attempt of ``me``: ("acquired" | "owner" | "refused", the
     entry to store)."""
     if entry is None:
         return "acquired", LockEntry(me, now, delivered, 0, delivered)
@@ -369,7 +369,7 @@ class PullConsumer:
         return len(found)
 
     def _record_keys(self, acked: list[dict[str, Any]], now: int) -> None:
-        """Keys of acknowledged messages (SPEC §7), from their consume_queue rows."""
+        """Keys of acknowledged messages (docs/behaviour.md §7), from their consume_queue rows."""
         rows = (
             self.broker.warehouse.read("consume_queue")
             .where(_at_offsets(acked))

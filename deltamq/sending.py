@@ -215,7 +215,7 @@ class BaseProducer:
     ) -> list[dict[str, Any]]:
         """Validate, build and append the commit_log rows of ``messages`` (one commit).
 
-        ``transactional``: half messages (SPEC §5) — ``TRAN_MSG``, ``PGROUP``, ``TRAN_ID``
+        ``transactional``: half messages (docs/behaviour.md §5) — ``TRAN_MSG``, ``PGROUP``, ``TRAN_ID``
         (= the msg id) and the prepared ``sys_flag``; delays and timers are refused.
         """
         if not messages:

@@ -35,7 +35,7 @@ from deltamq import faults
 from deltamq.constants import Prop
 from deltamq.errors import ConfigError, DeltaMQError, UnknownGroup
 from deltamq.filters import subscriptions_filter
-from deltamq.schemas import TABLES
+from deltamq.storage import normalize_location
 from deltamq.tables.bodies import join_bodies, read_bodies
 from deltamq.tables.offsets import advance_offsets
 from deltamq.tables.ranges import queue_ranges
@@ -89,15 +89,18 @@ class SinkResult:
 
 # --- configuration --------------------------------------------------------------------------
 def validate_table_path(broker: Broker, table: Any) -> str:
-    if not isinstance(table, str) or not (table.startswith("/") or "://" in table):
+    """The sink table's location, normalized like a warehouse's (deltamq/storage.py); a
+    path inside the warehouse (one of its own tables, however spelled) is refused."""
+    if not isinstance(table, str) or not (table.startswith(("/", "file:")) or "://" in table):
         raise ConfigError(f"table_path={table!r} must be an absolute path or a URI of a Delta table")
-    table = table.rstrip("/")
-    own = {broker.warehouse.path(name).rstrip("/") for name in TABLES} | {
-        broker.warehouse.location.rstrip("/")
-    }
-    if table in own:
-        raise ConfigError(f"table_path={table!r} is one of the warehouse's own tables; choose another path")
-    return table
+    canonical = normalize_location(table)
+    home = broker.warehouse.location.rstrip("/")
+    if canonical == home or canonical.startswith(home + "/"):
+        raise ConfigError(
+            f"table_path={table!r} is inside the warehouse {home}, among the warehouse's own "
+            "tables; choose a path outside it"
+        )
+    return canonical
 
 
 def validate_keys(key_columns: Any) -> tuple[str, ...]:
@@ -185,7 +188,9 @@ def check_table(broker: Broker, cfg: SinkConfig, out: DataFrame) -> bool:
     """True if the sink table exists with the output's columns; False if it does not exist;
     SinkError if it has other columns."""
     try:
-        existing = broker.engine.spark.read.format("delta").load(cfg.table).columns
+        existing = (
+            broker.engine.spark.read.format("delta").load(broker.warehouse.engine_path(cfg.table)).columns
+        )
     except Exception as e:  # noqa: BLE001 - engines word "not a Delta table" differently
         sink_storage = broker.warehouse.storage.at(cfg.table)
         if not sink_storage.is_delta_table(sink_storage.location):
@@ -203,7 +208,13 @@ def ensure_table(broker: Broker, cfg: SinkConfig, out: DataFrame) -> None:
     """Check the sink table against ``out``'s columns; create it empty if missing."""
     if not check_table(broker, cfg, out):
         broker.engine.commit(
-            lambda: out.limit(0).write.format("delta").mode("append").save(cfg.table), what="sink"
+            lambda: (
+                out.limit(0)
+                .write.format("delta")
+                .mode("append")
+                .save(broker.warehouse.engine_path(cfg.table))
+            ),
+            what="sink",
         )
 
 
@@ -279,7 +290,7 @@ def merge(broker: Broker, cfg: SinkConfig, out: DataFrame) -> None:
     view = "dmq_sink_" + hashlib.sha1(cfg.group.encode()).hexdigest()[:12]
     out.createOrReplaceTempView(view)
     on = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in cfg.key_columns)
-    target = "delta.`" + cfg.table.replace("`", "``") + "`"
+    target = "delta.`" + broker.warehouse.engine_path(cfg.table).replace("`", "``") + "`"
     statement = (
         f"MERGE INTO {target} t USING {view} s ON {on} "
         f"WHEN MATCHED AND s.{ORDER} > t.{ORDER} THEN UPDATE SET * "
@@ -306,4 +317,6 @@ class Sink:
 
     def read(self) -> DataFrame:
         """The sink table."""
-        return self.broker.engine.spark.read.format("delta").load(self.config.table)
+        return self.broker.engine.spark.read.format("delta").load(
+            self.broker.warehouse.engine_path(self.config.table)
+        )

@@ -90,6 +90,8 @@ def normalize_location(location: str | os.PathLike[str]) -> str:
             f"warehouse location {text!r} contains {bad!r}; quotes, backticks, semicolons, "
             "control characters and the glob characters * ? [ ] { } are not allowed"
         )
+    if text.startswith("file:") and not text.startswith("file://"):
+        text = "file://" + text[len("file:") :]  # Hadoop's file:/path
     scheme, rest = split_uri(text)
     if scheme is None:
         return os.path.abspath(text)
@@ -99,7 +101,10 @@ def normalize_location(location: str | os.PathLike[str]) -> str:
             "a local path, file://, s3:// (s3a://), abfss://, abfs://, az:// or gs://"
         )
     if scheme == "file":
-        return os.path.abspath(unquote(rest) or "/")
+        host, _, path = rest.partition("/")
+        if host not in ("", "localhost"):
+            raise ConfigError(f"warehouse location {text!r} names host {host!r}; a file:// URI must be local")
+        return os.path.abspath("/" + unquote(path))
     rest = rest.rstrip("/")
     if not rest.split("/", 1)[0]:
         raise ConfigError(f"warehouse location {text!r} names no bucket or container")
@@ -153,6 +158,8 @@ class Storage:
     ) -> None:
         self.location = normalize_location(location)
         self.kind: Kind = kind_of(self.location)
+        # Hadoop-based engines read S3 as s3a://: kept when the user spelled it so
+        self._s3a = os.fspath(location).lower().startswith("s3a://")
         self._explicit = canonical_options(options)
         environ = os.environ if env is None else env
         prefixes = _PREFIXES[self.kind]
@@ -180,10 +187,36 @@ class Storage:
 
     def engine_path(self, path: str, mode: str) -> str:
         """The spelling the engine of ``mode`` reads: classic Spark (Hadoop) reads S3 as
-        ``s3a://``; Sail and other Spark Connect servers as ``s3://``."""
-        if mode == "classic" and path.startswith("s3://"):
+        ``s3a://``, and so does a Spark Connect server on Apache Spark (give the warehouse
+        as ``s3a://`` then); Sail reads both."""
+        if path.startswith("s3://") and (mode == "classic" or self._s3a):
             return "s3a://" + path[len("s3://") :]
         return path
+
+    def absolute(self, table_path: str, path: str) -> str:
+        """A Delta log's file path (relative and URL-encoded, or absolute) as a path or URI
+        under ``table_path``."""
+        if path.startswith("file:"):
+            return normalize_location(path)
+        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", path):
+            return path
+        if self.is_local:
+            return os.path.join(table_path, unquote(path))
+        return f"{table_path}/{unquote(path)}"
+
+    def delta_table(self, path: str, **kwargs: Any) -> Any:
+        """delta-rs' ``DeltaTable`` at ``path`` (a table under this location, or a sink's),
+        with this location's options; a store error becomes a StorageError naming it."""
+        try:
+            from deltalake import DeltaTable
+        except ImportError as e:  # pragma: no cover - the broker and producer extras depend on it
+            raise ImportError(
+                f'reaching {path} needs the deltalake package: pip install "deltamq[broker]"'
+            ) from e
+        try:
+            return DeltaTable(path, storage_options=self.delta_rs_options() or None, **kwargs)
+        except Exception as e:  # noqa: BLE001 - every store error becomes a StorageError
+            raise self.error("open the Delta table", path, e) from e
 
     # --- what each component needs -------------------------------------------------------
     def delta_rs_options(self) -> dict[str, str]:
@@ -345,7 +378,8 @@ class Storage:
         return out
 
     def delete(self, path: str) -> bool:
-        """Delete a file; False when it was already gone."""
+        """Delete a file; False when it was already gone (a local file; an object store's
+        delete does not say, and answers True)."""
         if self.is_local:
             try:
                 os.remove(path)
@@ -365,10 +399,6 @@ class Storage:
     def is_delta_table(self, path: str) -> bool:
         """Whether ``path`` holds a Delta table (its ``_delta_log`` has a commit or a
         checkpoint). A store that cannot be listed raises :class:`StorageError`."""
-        if self.is_local:
-            return os.path.isdir(os.path.join(path, "_delta_log")) and any(
-                n.endswith((".json", ".parquet")) for n in os.listdir(os.path.join(path, "_delta_log"))
-            )
         return any(e.name.endswith((".json", ".parquet")) for e in self.list(path + "/_delta_log"))
 
     def check_reachable(self) -> None:
@@ -379,7 +409,11 @@ class Storage:
 
     # --- errors --------------------------------------------------------------------------
     def error(self, action: str, path: str, cause: BaseException) -> StorageError:
-        return StorageError(f"cannot {action} {path}: {describe_cause(cause)} ({_detail(cause)})")
+        detail = _detail(cause)
+        for value in self._options.values():  # a key or token the store echoed back
+            if len(value) >= 6:
+                detail = detail.replace(value, "***")
+        return StorageError(f"cannot {action} {path}: {describe_cause(cause)} ({detail})")
 
 
 _CAUSES: tuple[tuple[str, str], ...] = (
@@ -421,6 +455,9 @@ def _detail(error: BaseException) -> str:
     """The store's own words, on one line: delta-rs chains its causes over several lines
     with terminal colour codes."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    text = re.sub(r"://[^/@\s]+@", "://***@", text)  # user:password@ in an endpoint URL
+    # signatures, credentials and tokens in query strings (SAS tokens, presigned URLs)
+    text = re.sub(r"(?i)\b(sig|signature|x-amz-[a-z-]+|token|code|key)=[^&\s]+", r"\1=***", text)
     text = " ".join(text.split()) or type(error).__name__
     return text if len(text) <= 500 else text[:500] + " …"
 

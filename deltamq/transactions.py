@@ -1,4 +1,4 @@
-"""Transactional messages (SPEC §5): ending transactions and the producer groups' checks.
+"""Transactional messages (docs/behaviour.md §5): ending transactions and the producer groups' checks.
 
 A half message is a ``commit_log`` row in its real topic and queue with ``TRAN_MSG=true``,
 ``PGROUP``, ``TRAN_ID`` (its own msg id; every re-written copy keeps it) and the

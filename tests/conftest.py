@@ -57,7 +57,29 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("store", ["local", s3], indirect=True)
 
 
+def recorded_sql_file(config) -> Path | None:
+    """Where each run adds the statements it recorded, so the Spark guard (slow tier) parses
+    what the default tier issued too; None without pytest's cache (a nested run)."""
+    cache = getattr(config, "cache", None)
+    return cache.mkdir("deltamq") / "recorded-sql.jsonl" if cache is not None else None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = recorded_sql_file(session.config)
+    if path is not None and RECORDED_SQL:
+        import json
+
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(s) + "\n" for s in sorted(RECORDED_SQL))
+
+
 def pytest_collection_modifyitems(config, items):
+    # `@pytest.mark.story(cluster_skip="why")`: a story test an engine gap keeps off the
+    # cluster run (each recorded in docs/engines.md)
+    for item in items:
+        story = item.get_closest_marker("story")
+        if ENGINE == "remote" and story and story.kwargs.get("cluster_skip"):
+            item.add_marker(pytest.mark.skip(reason=story.kwargs["cluster_skip"]))
     # The guard parses what the rest of the suite issued: run it last.
     items.sort(key=lambda item: 1 if item.get_closest_marker("spark_guard") else 0)
 

@@ -2,7 +2,7 @@
 
 Usage: python spark_guard_parse.py statements.json → prints JSON {"parsed": n, "failed": [...]}.
 Runs in its own process: a classic session and Spark Connect sessions must not share
-one (STACK.md).
+one (docs/design.md, measured facts).
 """
 
 from __future__ import annotations

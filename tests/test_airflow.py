@@ -75,6 +75,7 @@ def test_the_dags_import_without_errors_and_without_spark(airflow_env):
     }
 
 
+@pytest.mark.slow
 def test_the_tick_dag_moves_a_message_from_send_to_consumed(airflow_env, broker, tmp_path):
     log = tmp_path / "consumed.jsonl"
     broker.create_topic("orders", queues=2)
@@ -93,6 +94,7 @@ def test_the_tick_dag_moves_a_message_from_send_to_consumed(airflow_env, broker,
     assert {"dispatch", "promote", "deliver", "check_transactions"} <= {r["job"] for r in runs}
 
 
+@pytest.mark.slow
 def test_the_spark_submit_dag_runs_each_job_with_spark_submit(airflow_env, broker, tmp_path):
     from deltamq.engine import _EmbeddedServer
 
@@ -111,6 +113,7 @@ def test_the_spark_submit_dag_runs_each_job_with_spark_submit(airflow_env, broke
     assert {"dispatch", "promote", "deliver", "check_transactions"} <= {r["job"] for r in holders}
 
 
+@pytest.mark.slow
 def test_the_tick_dag_fails_on_a_data_quality_violation(airflow_env, broker, tmp_path):
     broker.create_topic("orders", queues=1)
     broker.producer("shop").send_batch([Message("orders", b"a"), Message("orders", b"b")])

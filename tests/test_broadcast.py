@@ -1,5 +1,5 @@
 """BROADCASTING: every instance gets every message with its own offset; failures are
-logged and dropped, never retried (SPEC §3)."""
+logged and dropped, never retried (docs/behaviour.md §3)."""
 
 from __future__ import annotations
 

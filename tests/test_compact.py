@@ -78,6 +78,7 @@ def _log_versions(path: str) -> list[int]:
     return sorted(int(n[:20]) for n in os.listdir(os.path.join(path, "_delta_log")) if n.endswith(".json"))
 
 
+@pytest.mark.slow
 def test_log_cleanup_drops_entries_below_the_checkpoint_but_keeps_what_dispatch_has_not_read(broker, clock):
     from deltamq.jobs import dispatch
 
@@ -121,6 +122,7 @@ def test_log_cleanup_drops_entries_below_the_checkpoint_but_keeps_what_dispatch_
     assert broker.sql("SELECT count(*) AS n FROM consume_queue").collect()[0]["n"] == len(index) + 12
 
 
+@pytest.mark.slow
 def test_ticks_keep_the_delta_logs_short_between_retention_passes(broker, clock):
     import time
 
@@ -154,6 +156,7 @@ def _newest_checkpoint_removes(path: str) -> int:
     return t.num_rows - t.column("remove").null_count
 
 
+@pytest.mark.slow
 def test_checkpoints_drop_the_tombstones_of_rewritten_files(broker, clock, tmp_path):
     import time
 

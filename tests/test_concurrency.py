@@ -13,11 +13,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from concurrent_roles import ScaledClock, progress
 from faultload import FaultLoad
 
 from deltamq.errors import LeaseHeld
 from deltamq.orchestration.tick import TickRunner
+
+# subprocess-heavy: the slow tier (pytest -m slow)
+pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).parent
 SECONDS = float(os.environ.get("DELTAMQ_CONCURRENCY_SECONDS", "30"))

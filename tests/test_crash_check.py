@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from crash import KillPlan, kill_and_rerun
 
 from deltamq.jobs import dispatch
+
+# subprocess-heavy: the slow tier (pytest -m slow)
+pytestmark = pytest.mark.slow
 
 POINTS = [
     "check.after_start_commit",

@@ -6,11 +6,15 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import pytest
 from crash import KillPlan, kill_and_rerun, run_job
 from listeners import read_log
 
 from deltamq import Message
 from deltamq.jobs import dispatch
+
+# subprocess-heavy: the slow tier (pytest -m slow)
+pytestmark = pytest.mark.slow
 
 POINTS = [
     "deliver.after_attempt_commit",

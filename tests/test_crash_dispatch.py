@@ -11,6 +11,9 @@ from deltamq import Message
 from deltamq.constants import Prop
 from deltamq.dq.conservation import check_dispatch
 
+# subprocess-heavy: the slow tier (pytest -m slow)
+pytestmark = pytest.mark.slow
+
 POINTS = [
     "dispatch.before_index_commit",
     "dispatch.after_index_commit",
@@ -58,7 +61,7 @@ def _check(broker, expected: int) -> None:
     assert heads == counts
 
 
-@pytest.mark.parametrize("store", ["local", pytest.param("s3", marks=pytest.mark.slow)], indirect=True)
+@pytest.mark.parametrize("store", ["local", "s3"], indirect=True)
 def test_dispatch_survives_kills(broker, clock, location, store_env):
     broker.create_topic("orders", queues=4)
     wh = location

@@ -6,11 +6,15 @@ from __future__ import annotations
 import random
 from datetime import timedelta
 
+import pytest
 from crash import KillPlan, kill_and_rerun
 
 from deltamq import Message
 from deltamq.dq.conservation import check_dispatch
 from deltamq.jobs import dispatch
+
+# subprocess-heavy: the slow tier (pytest -m slow)
+pytestmark = pytest.mark.slow
 
 POINTS = ["promote.before_output_commit", "promote.after_output_commit", "promote.after_progress_commit"]
 

@@ -7,11 +7,15 @@ from __future__ import annotations
 import random
 from datetime import timedelta
 
+import pytest
 from crash import KillPlan, kill_and_rerun
 
 from deltamq import Message
 from deltamq.dq.suites import run as check
 from deltamq.jobs import dispatch, promote, retain
+
+# subprocess-heavy: the slow tier (pytest -m slow)
+pytestmark = pytest.mark.slow
 
 POINTS = ["retain.after_index_commit", "retain.after_offsets_commit", "retain.after_bodies_commit"]
 DAY = 86_400_000

@@ -8,9 +8,13 @@ from __future__ import annotations
 import random
 from functools import partial
 
+import pytest
 from crash import KillPlan, kill_and_rerun
 
 from deltamq.jobs import dispatch
+
+# subprocess-heavy: the slow tier (pytest -m slow)
+pytestmark = pytest.mark.slow
 
 POINTS = ["sink.before_merge_commit", "sink.after_merge_commit", "sink.after_offsets_commit"]
 PER_ROUND = 40

@@ -1,4 +1,4 @@
-"""Idempotent consumption (SPEC §7): keys consumed within the window are skipped."""
+"""Idempotent consumption (docs/behaviour.md §7): keys consumed within the window are skipped."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Push consumption, retry with back-off, dead letters, poison isolation (SPEC §3)."""
+"""Push consumption, retry with back-off, dead letters, poison isolation (docs/behaviour.md §3)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ def _dlq(broker, group="g"):
     ).collect()
 
 
+@pytest.mark.slow
 def test_always_failing_message_backs_off_through_levels_3_to_18_then_dead_letters(setup, clock):
     broker, group = setup
     log = group("fail")

@@ -171,7 +171,7 @@ def test_idle_tick_commits_only_job_runs(orders, clock, tmp_path):
 
 def test_busy_tick_commits_once_per_table(orders, clock, tmp_path):
     """Nothing falls due here: dispatch alone works (a tick that promotes also runs the
-    second dispatch of DESIGN.md's order, and so commits consume_queue twice)."""
+    second dispatch of docs/design.md's order, and so commits consume_queue twice)."""
     orders.tick()
     orders.producer("p").send_batch([Message("orders", b"x", delay_level=i % 3) for i in range(30)])
     before = table_versions(tmp_path / "wh")

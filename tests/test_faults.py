@@ -5,7 +5,11 @@ twice; at the end nothing lost. bench/reliability.py runs the same for 500 kills
 
 from __future__ import annotations
 
+import pytest
 from faultload import FaultLoad
+
+# subprocess-heavy: the slow tier (pytest -m slow)
+pytestmark = pytest.mark.slow
 
 
 def test_twenty_kills_lose_nothing_and_duplicate_nothing(broker, clock, tmp_path):

@@ -1,4 +1,4 @@
-"""Subscription filters: tags and RocketMQ's SQL92 subset (SPEC §3)."""
+"""Subscription filters: tags and RocketMQ's SQL92 subset (docs/behaviour.md §3)."""
 
 from __future__ import annotations
 

@@ -93,6 +93,7 @@ def test_dead_letters_listed_and_resent_back_to_their_topic(broker, clock, tmp_p
     assert chain[-1]["groups"] == ["worker: consumed"]
 
 
+@pytest.mark.slow
 def test_rebuild_index_reproduces_the_index(broker, clock, tmp_path):
     broker.create_topic("orders", queues=3)
     broker.create_group("worker", Recorder(tmp_path / "w.jsonl", "fail_twice"), consume_from="FIRST_OFFSET")

@@ -1,4 +1,4 @@
-"""Orderly consumption (SPEC §4): strictly in offset order per queue, suspend and retry
+"""Orderly consumption (docs/behaviour.md §4): strictly in offset order per queue, suspend and retry
 the failing message after a pause, nothing later in that queue meanwhile."""
 
 from __future__ import annotations

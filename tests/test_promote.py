@@ -1,4 +1,4 @@
-"""Delay levels and timers (SPEC §2), driven by a fake clock."""
+"""Delay levels and timers (docs/behaviour.md §2), driven by a fake clock."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ def _visible(broker, topic="orders"):
     return [r["body"] for r in rows]
 
 
+@pytest.mark.slow
 def test_every_default_level_is_promoted_exactly_at_its_due_time(orders, clock):
     t0 = clock.now_ms()
     levels = parse_levels(DEFAULT_LEVELS)

@@ -1,4 +1,4 @@
-"""Pull consumers, rebalancing and the DeFiBus queue access lock (SPEC §6)."""
+"""Pull consumers, rebalancing and the DeFiBus queue access lock (docs/behaviour.md §6)."""
 
 from __future__ import annotations
 
@@ -251,7 +251,7 @@ def _race(script: str, wh, clients: list[str], go, *args: str, env: dict[str, st
 
 def test_four_processes_racing_for_one_queue_one_wins(pulled, clock, tmp_path):
     # The losers' refused attempts each count as "delivered offset unchanged"; with nothing
-    # in flight, three of them would legitimately hand the queue on (SPEC §6). Here the
+    # in flight, three of them would legitimately hand the queue on (docs/behaviour.md §6). Here the
     # counter may not decide: only the race does.
     outcomes = _race(
         _RACER,
@@ -291,6 +291,7 @@ print(json.dumps(got), flush=True)
 """
 
 
+@pytest.mark.slow
 def test_three_client_processes_pull_and_ack_everything_once(pulled, clock, tmp_path):
     """Real clocks, three processes rebalancing 4 queues among themselves while pulling and
     acking: every message handed out exactly once, every acked offset at the queue's end,

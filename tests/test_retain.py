@@ -1,4 +1,4 @@
-"""Retention (SPEC §8): expired messages leave the index and commit_log; held timers and
+"""Retention (docs/behaviour.md §8): expired messages leave the index and commit_log; held timers and
 dead letters stay their windows; queue minimums and group offsets stay consistent; and
 it succeeds while a producer keeps appending."""
 
@@ -24,6 +24,7 @@ def _rows(broker, query):
     return broker.sql(query).collect()
 
 
+@pytest.mark.slow
 def test_expired_data_leaves_held_timers_and_dead_letters_stay(broker, clock, tmp_path):
     broker.create_topic("orders", queues=1)
     log = tmp_path / "fast.jsonl"
@@ -101,7 +102,11 @@ print(json.dumps(ids))
 """
 
 
-@pytest.mark.story(s3="slow")
+@pytest.mark.story(
+    s3="slow",
+    cluster_skip="Sail 0.7.2 local-cluster: a data-quality query after this workload never "
+    "completes (docs/engines.md)",
+)
 def test_retention_succeeds_while_a_producer_keeps_appending(broker, clock, location, store_env, tmp_path):
     """A Spark-free producer appends to today's commit_log partition while this process,
     pass after pass (for 7 s and at least 3 passes), stores messages on an old day,

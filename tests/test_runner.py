@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from deltamq import Message
 
 
@@ -26,6 +28,7 @@ def _loop(wh, *args: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_two_runners_never_run_a_job_kind_at_once(broker, tmp_path):
     broker.create_topic("orders", queues=2)
     broker.producer("p").send_batch([Message("orders", b"x")] * 5)

@@ -3,7 +3,7 @@
 (a) Every SQL statement the engine issued during this test session is parsed by
 Apache Spark's own parser; (b) the pure plan-function tests (marker ``plan``) run
 again on a classic local Apache Spark session. Both in subprocesses: one engine kind
-per process (STACK.md). Delta cannot run on classic Spark here (no Maven Central),
+per process (docs/design.md, measured facts). Delta cannot run on classic Spark here (no Maven Central),
 so this keeps the Apache Spark + delta-spark path honest as far as it can be checked.
 """
 
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import RECORDED_SQL
+from conftest import RECORDED_SQL, recorded_sql_file
 
 from deltamq import Broker, FakeClock, Message
 
@@ -46,10 +46,17 @@ def _workload(path: Path) -> None:
     b.close()
 
 
+@pytest.mark.slow
 @pytest.mark.spark_guard
-def test_every_recorded_statement_parses_with_apache_spark(tmp_path):
+def test_every_recorded_statement_parses_with_apache_spark(tmp_path, request):
+    """Parses what this run recorded and what earlier runs (the default tier) left in the
+    shared file; the file is emptied once they all parse."""
     _workload(tmp_path / "wh")
-    statements = sorted(RECORDED_SQL)
+    shared = recorded_sql_file(request.config)
+    earlier = set()
+    if shared is not None and shared.exists():
+        earlier = {json.loads(line) for line in shared.read_text(encoding="utf-8").splitlines() if line}
+    statements = sorted(RECORDED_SQL | earlier)
     assert len(statements) > 20
     kinds = {s.split()[0].upper() for s in statements}
     assert {"SELECT", "MERGE", "DELETE"} <= kinds, kinds
@@ -66,8 +73,12 @@ def test_every_recorded_statement_parses_with_apache_spark(tmp_path):
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["failed"] == [], json.dumps(report["failed"][:5], indent=1)
     assert report["parsed"] == len(statements)
+    if shared is not None:  # all parsed: neither this run's nor earlier runs' need keeping
+        shared.write_text("")
+        RECORDED_SQL.clear()
 
 
+@pytest.mark.slow
 @pytest.mark.spark_guard
 def test_plan_functions_on_classic_apache_spark():
     env = classic_env(DELTAMQ_TEST_ENGINE="classic")

@@ -1,4 +1,4 @@
-"""Transactional messages and check-back (SPEC §5), on a fake clock."""
+"""Transactional messages and check-back (docs/behaviour.md §5), on a fake clock."""
 
 from __future__ import annotations
 
@@ -111,6 +111,7 @@ def test_immunity_does_not_delay_the_plain_message_behind_it(setup, clock):
     assert consumed(log) == ["immune", "plain"]
 
 
+@pytest.mark.slow
 def test_always_unknown_is_checked_15_times_then_discarded(setup, clock):
     broker, log = setup
     checks = Checks()

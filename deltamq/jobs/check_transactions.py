@@ -1,4 +1,4 @@
-"""check_transactions: RocketMQ's TransactionalMessageCheckService on Delta (SPEC §5).
+"""check_transactions: RocketMQ's TransactionalMessageCheckService on Delta (docs/behaviour.md §5).
 
 A pass runs when ``transaction_check_interval_ms`` has elapsed since the last one (and
 there is something in the half queue). It walks ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0
@@ -165,7 +165,7 @@ def plan_classes(
 ) -> DataFrame:
     """Pure plan: half queue entries (consume_queue rows) and op records (``tran_id``) →
     the entries with ``tran_id``, ``times`` (checks so far), ``age`` and ``cls`` (one of
-    :data:`CLASSES`, by SPEC §5's rules in order)."""
+    :data:`CLASSES`, by docs/behaviour.md §5's rules in order)."""
     props = F.col("properties")
     settled = ops.select(F.col("tran_id").alias("op_tran_id")).distinct()
     immunity_raw = props.getItem(Prop.CHECK_IMMUNITY_TIME_IN_SECONDS)

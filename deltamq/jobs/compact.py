@@ -141,16 +141,21 @@ def run(broker: Broker, now: int, *, vacuum: bool = True) -> CompactResult:
                 )
         except Exception as e:  # noqa: BLE001 - a lost race: the next pass compacts it
             if not _lost_race(e):
-                raise
+                raise wh.storage.error(f"compact table {name} at", wh.uri(name), e) from e
             conflicts += 1
             log.info("compaction of %s skipped this pass: %s", name, e)
     logs = cleanup_logs(broker)
     return CompactResult(removed, added, vacuumed, conflicts, logs, per_table)
 
 
+_RACE = re.compile(r"concurrent|already exists|conflict|Transaction failed|version mismatch", re.IGNORECASE)
+
+
 def _lost_race(e: Exception) -> bool:
-    """True for delta-rs' refusal of a commit that lost a race with another writer."""
-    return type(e).__name__ in ("CommitFailedError", "DeltaError")
+    """True for delta-rs' refusal of a commit that lost a race with another writer; not
+    for a store it cannot reach or a file it cannot read (those must be heard)."""
+    name = type(e).__name__
+    return name == "CommitFailedError" or (name == "DeltaError" and _RACE.search(str(e)) is not None)
 
 
 def _set_tombstone_retention(table, name: str, wanted: str) -> bool:

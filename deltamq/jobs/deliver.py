@@ -1,4 +1,4 @@
-"""Deliver: RocketMQ's concurrent push consumer on Delta (SPEC §3).
+"""Deliver: RocketMQ's concurrent push consumer on Delta (docs/behaviour.md §3).
 
 Per CLUSTERING group, for every subscribed queue (its own ``%RETRY%<group>`` included):
 take up to ``pull_batch_size`` index rows from the group's offset, skip those whose tag
@@ -555,7 +555,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         cfg = groups[g]
         if o["error"] and len(errors) < 20:
             errors.append((g, o["msg_id"], o["error"]))
-        if cfg["mode"] == "BROADCASTING":  # logged and dropped, never retried (SPEC §3)
+        if cfg["mode"] == "BROADCASTING":  # logged and dropped, never retried (docs/behaviour.md §3)
             counts[g]["dropped"] += 1
             log.warning("broadcast %s/%s dropped %s: %s", g, o["client_id"], o["msg_id"], o["error"])
             continue

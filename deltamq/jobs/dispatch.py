@@ -1,6 +1,6 @@
 """Dispatch: RocketMQ's reput service on Delta — new ``commit_log`` rows → ``consume_queue``.
 
-How new rows are found (DESIGN.md, "How dispatch finds new rows"): dispatch remembers
+How new rows are found (docs/design.md, "How dispatch finds new rows"): dispatch remembers
 the last ``commit_log`` version it indexed and reads only the files that later
 *blind-append* commits added (from the Delta commit entries), so its cost follows new
 data and no row is missed whatever a producer's commit latency or clock. Rows are
@@ -14,7 +14,7 @@ are a hint written afterwards: on start, dispatch reads the hint and then the
 ``consume_queue`` rows newer than it (a range that file statistics prune), so a
 kill between the two commits loses and repeats nothing.
 
-Routing (SPEC §2, §5): transactional half messages → ``RMQ_SYS_TRANS_HALF_TOPIC``
+Routing (docs/behaviour.md §2, §5): transactional half messages → ``RMQ_SYS_TRANS_HALF_TOPIC``
 queue 0; messages with ``TIMER_DELIVER_MS`` → the timer index (``rmq_sys_wheel_timer``)
 with their due time; ``DELAY`` > 0 → ``SCHEDULE_TOPIC_XXXX`` queue ``level - 1``
 (level clamped to the maximum), due at ``store_ts + delay(level)``. Routed rows keep

@@ -1,6 +1,6 @@
 """Running listeners in isolated worker processes.
 
-Embedded Sail runs ``mapInPandas`` functions inside the broker's own process (STACK.md),
+Embedded Sail runs ``mapInPandas`` functions inside the broker's own process (docs/design.md, measured facts),
 so a listener that calls ``os._exit``, segfaults or hangs would take the broker with it.
 Each listener call therefore goes to a worker process (spawned once, reused across
 calls and ticks, replaced when it dies): a worker that dies mid-call ends the call with
@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 _IDLE: dict[str, list[_Worker]] = {}
 _IDLE_LOCK = threading.Lock()
@@ -157,11 +157,14 @@ class _Worker:
             stdout=subprocess.PIPE,
             env=env,
         )
-        _send(self.proc.stdin, list(home.sys_path))
-        _send_raw(self.proc.stdin, listener_bytes)
-        ready, _, _ = select.select([self.proc.stdout], [], [], _START_TIMEOUT_S)
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # PIPE above
+        self.stdin: IO[bytes] = self.proc.stdin
+        self.stdout: IO[bytes] = self.proc.stdout
+        _send(self.stdin, list(home.sys_path))
+        _send_raw(self.stdin, listener_bytes)
+        ready, _, _ = select.select([self.stdout], [], [], _START_TIMEOUT_S)
         try:
-            if not ready or _recv(self.proc.stdout) != "ready":
+            if not ready or _recv(self.stdout) != "ready":
                 raise EOFError
         except (EOFError, pickle.UnpicklingError) as e:
             self.kill()
@@ -172,13 +175,13 @@ class _Worker:
     def call(self, group: str, instance: str | None, ipc: Any, timeout_s: float) -> tuple | str:
         """The worker's reply to one chunk, or "poison" (it died) or "timeout" (it was killed)."""
         try:
-            _send(self.proc.stdin, (group, instance))
-            _send_raw(self.proc.stdin, ipc)
-            ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+            _send(self.stdin, (group, instance))
+            _send_raw(self.stdin, ipc)
+            ready, _, _ = select.select([self.stdout], [], [], timeout_s)
             if not ready:
                 self.kill()
                 return "timeout"
-            return _recv(self.proc.stdout)
+            return _recv(self.stdout)
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError, pickle.UnpicklingError):
             self.kill()
             return "poison"
@@ -187,7 +190,7 @@ class _Worker:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=10)
-        for stream in (self.proc.stdin, self.proc.stdout):
+        for stream in (self.stdin, self.stdout):
             try:
                 stream.close()
             except OSError:
@@ -195,7 +198,7 @@ class _Worker:
 
     def stop(self) -> None:
         try:
-            _send(self.proc.stdin, None)
+            _send(self.stdin, None)
             self.proc.wait(timeout=5)
         except (OSError, subprocess.TimeoutExpired):
             self.kill()

@@ -1,4 +1,4 @@
-"""Promote: RocketMQ's ScheduleMessageService (SPEC §2) plus absolute timers.
+"""Promote: RocketMQ's ScheduleMessageService (docs/behaviour.md §2) plus absolute timers.
 
 **Delay levels.** ``SCHEDULE_TOPIC_XXXX`` queue ``level - 1`` holds the messages of one
 level in store order, which is due order (one level, one delay). For every level, from

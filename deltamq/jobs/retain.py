@@ -1,4 +1,4 @@
-"""Retention (SPEC §8): expired messages leave ``consume_queue`` and ``commit_log``.
+"""Retention (docs/behaviour.md §8): expired messages leave ``consume_queue`` and ``commit_log``.
 
 Runs at most every ``retain_interval_ms`` (hourly) in the tick, under its own lease.
 

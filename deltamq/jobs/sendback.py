@@ -1,6 +1,6 @@
 """Send-back: failed deliveries → ``%RETRY%<group>`` with back-off, or ``%DLQ%<group>``.
 
-RocketMQ's ``sendMessageBack`` (SPEC §3): a failed message becomes a new message in the
+RocketMQ's ``sendMessageBack`` (docs/behaviour.md §3): a failed message becomes a new message in the
 group's retry topic (queue 0) with ``reconsume_times + 1``, ``RETRY_TOPIC`` = its
 original topic (set once), ``ORIGIN_MESSAGE_ID`` = the first message's id, and delay
 level ``delay_level_when_next_consume`` if > 0 else ``3 + reconsume_times``; a retry

@@ -1,4 +1,4 @@
-"""The tick: one pass of the broker's jobs in DESIGN.md's order.
+"""The tick: one pass of the broker's jobs in docs/design.md's order.
 
 ``TickRunner.tick(now)`` takes the job leases (committing only when a lease is new or
 past half its time, and renewing the same way before each job), refuses a ``now``
@@ -146,7 +146,7 @@ def _retain(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobR
     )
 
 
-# DESIGN.md order: dispatch → promote → dispatch (if promote wrote) → deliver → sink →
+# docs/design.md order: dispatch → promote → dispatch (if promote wrote) → deliver → sink →
 # check_transactions → retain (hourly: it skips itself in between).
 # (name, lease kind, function)
 SEQUENCE: tuple[tuple[str, str, JobFn], ...] = (

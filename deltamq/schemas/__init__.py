@@ -76,7 +76,7 @@ COMMIT_LOG = T.StructType(
         _f("keys", STR, "space separated business keys, may be null"),
         _f("body", T.BinaryType(), "payload, at most 4 MiB"),
         _f("flag", INT, "user flag"),
-        _f("properties", PROPS, "user and system properties (SPEC §1 keys)"),
+        _f("properties", PROPS, "user and system properties (docs/behaviour.md §1 keys)"),
         _f("born_ts", LONG, "epoch ms when the producer created it"),
         _f("store_ts", LONG, "epoch ms when it was stored"),
         _f("reconsume_times", INT, "times it was sent back for retry"),

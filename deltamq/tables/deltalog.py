@@ -10,11 +10,9 @@ compaction) re-adds rows that were already there and is skipped.
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import unquote
 
 from deltamq.errors import DeltaMQError
 
@@ -82,14 +80,6 @@ def commits_after(storage: Storage, table_path: str, after_version: int, limit: 
         return list(pool.map(lambda v: read_commit(storage, table_path, v), versions))
 
 
-def _absolute(table_path: str, path: str) -> str:
-    if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", path):  # already a URI
-        return path[len("file://") :] if path.startswith("file://") else path
-    if "://" in table_path:
-        return f"{table_path}/{unquote(path)}"
-    return os.path.join(table_path, unquote(path))
-
-
 def read_commit(storage: Storage, table_path: str, version: int) -> Commit:
     path = f"{table_path}/_delta_log/{version:020d}.json"
     operation = ""
@@ -110,7 +100,7 @@ def read_commit(storage: Storage, table_path: str, version: int) -> Commit:
             stats = json.loads(add["stats"]) if add.get("stats") else {}
             adds.append(
                 AddedFile(
-                    path=_absolute(table_path, add["path"]),
+                    path=storage.absolute(table_path, add["path"]),
                     partition_values=add.get("partitionValues") or {},
                     num_records=stats.get("numRecords"),
                     min_values=stats.get("minValues") or {},

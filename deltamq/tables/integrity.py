@@ -19,7 +19,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import unquote
 
 from deltamq.errors import DeltaMQError, TableDamaged
 from deltamq.schemas import TABLES
@@ -78,11 +77,7 @@ def damaged_files(warehouse: Warehouse, tables: list[str] | None = None) -> list
         adds = pa.table(warehouse.delta_rs(table).get_add_actions(flatten=True)).select(
             ["path", "size_bytes"]
         )
-        expected = {}
-        for add in adds.to_pylist():
-            rel = unquote(add["path"])
-            absolute = rel.startswith("/") or "://" in rel
-            expected[rel.removeprefix("file://") if absolute else f"{root}/{rel}"] = add["size_bytes"]
+        expected = {warehouse.storage.absolute(root, a["path"]): a["size_bytes"] for a in adds.to_pylist()}
         out.extend(_check(warehouse.storage, table, expected))
     return out
 

@@ -1,6 +1,6 @@
 """Range predicates that Delta file statistics can prune.
 
-A look-up by a list of ids is a full scan (STACK.md); the same look-up by a few
+A look-up by a list of ids is a full scan (docs/design.md, measured facts); the same look-up by a few
 ranges of a column that grows with write order (batch ids, offsets, times) reads only
 the files whose min/max overlap.
 """

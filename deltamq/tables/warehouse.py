@@ -40,6 +40,8 @@ class Warehouse:
         self.engine = engine
         self.storage = storage or Storage(location, engine.config.storage_options)
         self.location = self.storage.location
+        # a missing bucket, no or rejected credentials, an unreachable endpoint: said here
+        self.storage.check_reachable()
         engine.prepare_storage(self.storage)
         self._known: set[str] = set()
 
@@ -67,17 +69,7 @@ class Warehouse:
     def delta_rs(self, table: str) -> Any:
         """The delta-rs ``DeltaTable`` of one of the tables (maintenance the engines lack:
         deletes beside appending producers, compaction, vacuum, checkpoints)."""
-        try:
-            from deltalake import DeltaTable
-        except ImportError as e:  # pragma: no cover - the broker extra depends on it
-            raise ImportError(
-                f'{table} maintenance needs the deltalake package: pip install "deltamq[broker]"'
-            ) from e
-        uri = self.uri(table)
-        try:
-            return DeltaTable(uri, storage_options=self.storage.delta_rs_options())
-        except Exception as e:  # noqa: BLE001 - a store error becomes a StorageError naming it
-            raise self.storage.error("open the Delta table", uri, e) from e
+        return self.storage.delta_table(self.uri(table))
 
     def read(self, table: str) -> DataFrame:
         return self.engine.spark.read.format("delta").load(self.path(table))
@@ -209,6 +201,9 @@ class Warehouse:
                 f"no deltamq warehouse at {self.location} (nothing was created); check the "
                 f"location, or create one with `deltamq init --warehouse {self.location}`"
             )
+        if version == SCHEMA_VERSION:
+            self._known = set(TABLES)  # every table exists: views need no listing
+            return
         if version != SCHEMA_VERSION:
             raise SchemaVersionError(
                 f"warehouse {self.location} has schema version {version}, this release needs "
