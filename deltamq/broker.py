@@ -15,6 +15,7 @@ import json
 import os
 from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 from deltamq.clock import Clock, SystemClock
@@ -84,7 +85,7 @@ class Broker(Topics):
         release's schema version (``deltamq init`` upgrades older ones).
         """
         if config is None:
-            config = BrokerConfig.from_env(**({"remote": remote} if remote else {}))
+            config = BrokerConfig.from_env(None, **({"remote": remote} if remote else {}))
         elif remote:
             config = BrokerConfig(**{**config.__dict__, "remote": remote, "engine": "remote"})
         engine = Engine.open(config, spark=spark)
@@ -342,7 +343,7 @@ class Broker(Topics):
         g = sql_str(name)
         for table in ("subscription", "offsets", "group_config"):
             statement = f"DELETE FROM {self.warehouse.ref(table)} WHERE consumer_group = {g}"
-            self.engine.commit(lambda s=statement: self.engine.execute(s), what=table)
+            self.engine.commit(partial(self.engine.execute, statement), what=table)
         self.listeners.pop(name, None)
 
     # --- subscriptions --------------------------------------------------------------------
@@ -403,7 +404,7 @@ class Broker(Topics):
         now = self.clock.now_ms()
         for client in clients if rows else []:
             self.engine.commit(
-                lambda c=client: advance_offsets(self.warehouse, group, rows, now, client_id=c),
+                partial(advance_offsets, self.warehouse, group, rows, now, client_id=client),
                 what="offsets",
             )
 
@@ -770,11 +771,11 @@ def _listener_path(
     if not callable(listener):
         raise ConfigError(f"listener {listener!r} is neither a callable nor an import path")
     registry[group] = listener
-    module = inspect.getmodule(listener)
+    owner = inspect.getmodule(listener)
     qualname = getattr(listener, "__qualname__", "")
-    if module is None or "<" in qualname or module.__name__ == "__main__":
+    if owner is None or "<" in qualname or owner.__name__ == "__main__":
         return None  # in-process only: jobs started elsewhere cannot import it
-    return f"{module.__name__}:{qualname}"
+    return f"{owner.__name__}:{qualname}"
 
 
 def _is_arrow(obj: object) -> bool:

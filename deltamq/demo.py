@@ -13,6 +13,7 @@ import os
 import tempfile
 import time
 from datetime import UTC, datetime
+from functools import partial
 
 from deltamq.broker import Broker
 from deltamq.cli import print_table
@@ -106,7 +107,7 @@ def _refunds(broker: Broker, clock: FakeClock, location: str, log_path: str, see
                 keys=order,
                 properties={"order_id": order},
             ),
-            lambda message, arg, answer=answer: answer,
+            partial(_answer, answer),
         )
         _say(f"{ms_to_iso(clock.now_ms())}  refund of {order}: local transaction answered {answer}")
     for _ in range(3):
@@ -115,6 +116,11 @@ def _refunds(broker: Broker, clock: FakeClock, location: str, log_path: str, see
         seen = _said(log_path, seen)
         clock.advance(minutes=1)
     return seen
+
+
+def _answer(answer: str, message: object, arg: object) -> str:
+    """A local transaction that answers ``answer`` (the demo's payment gateway)."""
+    return answer
 
 
 def run_demo(warehouse: str | None = None) -> None:

@@ -279,7 +279,7 @@ class Engine:
         elif self.mode == "classic":
             # at run time Hadoop reads fs.s3a.* from the context's configuration; the
             # spark.hadoop.* spelling only takes effect at start-up (--conf)
-            hadoop = self._spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+            hadoop = self._spark.sparkContext._jsc.hadoopConfiguration()
             for key, value in storage.spark_conf().items():
                 hadoop.set(key.removeprefix("spark.hadoop."), value)
 
@@ -418,7 +418,7 @@ def _embedded_session() -> SparkSession:
         _EmbeddedServer.sessions.append(spark)
     # A local server that stops answering is gone, not busy: give up in ~5 s rather than
     # the client's default ~10 minutes of retries (per query and per ReleaseExecute).
-    spark.client.set_retry_policies([DefaultPolicy(max_retries=5, max_backoff=2000)])
+    spark.client.set_retry_policies([DefaultPolicy(max_retries=5, max_backoff=2000)])  # type: ignore[operator]
     _adopt_as_default(spark)
     # Our own server: render times in UTC like the epoch-ms columns (session-local).
     spark.conf.set("spark.sql.session.timeZone", "UTC")
@@ -434,7 +434,7 @@ def _adopt_as_default(spark: SparkSession) -> None:
 
     with ConnectSession._lock:
         if ConnectSession._get_default_session() is None:
-            ConnectSession._default_session = spark
+            ConnectSession._default_session = spark  # type: ignore[assignment]
     if ConnectSession.getActiveSession() is None:
         ConnectSession._active_session.session = spark
 

@@ -283,7 +283,7 @@ def trace(broker: Broker, msg_id: str) -> list[dict[str, Any]]:
             name = group + (f"/{client}" if client else "")
             failed = f"{lineage(r)}|{group}#{(r['reconsume_times'] or 0) + 1}" in sent_back
             groups.append(f"{name}: {'sent back' if failed else 'consumed'}")
-        props = r["properties"] or {}
+        stored = r["properties"] or {}
         out.append(
             {
                 "store_ts": r["store_ts"],
@@ -294,7 +294,7 @@ def trace(broker: Broker, msg_id: str) -> list[dict[str, Any]]:
                 "msg_id": r["msg_id"],
                 "due_ts": r["due_ts"],
                 "reconsume_times": r["reconsume_times"] or 0,
-                "error": props.get(Prop.LAST_ERROR),
+                "error": stored.get(Prop.LAST_ERROR),
                 "groups": sorted(groups),
             }
         )

@@ -41,7 +41,7 @@ from deltamq.tables.sqltext import sql_str
 from deltamq.transactions import ask_state, settle_input, settle_kinds, state_name, transaction_rows
 
 if TYPE_CHECKING:
-    pass
+    from deltamq.broker import Broker
 
 LocalTransaction = Callable[[Message, Any], Any]
 """RocketMQ's executeLocalTransaction: (message, arg) -> TxState (or its name)."""
@@ -92,6 +92,8 @@ class Producer(BaseProducer):
     """Sends messages to one warehouse on behalf of a producer group (``send`` and
     ``send_batch`` from :class:`~deltamq.sending.BaseProducer`; DataFrames and
     transactions here)."""
+
+    broker: Broker  # the Spark producer sends through a Broker (its engine and warehouse)
 
     def send_dataframe(self, df: DataFrame, *, queue_key: str | None = None) -> DataFrame:
         """Store every row of ``df`` in one commit; returns a DataFrame of the stored

@@ -616,7 +616,7 @@ def set_positions(
     targets = set(delivered) | set(queues or ())
     if not targets:
         return
-    inflight = defaultdict(lambda: None)
+    inflight: defaultdict[tuple[str, int], int | None] = defaultdict(lambda: None)
     for r in broker.engine.rows(
         f"SELECT topic, queue_id, min(queue_offset) AS lo FROM {broker.warehouse.ref('deliveries')} "
         f"WHERE consumer_group = {sql_str(group)} AND {sql_queues(targets)} GROUP BY topic, queue_id"

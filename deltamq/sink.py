@@ -25,7 +25,7 @@ import hashlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
@@ -127,7 +127,8 @@ def load_transform(broker: Broker, cfg: SinkConfig) -> Callable[[DataFrame], Dat
         return fn
     from deltamq.consumer import resolve_listener
 
-    return resolve_listener(cfg.transform, f"transform of sink {cfg.group!r}")
+    resolved = resolve_listener(cfg.transform, f"transform of sink {cfg.group!r}")
+    return cast("Callable[[DataFrame], DataFrame]", resolved)
 
 
 def configs(broker: Broker, groups: dict[str, dict[str, Any]] | None = None) -> dict[str, SinkConfig]:

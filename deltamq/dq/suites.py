@@ -24,6 +24,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame
@@ -288,11 +289,15 @@ def _violation(name: str) -> Callable[[Any, Broker], list[Any]]:
     return lambda gx, broker: [_named(gx.expectations.ExpectColumnValuesToBeNull(column="violation"), name)]
 
 
+def _read_table(b: Broker, table: str) -> DataFrame:
+    return b.warehouse.read(table)
+
+
 def frames(tables: Sequence[str] | None = None) -> list[Frame]:
     from deltamq.schemas import TABLES
 
     out = [
-        Frame(t, t, lambda b, t=t: b.warehouse.read(t), _table_expectations(t))
+        Frame(t, t, partial(_read_table, table=t), _table_expectations(t))
         for t in TABLES
         if tables is None or t in tables
     ]

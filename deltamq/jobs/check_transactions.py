@@ -281,11 +281,11 @@ def _answers(
                 "queue_offset", F.coalesce(F.col("tc_state"), F.lit(TxState.UNKNOWN.value)).alias("state")
             )
         )
-    callers = {
-        g: broker.check_listeners.get(g) or c.listener
-        for g, c in configs.items()
-        if not c.is_table_check and (g in broker.check_listeners or c.listener)
-    }
+    callers: dict[str, Callable[..., Any] | str] = {}
+    for g, c in configs.items():
+        caller = broker.check_listeners.get(g) or c.listener
+        if not c.is_table_check and caller:
+            callers[g] = caller
     if callers:
         from deltamq.consumer import resolve_listener
 
@@ -372,7 +372,7 @@ def run(broker: Broker, now: int, *, fence=None) -> CheckResult:
     head, op_head = state.head, state.op_head
     if not resumed and head <= state.half_offset:
         return CheckResult(False, "idle", half_offset=state.half_offset, op_offset=state.op_offset)
-    pass_now = state.pass_now if resumed else now
+    pass_now: int = state.pass_now if state.pass_now is not None else now  # resumed: its own now
     if not resumed:
         if fence:
             fence()
@@ -482,8 +482,8 @@ def run(broker: Broker, now: int, *, fence=None) -> CheckResult:
         wait_version = deltalog.latest_version(wh.storage, wh.uri("commit_log"))
 
     # the op offset: first op record whose transaction still has an entry to walk
-    left = first_pending_op(wh, new_half, head, ops)
-    new_op = left if left is not None else max(op_head, state.op_offset)
+    pending_op = first_pending_op(wh, new_half, head, ops)
+    new_op = pending_op if pending_op is not None else max(op_head, state.op_offset)
     engine.commit(
         lambda: advance_offsets(
             wh,

@@ -176,9 +176,11 @@ def plan_takes(
     return takes
 
 
-def _read_offsets(
-    broker: Broker, groups: list[str]
-) -> dict[tuple[str, str, str, int], tuple[int, int, int | None]]:
+# (next offset, attempts, attempt time, suspends, suspended until)
+OffsetRow = tuple[int, int, int | None, int, int | None]
+
+
+def _read_offsets(broker: Broker, groups: list[str]) -> dict[tuple[str, str, str, int], OffsetRow]:
     rows = broker.engine.rows(
         f"SELECT consumer_group, client_id, topic, queue_id, next_offset, attempts, attempt_ts, suspends, "
         f"suspend_until "
@@ -374,8 +376,9 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
     engine = broker.engine
     spark = engine.spark
     all_groups = _groups(broker)
-    listeners = {g: _listener_bytes(broker, g, cfg["listener"]) for g, cfg in all_groups.items()}
-    groups = {g: cfg for g, cfg in all_groups.items() if listeners[g] is not None}
+    found = {g: _listener_bytes(broker, g, cfg["listener"]) for g, cfg in all_groups.items()}
+    listeners = {g: b for g, b in found.items() if b is not None}
+    groups = {g: cfg for g, cfg in all_groups.items() if g in listeners}
     skipped = tuple(sorted(set(all_groups) - set(groups)))
     sinks = tuple(sorted(g for g, cfg in all_groups.items() if cfg.get("sink_table")))
     if not groups:
@@ -510,7 +513,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
     attempt_ts = {(t.group, t.client, t.topic, t.queue_id): t.attempt_ts for t in takes}
     failures = []
     max_level = broker.max_delay_level()
-    errors = []
+    errors: list[tuple[str, str, str]] = []
     poisoned = []
     if any(r["matched"] and r["poison"] for r in summary):
         poisoned = [
@@ -607,7 +610,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
     # 4. offsets past everything taken; attempt cleared
     _advance(broker, takes, now, positions)
     faults.point("deliver.after_offsets_commit")
-    total = defaultdict(int)
+    total: defaultdict[str, int] = defaultdict(int)
     for c in counts.values():
         for k, v in c.items():
             total[k] += v

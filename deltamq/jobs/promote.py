@@ -37,7 +37,7 @@ from deltamq import faults, ids
 from deltamq.constants import PROMOTE_GROUP, SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, Prop
 from deltamq.jobs.dispatch import TIMER_SLOT_MS
 from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns, restored_message, stored_ids
-from deltamq.tables.offsets import advance_offsets
+from deltamq.tables.offsets import ProgressRow, advance_offsets
 from deltamq.tables.ranges import any_of, merge_ranges
 from deltamq.tables.sqltext import sql_long, sql_str
 
@@ -236,7 +236,7 @@ def run(wh: Warehouse, now: int, *, fence=None) -> PromoteResult:
 
 def write_progress(wh: Warehouse, levels: dict[int, int], watermark: int, timer_next: int, now: int) -> None:
     """Per-level next offsets; the timer queue offset seen and the due watermark."""
-    rows = [(SCHEDULE_TOPIC, q, o, None) for q, o in sorted(levels.items())]
+    rows: list[ProgressRow] = [(SCHEDULE_TOPIC, q, o, None) for q, o in sorted(levels.items())]
     rows.append((TIMER_TOPIC, 0, timer_next, watermark))
     advance_offsets(wh, PROMOTE_GROUP, rows, now)
 

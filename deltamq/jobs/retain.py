@@ -31,6 +31,7 @@ points at it), every step recomputes from the tables, and a re-run finishes the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from deltamq import dedup, faults, ids
@@ -306,6 +307,6 @@ def _prune_bookkeeping(broker: Broker, now: int) -> dict[str, int]:
         n = _count(broker, f"SELECT count(*) AS n FROM {wh.ref(table)} WHERE {cond}")
         if n:
             statement = f"DELETE FROM {wh.ref(table)} WHERE {cond}"
-            broker.engine.commit(lambda s=statement: broker.engine.execute(s), what=table)
+            broker.engine.commit(partial(broker.engine.execute, statement), what=table)
         out[table] = n
     return out

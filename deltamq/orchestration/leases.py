@@ -97,9 +97,9 @@ class Leases:
                         f"(epoch {cur.epoch}); wait for it or stop that runner"
                     )
                 mine = cur is not None and cur.holder == self.holder and cur.expires_at > now
-                if mine and cur.expires_at - now > self.ttl_ms // 2:
+                if cur is not None and mine and cur.expires_at - now > self.ttl_ms // 2:
                     continue  # more than half its time left: no commit
-                epoch = cur.epoch if mine else (cur.epoch if cur else 0) + 1
+                epoch = cur.epoch if cur is not None and mine else (cur.epoch if cur else 0) + 1
                 keep_now = max(x for x in (last_now, cur.last_now if cur else None, -1) if x is not None)
                 changes.append((job, cur, epoch, keep_now))
             if changes:

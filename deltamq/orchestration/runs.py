@@ -97,7 +97,7 @@ def run_loop(s: Settings, *, for_s: float, interval_s: float = 1.0) -> dict[str,
         "status": "ok",
         "ticks": ticks - len(waits),
         "waited": len(waits),
-        "last_wait": (waits or [None])[-1],
+        "last_wait": waits[-1] if waits else None,
     }
 
 

@@ -232,8 +232,8 @@ class TickRunner:
                 run = fn(self.broker, now_ms, lambda n=lease: self.leases.check([n]), runs)
                 if run is not None:
                     runs.append(_stamped(run, start))
-            except Exception as e:  # noqa: BLE001 - recorded, then re-raised after the append
-                failed = e = diagnose(self.broker.warehouse, e)
+            except Exception as raised:  # noqa: BLE001 - recorded, then re-raised after the append
+                failed = e = diagnose(self.broker.warehouse, raised)
                 runs.append(
                     JobRun(
                         name,
