@@ -407,7 +407,10 @@ def main() -> None:
     if begin in text:
         text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
     else:
-        text = text.replace("\n## ", f"\n## The suite — `run.py`\n\n{block}\n\n## ", 1)
+        heading = "The suite — `run.py`"
+        if WAREHOUSE_ROOT:
+            heading = "On object storage — `run.py --warehouse s3://…`"
+        text = text.replace("\n## ", f"\n## {heading}\n\n{block}\n\n## ", 1)
     readme.write_text(text)
     print(json.dumps(result, indent=2))
 
