@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -208,34 +209,63 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextmanager
+def running(command: list[str], *, env: dict[str, str] | None, ready, what: str, timeout_s: float = 60):
+    """A server in its own process for the length of the block: started, probed with
+    ``ready()`` (true once it answers; OSError while it does not yet) until it answers
+    or ``timeout_s`` passes, and stopped at the end."""
+    import subprocess
+    import time
+
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    proc = subprocess.Popen(command, env=env, **quiet)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if ready():
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                pytest.fail(f"{what} did not start (exit code {proc.poll()})")
+            time.sleep(0.2)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def tool(name: str) -> str:
+    """A command installed next to this Python (the venv's bin), else on PATH."""
+    import shutil
+
+    exe = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+    if exe is None:
+        pytest.fail(f'{name} is not installed: pip install -e ".[dev]"')
+    return exe
+
+
+def create_bucket(endpoint: str, bucket: str) -> bool:
+    """PUT /<bucket> on an S3 API server (moto answers unsigned requests)."""
+    import urllib.request
+
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{bucket}", method="PUT"), timeout=2).read()
+    return True
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     """moto's S3 server on a free port, with one bucket; yields the storage options a
     warehouse on it needs (the names of the standard AWS_* variables)."""
-    import shutil
-    import subprocess
-    import time
-    import urllib.request
-
-    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
-    if exe is None:
-        pytest.fail('moto_server is not installed: pip install -e ".[dev]" (moto[server])')
     port = _free_port()
-    proc = subprocess.Popen(
-        [exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
     endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                req = urllib.request.Request(f"{endpoint}/{S3_BUCKET}", method="PUT")
-                urllib.request.urlopen(req, timeout=2).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    pytest.fail(f"moto_server did not start on {endpoint}")
-                time.sleep(0.2)
+    command = [tool("moto_server"), "-H", "127.0.0.1", "-p", str(port)]
+    with running(command, env=None, ready=lambda: create_bucket(endpoint, S3_BUCKET), what="moto_server"):
         yield SimpleNamespace(
             endpoint=endpoint,
             port=port,
@@ -248,9 +278,6 @@ def s3_server():
                 "AWS_ALLOW_HTTP": "true",
             },
         )
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture
@@ -268,14 +295,8 @@ def cluster(s3_server, tmp_path_factory):
     port, for `--engine remote`. What a deployment must give such a server (docs/storage.md):
     deltamq and the listeners' modules importable (here: PYTHONPATH has tests/), the
     listeners' environment, and the object store's credentials (here: the S3 server's)."""
-    import shutil
     import socket
-    import subprocess
-    import time
 
-    exe = shutil.which("sail", path=str(Path(sys.executable).parent)) or shutil.which("sail")
-    if exe is None:
-        pytest.fail("the sail command is not installed (pysail)")
     port = _free_port()
     log = tmp_path_factory.mktemp("cluster") / "env-listener.jsonl"
     env = dict(os.environ)
@@ -287,27 +308,7 @@ def cluster(s3_server, tmp_path_factory):
         DELTAMQ_TEST_LOG=str(log),
         AWS_CONDITIONAL_PUT="etag",
     )
-    proc = subprocess.Popen(
-        [exe, "spark", "server", "--ip", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    pytest.fail(f"Sail local-cluster did not start on port {port}")
-                time.sleep(0.2)
+    command = [tool("sail"), "spark", "server", "--ip", "127.0.0.1", "--port", str(port)]
+    probe = lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() is None  # noqa: E731
+    with running(command, env=env, ready=probe, what="Sail local-cluster") as proc:
         yield SimpleNamespace(url=f"sc://127.0.0.1:{port}", pid=proc.pid, listener_log=log)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

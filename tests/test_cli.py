@@ -90,6 +90,7 @@ def test_console_script_help():
         assert cmd in out.stdout
 
 
+@pytest.mark.slow  # .ci/run runs `deltamq demo` itself as its set-up step
 def test_demo_runs(tmp_path, capsys):
     assert main(["demo", "--warehouse", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out

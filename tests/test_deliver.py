@@ -60,7 +60,7 @@ def test_always_failing_message_backs_off_through_levels_3_to_18_then_dead_lette
     assert len(read_log(log)) == 17
 
 
-@pytest.mark.story
+@pytest.mark.story(s3="slow")
 def test_fails_twice_then_succeeds_is_consumed_once(setup, clock):
     broker, group = setup
     log = group("fail_twice")

@@ -59,7 +59,7 @@ def test_lite_producer_validates_like_the_broker(broker, tmp_path):
     ]
 
 
-@pytest.mark.story
+@pytest.mark.story(s3="slow")
 def test_lite_producer_runs_without_spark_alongside_the_spark_producer(broker, location, store_env, clock):
     broker.create_topic("orders", queues=4)
     go = time.time() + 3.0

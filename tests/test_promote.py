@@ -187,7 +187,7 @@ def test_timer_beyond_the_horizon_is_refused(orders, clock, tmp_path):
     assert table_versions(tmp_path / "wh") == before
 
 
-@pytest.mark.story
+@pytest.mark.story(s3="slow")
 def test_timers_in_30_days_and_in_1_5_seconds(orders, clock):
     t0 = clock.now_ms()
     p = orders.producer("p")

@@ -11,7 +11,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import _free_port
+from conftest import _free_port, running, tool
 
 from deltamq import Broker
 from deltamq.config import BrokerConfig
@@ -139,23 +139,9 @@ def s3_with_auth():
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
     env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3")  # bucket, user and key unauthenticated
-    exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
-    proc = subprocess.Popen(
-        [exe, "-H", "127.0.0.1", "-p", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("moto_server with auth did not start")
-                time.sleep(0.2)
+    command = [tool("moto_server"), "-H", "127.0.0.1", "-p", str(port)]
+    probe = lambda: urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).read() is not None  # noqa: E731
+    with running(command, env=env, ready=probe, what="moto_server with auth"):
         kw = {"endpoint_url": endpoint, "region_name": "us-east-1"}
         kw |= {"aws_access_key_id": "bootstrap", "aws_secret_access_key": "bootstrap"}
         boto3.client("s3", **kw).create_bucket(Bucket="locked")
@@ -163,9 +149,6 @@ def s3_with_auth():
         iam.create_user(UserName="nobody")
         key = iam.create_access_key(UserName="nobody")["AccessKey"]
         yield endpoint, key["AccessKeyId"], key["SecretAccessKey"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def _auth_options(endpoint: str, key: str, secret: str) -> dict[str, str]:
