@@ -76,7 +76,7 @@ def test_lite_producer_runs_without_spark_alongside_the_spark_producer(broker, l
     for r in range(20):  # interleaved with the subprocess's appends
         spark_ids += producer.send_batch([Message("orders", f"spark-{r}-{i}".encode()) for i in range(10)])
         if r == 10:
-            dispatch.run(broker.warehouse, clock.now_ms())  # dispatch meanwhile, too
+            broker.tick(clock.now_ms())  # a whole tick meanwhile, dispatch included
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     report = json.loads(out.strip().splitlines()[-1])
