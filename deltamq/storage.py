@@ -123,9 +123,7 @@ def canonical_options(options: Mapping[str, Any] | None) -> dict[str, str]:
     for key, value in (options or {}).items():
         if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z0-9_]+", key):
             raise ConfigError(f"storage option name {key!r} is not allowed; use names like AWS_REGION")
-        out[key.upper()] = (
-            value if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
-        )
+        out[key.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
     return out
 
 
