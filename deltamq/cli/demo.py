@@ -8,20 +8,30 @@ half hour in a few ticks; the tables show where each message went.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import tempfile
 import time
 from datetime import UTC, datetime
 from functools import partial
+from typing import TYPE_CHECKING
 
-from deltamq.broker import Broker
-from deltamq.cli import print_table
-from deltamq.clock import FakeClock, ms_to_iso
+from deltamq.cli.format import ms_to_iso, print_table
+from deltamq.clock import FakeClock
 from deltamq.constants import Prop
 from deltamq.message import Message
 
+if TYPE_CHECKING:
+    from deltamq.broker import Broker
+
 START = datetime(2026, 1, 1, 9, 0, tzinfo=UTC)
+
+
+def demo(args: argparse.Namespace) -> int:
+    """``deltamq demo`` (no broker to open: the demo makes its own warehouse)."""
+    run_demo(args.warehouse)
+    return 0
 
 
 def _say(text: str = "") -> None:
@@ -124,6 +134,8 @@ def _answer(answer: str, message: object, arg: object) -> str:
 
 
 def run_demo(warehouse: str | None = None) -> None:
+    from deltamq.broker import Broker  # lazily: `deltamq --help` does not load the engine
+
     started = time.monotonic()
     location = warehouse or tempfile.mkdtemp(prefix="deltamq-demo-")
     clock = FakeClock(START)
@@ -134,6 +146,22 @@ def run_demo(warehouse: str | None = None) -> None:
         "an hour passes in six ticks.\n"
     )
     broker = Broker.open(location, clock=clock)
+    log_path = _create_topics_and_groups(broker, location)
+    shop = broker.producer("shop")
+    _send_orders(shop, clock)
+    seen = _the_hour(broker, shop, clock, log_path)
+    seen = _refunds(broker, clock, location, log_path, seen)
+    for title, query in QUERIES:
+        _show(broker, title, query)
+    _say(
+        f"\ndone in {time.monotonic() - started:.1f}s. Query it yourself:\n"
+        f'  deltamq sql "SELECT * FROM consume_queue" --warehouse {location}'
+    )
+    broker.close()
+
+
+def _create_topics_and_groups(broker: Broker, location: str) -> str:
+    """The story's topics and groups; returns where the listeners log what they did."""
     broker.create_topic("orders", queues=4, exist_ok=True)
     broker.create_topic("order-timeout", queues=2, exist_ok=True)
     os.environ["DELTAMQ_DEMO_LOG"] = log_path = os.path.join(location, "listeners.jsonl")
@@ -145,8 +173,11 @@ def run_demo(warehouse: str | None = None) -> None:
         "created topics 'orders' (4 queues) and 'order-timeout' (2 queues); groups 'billing' and "
         "'order-canceller'"
     )
+    return log_path
 
-    shop = broker.producer("shop")
+
+def _send_orders(shop, clock: FakeClock) -> None:
+    """Five orders, a payment check 30 minutes after each, and a report timer at 45."""
     orders = [f"order-{i}" for i in range(1, 6)]
     created = [
         Message("orders", json.dumps({"order": o, "amount": 10 * i}), tags="created", keys=o)
@@ -179,6 +210,10 @@ def run_demo(warehouse: str | None = None) -> None:
         "(TIMER_DELIVER_MS)"
     )
 
+
+def _the_hour(broker: Broker, shop, clock: FakeClock, log_path: str) -> int:
+    """Six ticks ten minutes apart; order-2 is paid after the second. Returns the listener
+    log lines read."""
     seen = 0
     for step in range(6):
         result = broker.tick()
@@ -193,16 +228,16 @@ def run_demo(warehouse: str | None = None) -> None:
                 queue_key="order-2",
             )
             _say(f"{ms_to_iso(clock.now_ms())}  order-2 is paid: a 'paid' message joins order-2's queue")
-    seen = _refunds(broker, clock, location, log_path, seen)
+    return seen
 
-    _show(
-        broker,
+
+QUERIES = [
+    (
         "where every message went (consume_queue: dense offsets per topic and queue)",
         "SELECT topic, queue_id, count(*) AS messages, min(queue_offset) AS first, "
         "max(queue_offset) AS last FROM consume_queue GROUP BY topic, queue_id ORDER BY topic, queue_id",
-    )
-    _show(
-        broker,
+    ),
+    (
         "payment checks: held at level 16 in SCHEDULE_TOPIC_XXXX, re-stored in 'order-timeout' when due",
         "SELECT s.keys AS order_id, s.queue_id + 1 AS level, from_unixtime(s.due_ts DIV 1000, 'HH:mm:ss') "
         "AS due, t.queue_id AS real_queue, t.queue_offset AS real_offset, "
@@ -210,50 +245,41 @@ def run_demo(warehouse: str | None = None) -> None:
         "JOIN consume_queue t ON t.properties['UNIQ_KEY'] = s.properties['UNIQ_KEY'] "
         "AND t.topic = 'order-timeout' WHERE s.topic = 'SCHEDULE_TOPIC_XXXX' AND s.queue_id = 15 "
         "ORDER BY s.queue_offset",
-    )
-    _show(
-        broker,
+    ),
+    (
         "the report timer: indexed by due time (rmq_sys_wheel_timer), promoted at 09:45",
         "SELECT t.tags, from_unixtime(w.due_ts DIV 1000, 'HH:mm:ss') AS due, "
         "from_unixtime(t.store_ts DIV 1000, 'HH:mm:ss') AS stored FROM consume_queue w "
         "JOIN consume_queue t ON t.properties['UNIQ_KEY'] = w.properties['UNIQ_KEY'] "
         "AND t.topic = 'order-timeout' WHERE w.topic = 'rmq_sys_wheel_timer'",
-    )
-    _show(
-        broker,
+    ),
+    (
         "order-3's check failed once: retried from %RETRY%order-canceller 10 s later (level 3)",
         "SELECT topic, queue_id, queue_offset, reconsume_times, properties['RETRY_TOPIC'] AS retry_topic, "
         "from_unixtime(store_ts DIV 1000, 'HH:mm:ss') AS stored FROM consume_queue "
         "WHERE keys = 'order-3' AND topic LIKE '%order-canceller' ORDER BY store_ts",
-    )
-    _show(
-        broker,
+    ),
+    (
         "refunds: half messages (RMQ_SYS_TRANS_HALF_TOPIC) and how each ended (op log, tag d)",
         "SELECT h.keys AS order_id, h.queue_offset AS half_offset, o.properties['TRAN_STATE'] AS ended, "
         "o.properties['PGROUP'] AS producer_group FROM consume_queue h LEFT JOIN consume_queue o "
         "ON o.topic = 'RMQ_SYS_TRANS_OP_HALF_TOPIC' AND o.properties['TRAN_ID'] = h.properties['TRAN_ID'] "
         "WHERE h.topic = 'RMQ_SYS_TRANS_HALF_TOPIC' ORDER BY h.queue_offset",
-    )
-    _show(
-        broker,
+    ),
+    (
         "group offsets (what each group consumed, per queue)",
         "SELECT consumer_group, topic, queue_id, next_offset FROM offsets "
         "WHERE consumer_group NOT LIKE '\\%%' ORDER BY consumer_group, topic, queue_id",
-    )
-    _show(
-        broker,
+    ),
+    (
         "order-2's messages stay in one queue, in order",
         "SELECT queue_id, queue_offset, tags, keys FROM consume_queue "
         "WHERE topic = 'orders' AND keys = 'order-2' ORDER BY queue_offset",
-    )
-    _show(
-        broker,
+    ),
+    (
         "the ticks (job_runs: one append per tick, a row per job)",
         "SELECT from_unixtime(now_ts DIV 1000, 'HH:mm:ss') AS now, job, status, rows_out "
         "FROM job_runs WHERE rows_out > 0 ORDER BY now_ts, start_ts",
-    )
-    _say(
-        f"\ndone in {time.monotonic() - started:.1f}s. Query it yourself:\n"
-        f'  deltamq sql "SELECT * FROM consume_queue" --warehouse {location}'
-    )
-    broker.close()
+    ),
+]
+"""The tables the demo ends with: (title, query)."""

@@ -1,0 +1,127 @@
+"""``status``: the warehouse at a glance, one table per section of ``Broker.status()``."""
+
+from __future__ import annotations
+
+import argparse
+
+from deltamq.cli.format import ms_to_iso, print_table
+
+
+def status(broker, args: argparse.Namespace) -> int:
+    st = broker.status()
+    for section in _SECTIONS:
+        section(st)
+    return 0
+
+
+def _topics_and_queues(st: dict) -> None:
+    print_table(
+        ["topic", "queues", "perm", "ordered"],
+        [[t, v["queues"], v["perm"], v["ordered"]] for t, v in st["topics"].items()],
+    )
+    print()
+    print_table(
+        ["topic", "queue", "min offset", "max offset", "messages"],
+        [
+            [q["topic"], q["queue_id"], q["min_offset"], q["max_offset"], q["max_offset"] - q["min_offset"]]
+            for q in st["queues"]
+        ],
+    )
+    print(
+        f"\nstored, not yet dispatched: {st['undispatched']} (dispatched up to commit_log "
+        f"version {st['dispatched_version']})"
+    )
+
+
+def _lag(st: dict) -> None:
+    print("\nconsumer groups (lag = messages indexed but not yet consumed):")
+    print_table(
+        ["group", "instance", "topic", "queue", "next offset", "lag", "suspended until"],
+        [
+            [
+                g["group"],
+                g["client"] or "-",
+                g["topic"],
+                g["queue_id"],
+                g["next_offset"],
+                g["lag"],
+                ms_to_iso(g["suspend_until"]),
+            ]
+            for g in st["lag"]
+        ],
+    )
+    print(
+        "\ndead letters (indexed): "
+        + (", ".join(f"{t}: {n}" for t, n in sorted(st["dead_letters"].items())) or "none")
+    )
+
+
+def _pull_clients(st: dict) -> None:
+    print("\npull clients (rebalance: assigned queues; access lock: queues held):")
+    print_table(
+        ["group", "client", "last seen", "assigned", "locked", "in flight"],
+        [
+            [
+                c["group"],
+                c["client"],
+                ms_to_iso(c["last_seen"]),
+                " ".join(f"{t}:{q}" for t, q in c["assigned"]) or "-",
+                " ".join(f"{t}:{q}" for t, q in c["locked"]) or "-",
+                c["in_flight"],
+            ]
+            for c in st["pull_clients"]
+        ],
+    )
+
+
+def _transactions(st: dict) -> None:
+    print("\ntransactions (half messages not yet settled, per producer group):")
+    print_table(
+        ["producer group", "pending", "oldest age (s)", "most checks", "discarded"],
+        [
+            [
+                tx["producer_group"],
+                tx["pending"],
+                "-" if tx["oldest_age_ms"] is None else round(tx["oldest_age_ms"] / 1000, 1),
+                "-" if tx["max_checks"] is None else tx["max_checks"],
+                tx["discarded"],
+            ]
+            for tx in st["transactions"]
+        ],
+    )
+
+
+def _delays_and_timers(st: dict) -> None:
+    print("\ndelay levels (SCHEDULE_TOPIC_XXXX):")
+    print_table(
+        ["level", "delay", "offset", "pending", "oldest due"],
+        [
+            [
+                lv["level"],
+                f"{lv['delay_ms'] / 1000:g}s",
+                lv["offset"],
+                lv["pending"],
+                ms_to_iso(lv["oldest_due"]),
+            ]
+            for lv in st["levels"]
+        ],
+    )
+    print("\ntimers pending by due day (rmq_sys_wheel_timer):")
+    print_table(
+        ["due day", "pending", "first due"],
+        [[t["due_day"], t["pending"], ms_to_iso(t["first_due"])] for t in st["timers"]],
+    )
+
+
+def _recent_runs(st: dict) -> None:
+    print("\nrecent job runs (job_runs):")
+    print_table(
+        ["tick now", "job", "status", "in", "out", "ms", "error"],
+        [
+            [ms_to_iso(r["now_ts"]), r["job"], r["status"], r["rows_in"], r["rows_out"], r["ms"], r["error"]]
+            for r in st["recent_runs"]
+        ],
+    )
+
+
+_SECTIONS = [_topics_and_queues, _lag, _pull_clients, _transactions, _delays_and_timers, _recent_runs]
