@@ -14,8 +14,9 @@ Where and how: DAG params ``warehouse``, ``engine`` (embedded | remote), ``remot
 ``deltamq_warehouse``, ``deltamq_engine``, ``deltamq_remote``, then to the environment.
 Every task takes ``now`` from the wall clock, never the logical date; ``catchup=False``
 and one active run per DAG. A job whose lease another runner holds (e.g. the loop DAG
-while the tick DAG runs) is skipped and says so. This file imports only Airflow and the
-standard library; deltamq and Spark load inside the tasks.
+while the tick DAG runs) is skipped and says so. At parse time this file imports only
+Airflow, the standard library and ``deltamq.constants`` (the job list, no Spark); the rest
+of deltamq and Spark load inside the tasks.
 """
 
 from __future__ import annotations
@@ -25,16 +26,11 @@ from datetime import datetime, timedelta
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import DAG, Param, chain, get_current_context, task
 
-# (task id, job kind): the tick's order (deltamq.orchestration.tick.SEQUENCE)
-TICK_TASKS = (
-    ("dispatch", "dispatch"),
-    ("promote", "promote"),
-    ("redispatch", "dispatch"),
-    ("deliver", "deliver"),
-    ("sink", "sink"),
-    ("check_transactions", "check_transactions"),
-    ("retain", "retain"),
-)
+from deltamq.constants import JOB_STEPS
+
+# (task id, job kind) in the tick's order, from the one job list; a task runs every step
+# under its job's lease, so the pull deliveries' expiry runs inside the deliver task
+TICK_TASKS = tuple((step, lease) for step, lease in JOB_STEPS if step != "pull_expiry")
 
 PARAMS = {
     "warehouse": Param(

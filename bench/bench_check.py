@@ -61,7 +61,7 @@ def run(root: Path, n: int) -> dict:
     dispatch.run(b.warehouse, now)
     dispatch_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    first = check_transactions.run(b, now)
+    first = check_transactions.run(b.context, now)
     pass_s = time.perf_counter() - t0
     assert first.ran and first.counts["check"] == n, first
     t0 = time.perf_counter()
@@ -69,7 +69,7 @@ def run(root: Path, n: int) -> dict:
     redispatch_s = time.perf_counter() - t0
     visible = b.sql("SELECT count(*) AS n FROM consume_queue WHERE topic = 'orders'").collect()[0]["n"]
     t0 = time.perf_counter()
-    second = check_transactions.run(b, now + 60_000)
+    second = check_transactions.run(b.context, now + 60_000)
     second_s = time.perf_counter() - t0
     shutil.rmtree(wh, ignore_errors=True)
     shutil.rmtree(state_path, ignore_errors=True)

@@ -53,7 +53,7 @@ def one(root: Path, n: int, batch: int, listener: str, sql92: str | None = None)
     )
     dispatch.run(b.warehouse, clock.now_ms())
     t0 = time.perf_counter()
-    r = deliver.run(b, clock.now_ms())
+    r = deliver.run(b.context, clock.now_ms())
     secs = time.perf_counter() - t0
     assert r.taken == n, r
     shutil.rmtree(wh, ignore_errors=True)

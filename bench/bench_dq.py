@@ -59,7 +59,7 @@ def run(root: Path, n: int) -> dict:
     b.subscribe("audit", "orders")
     b.create_group("billing", consume_from="FIRST_OFFSET")
     b.subscribe("billing", "orders")
-    warm_s, _ = _timed(lambda: suites.run(b, record=False))
+    warm_s, _ = _timed(lambda: suites.run(b.context, record=False))
     parts = {}
     for name, tables in (
         ("commit_log", ["commit_log"]),
@@ -67,7 +67,7 @@ def run(root: Path, n: int) -> dict:
         ("other tables", [t for t in suites.KEYS if t not in ("commit_log", "consume_queue")]),
         ("conservation", ["conservation"]),
     ):
-        parts[name], _ = _timed(lambda t=tables: suites.run(b, tables=t, record=False))
+        parts[name], _ = _timed(lambda t=tables: suites.run(b.context, tables=t, record=False))
     total_s, result = _timed(lambda: b.check_quality())
     out = {
         "messages": n,

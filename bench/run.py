@@ -189,7 +189,7 @@ def end_to_end(root: Path, n: int) -> dict:
     d = dispatch.run(b.warehouse, clock.now_ms())
     t2 = time.perf_counter()
     seam_dispatch = _seam_spent()
-    r = deliver.run(b, clock.now_ms())
+    r = deliver.run(b.context, clock.now_ms())
     t3 = time.perf_counter()
     seam_deliver = _seam_spent()
     assert d.rows_out == n and r.consumed == n, (d, r)

@@ -8,14 +8,17 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from deltamq.constants import DEFAULT_LEVELS, DEFAULT_QUEUES, MAX_BODY_BYTES
+from deltamq.consumer import validate_retry_policy
 from deltamq.errors import ConfigError
+from deltamq.message import validate_group_name
 
 EngineMode = Literal["embedded", "remote", "classic"]
 ENGINE_MODES: tuple[str, ...] = get_args(EngineMode)
@@ -189,3 +192,104 @@ class BrokerConfig:
         if values.get("remote") and "engine" not in values:
             values["engine"] = "remote"
         return cls(**values)  # type: ignore[arg-type]
+
+
+# --- consumer groups and subscriptions ---------------------------------------------------------
+MessageModel = Literal["CLUSTERING", "BROADCASTING"]
+MESSAGE_MODELS: tuple[str, ...] = get_args(MessageModel)
+ConsumeFrom = Literal["LAST_OFFSET", "FIRST_OFFSET", "TIMESTAMP"]
+CONSUME_FROM: tuple[str, ...] = get_args(ConsumeFrom)
+ExpressionType = Literal["TAG", "SQL92"]
+EXPRESSION_TYPES: tuple[str, ...] = get_args(ExpressionType)
+
+_GROUP_INTS = (
+    ("pull_batch_size", 1),
+    ("consume_batch_size", 1),
+    ("consume_timeout_ms", 1),
+    ("max_reconsume_times", -1),
+    ("invisible_time_ms", 1),
+    ("dedup_window_ms", 1),
+)
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """One consumer group's configuration (a ``group_config`` row), validated on
+    construction (docs/behaviour.md §3). ``listener`` is the stored import path of its push
+    listener (None: a callable registered in this process, or a pull/sink group)."""
+
+    consumer_group: str
+    mode: MessageModel = "CLUSTERING"
+    orderly: bool = False
+    max_reconsume_times: int = 16  # -1: unlimited (the default of an orderly group)
+    pull_batch_size: int = 10_000
+    consume_batch_size: int = 1
+    consume_from: ConsumeFrom = "LAST_OFFSET"
+    consume_timestamp: int | None = None
+    consume_timeout_ms: int = 15 * 60_000
+    dedup_key: str | None = None
+    listener: str | None = None
+    retry_policy: Mapping[str, Any] | None = None
+    created_ts: int | None = None
+    instances: tuple[str, ...] = ()
+    invisible_time_ms: int = 60_000
+    dedup_window_ms: int = 24 * 3_600_000
+    sink_table: str | None = None
+    sink_key_columns: tuple[str, ...] = ()
+    sink_transform: str | None = None
+
+    def __post_init__(self) -> None:
+        validate_group_name(self.consumer_group)
+        if self.mode not in MESSAGE_MODELS:
+            raise ConfigError(f"mode={self.mode!r} is not allowed; use one of {MESSAGE_MODELS}")
+        if self.consume_from not in CONSUME_FROM:
+            raise ConfigError(f"consume_from={self.consume_from!r} is not allowed; use one of {CONSUME_FROM}")
+        if self.consume_from == "TIMESTAMP" and self.consume_timestamp is None:
+            raise ConfigError("consume_from='TIMESTAMP' needs consume_timestamp (epoch ms)")
+        for name, low in _GROUP_INTS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                shown = "consume_message_batch_max_size" if name == "consume_batch_size" else name
+                raise ConfigError(f"{shown}={value!r} is not allowed; it must be an integer >= {low}")
+        object.__setattr__(self, "retry_policy", validate_retry_policy(self.retry_policy))
+        object.__setattr__(
+            self, "instances", tuple(validate_group_name(i, "instance") for i in self.instances or ())
+        )
+        object.__setattr__(self, "sink_key_columns", tuple(self.sink_key_columns or ()))
+        if self.mode == "BROADCASTING" and self.listener is not None and not self.instances:
+            raise ConfigError(
+                "a BROADCASTING push group delivers to each of its instances: declare them, "
+                "e.g. instances=['host-a', 'host-b']"
+            )
+
+    @property
+    def name(self) -> str:
+        return self.consumer_group
+
+    @property
+    def clients(self) -> list[str]:
+        """Whose offsets the group keeps: the group's ('') or, BROADCASTING, each instance's."""
+        return [""] if self.mode == "CLUSTERING" else list(self.instances)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> GroupConfig:
+        """A stored ``group_config`` row (columns added by later schema versions may be NULL)."""
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        values = {k: row[k] for k in defaults if k in row and row[k] is not None}
+        if isinstance(values.get("retry_policy"), str):
+            values["retry_policy"] = json.loads(values["retry_policy"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """A group's subscription to a topic: a tag expression or an SQL92 predicate."""
+
+    consumer_group: str
+    topic: str
+    expr_type: ExpressionType = "TAG"
+    expression: str = "*"
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Subscription:
+        return cls(row["consumer_group"], row["topic"], row["expr_type"], row["expression"])

@@ -144,3 +144,22 @@ class TxState(StrEnum):
             if key in cls.__members__:
                 return cls[key]
         raise ValueError(f"{value!r} is not a transaction state; allowed: COMMIT, ROLLBACK, UNKNOWN")
+
+
+# --- the jobs ---------------------------------------------------------------------------------
+# A tick's steps in docs/design.md's order, each with the lease (job kind) it runs under:
+# dispatch → promote → dispatch again (if promote wrote) → deliver → pull deliveries' expiry →
+# sink → check_transactions → retain (hourly: it skips itself in between). The tick runner,
+# the CLI's ``deltamq job`` and the Airflow DAGs all read this one list.
+JOB_STEPS: tuple[tuple[str, str], ...] = (
+    ("dispatch", "dispatch"),
+    ("promote", "promote"),
+    ("redispatch", "dispatch"),
+    ("deliver", "deliver"),
+    ("pull_expiry", "deliver"),
+    ("sink", "sink"),
+    ("check_transactions", "check_transactions"),
+    ("retain", "retain"),
+)
+JOB_NAMES: tuple[str, ...] = tuple(dict.fromkeys(lease for _, lease in JOB_STEPS))
+"""The job kinds (one lease each), in order."""

@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -95,7 +95,7 @@ class ImportPathListener:
         self.path, self._fn = state["path"], None
 
 
-def retry_delay_ms(policy: dict[str, Any], reconsume_times: int) -> int:
+def retry_delay_ms(policy: Mapping[str, Any], reconsume_times: int) -> int:
     """Delay before retry ``reconsume_times + 1`` under a retry policy.
 
     ``{"delays_ms": [1000, 5000, ...]}`` (the last repeats) or

@@ -26,6 +26,7 @@ from deltamq.tables.sqltext import sql_long, sql_str
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from deltamq.config import GroupConfig
     from deltamq.tables.warehouse import Warehouse
 
 DEFAULT_WINDOW_MS = 24 * 3_600_000
@@ -61,16 +62,16 @@ def validate(spark: SparkSession, dedup_key: Any) -> str | None:
     return dedup_key
 
 
-def mark(wh: Warehouse, taken: DataFrame, groups: dict[str, dict[str, Any]], now: int) -> DataFrame:
+def mark(wh: Warehouse, taken: DataFrame, groups: dict[str, GroupConfig], now: int) -> DataFrame:
     """``taken`` (consume_queue rows with ``consumer_group``) + ``dkey`` (NULL for groups
     without de-duplication) and ``dup`` (the key was consumed within the window)."""
-    deduped = {g: cfg for g, cfg in groups.items() if cfg.get("dedup_key")}
+    deduped = {g: cfg for g, cfg in groups.items() if cfg.dedup_key}
     if not deduped:
         return taken.withColumn("dkey", F.lit(None).cast("string")).withColumn("dup", F.lit(False))
     key = F.lit(None).cast("string")
     window = F.lit(None).cast("bigint")
     for g, cfg in sorted(deduped.items()):
-        key = F.when(F.col("consumer_group") == g, key_column(cfg["dedup_key"])).otherwise(key)
+        key = F.when(F.col("consumer_group") == g, key_column(cfg.dedup_key or "")).otherwise(key)
         window = F.when(F.col("consumer_group") == g, F.lit(_window(cfg))).otherwise(window)
     widest = max(_window(cfg) for cfg in deduped.values())
     consumed = (
@@ -107,12 +108,12 @@ def record(wh: Warehouse, consumed: list[tuple[str, str, str]], now: int) -> Non
     wh.engine.commit(lambda: wh.append("consumed_keys", df), what="consumed_keys")
 
 
-def prune(wh: Warehouse, groups: dict[str, dict[str, Any]], now: int, *, orphans: bool = False) -> int:
+def prune(wh: Warehouse, groups: dict[str, GroupConfig], now: int, *, orphans: bool = False) -> int:
     """Delete keys older than their group's window, when there are any (a min() the
     file statistics answer; the DELETE runs about once per window). ``orphans``: also
     every key of a group not among ``groups`` with a dedup key (deleted, or dedup turned
     off) — pass every group then. Returns the rows removed."""
-    deduped = {g: cfg for g, cfg in groups.items() if cfg.get("dedup_key")}
+    deduped = {g: cfg for g, cfg in groups.items() if cfg.dedup_key}
     if not deduped and not orphans:
         return 0
     oldest = {
@@ -139,5 +140,5 @@ def prune(wh: Warehouse, groups: dict[str, dict[str, Any]], now: int, *, orphans
     return n
 
 
-def _window(cfg: dict[str, Any]) -> int:
-    return int(cfg.get("dedup_window_ms") or DEFAULT_WINDOW_MS)
+def _window(cfg: GroupConfig) -> int:
+    return int(cfg.dedup_window_ms or DEFAULT_WINDOW_MS)

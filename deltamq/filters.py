@@ -8,8 +8,8 @@ RocketMQ matches the consume queue's tag hash code and then the commit log's tag
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
+from deltamq.config import Subscription
 from deltamq.errors import FilterSyntaxError
 
 EXPRESSION_TYPES = ("TAG", "SQL92")
@@ -357,25 +357,25 @@ def _num_text(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else str(v)
 
 
-def subscription_filter(sub: dict[str, Any]):
+def subscription_filter(sub: Subscription):
     """Spark Column: a ``consume_queue`` row matches subscription ``sub`` (its tag list or
     SQL92 predicate; ``*`` matches everything)."""
     from pyspark.sql import functions as F
 
-    if sub["expr_type"] == "SQL92":
-        return compile_sql92(sub["expression"])
-    tags = parse_tag_expression(sub["expression"])
+    if sub.expr_type == "SQL92":
+        return compile_sql92(sub.expression)
+    tags = parse_tag_expression(sub.expression)
     if tags is None:
         return F.lit(True)
     return F.col("tags").isNotNull() & F.col("tags").isin(*tags)
 
 
-def subscriptions_filter(subs: Iterable[dict[str, Any]], default: bool = False):
+def subscriptions_filter(subs: Iterable[Subscription], default: bool = False):
     """Spark Column: a row matches the subscription of its topic among ``subs``; a row of
     any other topic is ``default``."""
     from pyspark.sql import functions as F
 
     out = F.lit(default)
     for sub in subs:
-        out = F.when(F.col("topic") == sub["topic"], subscription_filter(sub)).otherwise(out)
+        out = F.when(F.col("topic") == sub.topic, subscription_filter(sub)).otherwise(out)
     return out

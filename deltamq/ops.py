@@ -19,6 +19,7 @@ from deltamq import ids
 from deltamq.constants import (
     DISPATCH_GROUP,
     DLQ_PREFIX,
+    JOB_NAMES,
     RETRY_PREFIX,
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
@@ -28,12 +29,14 @@ from deltamq.constants import (
 )
 from deltamq.errors import ConfigError, OperationError
 from deltamq.message import Message, validate_group_name
+from deltamq.orchestration.leases import Leases
+from deltamq.producer import Producer
 from deltamq.tables.bodies import join_bodies, read_bodies
-from deltamq.tables.offsets import group_positions
-from deltamq.tables.sqltext import sql_str
+from deltamq.tables.offsets import group_positions, load_dispatch_state
+from deltamq.tables.sqltext import USER_GROUPS, sql_str
 
 if TYPE_CHECKING:
-    from deltamq.broker import Broker
+    from deltamq.context import Context
     from deltamq.tables.warehouse import Warehouse
 
 # properties the broker sets; a resent message starts without them
@@ -62,7 +65,7 @@ def _time_range(since: int | None, until: int | None) -> Column:
 
 
 def dead_letters(
-    broker: Broker,
+    ctx: Context,
     *,
     group: str | None = None,
     since: int | None = None,
@@ -75,7 +78,7 @@ def dead_letters(
     the ``consume_queue`` row (``properties['DLQ_REASON'] = 'max_reconsume'``, ``keys``…)."""
     if group is not None:
         validate_group_name(group)
-    cq = broker.warehouse.read("consume_queue")
+    cq = ctx.warehouse.read("consume_queue")
     topics = F.col("topic") == F.lit(DLQ_PREFIX + group) if group else F.col("topic").startswith(DLQ_PREFIX)
     pred = topics & _time_range(since, until)
     if msg_ids:
@@ -118,7 +121,7 @@ class ResendResult:
     msg_ids: tuple[str, ...]
 
 
-def resend(broker: Broker, letters: DataFrame, *, rate_per_s: float | None = None) -> ResendResult:
+def resend(ctx: Context, letters: DataFrame, *, rate_per_s: float | None = None) -> ResendResult:
     """Send dead letters back to their original topic as new messages (same body, tags,
     keys and user properties; ``RESENT_FROM`` = the dead letter's id), at most
     ``rate_per_s`` per second. A dead letter already resent (a re-run after a kill, or
@@ -131,7 +134,7 @@ def resend(broker: Broker, letters: DataFrame, *, rate_per_s: float | None = Non
     floor = min(r["cl_batch_id"] for r in rows) >> ids.BATCH_RANDOM_BITS << ids.BATCH_RANDOM_BITS
     done = {
         r["f"]
-        for r in broker.warehouse.read("commit_log")
+        for r in ctx.warehouse.read("commit_log")
         .where(
             (F.col("batch_id") >= F.lit(floor))
             & F.col("properties").getItem(Prop.RESENT_FROM).isin(*[r["msg_id"] for r in rows])
@@ -143,11 +146,11 @@ def resend(broker: Broker, letters: DataFrame, *, rate_per_s: float | None = Non
     for r in todo:
         if not r["original_topic"]:
             raise ConfigError(f"dead letter {r['msg_id']} has no RETRY_TOPIC: its original topic is unknown")
-        broker.validate_writable_topic(r["original_topic"])
+        ctx.catalog.validate_writable_topic(r["original_topic"])
     sent: list[str] = []
     if todo:
-        bodies = read_bodies(broker.warehouse, (r["cl_date"] for r in todo), (r["cl_batch_id"] for r in todo))
-        picked = broker.engine.spark.createDataFrame(
+        bodies = read_bodies(ctx.warehouse, (r["cl_date"] for r in todo), (r["cl_batch_id"] for r in todo))
+        picked = ctx.engine.spark.createDataFrame(
             [(r["msg_id"], r["cl_batch_id"], r["cl_batch_pos"]) for r in todo],
             "msg_id string, cl_batch_id bigint, cl_batch_pos bigint",
         )
@@ -155,7 +158,7 @@ def resend(broker: Broker, letters: DataFrame, *, rate_per_s: float | None = Non
             x["msg_id"]: x
             for x in join_bodies(picked, bodies, ["body", "properties", "flag", "born_ts"]).collect()
         }
-        producer = broker.producer("DLQ_RESEND")
+        producer = Producer(ctx, "DLQ_RESEND")
         chunk = 1000 if rate_per_s is None else max(1, min(1000, int(rate_per_s)))
         for i in range(0, len(todo), chunk):
             started = time.monotonic()
@@ -182,11 +185,11 @@ def resend(broker: Broker, letters: DataFrame, *, rate_per_s: float | None = Non
 
 
 # --- traces -----------------------------------------------------------------------------------
-def find_by_key(broker: Broker, key: str, *, since: int | None = None, until: int | None = None) -> list[str]:
+def find_by_key(ctx: Context, key: str, *, since: int | None = None, until: int | None = None) -> list[str]:
     """Original ids of messages whose ``keys`` contain ``key`` (space-separated, as
     RocketMQ's KEYS), oldest first."""
     rows = (
-        broker.warehouse.read("consume_queue")
+        ctx.warehouse.read("consume_queue")
         .where(_time_range(since, until) & F.array_contains(F.split(F.col("keys"), " "), F.lit(key)))
         .select(
             F.coalesce(F.col("properties").getItem(Prop.UNIQ_KEY), F.col("msg_id")).alias("id"),
@@ -225,7 +228,7 @@ def _kind(row: dict[str, Any], origin: str) -> str:
     return "promoted (due)"
 
 
-def trace(broker: Broker, msg_id: str) -> list[dict[str, Any]]:
+def trace(ctx: Context, msg_id: str) -> list[dict[str, Any]]:
     """Every index row of message ``msg_id`` and its copies (they share its id as
     ``UNIQ_KEY``): sent, delayed, each retry, dead-lettered, resent; and for each row a
     group's offset has passed, the group and whether it consumed it or sent it back."""
@@ -238,7 +241,7 @@ def trace(broker: Broker, msg_id: str) -> list[dict[str, Any]]:
     )
     # its dead letters' resends are new messages; they name the dead letter in RESENT_FROM
     dead = F.col("topic").startswith(DLQ_PREFIX) & of_id
-    cq = broker.warehouse.read("consume_queue").where(F.col("cl_batch_id") >= F.lit(floor))
+    cq = ctx.warehouse.read("consume_queue").where(F.col("cl_batch_id") >= F.lit(floor))
     letters = [r["msg_id"] for r in cq.where(dead).select("msg_id").collect()]
     if letters:
         of_id = of_id | props.getItem(Prop.RESENT_FROM).isin(*letters)
@@ -262,7 +265,7 @@ def trace(broker: Broker, msg_id: str) -> list[dict[str, Any]]:
     rows.sort(key=lambda r: (r["cl_version"], r["cl_batch_pos"], r["topic"]))  # commit order
     if not rows:
         return []
-    offsets = group_positions(broker.warehouse, {(r["topic"], r["queue_id"]) for r in rows})
+    offsets = group_positions(ctx.warehouse, {(r["topic"], r["queue_id"]) for r in rows})
 
     def lineage(r: dict[str, Any]) -> str:
         return (r["properties"] or {}).get(Prop.UNIQ_KEY) or r["msg_id"]
@@ -323,38 +326,117 @@ def _check_replayable(wh: Warehouse) -> None:
             )
 
 
-def rebuild_index(broker: Broker, now: int) -> dict[str, int]:
+def rebuild_index(ctx: Context, leases: Leases, now: int) -> dict[str, int]:
     """Rebuild ``consume_queue`` from ``commit_log``: holding every job lease, delete the
     index and dispatch's progress, then dispatch every commit again (offsets are a function
     of commit order, so the rebuilt index equals the old one). Consumers pause meanwhile;
-    a run that is killed is simply run again."""
+    a run that is killed is simply run again. ``leases``: the caller's (its ticks may
+    already hold them); the caller releases them."""
     from deltamq.jobs import dispatch
-    from deltamq.orchestration.tick import JOB_NAMES
 
-    wh = broker.warehouse
+    wh = ctx.warehouse
     _check_replayable(wh)
-    leases = broker.runner.leases  # this broker's runner: its ticks may already hold them
     leases.acquire(JOB_NAMES, last_now=now)
-    try:
-        before = wh.engine.rows(f"SELECT count(*) AS n FROM {wh.ref('consume_queue')}")[0]["n"]
-        wh.engine.commit(
-            lambda: wh.engine.execute(f"DELETE FROM {wh.ref('consume_queue')}"), what="consume_queue"
-        )
-        wh.engine.commit(
-            lambda: wh.engine.execute(
-                f"DELETE FROM {wh.ref('offsets')} WHERE consumer_group = {sql_str(DISPATCH_GROUP)}"
-            ),
-            what="offsets",
-        )
-        passes = rows = 0
-        while True:
-            leases.check(["dispatch"])
-            r = dispatch.run(wh, now)
-            passes += 1
-            rows += r.rows_out
-            if not r.commits_read:
-                break
-        after = wh.engine.rows(f"SELECT count(*) AS n FROM {wh.ref('consume_queue')}")[0]["n"]
-    finally:
-        broker.runner.release()
+    before = wh.engine.rows(f"SELECT count(*) AS n FROM {wh.ref('consume_queue')}")[0]["n"]
+    wh.engine.commit(
+        lambda: wh.engine.execute(f"DELETE FROM {wh.ref('consume_queue')}"), what="consume_queue"
+    )
+    wh.engine.commit(
+        lambda: wh.engine.execute(
+            f"DELETE FROM {wh.ref('offsets')} WHERE consumer_group = {sql_str(DISPATCH_GROUP)}"
+        ),
+        what="offsets",
+    )
+    passes = rows = 0
+    while True:
+        leases.check(["dispatch"])
+        r = dispatch.run(wh, now)
+        passes += 1
+        rows += r.rows_out
+        if not r.commits_read:
+            break
+    after = wh.engine.rows(f"SELECT count(*) AS n FROM {wh.ref('consume_queue')}")[0]["n"]
     return {"rows_before": before, "rows_after": after, "passes": passes, "indexed": rows}
+
+
+def status(ctx: Context) -> dict[str, Any]:
+    """Topics, and per (topic, queue) the offsets indexed so far; messages stored
+    but not yet dispatched (from the Delta commit entries' record counts)."""
+    from deltamq.tables import deltalog
+
+    state = load_dispatch_state(ctx.warehouse)
+    minimums = {
+        (r["topic"], r["queue_id"]): r["lo"]
+        for r in ctx.engine.rows(
+            f"SELECT topic, queue_id, min(queue_offset) AS lo FROM {ctx.warehouse.ref('consume_queue')} "
+            "GROUP BY topic, queue_id"
+        )
+    }
+    queues = [
+        {"topic": t, "queue_id": q, "min_offset": minimums.get((t, q), 0), "max_offset": nxt}
+        for (t, q), nxt in sorted(state.heads.items())
+    ]
+    pending = sum(
+        f.num_records or 0
+        for c in deltalog.commits_after(
+            ctx.warehouse.storage, ctx.warehouse.uri("commit_log"), state.version, 1_000_000
+        )
+        for f in c.files
+    )
+    from deltamq.jobs import promote
+
+    held = promote.pending(ctx.warehouse)
+    lag = []
+    for r in ctx.engine.rows(
+        f"SELECT consumer_group, client_id, topic, queue_id, next_offset, suspend_until "
+        f"FROM {ctx.warehouse.ref('offsets')} WHERE {USER_GROUPS} "
+        "ORDER BY consumer_group, client_id, topic, queue_id"
+    ):
+        head = state.heads.get((r["topic"], r["queue_id"]), 0)
+        lag.append(
+            {
+                "group": r["consumer_group"],
+                "client": r["client_id"],
+                "topic": r["topic"],
+                "queue_id": r["queue_id"],
+                "next_offset": r["next_offset"],
+                "lag": max(0, head - (r["next_offset"] or 0)),
+                "suspend_until": r["suspend_until"],
+            }
+        )
+    dlq = {t: n for (t, _), n in state.heads.items() if t.startswith("%DLQ%")}
+    from deltamq import pull
+    from deltamq.jobs import check_transactions
+
+    return {
+        "topics": ctx.catalog.topics(),
+        "queues": queues,
+        "dispatched_version": state.version,
+        "undispatched": pending,
+        "levels": held["levels"],
+        "timers": held["timers"],
+        "lag": lag,
+        "dead_letters": dlq,
+        "transactions": check_transactions.pending(ctx, ctx.clock.now_ms()),
+        "pull_clients": pull.status(ctx, ctx.clock.now_ms()),
+        "recent_runs": recent_runs(ctx),
+    }
+
+
+def recent_runs(ctx: Context, limit: int = 10) -> list[dict[str, Any]]:
+    """The last ``limit`` ticks' job rows (``job_runs``, read from yesterday's
+    partition on when the warehouse has recent ticks)."""
+    wh = ctx.warehouse
+    latest = ctx.engine.rows(f"SELECT max(run_date) AS d FROM {wh.ref('job_runs')}")[0]["d"]
+    if latest is None:
+        return []
+    recent = f"run_date >= date_sub(DATE'{latest.isoformat()}', 1)"
+    # (Sail cannot ORDER BY an aggregate that is not selected: select it as t)
+    rows = ctx.engine.rows(
+        "SELECT r.tick_id, r.now_ts, r.job, r.status, r.rows_in, r.rows_out, "
+        f"r.end_ts - r.start_ts AS ms, r.error FROM {wh.ref('job_runs')} r "
+        "JOIN (SELECT tick_id, max(now_ts) AS t FROM "
+        f"{wh.ref('job_runs')} WHERE {recent} GROUP BY tick_id ORDER BY t DESC LIMIT {int(limit)}) k "
+        f"ON r.tick_id = k.tick_id WHERE r.{recent} ORDER BY r.now_ts DESC, r.start_ts"
+    )
+    return [r.asDict() for r in rows]

@@ -5,7 +5,7 @@ conflict with each other). Validation runs first; a batch with one bad message
 stores nothing.
 
 Example:
-    >>> producer = broker.producer("order-service")
+    >>> producer = ctx.producer("order-service")
     >>> ids = producer.send_batch([Message("orders", b"..."), Message("orders", b"...")])
 """
 
@@ -41,7 +41,7 @@ from deltamq.tables.sqltext import sql_str
 from deltamq.transactions import ask_state, settle_input, settle_kinds, state_name, transaction_rows
 
 if TYPE_CHECKING:
-    from deltamq.broker import Broker
+    from deltamq.context import Context
 
 LocalTransaction = Callable[[Message, Any], Any]
 """RocketMQ's executeLocalTransaction: (message, arg) -> TxState (or its name)."""
@@ -93,7 +93,7 @@ class Producer(BaseProducer):
     ``send_batch`` from :class:`~deltamq.sending.BaseProducer`; DataFrames and
     transactions here)."""
 
-    broker: Broker  # the Spark producer sends through a Broker (its engine and warehouse)
+    ctx: Context  # the Spark producer sends through a Context (its engine and warehouse)
 
     def send_dataframe(self, df: DataFrame, *, queue_key: str | None = None) -> DataFrame:
         """Store every row of ``df`` in one commit; returns a DataFrame of the stored
@@ -113,7 +113,7 @@ class Producer(BaseProducer):
 
     def _send_dataframe(self, df: DataFrame, queue_key: str | None, *, transactional: bool) -> DataFrame:
         df = self._check_dataframe_columns(df, queue_key)
-        now = self.broker.clock.now_ms()
+        now = self.ctx.clock.now_ms()
         batch = ids.new_batch_id(now)
         stats = df.agg(
             F.collect_set("topic").alias("topics"),
@@ -135,16 +135,16 @@ class Producer(BaseProducer):
             ).alias("bad_timers"),
         ).collect()[0]
         if stats["n"] == 0:
-            return self.broker.engine.spark.createDataFrame([], "msg_id string, topic string, queue_id int")
+            return self.ctx.engine.spark.createDataFrame([], "msg_id string, topic string, queue_id int")
         if stats["null_topics"]:
-            self.broker.validate_writable_topic(None)  # raises InvalidTopic naming the rule
+            self.ctx.catalog.validate_writable_topic(None)  # raises InvalidTopic naming the rule
         topics = sorted(stats["topics"])
         for topic in topics:
-            self.broker.validate_writable_topic(topic)
-        if stats["max_body"] is not None and stats["max_body"] > self.broker.config.max_body_bytes:
+            self.ctx.catalog.validate_writable_topic(topic)
+        if stats["max_body"] is not None and stats["max_body"] > self.ctx.config.max_body_bytes:
             raise BodyTooLarge(
                 f"a body in the DataFrame is {stats['max_body']} bytes; at most "
-                f"{self.broker.config.max_body_bytes} bytes are allowed"
+                f"{self.ctx.config.max_body_bytes} bytes are allowed"
             )
         if stats["min_level"] is not None and stats["min_level"] < 0:
             raise InvalidDelayLevel(
@@ -165,8 +165,8 @@ class Producer(BaseProducer):
             )
         for due in (stats["min_due"], stats["max_due"]):
             if due is not None:
-                check_timer_horizon(due, now, self.broker.config.timer_horizon_ms)
-        queues = {t: self.broker.topic_queues(t) for t in topics}
+                check_timer_horizon(due, now, self.ctx.config.timer_horizon_ms)
+        queues = {t: self.ctx.catalog.topic_queues(t) for t in topics}
         if stats["min_qid"] is not None and (
             stats["min_qid"] < 0 or any(stats["max_qid"] >= q for q in queues.values())
         ):
@@ -180,15 +180,15 @@ class Producer(BaseProducer):
             batch_id=batch,
             now_ms=now,
             producer_group=self.group,
-            max_level=self.broker.max_delay_level(),
+            max_level=self.ctx.catalog.max_delay_level(),
             queue_key=queue_key,
             rr_start=random.randrange(1 << 16),
             transactional=transactional,
         )
-        self.broker.append_commit_log(rows, what="send_dataframe")
+        self.ctx.append_commit_log(rows, what="send_dataframe")
         day = ids.store_date(now)
         return (
-            self.broker.warehouse.read("commit_log")
+            self.ctx.warehouse.read("commit_log")
             .where((F.col("store_date") == F.lit(day)) & (F.col("batch_id") == F.lit(batch)))
             .select("msg_id", "topic", "queue_id")
         )
@@ -215,8 +215,8 @@ class Producer(BaseProducer):
         handle = TransactionHandle(row["msg_id"], row["topic"], row["queue_id"], self.group)
         state, error = ask_state(local_transaction, message, arg)
         if state is not TxState.UNKNOWN:
-            half = self.broker.engine.spark.createDataFrame(rows_to_arrow([row]))
-            self._end(half.withColumn("state", F.lit(state.value)), self.broker.clock.now_ms())
+            half = self.ctx.engine.spark.createDataFrame(rows_to_arrow([row]))
+            self._end(half.withColumn("state", F.lit(state.value)), self.ctx.clock.now_ms())
         return TransactionSendResult(handle, state, error)
 
     def end_transaction(self, handle: TransactionHandle | str, state: TxState | str) -> None:
@@ -233,7 +233,7 @@ class Producer(BaseProducer):
         Every id must be a half message of this producer group and every state valid, or
         nothing is written. Returns the number of transactions per state.
         """
-        spark = self.broker.engine.spark
+        spark = self.ctx.engine.spark
         if isinstance(states, DataFrame):
             missing = [c for c in ("tran_id", "state") if c not in states.columns]
             if missing:
@@ -283,7 +283,7 @@ class Producer(BaseProducer):
             return counts
         batches = [b for b in check["batches"] if b is not None]
         halves = read_bodies(
-            self.broker.warehouse, (ids.store_date(b >> ids.BATCH_RANDOM_BITS) for b in batches), batches
+            self.ctx.warehouse, (ids.store_date(b >> ids.BATCH_RANDOM_BITS) for b in batches), batches
         ).where(
             (F.col("properties").getItem(Prop.TRAN_MSG) == F.lit("true"))
             & (F.col("sys_flag").bitwiseAND(F.lit(0xC)) == F.lit(SysFlag.TRANSACTION_PREPARED_TYPE))
@@ -294,7 +294,7 @@ class Producer(BaseProducer):
             "left",
         )
         found.createOrReplaceTempView("dmq_end_found")
-        problems = self.broker.engine.rows(
+        problems = self.ctx.engine.rows(
             "SELECT tran_id, half_id IS NULL AS missing, pg FROM dmq_end_found "
             f"WHERE half_id IS NULL OR pg <> {sql_str(self.group)} ORDER BY tran_id LIMIT 5"
         )
@@ -306,11 +306,11 @@ class Producer(BaseProducer):
             raise InvalidTransaction(
                 f"transactions {other} belong to other producer groups, not {self.group!r}"
             )
-        for r in self.broker.engine.rows("SELECT state, count(*) AS n FROM dmq_end_found GROUP BY state"):
+        for r in self.ctx.engine.rows("SELECT state, count(*) AS n FROM dmq_end_found GROUP BY state"):
             counts[r["state"]] = r["n"]
         if counts["COMMIT"] or counts["ROLLBACK"]:
             chosen = halves.join(given, F.col("msg_id") == F.col("tran_id")).drop("tran_id")
-            self._end(chosen, self.broker.clock.now_ms())
+            self._end(chosen, self.ctx.clock.now_ms())
         return counts
 
     def _end(self, halves: DataFrame, now: int) -> None:
@@ -329,7 +329,7 @@ class Producer(BaseProducer):
                 F.col("_k") * 2 + F.when(kind == F.lit(ids.KIND_TXN_OP), 1).otherwise(0),
             ),
         )
-        self.broker.append_commit_log(rows, what="end_transaction")
+        self.ctx.append_commit_log(rows, what="end_transaction")
 
     def _check_dataframe_columns(self, df: DataFrame, queue_key: str | None) -> DataFrame:
         fields = {f.name: f.dataType for f in df.schema.fields}

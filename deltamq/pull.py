@@ -1,6 +1,6 @@
 """Pull consumers: consumers outside the engine (docs/behaviour.md §6).
 
-``consumer = broker.pull_consumer(group, client_id)``; ``consumer.pull(n)`` returns
+``consumer = ctx.pull_consumer(group, client_id)``; ``consumer.pull(n)`` returns
 messages, each with a ``receipt_handle``; ``consumer.ack(handles)`` /
 ``consumer.nack(handles, delay_level=None)`` end them.
 
@@ -35,12 +35,12 @@ under one id share its queues.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import functions as F
@@ -50,11 +50,12 @@ from deltamq.errors import CommitConflict, ConfigError, UnknownGroup
 from deltamq.filters import subscriptions_filter
 from deltamq.message import StoredMessage, stored_fields, validate_group_name
 from deltamq.tables.bodies import join_bodies, read_bodies
+from deltamq.tables.offsets import OffsetsMerge, forward, load_dispatch_state, source
 from deltamq.tables.ranges import queue_offsets, queue_ranges
 from deltamq.tables.sqltext import sql_int, sql_long, sql_queues, sql_str
 
 if TYPE_CHECKING:
-    from deltamq.broker import Broker
+    from deltamq.context import Context
 
 Queue = tuple[str, int]
 
@@ -136,26 +137,26 @@ def decide_lock(
 class PullConsumer:
     """A pull client of one CLUSTERING group."""
 
-    def __init__(self, broker: Broker, group: str, client_id: str) -> None:
-        self.broker = broker
+    def __init__(self, ctx: Context, group: str, client_id: str) -> None:
+        self.ctx = ctx
         self.group = validate_group_name(group)
         self.client_id = validate_group_name(client_id, "client id")
-        cfg = broker.groups().get(self.group)
+        cfg = ctx.catalog.groups().get(self.group)
         if cfg is None:
             raise UnknownGroup(f"consumer group {self.group!r} does not exist; create it first")
-        if cfg["mode"] != "CLUSTERING":
+        if cfg.mode != "CLUSTERING":
             raise ConfigError(
-                f"group {self.group!r} is {cfg['mode']}; pull consumers share a CLUSTERING group's "
+                f"group {self.group!r} is {cfg.mode}; pull consumers share a CLUSTERING group's "
                 "queues (a BROADCASTING group is consumed by push instances)"
             )
-        if cfg["listener"] or self.group in broker.listeners:
+        if cfg.listener or self.group in ctx.catalog.listeners:
             raise ConfigError(
                 f"group {self.group!r} has a push listener; a queue is consumed by push or by pull "
                 "clients, not both: create a separate group for pull clients"
             )
-        if cfg.get("sink_table"):
+        if cfg.sink_table:
             raise ConfigError(
-                f"group {self.group!r} is a sink into {cfg['sink_table']}; create a separate group for "
+                f"group {self.group!r} is a sink into {cfg.sink_table}; create a separate group for "
                 "pull clients"
             )
         self._cfg = cfg
@@ -163,10 +164,10 @@ class PullConsumer:
 
     # --- helpers ------------------------------------------------------------------------------
     def _now(self, now: int | None) -> int:
-        return self.broker.clock.now_ms() if now is None else int(now)
+        return self.ctx.clock.now_ms() if now is None else int(now)
 
     def _ref(self, table: str) -> str:
-        return self.broker.warehouse.ref(table)
+        return self.ctx.warehouse.ref(table)
 
     def heartbeat(self, now: int | None = None) -> None:
         """Record this client as alive (every pull and ack does)."""
@@ -179,7 +180,7 @@ class PullConsumer:
             "WHEN MATCHED THEN UPDATE SET t.last_seen_ts = greatest(t.last_seen_ts, s.last_seen_ts) "
             "WHEN NOT MATCHED THEN INSERT *"
         )
-        self.broker.engine.commit(lambda: self.broker.engine.execute(statement), what="clients")
+        self.ctx.engine.commit(lambda: self.ctx.engine.execute(statement), what="clients")
 
     def close(self) -> None:
         """Leave the group now (instead of after the client timeout)."""
@@ -187,15 +188,15 @@ class PullConsumer:
             f"DELETE FROM {self._ref('clients')} WHERE consumer_group = {sql_str(self.group)} "
             f"AND client_id = {sql_str(self.client_id)}"
         )
-        self.broker.engine.commit(lambda: self.broker.engine.execute(statement), what="clients")
+        self.ctx.engine.commit(lambda: self.ctx.engine.execute(statement), what="clients")
 
     def assignment(self, now: int | None = None) -> list[Queue]:
         """The queues this client may pull now: per subscribed topic (as RocketMQ's
         rebalanceByTopic), its share of the topic's queues among the live clients."""
-        return assign(group_queues(self.broker, self.group), self._live(self._now(now)), self.client_id)
+        return assign(group_queues(self.ctx, self.group), self._live(self._now(now)), self.client_id)
 
     def _live(self, now: int) -> list[str]:
-        return live_clients(self.broker, self.group, now) + [self.client_id]
+        return live_clients(self.ctx, self.group, now) + [self.client_id]
 
     # --- pulling ------------------------------------------------------------------------------
     def pull(self, max_messages: int = 32, now: int | None = None) -> list[PulledMessage]:
@@ -204,14 +205,13 @@ class PullConsumer:
         if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
             raise ConfigError(f"max_messages={max_messages!r} must be an integer >= 1")
         now = self._now(now)
-        self.broker.engine.recycle_if_large()
+        self.ctx.engine.recycle_if_large()
         self.heartbeat(now)
         mine = self.assignment(now)
         if not mine:
             return []
-        from deltamq.jobs import dispatch
 
-        heads = dispatch.load_state(self.broker.warehouse).heads
+        heads = load_dispatch_state(self.ctx.warehouse).heads
         takes = self._lock(mine, now, heads, max_messages)
         faults.point("pull.after_lock_commit")
         if not takes:
@@ -220,7 +220,7 @@ class PullConsumer:
         messages = self._read(ranges, now) if ranges else []
         # fence: a client that lost the queue meanwhile (it paused past the lock timeout)
         # records nothing; what it read is handed out again by the new owner
-        current = read_locks(self.broker, self.group)
+        current = read_locks(self.ctx, self.group)
         mine_still = {q for q in takes if (current.get(q) or _NOBODY).owner == self.client_id}
         messages = [m for m in messages if m.topic_queue in mine_still]
         if messages:
@@ -228,7 +228,7 @@ class PullConsumer:
         faults.point("pull.after_deliveries_commit")
         # recorded through the end of each range (a queue just taken over: from its acked offset)
         set_positions(
-            self.broker,
+            self.ctx,
             self.group,
             {q: takes[q][1] for q in sorted(mine_still)},
             now,
@@ -245,16 +245,16 @@ class PullConsumer:
         queues this client holds. The owner starts where its deliveries are recorded
         (``offsets.delivered_offset``: a range reserved by a pull killed before recording
         is handed out again); a new owner at the acknowledged offset."""
-        engine = self.broker.engine
-        cfg = self.broker.config
+        engine = self.ctx.engine
+        cfg = self.ctx.config
         result: dict[Queue, tuple[int, int]] = {}
         taken_over: dict[Queue, int] = {}
 
         def attempt() -> None:
             result.clear()
             taken_over.clear()
-            locks = read_locks(self.broker, self.group)
-            positions = read_positions(self.broker, self.group)
+            locks = read_locks(self.ctx, self.group)
+            positions = read_positions(self.ctx, self.group)
             changes = []
             ranges: dict[Queue, tuple[int, int]] = {}
             left = budget
@@ -283,8 +283,8 @@ class PullConsumer:
                     if verdict == "acquired" and entry is not None:
                         taken_over[q] = acked
                 changes.append((q, entry, new))
-            write_locks(self.broker, self.group, changes)
-            mine_now = read_locks(self.broker, self.group)
+            write_locks(self.ctx, self.group, changes)
+            mine_now = read_locks(self.ctx, self.group)
             for q, (start, end) in ranges.items():
                 got = mine_now.get(q)
                 if (
@@ -295,19 +295,19 @@ class PullConsumer:
                 ):
                     result[q] = (start, end)
 
-        if any(q not in read_locks(self.broker, self.group) for q in mine):
-            ensure_lock_rows(self.broker, self.group, mine)
+        if any(q not in read_locks(self.ctx, self.group) for q in mine):
+            ensure_lock_rows(self.ctx, self.group, mine)
         engine.commit(attempt, what="queue_lock")
         taken_over = {q: s for q, s in taken_over.items() if q in result}
         self._taken_over = set(taken_over)
         if taken_over:
             # the previous owner's in-flight messages are handed out again from the acked offset
-            revoke(self.broker, self.group, taken_over, self.client_id)
+            revoke(self.ctx, self.group, taken_over, self.client_id)
         return result
 
     def _read(self, takes: list[tuple[str, int, int, int]], now: int) -> list[_Handout]:
-        wh = self.broker.warehouse
-        matches = subscriptions_filter(self.broker.subscriptions(self.group), default=True)
+        wh = self.ctx.warehouse
+        matches = subscriptions_filter(self.ctx.catalog.subscriptions(self.group), default=True)
         cq = wh.read("consume_queue").where(queue_ranges(takes))
         cq = cq.withColumn("matched", matches).where(F.col("matched"))
         # idempotent consumption: a key the group consumed within its window is skipped
@@ -330,7 +330,7 @@ class PullConsumer:
         return out
 
     def _record(self, messages: list[_Handout], now: int) -> None:
-        invisible = now + int(self._cfg["invisible_time_ms"] or 60_000)
+        invisible = now + self._cfg.invisible_time_ms
         rows = [
             (
                 self.group,
@@ -346,12 +346,12 @@ class PullConsumer:
             )
             for m in messages
         ]
-        df = self.broker.engine.spark.createDataFrame(
+        df = self.ctx.engine.spark.createDataFrame(
             rows,
             "consumer_group string, client_id string, topic string, queue_id int, queue_offset bigint, "
             "msg_id string, receipt_handle string, delivered_ts bigint, invisible_until bigint, state string",
         )
-        self.broker.engine.commit(lambda: self.broker.warehouse.append("deliveries", df), what="deliveries")
+        self.ctx.engine.commit(lambda: self.ctx.warehouse.append("deliveries", df), what="deliveries")
 
     # --- acknowledging ------------------------------------------------------------------------
     def ack(self, handles: Iterable[str], now: int | None = None) -> int:
@@ -362,21 +362,21 @@ class PullConsumer:
         if not handles:
             return 0
         self.heartbeat(now)
-        found = end_deliveries(self.broker, self.group, handles)
-        if self._cfg.get("dedup_key") and found:
+        found = end_deliveries(self.ctx, self.group, handles)
+        if self._cfg.dedup_key and found:
             self._record_keys(found, now)
-        set_positions(self.broker, self.group, {}, now, queues={(r["topic"], r["queue_id"]) for r in found})
+        set_positions(self.ctx, self.group, {}, now, queues={(r["topic"], r["queue_id"]) for r in found})
         return len(found)
 
     def _record_keys(self, acked: list[dict[str, Any]], now: int) -> None:
         """Keys of acknowledged messages (docs/behaviour.md §7), from their consume_queue rows."""
         rows = (
-            self.broker.warehouse.read("consume_queue")
+            self.ctx.warehouse.read("consume_queue")
             .where(_at_offsets(acked))
-            .select(dedup.key_column(self._cfg["dedup_key"]).alias("k"), "msg_id")
+            .select(dedup.key_column(self._cfg.dedup_key or "").alias("k"), "msg_id")
             .collect()
         )
-        dedup.record(self.broker.warehouse, [(self.group, r["k"], r["msg_id"]) for r in rows], now)
+        dedup.record(self.ctx.warehouse, [(self.group, r["k"], r["msg_id"]) for r in rows], now)
 
     def nack(self, handles: Iterable[str], delay_level: int | None = None, now: int | None = None) -> int:
         """Give messages back: each is retried through ``%RETRY%<group>`` (level
@@ -390,13 +390,13 @@ class PullConsumer:
         self.heartbeat(now)
         values = ", ".join(f"({sql_str(h)})" for h in handles)
         rows = read_deliveries(
-            self.broker,
+            self.ctx,
             f"consumer_group = {sql_str(self.group)} AND receipt_handle IN "
             f"(SELECT receipt_handle FROM VALUES {values} AS v(receipt_handle))",
         )
-        send_back(self.broker, rows, delay_level or 0, "nack")
-        found = end_deliveries(self.broker, self.group, [r["receipt_handle"] for r in rows])
-        set_positions(self.broker, self.group, {}, now, queues={(r["topic"], r["queue_id"]) for r in found})
+        send_back(self.ctx, rows, delay_level or 0, "nack")
+        found = end_deliveries(self.ctx, self.group, [r["receipt_handle"] for r in rows])
+        set_positions(self.ctx, self.group, {}, now, queues={(r["topic"], r["queue_id"]) for r in found})
         return len(found)
 
 
@@ -425,32 +425,32 @@ def _handles(handles: Iterable[str]) -> list[str]:
 
 
 # --- shared reads and writes ----------------------------------------------------------------
-def group_queues(broker: Broker, group: str) -> list[Queue]:
+def group_queues(ctx: Context, group: str) -> list[Queue]:
     """Every queue of every topic the group subscribes to (its retry topic included)."""
     out = []
-    for sub in broker.subscriptions(group):
-        topic = sub["topic"]
+    for sub in ctx.catalog.subscriptions(group):
+        topic = sub.topic
         try:
-            n = broker.topic_queues(topic)
+            n = ctx.catalog.topic_queues(topic)
         except Exception:  # noqa: BLE001 - a deleted topic has no queues
             continue
         out += [(topic, q) for q in range(n)]
     return sorted(out)
 
 
-def live_clients(broker: Broker, group: str, now: int) -> list[str]:
-    rows = broker.engine.rows(
-        f"SELECT client_id FROM {broker.warehouse.ref('clients')} WHERE consumer_group = {sql_str(group)} "
-        f"AND last_seen_ts >= {sql_long(now - broker.config.client_timeout_ms)}"
+def live_clients(ctx: Context, group: str, now: int) -> list[str]:
+    rows = ctx.engine.rows(
+        f"SELECT client_id FROM {ctx.warehouse.ref('clients')} WHERE consumer_group = {sql_str(group)} "
+        f"AND last_seen_ts >= {sql_long(now - ctx.config.client_timeout_ms)}"
     )
     return sorted(r["client_id"] for r in rows)
 
 
-def read_locks(broker: Broker, group: str) -> dict[Queue, LockEntry | None]:
+def read_locks(ctx: Context, group: str) -> dict[Queue, LockEntry | None]:
     """Lock rows of the group; a queue whose row has no owner maps to None."""
-    rows = broker.engine.rows(
+    rows = ctx.engine.rows(
         f"SELECT topic, queue_id, owner, last_access_ts, last_delivered_offset, no_change_count, "
-        f"delivered_offset FROM {broker.warehouse.ref('queue_lock')} WHERE consumer_group = {sql_str(group)}"
+        f"delivered_offset FROM {ctx.warehouse.ref('queue_lock')} WHERE consumer_group = {sql_str(group)}"
     )
     return {
         (r["topic"], r["queue_id"]): None
@@ -466,7 +466,7 @@ def read_locks(broker: Broker, group: str) -> dict[Queue, LockEntry | None]:
     }
 
 
-def ensure_lock_rows(broker: Broker, group: str, queues: Iterable[Queue]) -> None:
+def ensure_lock_rows(ctx: Context, group: str, queues: Iterable[Queue]) -> None:
     """Ownerless lock rows for ``queues`` that have none. Taking a lock is then always an
     update of an existing row: concurrent takers conflict (a non-append commit) or fail
     the compare-and-set, never both insert. Two racing inserts here leave identical
@@ -475,7 +475,7 @@ def ensure_lock_rows(broker: Broker, group: str, queues: Iterable[Queue]) -> Non
     if not values:
         return
     statement = (
-        f"MERGE INTO {broker.warehouse.ref('queue_lock')} t USING (SELECT * FROM VALUES {values} "
+        f"MERGE INTO {ctx.warehouse.ref('queue_lock')} t USING (SELECT * FROM VALUES {values} "
         "AS v(consumer_group, topic, queue_id)) s "
         "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
         "WHEN NOT MATCHED THEN INSERT (consumer_group, topic, queue_id, owner, last_access_ts, "
@@ -483,10 +483,10 @@ def ensure_lock_rows(broker: Broker, group: str, queues: Iterable[Queue]) -> Non
         "s.queue_id, CAST(NULL AS STRING), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), 0, "
         "CAST(NULL AS BIGINT))"
     )
-    broker.engine.commit(lambda: broker.engine.execute(statement), what="queue_lock")
+    ctx.engine.commit(lambda: ctx.engine.execute(statement), what="queue_lock")
 
 
-def write_locks(broker: Broker, group: str, changes: list[tuple[Queue, LockEntry | None, LockEntry]]) -> None:
+def write_locks(ctx: Context, group: str, changes: list[tuple[Queue, LockEntry | None, LockEntry]]) -> None:
     """Compare-and-set: each (existing, see :func:`ensure_lock_rows`) row changes only if it
     still is what was read."""
     changes = [c for c in changes if c[1] != c[2]]
@@ -500,8 +500,8 @@ def write_locks(broker: Broker, group: str, changes: list[tuple[Queue, LockEntry
         f"{sql_long(new.delivered_offset)})"
         for (t, q), old, new in changes
     )
-    broker.engine.execute(
-        f"MERGE INTO {broker.warehouse.ref('queue_lock')} t USING (SELECT * FROM VALUES {values} AS v("
+    ctx.engine.execute(
+        f"MERGE INTO {ctx.warehouse.ref('queue_lock')} t USING (SELECT * FROM VALUES {values} AS v("
         "consumer_group, topic, queue_id, exp_owner, exp_access, owner, last_access_ts, "
         "last_delivered_offset, no_change_count, delivered_offset)) s "
         "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
@@ -512,30 +512,29 @@ def write_locks(broker: Broker, group: str, changes: list[tuple[Queue, LockEntry
     )
 
 
-def read_positions(broker: Broker, group: str) -> dict[Queue, tuple[int, int | None]]:
+def read_positions(ctx: Context, group: str) -> dict[Queue, tuple[int, int | None]]:
     """Per queue: (acknowledged offset, delivered offset or None)."""
-    rows = broker.engine.rows(
-        f"SELECT topic, queue_id, next_offset, delivered_offset FROM {broker.warehouse.ref('offsets')} "
+    rows = ctx.engine.rows(
+        f"SELECT topic, queue_id, next_offset, delivered_offset FROM {ctx.warehouse.ref('offsets')} "
         f"WHERE consumer_group = {sql_str(group)} AND client_id = ''"
     )
     return {(r["topic"], r["queue_id"]): (r["next_offset"] or 0, r["delivered_offset"]) for r in rows}
 
 
-def read_deliveries(broker: Broker, where: str) -> list[dict[str, Any]]:
+def read_deliveries(ctx: Context, where: str) -> list[dict[str, Any]]:
     return [
-        r.asDict()
-        for r in broker.engine.rows(f"SELECT * FROM {broker.warehouse.ref('deliveries')} WHERE {where}")
+        r.asDict() for r in ctx.engine.rows(f"SELECT * FROM {ctx.warehouse.ref('deliveries')} WHERE {where}")
     ]
 
 
-def end_deliveries(broker: Broker, group: str, handles: list[str]) -> list[dict[str, Any]]:
+def end_deliveries(ctx: Context, group: str, handles: list[str]) -> list[dict[str, Any]]:
     """Remove deliveries from the in-flight set; returns the rows that were there. (A
     MERGE … DELETE joined to the handles: Sail evaluates a long ``IN`` list row by row.)"""
     if not handles:
         return []
     values = ", ".join(f"({sql_str(h)})" for h in handles)
     source = f"(SELECT * FROM VALUES {values} AS v(receipt_handle))"
-    ref = broker.warehouse.ref("deliveries")
+    ref = ctx.warehouse.ref("deliveries")
     delete = (
         f"MERGE INTO {ref} t USING {source} s ON t.receipt_handle = s.receipt_handle "
         f"AND t.consumer_group = {sql_str(group)} WHEN MATCHED THEN DELETE"
@@ -545,61 +544,61 @@ def end_deliveries(broker: Broker, group: str, handles: list[str]) -> list[dict[
     def attempt() -> None:
         found[:] = [
             r.asDict()
-            for r in broker.engine.rows(
+            for r in ctx.engine.rows(
                 f"SELECT d.* FROM {ref} d JOIN {source} s ON d.receipt_handle = s.receipt_handle "
                 f"WHERE d.consumer_group = {sql_str(group)}"
             )
         ]
         if found:
-            broker.engine.execute(delete)
+            ctx.engine.execute(delete)
 
     remaining = (
         f"SELECT count(*) AS n FROM {ref} d JOIN {source} s ON d.receipt_handle = s.receipt_handle "
         f"WHERE d.consumer_group = {sql_str(group)}"
     )
-    broker.engine.commit(attempt, what="deliveries")
-    _until_gone(broker, delete, remaining, f"deliveries of {group!r}")
+    ctx.engine.commit(attempt, what="deliveries")
+    _until_gone(ctx, delete, remaining, f"deliveries of {group!r}")
     return found
 
 
-def _until_gone(broker: Broker, delete: str, remaining: str, what: str) -> None:
+def _until_gone(ctx: Context, delete: str, remaining: str, what: str) -> None:
     """Read back after a delete, and delete again until ``remaining`` counts nothing.
 
     Sail can run a DML statement on an older snapshot of the table than the read just
     before it (seen with several processes writing; docs/engines.md): rows appended
     since are then not matched and nothing is committed, with no error."""
-    for pause in _backoff(broker):
-        if not broker.engine.rows(remaining)[0]["n"]:
+    for pause in _backoff(ctx):
+        if not ctx.engine.rows(remaining)[0]["n"]:
             return
         time.sleep(pause)
-        broker.engine.commit(lambda: broker.engine.execute(delete), what="deliveries")
-        broker.engine.stats.stale_dml_repeats += 1
-    if broker.engine.rows(remaining)[0]["n"]:
+        ctx.engine.commit(lambda: ctx.engine.execute(delete), what="deliveries")
+        ctx.engine.stats.stale_dml_repeats += 1
+    if ctx.engine.rows(remaining)[0]["n"]:
         raise CommitConflict(f"{what} could not be removed after repeated attempts")
 
 
-def _backoff(broker: Broker):
+def _backoff(ctx: Context):
     """Pauses (s) between read-back checks: the engine's commit retry budget."""
-    base = max(broker.config.commit_backoff_ms, 10) / 1000.0
-    return [base * (k + 1) for k in range(max(broker.config.commit_retries, 1) + 1)]
+    base = max(ctx.config.commit_backoff_ms, 10) / 1000.0
+    return [base * (k + 1) for k in range(max(ctx.config.commit_retries, 1) + 1)]
 
 
-def revoke(broker: Broker, group: str, queues: dict[Queue, int], new_owner: str) -> None:
+def revoke(ctx: Context, group: str, queues: dict[Queue, int], new_owner: str) -> None:
     """After a takeover: the previous owner's in-flight messages of ``queues`` leave the
     in-flight set (the new owner hands them out again from the acknowledged offset)."""
     where = (
         f"WHERE consumer_group = {sql_str(group)} AND client_id <> {sql_str(new_owner)} "
         f"AND {sql_queues(queues)}"
     )
-    ref = broker.warehouse.ref("deliveries")
+    ref = ctx.warehouse.ref("deliveries")
     statement = f"DELETE FROM {ref} {where}"
-    broker.engine.commit(lambda: broker.engine.execute(statement), what="deliveries")
+    ctx.engine.commit(lambda: ctx.engine.execute(statement), what="deliveries")
     remaining = f"SELECT count(*) AS n FROM {ref} {where}"
-    _until_gone(broker, statement, remaining, f"revoked deliveries of {group!r}")
+    _until_gone(ctx, statement, remaining, f"revoked deliveries of {group!r}")
 
 
 def set_positions(
-    broker: Broker,
+    ctx: Context,
     group: str,
     delivered: dict[Queue, int],
     now: int,
@@ -617,143 +616,112 @@ def set_positions(
     if not targets:
         return
     inflight: defaultdict[tuple[str, int], int | None] = defaultdict(lambda: None)
-    for r in broker.engine.rows(
-        f"SELECT topic, queue_id, min(queue_offset) AS lo FROM {broker.warehouse.ref('deliveries')} "
+    for r in ctx.engine.rows(
+        f"SELECT topic, queue_id, min(queue_offset) AS lo FROM {ctx.warehouse.ref('deliveries')} "
         f"WHERE consumer_group = {sql_str(group)} AND {sql_queues(targets)} GROUP BY topic, queue_id"
     ):
         inflight[(r["topic"], r["queue_id"])] = r["lo"]
-    positions = read_positions(broker, group)
-    values = []
+    positions = read_positions(ctx, group)
+    merge = OffsetsMerge(
+        ("next_offset", "delivered_offset", "set_delivered", "restart"),
+        now,
+        extra={"set_delivered": "boolean", "restart": "boolean"},
+    )
     for q in sorted(targets):
         acked, old_delivered = positions.get(q, (0, None))
         d = delivered.get(q, old_delivered if old_delivered is not None else acked)
         lo = inflight[q]
-        acked_now = d if lo is None else min(lo, d)
-        values.append(
-            f"({sql_str(group)}, {sql_str(q[0])}, {q[1]}, {sql_long(acked_now)}, {sql_long(d)}, "
-            f"{'TRUE' if q in delivered else 'FALSE'}, {'TRUE' if q in (restart or ()) else 'FALSE'})"
+        merge.add(
+            group,
+            q[0],
+            q[1],
+            next_offset=d if lo is None else min(lo, d),
+            delivered_offset=d,
+            set_delivered=q in delivered,
+            restart=q in (restart or ()),
         )
-    statement = (
-        f"MERGE INTO {broker.warehouse.ref('offsets')} t "
-        f"USING (SELECT * FROM VALUES {', '.join(values)} AS v("
-        "consumer_group, topic, queue_id, next_offset, delivered_offset, set_delivered, restart)) s "
-        "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
-        "AND t.client_id = '' "
-        "WHEN MATCHED THEN UPDATE SET t.next_offset = greatest(coalesce(t.next_offset, 0), s.next_offset), "
-        "t.delivered_offset = CASE WHEN NOT s.set_delivered THEN t.delivered_offset "
-        "WHEN s.restart THEN s.delivered_offset "
-        "ELSE greatest(coalesce(t.delivered_offset, 0), s.delivered_offset) END, "
-        f"t.updated_ts = {sql_long(now)} "
-        "WHEN NOT MATCHED THEN INSERT (consumer_group, topic, queue_id, client_id, next_offset, "
-        "delivered_offset, updated_ts) VALUES (s.consumer_group, s.topic, s.queue_id, '', s.next_offset, "
-        f"s.delivered_offset, {sql_long(now)})"
-    )
-    broker.engine.commit(lambda: broker.engine.execute(statement), what="offsets")
+    update = {
+        "next_offset": forward("next_offset"),
+        "delivered_offset": "CASE WHEN NOT s.set_delivered THEN t.delivered_offset "
+        "WHEN s.restart THEN s.delivered_offset ELSE greatest(coalesce(t.delivered_offset, 0), "
+        "s.delivered_offset) END",
+    }
+    insert = {"next_offset": source("next_offset"), "delivered_offset": source("delivered_offset")}
+    ctx.engine.commit(partial(merge.execute, ctx.warehouse, update, insert), what="offsets")
 
 
-def send_back(broker: Broker, rows: list[dict[str, Any]], level: int, why: str) -> None:
+def send_back(ctx: Context, rows: list[dict[str, Any]], level: int, why: str) -> None:
     """Failed pull deliveries (nacked or expired) → the retry / DLQ path, ids derived from
     the delivery (its time and queue position), already-stored ones skipped."""
     if not rows:
         return
     from deltamq.jobs import sendback
 
-    wh = broker.warehouse
-    groups = broker.groups()
-    max_level = broker.max_delay_level()
+    wh = ctx.warehouse
+    groups = ctx.catalog.groups()
+    max_level = ctx.catalog.max_delay_level()
     pred = _at_offsets(rows)
     index = {
-        (x["topic"], x["queue_id"], x["queue_offset"]): x
-        for x in wh.read("consume_queue")
-        .where(pred)
-        .select(
-            "topic",
-            "queue_id",
-            "queue_offset",
-            "msg_id",
-            "cl_batch_id",
-            "cl_batch_pos",
-            "cl_date",
-            "reconsume_times",
-        )
-        .collect()
+        (x["topic"], x["queue_id"], x["queue_offset"]): x.asDict()
+        for x in wh.read("consume_queue").where(pred).select(*sendback.DELIVERY_COLUMNS).collect()
     }
-    failures = []
+    failures: list[sendback.Failure] = []
     for r in rows:
         src = index.get((r["topic"], r["queue_id"], r["queue_offset"]))
         if src is None:
             continue
-        cfg = groups[r["consumer_group"]]
-        policy = json.loads(cfg["retry_policy"]) if cfg["retry_policy"] else None
-        d = sendback.decide(
-            reconsume_times=src["reconsume_times"] or 0,
-            requested_level=level,
-            reason=None,
-            max_reconsume=cfg["max_reconsume_times"],
-            max_level=max_level,
-            retry_policy=policy,
-            attempt_ts=r["delivered_ts"],
-        )
         failures.append(
-            (
-                r["consumer_group"],
-                r["topic"],
-                r["queue_id"],
-                r["queue_offset"],
-                src["msg_id"],
-                src["cl_batch_id"],
-                src["cl_batch_pos"],
-                src["cl_date"],
-                r["delivered_ts"],
-                d.target,
-                d.level,
-                d.timer_ms,
-                d.dlq_reason,
-                cfg["max_reconsume_times"],
-                f"pull: {why}",
+            sendback.failure(
+                groups[r["consumer_group"]],
+                src,
+                attempt_ts=r["delivered_ts"],
+                requested_level=level,
+                reason=None,
+                max_level=max_level,
+                error=f"pull: {why}",
             )
         )
     if failures:
-        sendback.store(broker, failures)
+        sendback.store(ctx, failures)
 
 
-def expire(broker: Broker, now: int, *, fence=None) -> int:
+def expire(ctx: Context, now: int, *, fence=None) -> int:
     """Deliveries not acked within their invisible time: RECONSUME_LATER (retry / DLQ
     path), then out of the in-flight set. Returns how many."""
-    rows = read_deliveries(broker, f"invisible_until <= {sql_long(now)}")
+    rows = read_deliveries(ctx, f"invisible_until <= {sql_long(now)}")
     if not rows:
         return 0
     if fence:
         fence()
-    send_back(broker, rows, 0, "not acked within the invisible time")
+    send_back(ctx, rows, 0, "not acked within the invisible time")
     faults.point("pull_expiry.after_sendback_commit")
     by_group: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_group[r["consumer_group"]].append(r)
     n = 0
     for group, items in sorted(by_group.items()):
-        found = end_deliveries(broker, group, [r["receipt_handle"] for r in items])
-        set_positions(broker, group, {}, now, queues={(r["topic"], r["queue_id"]) for r in found})
+        found = end_deliveries(ctx, group, [r["receipt_handle"] for r in items])
+        set_positions(ctx, group, {}, now, queues={(r["topic"], r["queue_id"]) for r in found})
         n += len(found)
     return n
 
 
-def status(broker: Broker, now: int) -> list[dict[str, Any]]:
+def status(ctx: Context, now: int) -> list[dict[str, Any]]:
     """Per pull group and live client: its assigned queues (the rebalance), the queues it
     holds the lock of, and its messages in flight."""
-    wh = broker.warehouse
-    clients = broker.engine.rows(
+    wh = ctx.warehouse
+    clients = ctx.engine.rows(
         f"SELECT consumer_group, client_id, last_seen_ts FROM {wh.ref('clients')} "
-        f"WHERE last_seen_ts >= {sql_long(now - broker.config.client_timeout_ms)} ORDER BY 1, 2"
+        f"WHERE last_seen_ts >= {sql_long(now - ctx.config.client_timeout_ms)} ORDER BY 1, 2"
     )
     inflight = {
         (r["consumer_group"], r["client_id"]): r["n"]
-        for r in broker.engine.rows(
+        for r in ctx.engine.rows(
             f"SELECT consumer_group, client_id, count(*) AS n FROM {wh.ref('deliveries')} GROUP BY 1, 2"
         )
     }
     owners: dict[tuple[str, str], list[Queue]] = defaultdict(list)
-    for r in broker.engine.rows(
+    for r in ctx.engine.rows(
         f"SELECT consumer_group, owner, topic, queue_id FROM {wh.ref('queue_lock')} WHERE owner IS NOT NULL"
     ):
         owners[(r["consumer_group"], r["owner"])].append((r["topic"], r["queue_id"]))
@@ -763,7 +731,7 @@ def status(broker: Broker, now: int) -> list[dict[str, Any]]:
     out = []
     for r in clients:
         group, client = r["consumer_group"], r["client_id"]
-        assigned = assign(group_queues(broker, group), by_group[group], client)
+        assigned = assign(group_queues(ctx, group), by_group[group], client)
         out.append(
             {
                 "group": group,

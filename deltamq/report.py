@@ -19,7 +19,7 @@ from deltamq.clock import ms_to_iso
 from deltamq.tables.sqltext import sql_long
 
 if TYPE_CHECKING:
-    from deltamq.broker import Broker
+    from deltamq.context import Context
 
 SERIES = {
     "throughput": ("messages per tick", ["indexed", "consumed", "retried", "dead_lettered"]),
@@ -29,10 +29,10 @@ SERIES = {
 _COLOURS = ["#1f77b4", "#2ca02c", "#ff7f0e", "#d62728"]
 
 
-def collect(broker: Broker, *, since: int | None = None, until: int | None = None) -> dict[str, Any]:
+def collect(ctx: Context, *, since: int | None = None, until: int | None = None) -> dict[str, Any]:
     """Per tick (its ``now``), the values of every series; ``job_runs`` read by date
     partition when a range is given."""
-    wh = broker.warehouse
+    wh = ctx.warehouse
     where = ["1 = 1"]
     if since is not None:
         where.append(
@@ -40,7 +40,7 @@ def collect(broker: Broker, *, since: int | None = None, until: int | None = Non
         )
     if until is not None:
         where.append(f"now_ts < {sql_long(until)}")
-    rows = broker.engine.rows(
+    rows = ctx.engine.rows(
         f"SELECT now_ts, job, rows_out, start_ts, end_ts, details FROM {wh.ref('job_runs')} "
         f"WHERE {' AND '.join(where)} AND status <> 'SKIPPED' ORDER BY now_ts"
     )
@@ -124,8 +124,8 @@ def render(data: dict[str, Any], warehouse: str) -> str:
 """
 
 
-def write_html(broker: Broker, path: str, *, since: int | None = None, until: int | None = None) -> dict:
-    data = collect(broker, since=since, until=until)
+def write_html(ctx: Context, path: str, *, since: int | None = None, until: int | None = None) -> dict:
+    data = collect(ctx, since=since, until=until)
     with open(path, "w", encoding="utf-8") as fh:
-        fh.write(render(data, broker.warehouse.location))
+        fh.write(render(data, ctx.warehouse.location))
     return data

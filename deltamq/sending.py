@@ -131,8 +131,10 @@ class Topics:
 class Target(Protocol):
     """What a producer sends through."""
 
-    config: BrokerConfig
-    clock: Clock
+    @property
+    def config(self) -> BrokerConfig: ...
+    @property
+    def clock(self) -> Clock: ...
 
     def validate_writable_topic(self, topic: Any) -> str: ...
     def topic_queues(self, topic: str) -> int: ...
@@ -144,8 +146,8 @@ class BaseProducer:
     """Validates messages, derives their queues and ids, and appends their commit_log
     rows in one commit through ``target`` (a Broker, or :class:`deltamq.lite.Warehouse`)."""
 
-    def __init__(self, broker: Target, group: str) -> None:
-        self.broker = broker
+    def __init__(self, ctx: Target, group: str) -> None:
+        self.ctx = ctx
         self.group = validate_group_name(group, "producer group")
         self._rr: dict[str, int] = {}
 
@@ -160,14 +162,14 @@ class BaseProducer:
     def _prepare(self, m: Message, now: int) -> tuple[Message, bytes, dict[str, str], int]:
         if not isinstance(m, Message):
             raise InvalidMessage(f"expected a deltamq.Message, got {type(m).__name__}: {m!r}")
-        self.broker.validate_writable_topic(m.topic)
-        body = body_bytes(m.body, self.broker.config.max_body_bytes)
+        self.ctx.validate_writable_topic(m.topic)
+        body = body_bytes(m.body, self.ctx.config.max_body_bytes)
         props = validate_properties(m.properties)
         level = validate_delay_level(m.delay_level)
         validate_optional_text(m.tags, "tags")
         validate_optional_text(m.keys, "keys")
         validate_flag(m.flag)
-        due = timer_due_ms(m, props, now, self.broker.config.timer_horizon_ms)
+        due = timer_due_ms(m, props, now, self.ctx.config.timer_horizon_ms)
         if due is not None:
             props[Prop.TIMER_DELIVER_MS] = str(due)
         return m, body, props, level
@@ -224,7 +226,7 @@ class BaseProducer:
             raise InvalidMessage(
                 f"queue_keys has {len(queue_keys)} entries for {len(messages)} messages; give one per message"
             )
-        now = self.broker.clock.now_ms()
+        now = self.ctx.clock.now_ms()
         prepared = [self._prepare(m, now) for m in messages]
         if transactional:
             for m, _, props, level in prepared:
@@ -234,13 +236,13 @@ class BaseProducer:
                         f"{props.get(Prop.TIMER_DELIVER_MS)}); a transactional message cannot be "
                         "delayed: send it without delay_level, deliver_at or delay"
                     )
-        max_level = self.broker.max_delay_level()
+        max_level = self.ctx.max_delay_level()
         flag = SysFlag.TRANSACTION_PREPARED_TYPE if transactional else SysFlag.TRANSACTION_NOT_TYPE
         batch = ids.new_batch_id(now)
         day = ids.store_date(now)
         rows = []
         for pos, (m, body, props, level) in enumerate(prepared):
-            queues = self.broker.topic_queues(m.topic)
+            queues = self.ctx.topic_queues(m.topic)
             key = queue_keys[pos] if queue_keys is not None else None
             if selector is not None:
                 qid = selector(queues, m, arg)
@@ -282,5 +284,5 @@ class BaseProducer:
                     "store_date": day,
                 }
             )
-        self.broker.append_commit_log(rows_to_arrow(rows), what="send_half" if transactional else "send")
+        self.ctx.append_commit_log(rows_to_arrow(rows), what="send_half" if transactional else "send")
         return rows

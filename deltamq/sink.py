@@ -1,6 +1,6 @@
 """Exactly-once Delta sinks: a consumer group that MERGEs its messages into a Delta table.
 
-``broker.sink_to_table(group, table_path, key_columns, transform=None)`` makes ``group``
+``ctx.sink_to_table(group, table_path, key_columns, transform=None)`` makes ``group``
 (a CLUSTERING group with no listener and no pull clients) a sink; the tick's ``sink``
 job (or ``sink.run()``) then, per pass and per subscribed queue, takes the messages
 from the group's offset on (at most ``pull_batch_size``), keeps those matching the
@@ -32,17 +32,20 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from deltamq import faults
+from deltamq.catalog import listener_path
+from deltamq.config import GroupConfig, Subscription
 from deltamq.constants import Prop
 from deltamq.errors import ConfigError, DeltaMQError, UnknownGroup
 from deltamq.filters import subscriptions_filter
+from deltamq.message import validate_group_name
 from deltamq.storage import normalize_location
 from deltamq.tables.bodies import join_bodies, read_bodies
-from deltamq.tables.offsets import advance_offsets
+from deltamq.tables.offsets import advance_offsets, load_dispatch_state
 from deltamq.tables.ranges import queue_ranges
 from deltamq.tables.sqltext import sql_str
 
 if TYPE_CHECKING:
-    from deltamq.broker import Broker
+    from deltamq.context import Context
 
 ORDER = "_deltamq_order"
 """Column of every sink row: the total order of the message that wrote it."""
@@ -88,13 +91,13 @@ class SinkResult:
 
 
 # --- configuration --------------------------------------------------------------------------
-def validate_table_path(broker: Broker, table: Any) -> str:
+def validate_table_path(ctx: Context, table: Any) -> str:
     """The sink table's location, normalized like a warehouse's (deltamq/storage.py); a
     path inside the warehouse (one of its own tables, however spelled) is refused."""
     if not isinstance(table, str) or not (table.startswith(("/", "file:")) or "://" in table):
         raise ConfigError(f"table_path={table!r} must be an absolute path or a URI of a Delta table")
     canonical = normalize_location(table)
-    home = broker.warehouse.location.rstrip("/")
+    home = ctx.warehouse.location.rstrip("/")
     if canonical == home or canonical.startswith(home + "/"):
         raise ConfigError(
             f"table_path={table!r} is inside the warehouse {home}, among the warehouse's own "
@@ -121,8 +124,8 @@ def validate_keys(key_columns: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
-def load_transform(broker: Broker, cfg: SinkConfig) -> Callable[[DataFrame], DataFrame] | None:
-    fn = broker.sink_transforms.get(cfg.group)
+def load_transform(ctx: Context, cfg: SinkConfig) -> Callable[[DataFrame], DataFrame] | None:
+    fn = ctx.catalog.sink_transforms.get(cfg.group)
     if fn is not None or cfg.transform is None:
         return fn
     from deltamq.consumer import resolve_listener
@@ -131,28 +134,28 @@ def load_transform(broker: Broker, cfg: SinkConfig) -> Callable[[DataFrame], Dat
     return cast("Callable[[DataFrame], DataFrame]", resolved)
 
 
-def configs(broker: Broker, groups: dict[str, dict[str, Any]] | None = None) -> dict[str, SinkConfig]:
-    groups = broker.groups() if groups is None else groups
+def configs(ctx: Context, groups: dict[str, GroupConfig] | None = None) -> dict[str, SinkConfig]:
+    groups = ctx.catalog.groups() if groups is None else groups
     return {
-        g: SinkConfig(g, c["sink_table"], tuple(c["sink_key_columns"] or ()), c["sink_transform"])
+        g: SinkConfig(g, c.sink_table, tuple(c.sink_key_columns or ()), c.sink_transform)
         for g, c in groups.items()
-        if c.get("sink_table")
+        if c.sink_table
     }
 
 
-def check_group(broker: Broker, group: str) -> dict[str, Any]:
-    cfg = broker.groups().get(group)
+def check_group(ctx: Context, group: str) -> GroupConfig:
+    cfg = ctx.catalog.groups().get(group)
     if cfg is None:
         raise UnknownGroup(f"consumer group {group!r} does not exist; create it first")
-    if cfg["mode"] != "CLUSTERING":
-        raise ConfigError(f"group {group!r} is {cfg['mode']}; a sink consumes a CLUSTERING group")
-    if cfg["listener"] or group in broker.listeners:
+    if cfg.mode != "CLUSTERING":
+        raise ConfigError(f"group {group!r} is {cfg.mode}; a sink consumes a CLUSTERING group")
+    if cfg.listener or group in ctx.catalog.listeners:
         raise ConfigError(
             f"group {group!r} has a push listener; a sink needs a group of its own (create one without "
             "a listener)"
         )
-    live = broker.engine.rows(
-        f"SELECT count(*) AS n FROM {broker.warehouse.ref('clients')} WHERE consumer_group = {sql_str(group)}"
+    live = ctx.engine.rows(
+        f"SELECT count(*) AS n FROM {ctx.warehouse.ref('clients')} WHERE consumer_group = {sql_str(group)}"
     )[0]["n"]
     if live:
         raise ConfigError(f"group {group!r} has pull clients; a sink needs a group of its own")
@@ -160,7 +163,7 @@ def check_group(broker: Broker, group: str) -> dict[str, Any]:
 
 
 def output(
-    broker: Broker, cfg: SinkConfig, messages: DataFrame, transform: Callable[[DataFrame], DataFrame] | None
+    ctx: Context, cfg: SinkConfig, messages: DataFrame, transform: Callable[[DataFrame], DataFrame] | None
 ) -> DataFrame:
     """The transform's rows, checked: key columns and ``_deltamq_order`` present, the latest
     row per key only."""
@@ -185,15 +188,13 @@ def output(
     )
 
 
-def check_table(broker: Broker, cfg: SinkConfig, out: DataFrame) -> bool:
+def check_table(ctx: Context, cfg: SinkConfig, out: DataFrame) -> bool:
     """True if the sink table exists with the output's columns; False if it does not exist;
     SinkError if it has other columns."""
     try:
-        existing = (
-            broker.engine.spark.read.format("delta").load(broker.warehouse.engine_path(cfg.table)).columns
-        )
+        existing = ctx.engine.spark.read.format("delta").load(ctx.warehouse.engine_path(cfg.table)).columns
     except Exception as e:  # noqa: BLE001 - engines word "not a Delta table" differently
-        sink_storage = broker.warehouse.storage.at(cfg.table)
+        sink_storage = ctx.warehouse.storage.at(cfg.table)
         if not sink_storage.is_delta_table(sink_storage.location):
             return False
         raise SinkError(f"sink of {cfg.group!r}: {cfg.table} is not readable as a Delta table: {e}") from e
@@ -205,15 +206,12 @@ def check_table(broker: Broker, cfg: SinkConfig, out: DataFrame) -> bool:
     return True
 
 
-def ensure_table(broker: Broker, cfg: SinkConfig, out: DataFrame) -> None:
+def ensure_table(ctx: Context, cfg: SinkConfig, out: DataFrame) -> None:
     """Check the sink table against ``out``'s columns; create it empty if missing."""
-    if not check_table(broker, cfg, out):
-        broker.engine.commit(
+    if not check_table(ctx, cfg, out):
+        ctx.engine.commit(
             lambda: (
-                out.limit(0)
-                .write.format("delta")
-                .mode("append")
-                .save(broker.warehouse.engine_path(cfg.table))
+                out.limit(0).write.format("delta").mode("append").save(ctx.warehouse.engine_path(cfg.table))
             ),
             what="sink",
         )
@@ -229,21 +227,21 @@ def order_column() -> F.Column:
     )
 
 
-def run(broker: Broker, now: int, *, fence=None, only: str | None = None) -> list[SinkResult]:
+def run(ctx: Context, now: int, *, fence=None, only: str | None = None) -> list[SinkResult]:
     """One pass of every sink (or of group ``only``)."""
-    from deltamq.jobs import deliver, dispatch
+    from deltamq.jobs import deliver
 
-    groups = broker.groups()
-    sinks = configs(broker, groups)
+    groups = ctx.catalog.groups()
+    sinks = configs(ctx, groups)
     if only is not None:
         if only not in sinks:
             raise ConfigError(f"group {only!r} is not a sink; sinks are {sorted(sinks)}")
         sinks = {only: sinks[only]}
     if not sinks:
         return []
-    heads = dispatch.load_state(broker.warehouse).heads
-    offsets = deliver._read_offsets(broker, sorted(sinks))
-    subs = [s for s in broker.subscriptions() if s["consumer_group"] in sinks]
+    heads = load_dispatch_state(ctx.warehouse).heads
+    offsets = deliver._read_offsets(ctx, sorted(sinks))
+    subs = [s for s in ctx.catalog.subscriptions() if s.consumer_group in sinks]
     takes = deliver.plan_takes({g: groups[g] for g in sinks}, subs, heads, offsets, now)
     results = []
     for group, cfg in sorted(sinks.items()):
@@ -251,14 +249,14 @@ def run(broker: Broker, now: int, *, fence=None, only: str | None = None) -> lis
         if mine:
             if fence:
                 fence()
-            results.append(_pass(broker, cfg, mine, now, subs))
+            results.append(_pass(ctx, cfg, mine, now, subs))
     return results
 
 
-def _pass(broker: Broker, cfg: SinkConfig, takes: list, now: int, subs: list[dict[str, Any]]) -> SinkResult:
-    wh = broker.warehouse
+def _pass(ctx: Context, cfg: SinkConfig, takes: list, now: int, subs: list[Subscription]) -> SinkResult:
+    wh = ctx.warehouse
     pred = queue_ranges((t.topic, t.queue_id, t.lo, t.hi) for t in takes)
-    matches = subscriptions_filter(s for s in subs if s["consumer_group"] == cfg.group)
+    matches = subscriptions_filter(s for s in subs if s.consumer_group == cfg.group)
     cq = wh.read("consume_queue").where(pred).where(matches)
     index = cq.select("cl_date", "cl_batch_id").groupBy("cl_date", "cl_batch_id").count().collect()
     n = sum(r["count"] for r in index)
@@ -272,10 +270,10 @@ def _pass(broker: Broker, cfg: SinkConfig, takes: list, now: int, subs: list[dic
         messages = rows.select(
             *[derived.get(f.name, F.col(f.name)).cast(f.dataType).alias(f.name) for f in MESSAGE_SCHEMA]
         )
-        out = output(broker, cfg, messages, load_transform(broker, cfg))
-        merge(broker, cfg, out)
+        out = output(ctx, cfg, messages, load_transform(ctx, cfg))
+        merge(ctx, cfg, out)
     faults.point("sink.after_merge_commit")
-    broker.engine.commit(
+    ctx.engine.commit(
         lambda: advance_offsets(wh, cfg.group, [(t.topic, t.queue_id, t.hi, None) for t in takes], now),
         what="offsets",
     )
@@ -283,15 +281,15 @@ def _pass(broker: Broker, cfg: SinkConfig, takes: list, now: int, subs: list[dic
     return SinkResult(cfg.group, n, len(takes))
 
 
-def merge(broker: Broker, cfg: SinkConfig, out: DataFrame) -> None:
+def merge(ctx: Context, cfg: SinkConfig, out: DataFrame) -> None:
     """Upsert ``out`` into the sink table on the keys, a key's row replaced only by a row
     of a later message (the replay guard). Creates the table on first use."""
-    engine = broker.engine
-    ensure_table(broker, cfg, out)
+    engine = ctx.engine
+    ensure_table(ctx, cfg, out)
     view = "dmq_sink_" + hashlib.sha1(cfg.group.encode()).hexdigest()[:12]
     out.createOrReplaceTempView(view)
     on = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in cfg.key_columns)
-    target = "delta.`" + broker.warehouse.engine_path(cfg.table).replace("`", "``") + "`"
+    target = "delta.`" + ctx.warehouse.engine_path(cfg.table).replace("`", "``") + "`"
     statement = (
         f"MERGE INTO {target} t USING {view} s ON {on} "
         f"WHEN MATCHED AND s.{ORDER} > t.{ORDER} THEN UPDATE SET * "
@@ -304,20 +302,49 @@ def merge(broker: Broker, cfg: SinkConfig, out: DataFrame) -> None:
 class Sink:
     """Handle of a sink group: ``run()`` a pass now (the tick's ``sink`` job runs them too)."""
 
-    def __init__(self, broker: Broker, group: str) -> None:
-        self.broker, self.group = broker, group
+    def __init__(self, ctx: Context, group: str) -> None:
+        self.ctx, self.group = ctx, group
 
     @property
     def config(self) -> SinkConfig:
-        return configs(self.broker)[self.group]
+        return configs(self.ctx)[self.group]
 
     def run(self, now: int | None = None) -> SinkResult:
-        now = self.broker.clock.now_ms() if now is None else int(now)
-        results = run(self.broker, now, only=self.group)
+        now = self.ctx.clock.now_ms() if now is None else int(now)
+        results = run(self.ctx, now, only=self.group)
         return results[0] if results else SinkResult(self.group)
 
     def read(self) -> DataFrame:
         """The sink table."""
-        return self.broker.engine.spark.read.format("delta").load(
-            self.broker.warehouse.engine_path(self.config.table)
+        return self.ctx.engine.spark.read.format("delta").load(
+            self.ctx.warehouse.engine_path(self.config.table)
         )
+
+
+def configure(
+    ctx: Context,
+    group: str,
+    table_path: str,
+    key_columns: str | list[str],
+    transform: Callable[..., Any] | str | None = None,
+) -> Sink:
+    """Make ``group`` an exactly-once sink into the Delta table at ``table_path`` (see
+    ``Broker.sink_to_table``): the table and the transform are checked now, on an empty
+    batch, and a missing table is created."""
+    group = validate_group_name(group)
+    table = validate_table_path(ctx, table_path)
+    keys = validate_keys(key_columns)
+    check_group(ctx, group)
+    registry: dict[str, Callable[..., Any]] = {}
+    path = listener_path(registry, group, transform)
+    cfg = SinkConfig(group, table, keys, path)
+    fn = registry.get(group) or (load_transform(ctx, cfg) if path else None)
+    # the transform and the table are checked now, on an empty batch
+    empty = ctx.engine.spark.createDataFrame([], MESSAGE_SCHEMA)
+    ensure_table(ctx, cfg, output(ctx, cfg, empty, fn))
+    if registry:
+        ctx.catalog.sink_transforms[group] = registry[group]
+    else:
+        ctx.catalog.sink_transforms.pop(group, None)
+    ctx.catalog.set_sink(group, table, keys, path)
+    return Sink(ctx, group)

@@ -63,7 +63,7 @@ def runner(broker: Broker, name: str, rng: random.Random, until: float, min_tick
                 break
             until = now + 3.0  # one more short life
         lives += 1
-        r = TickRunner(broker, holder=f"{name}:life{lives}")
+        r = TickRunner(broker.context, holder=f"{name}:life{lives}")
         life = min(rng.uniform(3.0, 9.0), max(0.0, until - time.time()))
         loops += r.loop(0.2, for_s=life, on_wait=lambda e: None)
         if rng.random() < 0.7:

@@ -90,7 +90,7 @@ class FaultLoad:
     def __init__(self, broker: Broker, clock, warehouse: Path, seed: int = 1) -> None:
         self.broker, self.clock, self.wh = broker, clock, Path(warehouse)
         self.rng = random.Random(seed)
-        self.runner = TickRunner(broker, holder=RUNNER_ID)
+        self.runner = TickRunner(broker.context, holder=RUNNER_ID)
         self.sent: dict[str, set[str]] = {"orders": set(), "fifo": set()}  # UNIQ_KEY per topic
         self.committed: set[str] = set()
         self.rolled_back: set[str] = set()

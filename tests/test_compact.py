@@ -5,7 +5,6 @@ no retained version needs."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 
 import pytest
 from deltalake import DeltaTable
@@ -13,6 +12,7 @@ from listeners import Recorder
 
 from deltamq import Message
 from deltamq.jobs import compact
+from deltamq.tables.offsets import load_dispatch_state
 
 DAY = 86_400_000
 
@@ -27,7 +27,7 @@ def _disk_files(wh, table: str) -> int:
 
 @pytest.mark.story(s3="slow")
 def test_compaction_keeps_rows_and_time_travel_and_vacuum_frees_files(broker, clock):
-    broker.config = replace(broker.config, compact=False)  # the ticks' retain passes must not compact
+    broker.reconfigure(compact=False)  # the ticks' retain passes must not compact
     broker.create_topic("orders", queues=2)
     broker.create_group("g", consume_from="FIRST_OFFSET")
     broker.subscribe("g", "orders")
@@ -48,7 +48,7 @@ def test_compaction_keeps_rows_and_time_travel_and_vacuum_frees_files(broker, cl
         t: len(wh.delta_rs(t).file_uris()) for t in ("commit_log", "consume_queue", "job_runs", "offsets")
     }
     version = wh.delta_rs("consume_queue").version()
-    result = compact.run(broker, clock.now_ms(), vacuum=False)
+    result = compact.run(broker.context, clock.now_ms(), vacuum=False)
     after_live = {t: len(wh.delta_rs(t).file_uris()) for t in live}
     assert result.files_removed > result.files_added > 0
     assert (
@@ -66,8 +66,8 @@ def test_compaction_keeps_rows_and_time_travel_and_vacuum_frees_files(broker, cl
     assert broker.tick(clock.now_ms()).job("dispatch").rows_out == 1
     assert broker.sql("SELECT count(*) AS n FROM consume_queue").collect()[0]["n"] == len(before["index"]) + 1
     # vacuum (retention 0 here): only the files the latest versions reference stay on disk
-    broker.config = replace(broker.config, vacuum_retention_ms=0)
-    freed = compact.run(broker, clock.now_ms())
+    broker.reconfigure(vacuum_retention_ms=0)
+    freed = compact.run(broker.context, clock.now_ms())
     assert freed.vacuumed > 0
     for t in ("consume_queue", "commit_log"):
         assert _disk_files(wh, t) == len(wh.delta_rs(t).file_uris())
@@ -80,9 +80,8 @@ def _log_versions(path: str) -> list[int]:
 
 @pytest.mark.slow
 def test_log_cleanup_drops_entries_below_the_checkpoint_but_keeps_what_dispatch_has_not_read(broker, clock):
-    from deltamq.jobs import dispatch
 
-    broker.config = replace(broker.config, compact=False)
+    broker.reconfigure(compact=False)
     broker.create_topic("orders", queues=2)
     broker.create_group("g", consume_from="FIRST_OFFSET")
     broker.subscribe("g", "orders")
@@ -92,7 +91,7 @@ def test_log_cleanup_drops_entries_below_the_checkpoint_but_keeps_what_dispatch_
         clock.advance(seconds=30)
         broker.tick(clock.now_ms())
     wh = broker.warehouse
-    dispatched = dispatch.load_state(wh).version
+    dispatched = load_dispatch_state(wh).version
     for i in range(12):  # stored, not dispatched: dispatch still needs these entries
         p.send(Message("orders", f"late{i}".encode()))
     offsets_before = _log_versions(wh.path("offsets"))
@@ -101,9 +100,9 @@ def test_log_cleanup_drops_entries_below_the_checkpoint_but_keeps_what_dispatch_
     ).collect()
 
     # entries younger than log_retention_ms (wall clock) stay
-    assert compact.run(broker, clock.now_ms(), vacuum=False).log_entries_removed == 0
-    broker.config = replace(broker.config, log_retention_ms=0)
-    removed = compact.run(broker, clock.now_ms(), vacuum=False).log_entries_removed
+    assert compact.run(broker.context, clock.now_ms(), vacuum=False).log_entries_removed == 0
+    broker.reconfigure(log_retention_ms=0)
+    removed = compact.run(broker.context, clock.now_ms(), vacuum=False).log_entries_removed
     assert removed > 0
     after = _log_versions(wh.path("offsets"))
     assert len(after) < len(offsets_before) and after[-1] >= offsets_before[-1]  # the newest stay
@@ -138,7 +137,7 @@ def test_ticks_keep_the_delta_logs_short_between_retention_passes(broker, clock)
         assert r.status == "SKIPPED"
         removed += r.details["log_entries_removed"]
         if i == 14:  # from now on every entry below a checkpoint may go
-            broker.config = replace(broker.config, log_retention_ms=0)
+            broker.reconfigure(log_retention_ms=0)
             time.sleep(1.0)  # the cleanup runs at most once a wall-clock second
     offsets = _log_versions(broker.warehouse.path("offsets"))
     assert removed > 0 and offsets[0] > 0  # the oldest entries are gone ...
@@ -177,9 +176,9 @@ def test_checkpoints_drop_the_tombstones_of_rewritten_files(broker, clock, tmp_p
     offsets = broker.warehouse.path("offsets")
     # created with the default (log_retention_ms, 60 s); a retention pass sets a changed one
     assert DeltaTable(offsets).metadata().configuration[TOMBSTONE_RETENTION] == "interval 60 seconds"
-    assert compact.set_tombstone_retention(broker) == 0
-    broker.config = replace(broker.config, log_retention_ms=1_000)
-    assert compact.set_tombstone_retention(broker) >= 10  # every table
+    assert compact.set_tombstone_retention(broker.context) == 0
+    broker.reconfigure(log_retention_ms=1_000)
+    assert compact.set_tombstone_retention(broker.context) >= 10  # every table
     assert DeltaTable(offsets).metadata().configuration[TOMBSTONE_RETENTION] == "interval 1 seconds"
     time.sleep(1.2)
     before = DeltaTable(offsets).version()

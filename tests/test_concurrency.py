@@ -70,7 +70,7 @@ def run_concurrently(broker, clock, wh: Path, seconds: float = SECONDS, runners:
     load.figures.messages = len(load.sent["orders"]) + len(load.sent["fifo"]) + 2 * produced["rounds"]
     load.figures.transactions = 2 * produced["rounds"]
     clock.set(ScaledClock(base, wall0, SPEED).now_ms())
-    load.runner = TickRunner(broker, holder="drainer")
+    load.runner = TickRunner(broker.context, holder="drainer")
     deadline = time.time() + 3 * TTL_MS / 1000
     while True:  # an abandoned lease expires after its TTL
         try:

@@ -33,7 +33,7 @@ def test_retain_survives_kills(broker, clock, tmp_path):
         p.send_batch([Message("orders", f"h{day}-{i}".encode()) for i in range(20)])
         dispatch.run(broker.warehouse, clock.now_ms())
         clock.advance(timedelta(days=1))
-    retain.run(broker, clock.now_ms(), force=True)  # the first pass: later ones are due daily here
+    retain.run(broker.context, clock.now_ms(), force=True)  # the first pass: later ones are due daily here
     dropped = 0
     for round_no, (point, _) in enumerate(plan):
         p.send_batch([Message("orders", f"r{round_no}-{i}".encode()) for i in range(20)])
@@ -52,9 +52,9 @@ def test_retain_survives_kills(broker, clock, tmp_path):
             point,
             rng=rng,
             delay=(0.0, 1.0),
-            rerun=lambda n=now: retain.run(broker, n, force=True),
+            rerun=lambda n=now: retain.run(broker.context, n, force=True),
         )
-        dropped += retain.run(broker, now, force=True).index_rows  # a further pass: nothing left
+        dropped += retain.run(broker.context, now, force=True).index_rows  # a further pass: nothing left
         orphans = broker.sql(
             "SELECT count(*) AS n FROM consume_queue q LEFT ANTI JOIN commit_log c "
             "ON c.batch_id = q.cl_batch_id AND c.batch_pos = q.cl_batch_pos AND c.msg_id = q.msg_id"

@@ -73,7 +73,7 @@ def test_dedup_key_expressions_are_checked(orders):
     with pytest.raises(ConfigError, match="does not evaluate"):
         orders.create_group("bad", dedup_key="no_such_column + 1")
     orders.create_group("byprop", dedup_key="properties['order_id']")
-    assert orders.groups()["byprop"]["dedup_key"] == "properties['order_id']"
+    assert orders.groups()["byprop"].dedup_key == "properties['order_id']"
 
 
 def test_pull_clients_skip_keys_already_acked(orders, clock):

@@ -85,10 +85,10 @@ def test_late_committing_producer_is_still_indexed(orders, clock):
     is indexed, after them, in commit order — whatever its clock said."""
     slow = orders.producer("slow")
     held = []
-    real_append = orders.append_commit_log
-    orders.append_commit_log = lambda rows, what: held.append(rows)  # stalls the slow commit
-    slow_id = slow.send(Message("orders", b"slow"), queue_key="k")
-    orders.append_commit_log = real_append
+    real_append = orders.context.append_commit_log
+    with pytest.MonkeyPatch.context() as mp:  # stalls the slow commit
+        mp.setattr(type(orders.context), "append_commit_log", lambda _ctx, rows, what: held.append(rows))
+        slow_id = slow.send(Message("orders", b"slow"), queue_key="k")
     clock.advance(seconds=5)
     fast_id = orders.producer("fast").send(Message("orders", b"fast"), queue_key="k")
     assert slow_id < fast_id  # the slow one was stored "earlier" by its clock

@@ -131,5 +131,5 @@ def test_sql92_subscription_end_to_end(broker, clock, tmp_path):
     result = broker.tick(clock.now_ms()).job("deliver").result
     assert [c["body"] for c in read_log(log)] == ["yes"]
     assert (result.consumed, result.filtered) == (1, 3)
-    subs = {s["topic"]: s for s in broker.subscriptions("big")}
-    assert subs["orders"]["expr_type"] == "SQL92"
+    subs = {s.topic: s for s in broker.subscriptions("big")}
+    assert subs["orders"].expr_type == "SQL92"

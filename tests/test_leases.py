@@ -120,7 +120,7 @@ def test_a_long_tick_renews_its_lease_between_jobs(broker):
         fenced.append(wall[0])
 
     seq = (("a", "dispatch", slow), ("b", "dispatch", slow), ("c", "dispatch", slow))
-    runner = TickRunner(broker, holder="long", sequence=seq)
+    runner = TickRunner(broker.context, holder="long", sequence=seq)
     runner.leases = Leases(broker.warehouse, holder="long", ttl_ms=1000, wall=lambda: wall[0])
     runner.tick(1)
     assert fenced == [1_000_700, 1_001_400, 1_002_100]

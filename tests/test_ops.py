@@ -9,7 +9,6 @@ from listeners import Recorder, read_log
 
 from deltamq import Message
 from deltamq.errors import ConfigError
-from deltamq.ops import rebuild_index
 
 MINUTE = 60_000
 
@@ -108,7 +107,7 @@ def test_rebuild_index_reproduces_the_index(broker, clock, tmp_path):
     cols = "topic, queue_id, queue_offset, msg_id, due_ts, reconsume_times, cl_version, cl_batch_id"
     before = sorted(tuple(r) for r in broker.sql(f"SELECT {cols} FROM consume_queue").collect())
     heads = broker.status()["queues"]
-    done = rebuild_index(broker, clock.now_ms())
+    done = broker.rebuild_index(clock.now_ms())
     after = sorted(tuple(r) for r in broker.sql(f"SELECT {cols} FROM consume_queue").collect())
     assert after == before and done["rows_after"] == done["rows_before"] == len(before)
     assert broker.status()["queues"] == heads
@@ -128,7 +127,7 @@ def test_rebuild_index_refuses_once_retention_rewrote_the_commit_log(broker, clo
     assert broker.tick(clock.now_ms()).job("retain").details["body_rows"] >= 1
     index = broker.sql("SELECT msg_id FROM consume_queue ORDER BY msg_id").collect()
     with pytest.raises(OperationError, match=r"removed files \(retention or compaction\)"):
-        rebuild_index(broker, clock.now_ms())
+        broker.rebuild_index(clock.now_ms())
     assert broker.sql("SELECT msg_id FROM consume_queue ORDER BY msg_id").collect() == index
 
 

@@ -43,7 +43,7 @@ def test_expired_data_leaves_held_timers_and_dead_letters_stay(broker, clock, tm
     t0 = clock.now_ms()
     broker.tick(t0)
     broker.tick(t0 + 1000)  # the dead letter is indexed
-    first = retain.run(broker, t0 + 2000, force=True)
+    first = retain.run(broker.context, t0 + 2000, force=True)
     assert first.ran and first.index_rows == 0 and first.body_rows == 0  # nothing old yet
     # four days later: two new messages, then the hourly retention
     clock.set(t0 + 4 * DAY)
@@ -134,7 +134,7 @@ def test_retention_succeeds_while_a_producer_keeps_appending(broker, clock, loca
         clock.set(old_day + passes * DAY)
         old += p.send_batch([Message("archive", b"old")] * 3)
         dispatch.run(broker.warehouse, clock.now_ms())
-        r = retain.run(broker, int(time.time() * 1000) + 3_600_000, force=True)
+        r = retain.run(broker.context, int(time.time() * 1000) + 3_600_000, force=True)
         deleted += r.body_rows
         passes += 1
     stop.touch()

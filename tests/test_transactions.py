@@ -297,14 +297,14 @@ def test_a_resumed_pass_keeps_its_now_and_never_settles_an_entry_twice(setup, cl
 
     monkeypatch.setattr(faults, "point", die_after_output)
     with pytest.raises(RuntimeError, match="killed"):
-        check_transactions.run(broker, t)
+        check_transactions.run(broker.context, t)
     monkeypatch.setattr(faults, "point", real_point)
     checks.default = TxState.ROLLBACK  # the listener changed its mind: must not matter
     clock.set(t + 1_000)
     second = producer.send_in_transaction(Message("orders", b"two"), lambda m, a: TxState.UNKNOWN)
     # resumed before dispatch indexed the first attempt's op record: the entry is still
     # "to check", but its outputs are stored, so it is skipped whole
-    resumed = check_transactions.run(broker, t + 90_000)
+    resumed = check_transactions.run(broker.context, t + 90_000)
     assert resumed.ran and resumed.resumed and resumed.pass_now == t
     assert resumed.counts["check"] == 1 and resumed.written == 0 and resumed.already_stored == 2
     assert resumed.answers == {"COMMIT": 1, "ROLLBACK": 0, "UNKNOWN": 0}

@@ -67,7 +67,7 @@ def test_upgrade_v1_warehouse_in_place(tmp_path, broker):
     upgraded = Broker.open(tmp_path / "old")
     assert upgraded.topics()["kept"]["queues"] == 2
     upgraded.create_group("g", instances=["a", "b"])
-    assert upgraded.groups()["g"]["instances"] == ["a", "b"]
+    assert upgraded.groups()["g"].instances == ("a", "b")
     upgraded.close()
 
 

@@ -48,7 +48,7 @@ def group(broker, args: argparse.Namespace) -> int:
         print_table(
             ["group", "mode", "orderly", "max reconsume", "consume from", "listener"],
             [
-                [g, r["mode"], r["orderly"], r["max_reconsume_times"], r["consume_from"], r["listener"]]
+                [g, r.mode, r.orderly, r.max_reconsume_times, r.consume_from, r.listener]
                 for g, r in broker.groups().items()
             ],
         )
@@ -84,7 +84,5 @@ def offsets(broker, args: argparse.Namespace) -> int:
 
 
 def rebuild_index(broker, args: argparse.Namespace) -> int:
-    from deltamq.ops import rebuild_index as rebuild
-
-    print(json.dumps(rebuild(broker, broker.clock.now_ms())))
+    print(json.dumps(broker.rebuild_index()))
     return 0

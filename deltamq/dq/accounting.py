@@ -43,7 +43,7 @@ from deltamq.filters import subscriptions_filter
 from deltamq.tables.offsets import group_positions
 
 if TYPE_CHECKING:
-    from deltamq.broker import Broker
+    from deltamq.context import Context
 
 STATES = ("held", "pending", "consumed", "retrying", "dead_lettered", "expired")
 _SAMPLE = 20
@@ -81,21 +81,21 @@ def _held_passed(row: dict[str, Any], promote) -> bool:
     return (row["due_ts"] or 0) <= promote.timer_watermark and row["queue_offset"] < promote.timer_next_offset
 
 
-def account(broker: Broker) -> Accounting:
+def account(ctx: Context) -> Accounting:
     """Walk every group's messages and their copies (see the module doc)."""
     from deltamq.jobs import promote as promote_job
 
-    wh = broker.warehouse
-    groups = broker.groups()
+    wh = ctx.warehouse
+    groups = ctx.catalog.groups()
     order = sorted(groups)
-    subs = [s for s in broker.subscriptions() if s["consumer_group"] in groups]
+    subs = [s for s in ctx.catalog.subscriptions() if s.consumer_group in groups]
     promote = promote_job.load_state(wh)
     props = F.col("properties")
     cq = wh.read("consume_queue")
     flags = [
-        subscriptions_filter(
-            s for s in subs if s["consumer_group"] == g and not is_system_topic(s["topic"])
-        ).alias(f"m{gi}")
+        subscriptions_filter(s for s in subs if s.consumer_group == g and not is_system_topic(s.topic)).alias(
+            f"m{gi}"
+        )
         for gi, g in enumerate(order)
     ]
     rows = cq.select(
@@ -144,7 +144,7 @@ def account(broker: Broker) -> Accounting:
     accounts = []
     for gi, g in enumerate(order):
         cfg = groups[g]
-        clients = list(cfg.get("instances") or []) if cfg["mode"] == "BROADCASTING" else [""]
+        clients = list(cfg.instances or []) if cfg.mode == "BROADCASTING" else [""]
         for client in clients or [""]:
             acc = GroupAccount(g if not client else f"{g}/{client}")
             for r in originals:
@@ -159,7 +159,7 @@ def account(broker: Broker) -> Accounting:
                     acc.unaccounted.append((r["uid"], why))
                 else:
                     acc.counts[state] += 1
-            topics = {s["topic"] for s in subs if s["consumer_group"] == g}
+            topics = {s.topic for s in subs if s.consumer_group == g}
             acc.counts["held"] += sum(1 for r in still_held if r["real_topic"] in topics)
             accounts.append(acc)
     return Accounting(tuple(accounts), tuple(lost))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from deltamq.constants import Prop, SysFlag
+from deltamq.tables.offsets import load_dispatch_state
 
 if TYPE_CHECKING:
     from deltamq.tables.warehouse import Warehouse
@@ -56,7 +57,7 @@ def check_dispatch(wh: Warehouse, *, dispatched_only: bool = False) -> DispatchC
         from deltamq.jobs import dispatch
         from deltamq.tables import deltalog
 
-        version = dispatch.load_state(wh).version
+        version = load_dispatch_state(wh).version
         later = deltalog.commits_after(wh.storage, wh.uri("commit_log"), version, 10**9)
         new = dispatch.read_new_rows(wh, later)
         if new is not None:

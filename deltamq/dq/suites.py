@@ -44,7 +44,7 @@ from deltamq.constants import (
 )
 
 if TYPE_CHECKING:
-    from deltamq.broker import Broker
+    from deltamq.context import Context
 
 SAMPLE = 20
 DLQ_REASONS = ("max_reconsume", "negative_level", "poison", "timeout", "orderly_max")
@@ -109,9 +109,9 @@ def _violations(df: DataFrame, bad: F.Column, name: F.Column) -> DataFrame:
     return df.select(F.when(bad, name.cast("string")).alias("violation"))
 
 
-def dense_frame(broker: Broker) -> DataFrame:
+def dense_frame(ctx: Context) -> DataFrame:
     # the timer index is read by due time, and retention removes its promoted entries one by one
-    cq = broker.warehouse.read("consume_queue").where(F.col("topic") != F.lit(TIMER_TOPIC))
+    cq = ctx.warehouse.read("consume_queue").where(F.col("topic") != F.lit(TIMER_TOPIC))
     per_queue = cq.groupBy("topic", "queue_id").agg(
         F.count(F.lit(1)).alias("n"), F.min("queue_offset").alias("lo"), F.max("queue_offset").alias("hi")
     )
@@ -122,8 +122,8 @@ def dense_frame(broker: Broker) -> DataFrame:
     )
 
 
-def dlq_frame(broker: Broker) -> DataFrame:
-    cq = broker.warehouse.read("consume_queue").where(F.col("topic").startswith(DLQ_PREFIX))
+def dlq_frame(ctx: Context) -> DataFrame:
+    cq = ctx.warehouse.read("consume_queue").where(F.col("topic").startswith(DLQ_PREFIX))
     reason = F.col("properties").getItem(Prop.DLQ_REASON)
     most = F.col("properties").getItem(Prop.MAX_RECONSUME_TIMES).cast("int")
     bad = (
@@ -147,32 +147,32 @@ def _system_topic() -> F.Column:
     return out
 
 
-def reconsume_frame(broker: Broker) -> DataFrame:
+def reconsume_frame(ctx: Context) -> DataFrame:
     """A copy's retry count is within [0, its group's max + 1] (unbounded for a group that
     retries forever); a message in a user topic has not been retried."""
-    cq = broker.warehouse.read("consume_queue")
+    cq = ctx.warehouse.read("consume_queue")
     home = F.coalesce(F.col("properties").getItem(Prop.REAL_TOPIC), F.col("topic"))
     group = F.when(
         home.startswith(RETRY_PREFIX) | home.startswith(DLQ_PREFIX), F.regexp_replace(home, "^%[A-Z]+%", "")
     )
     limit = F.lit(None).cast("int")
-    for g, cfg in broker.groups().items():
-        limit = F.when(group == F.lit(g), F.lit(cfg["max_reconsume_times"])).otherwise(limit)
+    for g, cfg in ctx.catalog.groups().items():
+        limit = F.when(group == F.lit(g), F.lit(cfg.max_reconsume_times)).otherwise(limit)
     k = F.coalesce(F.col("reconsume_times"), F.lit(0))
     bad = (k < 0) | (~_system_topic() & (k != 0)) | (limit.isNotNull() & (limit >= 0) & (k > limit + 1))
     return _violations(cq, bad, F.col("msg_id"))
 
 
-def due_frame(broker: Broker) -> DataFrame:
-    cq = broker.warehouse.read("consume_queue").where(F.col("topic").isin(SCHEDULE_TOPIC, TIMER_TOPIC))
+def due_frame(ctx: Context) -> DataFrame:
+    cq = ctx.warehouse.read("consume_queue").where(F.col("topic").isin(SCHEDULE_TOPIC, TIMER_TOPIC))
     bad = F.col("due_ts").isNull() | (
         (F.col("topic") == SCHEDULE_TOPIC) & (F.col("due_ts") < F.col("store_ts"))
     )
     return _violations(cq, bad, F.col("msg_id"))
 
 
-def half_frame(broker: Broker) -> DataFrame:
-    wh = broker.warehouse
+def half_frame(ctx: Context) -> DataFrame:
+    wh = ctx.warehouse
     cq = (
         wh.read("consume_queue")
         .where(~_system_topic() & (F.col("properties").getItem(Prop.TRAN_MSG) == F.lit("true")))
@@ -194,8 +194,8 @@ def half_frame(broker: Broker) -> DataFrame:
     return _violations(joined, prepared, F.col("msg_id"))
 
 
-def offsets_frame(broker: Broker) -> DataFrame:
-    wh = broker.warehouse
+def offsets_frame(ctx: Context) -> DataFrame:
+    wh = ctx.warehouse
     bounds = (
         wh.read("consume_queue")
         .groupBy("topic", "queue_id")
@@ -226,8 +226,8 @@ def offsets_frame(broker: Broker) -> DataFrame:
 class Frame:
     suite: str
     name: str  # the frame's name (the table, or table.invariant)
-    build: Callable[[Broker], DataFrame]
-    expectations: Callable[[Any, Broker], list[Any]]  # (gx module, broker) -> expectations
+    build: Callable[[Context], DataFrame]
+    expectations: Callable[[Any, Context], list[Any]]  # (gx module, ctx) -> expectations
 
 
 def _named(exp: Any, name: str) -> Any:
@@ -235,8 +235,8 @@ def _named(exp: Any, name: str) -> Any:
     return exp
 
 
-def _table_expectations(table: str) -> Callable[[Any, Broker], list[Any]]:
-    def build(gx: Any, broker: Broker) -> list[Any]:
+def _table_expectations(table: str) -> Callable[[Any, Context], list[Any]]:
+    def build(gx: Any, ctx: Context) -> list[Any]:
         from deltamq.schemas import TABLES
 
         spec = TABLES[table]
@@ -285,11 +285,11 @@ def _table_expectations(table: str) -> Callable[[Any, Broker], list[Any]]:
     return build
 
 
-def _violation(name: str) -> Callable[[Any, Broker], list[Any]]:
-    return lambda gx, broker: [_named(gx.expectations.ExpectColumnValuesToBeNull(column="violation"), name)]
+def _violation(name: str) -> Callable[[Any, Context], list[Any]]:
+    return lambda gx, ctx: [_named(gx.expectations.ExpectColumnValuesToBeNull(column="violation"), name)]
 
 
-def _read_table(b: Broker, table: str) -> DataFrame:
+def _read_table(b: Context, table: str) -> DataFrame:
     return b.warehouse.read(table)
 
 
@@ -345,19 +345,21 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def run_frames(broker: Broker, selected: list[Frame]) -> list[ExpectationResult]:
-    gx, ctx = _gx_context()
-    source = ctx.data_sources.add_spark(name="deltamq")
+def run_frames(ctx: Context, selected: list[Frame]) -> list[ExpectationResult]:
+    gx, gx_ctx = _gx_context()
+    source = gx_ctx.data_sources.add_spark(name="deltamq")
     results = []
     for frame in selected:
         asset = source.add_dataframe_asset(name=frame.name)
         batch = asset.add_batch_definition_whole_dataframe("all")
-        suite = ctx.suites.add(gx.ExpectationSuite(name=frame.name))
-        for exp in frame.expectations(gx, broker):
+        suite = gx_ctx.suites.add(gx.ExpectationSuite(name=frame.name))
+        for exp in frame.expectations(gx, ctx):
             suite.add_expectation(exp)
-        vd = ctx.validation_definitions.add(gx.ValidationDefinition(name=frame.name, data=batch, suite=suite))
+        vd = gx_ctx.validation_definitions.add(
+            gx.ValidationDefinition(name=frame.name, data=batch, suite=suite)
+        )
         res = vd.run(
-            batch_parameters={"dataframe": frame.build(broker)},
+            batch_parameters={"dataframe": frame.build(ctx)},
             result_format={"result_format": "SUMMARY", "partial_unexpected_count": SAMPLE},
         )
         for r in res.results:
@@ -379,11 +381,11 @@ def run_frames(broker: Broker, selected: list[Frame]) -> list[ExpectationResult]
     return results
 
 
-def conservation_results(broker: Broker) -> list[ExpectationResult]:
+def conservation_results(ctx: Context) -> list[ExpectationResult]:
     from deltamq.dq.accounting import account
     from deltamq.dq.conservation import check_dispatch
 
-    d = check_dispatch(broker.warehouse, dispatched_only=True)
+    d = check_dispatch(ctx.warehouse, dispatched_only=True)
     out = [
         ExpectationResult(
             "conservation",
@@ -394,7 +396,7 @@ def conservation_results(broker: Broker) -> list[ExpectationResult]:
             d.describe(),
         )
     ]
-    acc = account(broker)
+    acc = account(ctx)
     lost = acc.unaccounted
     counts = {g.group: g.counts for g in acc.groups}
     out.append(
@@ -413,7 +415,7 @@ def conservation_results(broker: Broker) -> list[ExpectationResult]:
 
 
 def run(
-    broker: Broker, *, tables: Sequence[str] | None = None, now: int | None = None, record: bool = True
+    ctx: Context, *, tables: Sequence[str] | None = None, now: int | None = None, record: bool = True
 ) -> QualityResult:
     """Every suite (or those of ``tables``; ``"conservation"`` names the conservation
     check), recorded in ``dq_results`` unless ``record`` is false."""
@@ -424,17 +426,17 @@ def run(
     for t in tables or ():
         if t not in known:
             raise ConfigError(f"no suite for {t!r}; suites are {known}")
-    now = broker.clock.now_ms() if now is None else int(now)
-    results = run_frames(broker, frames(tables))
+    now = ctx.clock.now_ms() if now is None else int(now)
+    results = run_frames(ctx, frames(tables))
     if tables is None or "conservation" in tables:
-        results += conservation_results(broker)
+        results += conservation_results(ctx)
     result = QualityResult(f"{now:013d}-{secrets.token_hex(4)}", now, tuple(results))
     if record:
-        _record(broker, result)
+        _record(ctx, result)
     return result
 
 
-def _record(broker: Broker, result: QualityResult) -> None:
+def _record(ctx: Context, result: QualityResult) -> None:
     rows = [
         (
             result.run_id,
@@ -448,9 +450,9 @@ def _record(broker: Broker, result: QualityResult) -> None:
         )
         for r in result.results
     ]
-    df = broker.engine.spark.createDataFrame(
+    df = ctx.engine.spark.createDataFrame(
         rows,
         "run_id string, run_ts bigint, suite string, expectation string, success boolean, observed string, "
         "unexpected_count bigint, sample_ids array<string>",
     )
-    broker.engine.commit(lambda: broker.warehouse.append("dq_results", df), what="dq_results")
+    ctx.engine.commit(lambda: ctx.warehouse.append("dq_results", df), what="dq_results")

@@ -60,17 +60,16 @@ from deltamq.constants import (
     Prop,
     TxState,
 )
-from deltamq.jobs import dispatch
 from deltamq.jobs.dispatch import int_prop
 from deltamq.message import StoredMessage
 from deltamq.tables import deltalog
 from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns
-from deltamq.tables.offsets import advance_offsets
+from deltamq.tables.offsets import advance_offsets, load_dispatch_state
 from deltamq.tables.sqltext import sql_str
 from deltamq.transactions import CheckConfig, ask_state, settle_kinds, table_states, transaction_rows
 
 if TYPE_CHECKING:
-    from deltamq.broker import Broker
+    from deltamq.context import Context
     from deltamq.tables.warehouse import Warehouse
 
 log = logging.getLogger(__name__)
@@ -257,7 +256,7 @@ def read_ops(wh: Warehouse, lo: int, hi: int) -> DataFrame:
 
 # --- asking ---------------------------------------------------------------------------------
 def _answers(
-    broker: Broker,
+    ctx: Context,
     checked: DataFrame,
     configs: dict[str, CheckConfig],
     with_bodies: Callable[[DataFrame], DataFrame],
@@ -266,7 +265,7 @@ def _answers(
     a check, and the number of listener calls that failed. Groups without a check:
     UNKNOWN. A table check joins the index rows (their properties carry the key); only
     the messages a listener is asked about are read with their bodies."""
-    spark = broker.engine.spark
+    spark = ctx.engine.spark
     pg = F.col("properties").getItem(Prop.PGROUP)
     parts: list[DataFrame] = []
     errors = 0
@@ -283,7 +282,7 @@ def _answers(
         )
     callers: dict[str, Callable[..., Any] | str] = {}
     for g, c in configs.items():
-        caller = broker.check_listeners.get(g) or c.listener
+        caller = ctx.catalog.check_listeners.get(g) or c.listener
         if not c.is_table_check and caller:
             callers[g] = caller
     if callers:
@@ -353,11 +352,11 @@ def _message(r: Any) -> StoredMessage:
 
 
 # --- running --------------------------------------------------------------------------------
-def run(broker: Broker, now: int, *, fence=None) -> CheckResult:
+def run(ctx: Context, now: int, *, fence=None) -> CheckResult:
     """One check pass at ``now`` if its interval has elapsed (or resume an unfinished one)."""
-    wh = broker.warehouse
-    engine = broker.engine
-    cfg = broker.config
+    wh = ctx.warehouse
+    engine = ctx.engine
+    cfg = ctx.config
     state = load_state(wh)
     resumed = state.pass_now is not None
     if (
@@ -452,8 +451,8 @@ def run(broker: Broker, now: int, *, fence=None) -> CheckResult:
             "msg_id",
         )
         if counts["check"]:
-            configs = broker.check_configs()
-            answer_df, errors = _answers(broker, decided.where(F.col("cls") == "check"), configs, with_bodies)
+            configs = ctx.catalog.check_configs()
+            answer_df, errors = _answers(ctx, decided.where(F.col("cls") == "check"), configs, with_bodies)
             decided = decided.join(answer_df, "queue_offset", "left").withColumn(
                 "state",
                 F.when(F.col("cls") == "check", F.coalesce(F.col("state"), F.lit(TxState.UNKNOWN.value))),
@@ -556,12 +555,12 @@ def first_pending_op(wh: Warehouse, new_half: int, head: int, ops: DataFrame) ->
     return row["first"]
 
 
-def pending(broker: Broker, now: int) -> list[dict[str, Any]]:
+def pending(ctx: Context, now: int) -> list[dict[str, Any]]:
     """Per producer group: half messages not settled (at or after the half offset),
     the oldest age, the most checks so far, and messages discarded."""
-    wh = broker.warehouse
+    wh = ctx.warehouse
     state = load_state(wh)
-    indexed = dispatch.load_state(wh)
+    indexed = load_dispatch_state(wh)
     head = indexed.heads.get((TRANS_HALF_TOPIC, 0), 0)
     ops = _queue(wh, TRANS_OP_HALF_TOPIC, 0, indexed.heads.get((TRANS_OP_HALF_TOPIC, 0), 0)).select(
         F.col("properties").getItem(Prop.TRAN_ID).alias("op_tran")

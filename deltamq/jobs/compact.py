@@ -43,13 +43,14 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from deltamq import ids
 from deltamq.config import TOMBSTONE_RETENTION, tombstone_retention
+from deltamq.tables.offsets import load_dispatch_state
 
 if TYPE_CHECKING:
-    from deltamq.broker import Broker
+    from deltamq.context import Context
     from deltamq.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -108,14 +109,16 @@ class CompactResult:
         }
 
 
-def run(broker: Broker, now: int, *, vacuum: bool = True) -> CompactResult:
+def run(
+    ctx: Context, now: int, memory: LogCleanupMemory | None = None, *, vacuum: bool = True
+) -> CompactResult:
     from deltamq.schemas import TABLES
 
-    wh = broker.warehouse
+    wh = ctx.warehouse
     today = ids.store_date(now).isoformat()
-    hours = max(0, broker.config.vacuum_retention_ms // 3_600_000)
+    hours = max(0, ctx.config.vacuum_retention_ms // 3_600_000)
     removed = added = vacuumed = conflicts = 0
-    wanted = tombstone_retention(broker.config)
+    wanted = tombstone_retention(ctx.config)
     per_table: dict[str, int] = {}
     for name in TABLES:
         if not wh.table_exists(name):
@@ -144,7 +147,7 @@ def run(broker: Broker, now: int, *, vacuum: bool = True) -> CompactResult:
                 raise wh.storage.error(f"compact table {name} at", wh.uri(name), e) from e
             conflicts += 1
             log.info("compaction of %s skipped this pass: %s", name, e)
-    logs = cleanup_logs(broker)
+    logs = cleanup_logs(ctx, memory)
     return CompactResult(removed, added, vacuumed, conflicts, logs, per_table)
 
 
@@ -173,43 +176,49 @@ def _set_tombstone_retention(table, name: str, wanted: str) -> bool:
     return True
 
 
-def set_tombstone_retention(broker: Broker) -> int:
+def set_tombstone_retention(ctx: Context) -> int:
     """Set :data:`TOMBSTONE_RETENTION` (a metadata commit through delta-rs) on every table
     that lacks this broker's value, as each compaction pass does; returns the tables
     changed."""
     from deltamq.schemas import TABLES
 
-    wanted = tombstone_retention(broker.config)
+    wanted = tombstone_retention(ctx.config)
     return sum(
-        _set_tombstone_retention(broker.warehouse.delta_rs(name), name, wanted)
+        _set_tombstone_retention(ctx.warehouse.delta_rs(name), name, wanted)
         for name in TABLES
-        if broker.warehouse.table_exists(name)
+        if ctx.warehouse.table_exists(name)
     )
 
 
-def cleanup_logs(broker: Broker) -> int:
+def cleanup_logs(ctx: Context, memory: LogCleanupMemory | None = None) -> int:
     """Log cleanup of every table (see the module docstring); returns entries deleted."""
-    from deltamq.jobs import dispatch
     from deltamq.schemas import TABLES
 
-    wh = broker.warehouse
-    older_than_s = time.time() - broker.config.log_retention_ms / 1000.0
-    dispatched = dispatch.load_state(wh).version  # commit_log entries after it are still to read
+    wh = ctx.warehouse
+    older_than_s = time.time() - ctx.config.log_retention_ms / 1000.0
+    dispatched = load_dispatch_state(wh).version  # commit_log entries after it are still to read
     deleted = 0
     for name in TABLES:
         if name == "commit_log" and dispatched < 0:
             continue  # dispatch has read nothing yet: every entry is still needed
         keep_from = dispatched + 1 if name == "commit_log" else None
         deleted += cleanup_log(wh.storage, wh.uri(name), keep_from=keep_from, older_than_s=older_than_s)
-    broker._log_cleanup_wall = time.time()
+    if memory is not None:
+        memory.log_cleanup_wall = time.time()
     return deleted
 
 
-def cleanup_logs_if_due(broker: Broker) -> int:
+class LogCleanupMemory(Protocol):
+    """Where the wall time of the last log cleanup is kept between ticks (retain's memory)."""
+
+    log_cleanup_wall: float | None
+
+
+def cleanup_logs_if_due(ctx: Context, memory: LogCleanupMemory) -> int:
     """:func:`cleanup_logs` when half of ``log_retention_ms`` (wall clock, at least a second)
-    has passed since this broker last ran it; 0 otherwise. Cheap: a listing per table."""
-    last = broker._log_cleanup_wall
-    every_s = max(1.0, broker.config.log_retention_ms / 2000.0)
+    has passed since ``memory`` last saw it run; 0 otherwise. Cheap: a listing per table."""
+    last = memory.log_cleanup_wall
+    every_s = max(1.0, ctx.config.log_retention_ms / 2000.0)
     if last is not None and time.time() - last < every_s:
         return 0
-    return cleanup_logs(broker)
+    return cleanup_logs(ctx, memory)

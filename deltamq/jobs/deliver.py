@@ -24,13 +24,13 @@ queue's head message is dead-lettered (``poison``) after ``poison_tries`` of the
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import pickle
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.sql import functions as F
@@ -38,14 +38,16 @@ from pyspark.sql import functions as F
 from deltamq import dedup, faults
 from deltamq.consumer import ImportPathListener
 from deltamq.filters import compile_sql92, parse_tag_expression
-from deltamq.jobs import dispatch, sendback
+from deltamq.jobs import sendback
 from deltamq.jobs.listener_worker import Home
 from deltamq.tables.bodies import join_bodies, read_bodies
+from deltamq.tables.offsets import OffsetsMerge, forward, load_dispatch_state, source
 from deltamq.tables.ranges import queue_ranges
-from deltamq.tables.sqltext import sql_in, sql_int, sql_long, sql_str
+from deltamq.tables.sqltext import sql_in
 
 if TYPE_CHECKING:
-    from deltamq.broker import Broker
+    from deltamq.config import GroupConfig, Subscription
+    from deltamq.context import Context
 
 log = logging.getLogger(__name__)
 JOB = "deliver"
@@ -112,15 +114,10 @@ class DeliverResult:
 
 
 # --- reading ------------------------------------------------------------------------------
-def _groups(broker: Broker) -> dict[str, dict[str, Any]]:
-    rows = broker.engine.rows(f"SELECT * FROM {broker.warehouse.ref('group_config')}")
-    return {r["consumer_group"]: r.asDict() for r in rows}
-
-
-def _listener_bytes(broker: Broker, group: str, path: str | None) -> bytes | None:
+def _listener_bytes(ctx: Context, group: str, path: str | None) -> bytes | None:
     from pyspark import cloudpickle
 
-    fn = broker.listeners.get(group)
+    fn = ctx.catalog.listeners.get(group)
     if fn is not None:
         return cloudpickle.dumps(fn)
     if path:
@@ -129,8 +126,8 @@ def _listener_bytes(broker: Broker, group: str, path: str | None) -> bytes | Non
 
 
 def plan_takes(
-    groups: dict[str, dict[str, Any]],
-    subscriptions: list[dict[str, Any]],
+    groups: dict[str, GroupConfig],
+    subscriptions: list[Subscription],
     heads: dict[tuple[str, int], int],
     offsets: dict[tuple[str, str, str, int], tuple],
     now: int,
@@ -139,28 +136,28 @@ def plan_takes(
     """Pure: which offsets of which queues each group takes in this pass."""
     takes = []
     for sub in subscriptions:
-        g = groups.get(sub["consumer_group"])
+        g = groups.get(sub.consumer_group)
         if g is None:
             continue
-        tags = parse_tag_expression(sub["expression"]) if sub["expr_type"] == "TAG" else None
-        clients = [""] if g["mode"] == "CLUSTERING" else list(g.get("instances") or [])
+        tags = parse_tag_expression(sub.expression) if sub.expr_type == "TAG" else None
+        clients = [""] if g.mode == "CLUSTERING" else list(g.instances or [])
         for client, ((topic, qid), head) in ((c, h) for c in clients for h in sorted(heads.items())):
-            if topic != sub["topic"]:
+            if topic != sub.topic:
                 continue
             nxt, attempts, attempt_ts, suspends, suspend_until = offsets.get(
-                (g["consumer_group"], client, topic, qid), (0, 0, None, 0, None)
+                (g.consumer_group, client, topic, qid), (0, 0, None, 0, None)
             )
             if nxt >= head:
                 continue
-            if g["orderly"] and suspend_until is not None and suspend_until > now:
+            if g.orderly and suspend_until is not None and suspend_until > now:
                 continue  # orderly: the queue waits behind its suspended message
             # After a lost attempt the same range is taken again with the same attempt time, so
             # its sends-back get the same ids (already-stored ones are skipped). Only a head that
             # keeps ending attempts without an outcome is taken alone, to be dead-lettered.
-            size = g["pull_batch_size"] if attempts < poison_tries else 1
+            size = g.pull_batch_size if attempts < poison_tries else 1
             takes.append(
                 QueueTake(
-                    g["consumer_group"],
+                    g.consumer_group,
                     topic,
                     qid,
                     nxt,
@@ -168,9 +165,9 @@ def plan_takes(
                     tuple(tags) if tags is not None else None,
                     attempts,
                     attempt_ts if attempts and attempt_ts is not None else now,
-                    sub["expression"] if sub["expr_type"] == "SQL92" else None,
+                    sub.expression if sub.expr_type == "SQL92" else None,
                     client,
-                    suspends if g["orderly"] else 0,
+                    suspends if g.orderly else 0,
                 )
             )
     return takes
@@ -180,11 +177,11 @@ def plan_takes(
 OffsetRow = tuple[int, int, int | None, int, int | None]
 
 
-def _read_offsets(broker: Broker, groups: list[str]) -> dict[tuple[str, str, str, int], OffsetRow]:
-    rows = broker.engine.rows(
+def _read_offsets(ctx: Context, groups: list[str]) -> dict[tuple[str, str, str, int], OffsetRow]:
+    rows = ctx.engine.rows(
         f"SELECT consumer_group, client_id, topic, queue_id, next_offset, attempts, attempt_ts, suspends, "
         f"suspend_until "
-        f"FROM {broker.warehouse.ref('offsets')} WHERE consumer_group IN {sql_in(groups)}"
+        f"FROM {ctx.warehouse.ref('offsets')} WHERE consumer_group IN {sql_in(groups)}"
     )
     return {
         (r["consumer_group"], r["client_id"] or "", r["topic"], r["queue_id"]): (
@@ -371,21 +368,21 @@ def _make_consumer(
 
 
 # --- running ------------------------------------------------------------------------------
-def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
-    wh = broker.warehouse
-    engine = broker.engine
+def run(ctx: Context, now: int, *, fence=None) -> DeliverResult:
+    wh = ctx.warehouse
+    engine = ctx.engine
     spark = engine.spark
-    all_groups = _groups(broker)
-    found = {g: _listener_bytes(broker, g, cfg["listener"]) for g, cfg in all_groups.items()}
+    all_groups = ctx.catalog.groups()
+    found = {g: _listener_bytes(ctx, g, cfg.listener) for g, cfg in all_groups.items()}
     listeners = {g: b for g, b in found.items() if b is not None}
     groups = {g: cfg for g, cfg in all_groups.items() if g in listeners}
     skipped = tuple(sorted(set(all_groups) - set(groups)))
-    sinks = tuple(sorted(g for g, cfg in all_groups.items() if cfg.get("sink_table")))
+    sinks = tuple(sorted(g for g, cfg in all_groups.items() if cfg.sink_table))
     if not groups:
         return DeliverResult(skipped_groups=skipped, sinks=sinks)
-    subs = broker.subscriptions()
-    heads = dispatch.load_state(wh).heads
-    offsets = _read_offsets(broker, sorted(groups))
+    subs = ctx.catalog.subscriptions()
+    heads = load_dispatch_state(wh).heads
+    offsets = _read_offsets(ctx, sorted(groups))
     takes = plan_takes(groups, subs, heads, offsets, now)
     if not takes:
         return DeliverResult(groups=len(groups), skipped_groups=skipped, sinks=sinks)
@@ -393,7 +390,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
     # 1. record the attempt before any listener runs
     if fence:
         fence()
-    _record_attempts(broker, takes, now)
+    _record_attempts(ctx, takes, now)
     faults.point("deliver.after_attempt_commit")
 
     # 2. take, filter, join bodies, call listeners; materialise outcomes once
@@ -474,11 +471,11 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         ).select(
             "consumer_group", "client_id", *_MESSAGE_COLUMNS, "cl_date", "cl_batch_id", "cl_batch_pos", "dkey"
         )
-        orderly = frozenset(g for g, cfg in groups.items() if cfg["orderly"])
+        orderly = frozenset(g for g, cfg in groups.items() if cfg.orderly)
         consumer = _make_consumer(
             {g: listeners[g] for g in groups},
-            {g: cfg["consume_batch_size"] for g, cfg in groups.items()},
-            {g: cfg["consume_timeout_ms"] / 1000.0 for g, cfg in groups.items()},
+            {g: cfg.consume_batch_size for g, cfg in groups.items()},
+            {g: cfg.consume_timeout_ms / 1000.0 for g, cfg in groups.items()},
             POISON_TRIES,
             orderly,
             # the embedded server runs this in its own process: listeners get the
@@ -511,8 +508,8 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
 
     # 3. failures → retry / DLQ
     attempt_ts = {(t.group, t.client, t.topic, t.queue_id): t.attempt_ts for t in takes}
-    failures = []
-    max_level = broker.max_delay_level()
+    failures: list[sendback.Failure] = []
+    max_level = ctx.catalog.max_delay_level()
     errors: list[tuple[str, str, str]] = []
     poisoned = []
     if any(r["matched"] and r["poison"] for r in summary):
@@ -543,13 +540,13 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         first = chunk[0]["queue_offset"]
         reconsumed = t.suspends if first == t.lo else 0
         cfg = groups[qkey[0]]
-        if 0 <= cfg["max_reconsume_times"] <= reconsumed:
+        if 0 <= cfg.max_reconsume_times <= reconsumed:
             for o in chunk:
                 o["reason"] = "orderly_max"
             positions[qkey] = (chunk[-1]["queue_offset"] + 1, 0, None)
         else:
             counts[qkey[0]]["suspended"] += len(chunk)
-            positions[qkey] = (first, reconsumed + 1, now + broker.config.orderly_suspend_ms)
+            positions[qkey] = (first, reconsumed + 1, now + ctx.config.orderly_suspend_ms)
     for o in outcomes + poisoned:
         if o["reason"] in ("suspend", "not_delivered"):
             continue
@@ -558,47 +555,25 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
         cfg = groups[g]
         if o["error"] and len(errors) < 20:
             errors.append((g, o["msg_id"], o["error"]))
-        if cfg["mode"] == "BROADCASTING":  # logged and dropped, never retried (docs/behaviour.md §3)
+        if cfg.mode == "BROADCASTING":  # logged and dropped, never retried (docs/behaviour.md §3)
             counts[g]["dropped"] += 1
             log.warning("broadcast %s/%s dropped %s: %s", g, o["client_id"], o["msg_id"], o["error"])
             continue
-        ts = attempt_ts[key[:4]]
-        if o["reason"] == "orderly_max":
-            d = sendback.Decision("dlq", dlq_reason="orderly_max")
-        else:
-            d = sendback.decide(
-                reconsume_times=o["reconsume_times"] or 0,
-                requested_level=o["level"] or 0,
-                reason=o["reason"],
-                max_reconsume=cfg["max_reconsume_times"],
-                max_level=max_level,
-                retry_policy=json.loads(cfg["retry_policy"]) if cfg["retry_policy"] else None,
-                attempt_ts=ts,
-            )
+        d = sendback.failure(
+            cfg,
+            o,
+            attempt_ts=attempt_ts[key[:4]],
+            requested_level=o["level"] or 0,
+            reason=o["reason"],
+            max_level=max_level,
+            error=o["error"],
+        )
         counts[g]["retried" if d.target == "retry" else "dead_lettered"] += 1
         if o["reason"] in ("poison", "timeout"):
             counts[g]["poison"] += 1
-        failures.append(
-            (
-                g,
-                o["topic"],
-                o["queue_id"],
-                o["queue_offset"],
-                o["msg_id"],
-                o["cl_batch_id"],
-                o["cl_batch_pos"],
-                o["cl_date"],
-                ts,
-                d.target,
-                d.level,
-                d.timer_ms,
-                d.dlq_reason,
-                cfg["max_reconsume_times"],
-                o["error"],
-            )
-        )
+        failures.append(d)
     if failures:
-        sendback.store(broker, failures, fence)
+        sendback.store(ctx, failures, fence)
     faults.point("deliver.after_sendback_commit")
 
     # 3b. keys of what was consumed, before the offsets move (a re-run skips them)
@@ -608,7 +583,7 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
     faults.point("deliver.after_keys_commit")
 
     # 4. offsets past everything taken; attempt cleared
-    _advance(broker, takes, now, positions)
+    _advance(ctx, takes, now, positions)
     faults.point("deliver.after_offsets_commit")
     total: defaultdict[str, int] = defaultdict(int)
     for c in counts.values():
@@ -633,50 +608,35 @@ def run(broker: Broker, now: int, *, fence=None) -> DeliverResult:
     )
 
 
-def _record_attempts(broker: Broker, takes: list[QueueTake], now: int) -> None:
-    values = ", ".join(
-        f"({sql_str(t.group)}, {sql_str(t.client)}, {sql_str(t.topic)}, {t.queue_id}, {sql_long(t.lo)}, "
-        f"{sql_long(t.attempt_ts)})"
-        for t in takes
-    )
-    statement = (
-        f"MERGE INTO {broker.warehouse.ref('offsets')} t USING (SELECT * FROM VALUES {values} "
-        "AS v(consumer_group, client_id, topic, queue_id, next_offset, attempt_ts)) s "
-        "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
-        "AND t.client_id = s.client_id "
-        "WHEN MATCHED THEN UPDATE SET t.attempts = coalesce(t.attempts, 0) + 1, t.attempt_ts = s.attempt_ts, "
-        f"t.updated_ts = {sql_long(now)} "
-        "WHEN NOT MATCHED THEN INSERT (consumer_group, topic, queue_id, client_id, next_offset, attempts, "
-        "suspend_until, progress_version, attempt_ts, updated_ts) VALUES (s.consumer_group, s.topic, "
-        "s.queue_id, s.client_id, s.next_offset, 1, CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), "
-        f"s.attempt_ts, {sql_long(now)})"
-    )
-    broker.engine.commit(lambda: broker.engine.execute(statement), what="offsets")
+def _record_attempts(ctx: Context, takes: list[QueueTake], now: int) -> None:
+    """Mark the attempt in flight on every queue taken (``attempts`` + 1, its ``attempt_ts``)."""
+    merge = OffsetsMerge(("next_offset", "attempt_ts"), now)
+    for t in takes:
+        merge.add(t.group, t.topic, t.queue_id, t.client, next_offset=t.lo, attempt_ts=t.attempt_ts)
+    update = {"attempts": "coalesce(t.attempts, 0) + 1", "attempt_ts": source("attempt_ts")}
+    insert = {"next_offset": source("next_offset"), "attempts": "1", "attempt_ts": source("attempt_ts")}
+    ctx.engine.commit(partial(merge.execute, ctx.warehouse, update, insert), what="offsets")
 
 
 def _advance(
-    broker: Broker,
+    ctx: Context,
     takes: list[QueueTake],
     now: int,
     positions: dict[tuple[str, str, str, int], tuple[int, int, int | None]],
 ) -> None:
     """Offsets past everything taken (or, for a suspended orderly queue, to its head with
     the suspend count and time); the attempt is cleared."""
-    rows = []
+    merge = OffsetsMerge(("next_offset", "suspends", "suspend_until"), now)
     for t in takes:
         nxt, suspends, until = positions.get((t.group, t.client, t.topic, t.queue_id), (t.hi, 0, None))
-        rows.append(
-            f"({sql_str(t.group)}, {sql_str(t.client)}, {sql_str(t.topic)}, {t.queue_id}, {sql_long(nxt)}, "
-            f"{sql_int(suspends)}, {sql_long(until)})"
+        merge.add(
+            t.group, t.topic, t.queue_id, t.client, next_offset=nxt, suspends=suspends, suspend_until=until
         )
-    values = ", ".join(rows)
-    statement = (
-        f"MERGE INTO {broker.warehouse.ref('offsets')} t USING (SELECT * FROM VALUES {values} "
-        "AS v(consumer_group, client_id, topic, queue_id, next_offset, suspends, suspend_until)) s "
-        "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
-        "AND t.client_id = s.client_id "
-        "WHEN MATCHED THEN UPDATE SET t.next_offset = greatest(coalesce(t.next_offset, 0), s.next_offset), "
-        "t.suspends = s.suspends, t.suspend_until = s.suspend_until, "
-        f"t.attempts = 0, t.attempt_ts = CAST(NULL AS BIGINT), t.updated_ts = {sql_long(now)}"
-    )
-    broker.engine.commit(lambda: broker.engine.execute(statement), what="offsets")
+    update = {
+        "next_offset": forward("next_offset"),
+        "suspends": source("suspends"),
+        "suspend_until": source("suspend_until"),
+        "attempts": "0",
+        "attempt_ts": "CAST(NULL AS BIGINT)",
+    }
+    ctx.engine.commit(partial(merge.execute, ctx.warehouse, update, None), what="offsets")

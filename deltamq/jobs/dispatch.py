@@ -24,7 +24,7 @@ their real topic and queue in ``REAL_TOPIC`` / ``REAL_QID``.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pyspark.sql import Column, DataFrame, Window
@@ -47,8 +47,8 @@ from deltamq.constants import (
 from deltamq.schemas import SCHEMA_VERSION, TABLES
 from deltamq.tables import deltalog
 from deltamq.tables.integrity import check_added
-from deltamq.tables.offsets import advance_offsets
-from deltamq.tables.sqltext import sql_long, sql_str
+from deltamq.tables.offsets import advance_offsets, load_dispatch_state
+from deltamq.tables.sqltext import sql_long
 
 if TYPE_CHECKING:
     from deltamq.tables.warehouse import Warehouse
@@ -62,15 +62,6 @@ _HEADS_SCHEMA = "topic string, queue_id int, next_offset bigint"
 _FILE_SCHEMA = T.StructType(
     [f for f in TABLES["commit_log"].columns_at(SCHEMA_VERSION).fields if f.name != "store_date"]
 )
-
-
-@dataclass(frozen=True)
-class DispatchState:
-    """Where dispatch stands: last commit_log version indexed, next offset per queue."""
-
-    version: int
-    heads: dict[tuple[str, int], int] = field(default_factory=dict)
-    stale: dict[tuple[str, int], int] = field(default_factory=dict)  # heads the hint lacked
 
 
 @dataclass(frozen=True)
@@ -91,31 +82,6 @@ class DispatchResult:
 
 
 # --- reading ------------------------------------------------------------------------------
-def load_state(wh: Warehouse) -> DispatchState:
-    """The hint from ``offsets`` corrected by ``consume_queue`` rows newer than it."""
-    rows = wh.engine.rows(
-        f"SELECT topic, queue_id, next_offset, progress_version FROM {wh.ref('offsets')} "
-        f"WHERE consumer_group = {sql_str(DISPATCH_GROUP)}"
-    )
-    version = -1
-    heads: dict[tuple[str, int], int] = {}
-    for r in rows:
-        if r["queue_id"] == -1:
-            version = max(version, r["progress_version"] if r["progress_version"] is not None else -1)
-        else:
-            heads[(r["topic"], r["queue_id"])] = r["next_offset"]
-    tail = wh.engine.rows(
-        f"SELECT topic, queue_id, max(queue_offset) + 1 AS next_offset, max(cl_version) AS v "
-        f"FROM {wh.ref('consume_queue')} WHERE cl_version > {sql_long(version)} GROUP BY topic, queue_id"
-    )
-    stale: dict[tuple[str, int], int] = {}
-    for r in tail:
-        key = (r["topic"], r["queue_id"])
-        heads[key] = stale[key] = max(heads.get(key, 0), r["next_offset"])
-        version = max(version, r["v"])
-    return DispatchState(version, heads, stale)
-
-
 def read_new_rows(wh: Warehouse, commits: list[deltalog.Commit]) -> DataFrame | None:
     """commit_log rows added by ``commits`` with their ``cl_version``.
 
@@ -339,7 +305,7 @@ def run(wh: Warehouse, now: int, *, fence=None) -> DispatchResult:
     engine = wh.engine
 
     def index() -> DispatchResult:
-        state = load_state(wh)
+        state = load_dispatch_state(wh)
         commits = deltalog.commits_after(
             wh.storage, wh.uri("commit_log"), state.version, engine.config.dispatch_max_versions
         )

@@ -30,6 +30,7 @@ points at it), every step recomputes from the tables, and a re-run finishes the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -43,13 +44,29 @@ from deltamq.constants import (
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
 )
-from deltamq.tables.offsets import advance_offsets, group_positions
+from deltamq.tables.offsets import (
+    OffsetsMerge,
+    advance_offsets,
+    forward,
+    group_positions,
+    load_dispatch_state,
+    source,
+)
 from deltamq.tables.sqltext import sql_long, sql_str
 
 if TYPE_CHECKING:
-    from deltamq.broker import Broker
+    from deltamq.context import Context
 
 JOB = "retain"
+
+
+@dataclass
+class Memory:
+    """What retain remembers between ticks (owned by the tick runner): its last pass's
+    ``now`` and the wall time of the last Delta log cleanup. A fresh one reads the table."""
+
+    last_pass: int | None = None
+    log_cleanup_wall: float | None = None
 
 
 @dataclass(frozen=True)
@@ -85,65 +102,75 @@ class RetainResult:
         return out | (self.compacted.details if self.compacted is not None else {})
 
 
-def _last_run(broker: Broker, *, fresh: bool = False) -> int | None:
-    """The last pass's now, remembered per broker: an idle tick within the interval asks
-    nothing; ``fresh`` reads the table (a pass another runner made meanwhile)."""
-    if not fresh and broker._retain_last is not None:
-        return broker._retain_last
-    rows = broker.engine.rows(
-        f"SELECT progress_version FROM {broker.warehouse.ref('offsets')} "
+def _last_run(ctx: Context, memory: Memory, *, fresh: bool = False) -> int | None:
+    """The last pass's now, as remembered: an idle tick within the interval asks nothing;
+    ``fresh`` reads the table (a pass another runner made meanwhile)."""
+    if not fresh and memory.last_pass is not None:
+        return memory.last_pass
+    rows = ctx.engine.rows(
+        f"SELECT progress_version FROM {ctx.warehouse.ref('offsets')} "
         f"WHERE consumer_group = {sql_str(RETAIN_GROUP)} AND queue_id = -1"
     )
-    broker._retain_last = rows[0]["progress_version"] if rows else None
-    return broker._retain_last
+    memory.last_pass = rows[0]["progress_version"] if rows else None
+    return memory.last_pass
 
 
-def _count(broker: Broker, query: str) -> int:
-    return broker.engine.rows(query)[0]["n"] or 0
+def _count(ctx: Context, query: str) -> int:
+    return ctx.engine.rows(query)[0]["n"] or 0
 
 
-def run(broker: Broker, now: int, *, fence=None, force: bool = False) -> RetainResult:
+def run(
+    ctx: Context,
+    now: int,
+    *,
+    fence: Callable[[], None] | None = None,
+    force: bool = False,
+    memory: Memory | None = None,
+) -> RetainResult:
     """One retention pass at ``now`` (skipped within ``retain_interval_ms`` of the last
-    one unless ``force``)."""
-    cfg = broker.config
+    one unless ``force``). ``memory``: the tick runner's, kept between its ticks."""
+    cfg = ctx.config
+    memory = Memory() if memory is None else memory
     if not force:
-        last = _last_run(broker)
+        last = _last_run(ctx, memory)
         if last is not None and now - last >= cfg.retain_interval_ms:
-            last = _last_run(broker, fresh=True)  # due by our memory: did another runner run it?
+            last = _last_run(ctx, memory, fresh=True)  # due by our memory: did another runner run it?
         if last is None:  # a new warehouse: the first pass is due an interval from now
-            _record_run(broker, now)
+            _record_run(ctx, memory, now)
             return RetainResult(False)
         if now - last < cfg.retain_interval_ms:
             from deltamq.jobs import compact
 
             # between passes only the Delta logs are trimmed (on the wall clock: they grow
             # with every tick, however far apart the ticks' `now`s are)
-            return RetainResult(False, log_entries=compact.cleanup_logs_if_due(broker) if cfg.compact else 0)
+            if not cfg.compact:
+                return RetainResult(False)
+            return RetainResult(False, log_entries=compact.cleanup_logs_if_due(ctx, memory))
     cut = now - cfg.file_reserved_time_ms
     dlq_cut = now - cfg.dlq_reserved_time_ms
     if fence:
         fence()
-    index_rows, timer_rows, queues, moves = _trim_index(broker, cut, dlq_cut)
+    index_rows, timer_rows, queues, moves = _trim_index(ctx, cut, dlq_cut)
     faults.point("retain.after_index_commit")
-    skipped, moved = _skip_consumers(broker, moves, now)
+    skipped, moved = _skip_consumers(ctx, moves, now)
     faults.point("retain.after_offsets_commit")
-    days, body_rows, kept = _trim_bodies(broker, cut)
+    days, body_rows, kept = _trim_bodies(ctx, cut)
     faults.point("retain.after_bodies_commit")
-    pruned = _prune_bookkeeping(broker, now)
+    pruned = _prune_bookkeeping(ctx, now)
     from deltamq.jobs import compact
 
-    compacted = compact.run(broker, now) if cfg.compact else None
-    _record_run(broker, now)
+    compacted = compact.run(ctx, now, memory) if cfg.compact else None
+    _record_run(ctx, memory, now)
     return RetainResult(
         True, index_rows, timer_rows, queues, skipped, moved, days, body_rows, kept, pruned, compacted
     )
 
 
-def _record_run(broker: Broker, now: int) -> None:
-    broker.engine.commit(
-        lambda: advance_offsets(broker.warehouse, RETAIN_GROUP, [("", -1, None, now)], now), what="offsets"
+def _record_run(ctx: Context, memory: Memory, now: int) -> None:
+    ctx.engine.commit(
+        lambda: advance_offsets(ctx.warehouse, RETAIN_GROUP, [("", -1, None, now)], now), what="offsets"
     )
-    broker._retain_last = now
+    memory.last_pass = now
 
 
 # --- 1. the index -----------------------------------------------------------------------------
@@ -160,17 +187,17 @@ def _stays(cut: int, dlq_cut: int, promote, check) -> str:
     )
 
 
-def _trim_index(broker: Broker, cut: int, dlq_cut: int) -> tuple[int, int, int, dict[tuple[str, int], int]]:
+def _trim_index(ctx: Context, cut: int, dlq_cut: int) -> tuple[int, int, int, dict[tuple[str, int], int]]:
     """Delete each queue's expired prefix and the promoted expired timers; returns (index
     rows, timer rows, queues trimmed, {queue: new minimum})."""
     from deltamq.jobs import check_transactions, promote
 
-    wh = broker.warehouse
+    wh = ctx.warehouse
     cq = wh.ref("consume_queue")
     p = promote.load_state(wh)
     c = check_transactions.load_state(wh)
     stays = _stays(cut, dlq_cut, p, c)
-    heads = broker.engine.rows(
+    heads = ctx.engine.rows(
         f"SELECT topic, queue_id, min(queue_offset) AS lo, max(queue_offset) + 1 AS head, "
         f"min(CASE WHEN {stays} THEN queue_offset END) AS keep FROM {cq} "
         f"WHERE topic <> {sql_str(TIMER_TOPIC)} GROUP BY topic, queue_id"
@@ -189,83 +216,73 @@ def _trim_index(broker: Broker, cut: int, dlq_cut: int) -> tuple[int, int, int, 
             "ON t.topic = s.topic AND t.queue_id = s.queue_id AND t.queue_offset < s.keep_from "
             "WHEN MATCHED THEN DELETE"
         )
-        broker.engine.commit(lambda: broker.engine.execute(statement), what="consume_queue")
+        ctx.engine.commit(lambda: ctx.engine.execute(statement), what="consume_queue")
     timers = (
         f"topic = {sql_str(TIMER_TOPIC)} AND store_ts < {sql_long(cut)} "
         f"AND due_ts <= {sql_long(p.timer_watermark)} AND queue_offset < {sql_long(p.timer_next_offset)}"
     )
-    timer_rows = _count(broker, f"SELECT count(*) AS n FROM {cq} WHERE {timers}")
+    timer_rows = _count(ctx, f"SELECT count(*) AS n FROM {cq} WHERE {timers}")
     if timer_rows:
-        broker.engine.commit(
-            lambda: broker.engine.execute(f"DELETE FROM {cq} WHERE {timers}"), what="consume_queue"
+        ctx.engine.commit(
+            lambda: ctx.engine.execute(f"DELETE FROM {cq} WHERE {timers}"), what="consume_queue"
         )
     return index_rows, timer_rows, len(moves), moves
 
 
-def _skip_consumers(broker: Broker, moves: dict[tuple[str, int], int], now: int) -> tuple[int, int]:
+def _skip_consumers(ctx: Context, moves: dict[tuple[str, int], int], now: int) -> tuple[int, int]:
     """Group offsets below a queue's new minimum skip to it — stored ones, and the
     implicit 0 of a subscribed group that has no row for the queue yet; returns (messages
     skipped, offset rows moved)."""
     if not moves:
         return 0, 0
-    wh = broker.warehouse
-    groups = broker.groups()
+    wh = ctx.warehouse
+    groups = ctx.catalog.groups()
     positions = group_positions(wh, moves)
-    for sub in broker.subscriptions():
-        cfg = groups.get(sub["consumer_group"])
+    for sub in ctx.catalog.subscriptions():
+        cfg = groups.get(sub.consumer_group)
         if cfg is None:
             continue
-        clients = list(cfg.get("instances") or []) if cfg["mode"] == "BROADCASTING" else [""]
+        clients = list(cfg.instances or []) if cfg.mode == "BROADCASTING" else [""]
         for client in clients:
             for topic, qid in moves:
-                if topic == sub["topic"]:
-                    positions.setdefault((sub["consumer_group"], client, topic, qid), 0)
+                if topic == sub.topic:
+                    positions.setdefault((sub.consumer_group, client, topic, qid), 0)
     behind = {k: v for k, v in positions.items() if (k[2], k[3]) in moves and v < moves[(k[2], k[3])]}
     if not behind:
         return 0, 0
     skipped = sum(moves[(t, q)] - v for (_, _, t, q), v in behind.items())
-    values = ", ".join(
-        f"({sql_str(g)}, {sql_str(c)}, {sql_str(t)}, {q}, {sql_long(moves[(t, q)])})"
-        for (g, c, t, q) in sorted(behind)
-    )
-    statement = (
-        f"MERGE INTO {wh.ref('offsets')} t USING (SELECT * FROM VALUES {values} "
-        "AS v(consumer_group, client_id, topic, queue_id, minimum)) s "
-        "ON t.consumer_group = s.consumer_group AND t.client_id = s.client_id AND t.topic = s.topic "
-        "AND t.queue_id = s.queue_id "
-        "WHEN MATCHED THEN UPDATE SET t.next_offset = greatest(coalesce(t.next_offset, 0), s.minimum), "
-        "t.delivered_offset = CASE WHEN t.delivered_offset IS NULL THEN NULL "
-        "ELSE greatest(t.delivered_offset, s.minimum) END, "
-        f"t.updated_ts = {sql_long(now)} "
-        "WHEN NOT MATCHED THEN INSERT (consumer_group, topic, queue_id, client_id, next_offset, attempts, "
-        "suspend_until, progress_version, attempt_ts, updated_ts) VALUES (s.consumer_group, s.topic, "
-        "s.queue_id, s.client_id, s.minimum, CAST(NULL AS INT), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), "
-        f"CAST(NULL AS BIGINT), {sql_long(now)})"
-    )
-    broker.engine.commit(lambda: broker.engine.execute(statement), what="offsets")
+    merge = OffsetsMerge(("next_offset",), now)
+    for g, c, t, q in sorted(behind):
+        merge.add(g, t, q, c, next_offset=moves[(t, q)])
+    update = {
+        "next_offset": forward("next_offset"),
+        "delivered_offset": "CASE WHEN t.delivered_offset IS NULL THEN NULL "
+        "ELSE greatest(t.delivered_offset, s.next_offset) END",
+    }
+    insert = {"next_offset": source("next_offset")}
+    ctx.engine.commit(partial(merge.execute, wh, update, insert), what="offsets")
     return skipped, len(behind)
 
 
 # --- 2. the bodies ----------------------------------------------------------------------------
-def _trim_bodies(broker: Broker, cut: int) -> tuple[int, int, int]:
+def _trim_bodies(ctx: Context, cut: int) -> tuple[int, int, int]:
     """Old commit_log days lose the rows no index row points at; returns (days trimmed,
     rows removed, old batches kept for remaining index rows)."""
-    from deltamq.jobs import dispatch
     from deltamq.tables import deltalog
 
-    wh = broker.warehouse
+    wh = ctx.warehouse
     cut_day = ids.store_date(cut)
     # days that still hold rows dispatch has not indexed are left alone
     undispatched = {
         f.partition_values.get("store_date")
         for c in deltalog.commits_after(
-            wh.storage, wh.uri("commit_log"), dispatch.load_state(wh).version, 10**9
+            wh.storage, wh.uri("commit_log"), load_dispatch_state(wh).version, 10**9
         )
         for f in c.files
     }
     days = [
         r["store_date"]
-        for r in broker.engine.rows(
+        for r in ctx.engine.rows(
             f"SELECT DISTINCT store_date FROM {wh.ref('commit_log')} "
             f"WHERE store_date < DATE'{cut_day.isoformat()}'"
         )
@@ -274,7 +291,7 @@ def _trim_bodies(broker: Broker, cut: int) -> tuple[int, int, int]:
     if not days:
         return 0, 0, 0
     needed: dict[Any, list[int]] = {d: [] for d in days}
-    for r in broker.engine.rows(
+    for r in ctx.engine.rows(
         f"SELECT DISTINCT cl_date, cl_batch_id FROM {wh.ref('consume_queue')} "
         f"WHERE cl_date < DATE'{cut_day.isoformat()}'"
     ):
@@ -294,19 +311,19 @@ def _trim_bodies(broker: Broker, cut: int) -> tuple[int, int, int]:
 
 
 # --- 3. bookkeeping ---------------------------------------------------------------------------
-def _prune_bookkeeping(broker: Broker, now: int) -> dict[str, int]:
-    wh = broker.warehouse
-    cfg = broker.config
+def _prune_bookkeeping(ctx: Context, now: int) -> dict[str, int]:
+    wh = ctx.warehouse
+    cfg = ctx.config
     out: dict[str, int] = {}
     conds = {
         "job_runs": f"run_date < DATE'{ids.store_date(now - cfg.job_runs_reserved_time_ms).isoformat()}'",
         "dq_results": f"run_ts < {sql_long(now - cfg.dq_reserved_time_ms)}",
     }
-    out["consumed_keys"] = dedup.prune(wh, broker.groups(), now, orphans=True)
+    out["consumed_keys"] = dedup.prune(wh, ctx.catalog.groups(), now, orphans=True)
     for table, cond in conds.items():
-        n = _count(broker, f"SELECT count(*) AS n FROM {wh.ref(table)} WHERE {cond}")
+        n = _count(ctx, f"SELECT count(*) AS n FROM {wh.ref(table)} WHERE {cond}")
         if n:
             statement = f"DELETE FROM {wh.ref(table)} WHERE {cond}"
-            broker.engine.commit(partial(broker.engine.execute, statement), what=table)
+            ctx.engine.commit(partial(ctx.engine.execute, statement), what=table)
         out[table] = n
     return out

@@ -16,19 +16,22 @@ then a hash of (group, topic, queue, offset).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from datetime import date
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from deltamq import ids
+from deltamq.config import GroupConfig
 from deltamq.constants import Prop, dlq_topic, retry_topic
 from deltamq.consumer import retry_delay_ms
 from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns, restored_message, stored_ids
 
 if TYPE_CHECKING:
-    from deltamq.broker import Broker
+    from deltamq.context import Context
 
 FAILURE_SCHEMA = (
     "consumer_group string, topic string, queue_id int, queue_offset bigint, msg_id string, "
@@ -58,6 +61,83 @@ class Decision:
     dlq_reason: str | None = None
 
 
+DELIVERY_COLUMNS = (
+    "topic",
+    "queue_id",
+    "queue_offset",
+    "msg_id",
+    "cl_batch_id",
+    "cl_batch_pos",
+    "cl_date",
+    "reconsume_times",
+)
+"""The consume_queue columns a send-back needs of its delivery (:func:`failure`)."""
+
+
+class Failure(NamedTuple):
+    """One failed delivery on its way to its group's retry or dead-letter topic: the
+    delivery, where it goes (:class:`Decision`) and why (``FAILURE_SCHEMA``'s columns)."""
+
+    consumer_group: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    msg_id: str
+    cl_batch_id: int
+    cl_batch_pos: int
+    cl_date: date
+    attempt_ts: int
+    target: str
+    level: int | None
+    timer_ms: int | None
+    dlq_reason: str | None
+    max_reconsume: int
+    error: str | None
+
+
+def failure(
+    cfg: GroupConfig,
+    delivered: Mapping[str, Any],
+    *,
+    attempt_ts: int,
+    requested_level: int,
+    reason: str | None,
+    max_level: int,
+    error: str | None,
+) -> Failure:
+    """The send-back of one failed delivery, push or pull alike: ``delivered`` is its
+    consume_queue row (topic, queue_id, queue_offset, msg_id, cl_batch_id, cl_batch_pos,
+    cl_date, reconsume_times), ``attempt_ts`` the delivery's time (the send-back's ids
+    derive from it), ``requested_level`` the listener's delay level (0: the default
+    ladder), ``reason`` how it failed when not by the listener's answer."""
+    d = decide(
+        reconsume_times=delivered["reconsume_times"] or 0,
+        requested_level=requested_level,
+        reason=reason,
+        max_reconsume=cfg.max_reconsume_times,
+        max_level=max_level,
+        retry_policy=cfg.retry_policy,
+        attempt_ts=attempt_ts,
+    )
+    return Failure(
+        cfg.consumer_group,
+        delivered["topic"],
+        delivered["queue_id"],
+        delivered["queue_offset"],
+        delivered["msg_id"],
+        delivered["cl_batch_id"],
+        delivered["cl_batch_pos"],
+        delivered["cl_date"],
+        attempt_ts,
+        d.target,
+        d.level,
+        d.timer_ms,
+        d.dlq_reason,
+        cfg.max_reconsume_times,
+        error,
+    )
+
+
 def decide(
     *,
     reconsume_times: int,
@@ -65,11 +145,13 @@ def decide(
     reason: str | None,
     max_reconsume: int,
     max_level: int,
-    retry_policy: dict[str, Any] | None,
+    retry_policy: Mapping[str, Any] | None,
     attempt_ts: int,
 ) -> Decision:
-    """Where one failed message goes (pure)."""
-    if reason in ("poison", "timeout"):
+    """Where one failed message goes (pure): poison, a timeout or an orderly queue's last
+    suspend go to the DLQ; a negative level, too; past ``max_reconsume`` retries, too;
+    otherwise a retry, at the requested level, by the retry policy, or at 3 + retries."""
+    if reason in ("poison", "timeout", "orderly_max"):
         return Decision("dlq", dlq_reason=reason)
     if requested_level < 0:
         return Decision("dlq", dlq_reason="negative_level")
@@ -81,18 +163,18 @@ def decide(
     return Decision("retry", level=min(level, max_level))
 
 
-def store(broker: Broker, failures: list[tuple], fence=None) -> None:
-    """Append the sends-back of ``failures`` (FAILURE_SCHEMA tuples) in one commit,
+def store(ctx: Context, failures: list[Failure], fence: Callable[[], None] | None = None) -> None:
+    """Append the sends-back of ``failures`` in one commit,
     skipping ids already stored (a re-run after a kill writes nothing twice)."""
-    wh = broker.warehouse
-    fdf = broker.engine.spark.createDataFrame(failures, FAILURE_SCHEMA)
-    bodies = read_bodies(wh, (f[7] for f in failures), (f[5] for f in failures))
+    wh = ctx.warehouse
+    fdf = ctx.engine.spark.createDataFrame(failures, FAILURE_SCHEMA)
+    bodies = read_bodies(wh, (f.cl_date for f in failures), (f.cl_batch_id for f in failures))
     rows = plan_sendback(fdf, bodies)
-    stored = stored_ids(wh, [(t, t) for t in sorted({f[8] for f in failures})])
+    stored = stored_ids(wh, [(t, t) for t in sorted({f.attempt_ts for f in failures})])
     fresh = rows.join(stored, "msg_id", "left_anti")
     if fence:
         fence()
-    broker.engine.commit(lambda: wh.append("commit_log", fresh), what="sendback")
+    ctx.engine.commit(lambda: wh.append("commit_log", fresh), what="sendback")
 
 
 def plan_sendback(failures: DataFrame, bodies: DataFrame) -> DataFrame:

@@ -68,7 +68,7 @@ def run_job(job: str, s: Settings) -> dict[str, Any]:
     if job != "tick" and job not in JOB_NAMES:
         raise ConfigError(f"job={job!r} is not allowed; use one of {(*JOB_NAMES, 'tick')}")
     broker = _open(s)
-    runner = TickRunner(broker, sequence=SEQUENCE if job == "tick" else job_sequence(job))
+    runner = TickRunner(broker.context, sequence=SEQUENCE if job == "tick" else job_sequence(job))
     try:
         result = runner.tick()
     except LeaseHeld as e:

@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = SparkSession.builder.getOrCreate()
     broker = Broker.open(args.warehouse, spark=spark, create=False)
     sequence = SEQUENCE if args.job == "tick" else job_sequence(args.job)
-    runner = TickRunner(broker, sequence=sequence)
+    runner = TickRunner(broker.context, sequence=sequence)
     try:
         print(runner.tick(args.now).summary(), flush=True)
     except LeaseHeld as e:

@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from deltamq import ids
 from deltamq.clock import ms_to_iso, to_ms
+from deltamq.constants import JOB_NAMES, JOB_STEPS
 from deltamq.errors import ClockError, LeaseHeld
 from deltamq.jobs import check_transactions, deliver, dispatch, promote, retain
 from deltamq.orchestration.leases import Leases, wall_ms
 from deltamq.tables.integrity import diagnose
 
 if TYPE_CHECKING:
-    from deltamq.broker import Broker
+    from deltamq.context import Context
 
 log = logging.getLogger(__name__)
 
@@ -72,58 +73,61 @@ class TickResult:
 
 
 JobFn = Callable[..., Any]
+"""A step: ``(runner, now, fence, runs so far) -> JobRun | None`` (None: it did not run)."""
 
 
-def _dispatch(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
-    r = dispatch.run(broker.warehouse, now, fence=fence)
+def _dispatch(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
+    r = dispatch.run(runner.ctx.warehouse, now, fence=fence)
     return JobRun("dispatch", "OK", r.rows_in, r.rows_out, details=r.details, result=r)
 
 
-def _promote(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
-    r = promote.run(broker.warehouse, now, fence=fence)
+def _promote(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
+    r = promote.run(runner.ctx.warehouse, now, fence=fence)
     return JobRun("promote", "OK", r.rows_in, r.rows_out, details=r.details, result=r)
 
 
-def _redispatch(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun | None:
+def _redispatch(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun | None:
     """Dispatch again only if promote wrote: a message due at ``now`` is then visible in
     its real topic in this same tick."""
     if not any(r.job == "promote" and r.rows_out for r in runs):
         return None
-    r = dispatch.run(broker.warehouse, now, fence=fence)
+    r = dispatch.run(runner.ctx.warehouse, now, fence=fence)
     return JobRun("redispatch", "OK", r.rows_in, r.rows_out, details=r.details, result=r)
 
 
-def _deliver(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
-    r = deliver.run(broker, now, fence=fence)
+def _deliver(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
+    r = deliver.run(runner.ctx, now, fence=fence)
     return JobRun(
         "deliver", "OK", r.taken, r.consumed + r.retried + r.dead_lettered, details=r.details, result=r
     )
 
 
-def _pull_expiry(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
+def _pull_expiry(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
     """Pull deliveries not acked within their invisible time: RECONSUME_LATER."""
     from deltamq import pull
 
-    n = pull.expire(broker, now, fence=fence)
+    n = pull.expire(runner.ctx, now, fence=fence)
     return JobRun("pull_expiry", "OK", n, n, details={"expired": n})
 
 
-def _sink(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun | None:
+def _sink(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun | None:
     """Exactly-once Delta sinks: each sink group's new messages MERGEd into its table."""
     from deltamq import sink
 
     delivered = next((r.result for r in runs if r.job == "deliver"), None)
     if delivered is not None and not delivered.sinks:
         return None  # deliver read group_config this tick: no sink groups
-    results = sink.run(broker, now, fence=fence)
+    results = sink.run(runner.ctx, now, fence=fence)
     if not results:
         return None
     n = sum(r.messages for r in results)
     return JobRun("sink", "OK", n, n, details={"sinks": len(results), "merged": n}, result=results)
 
 
-def _check_transactions(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
-    r = check_transactions.run(broker, now, fence=fence)
+def _check_transactions(
+    runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]
+) -> JobRun:
+    r = check_transactions.run(runner.ctx, now, fence=fence)
     return JobRun(
         "check_transactions",
         "OK" if r.ran else "SKIPPED",
@@ -134,8 +138,8 @@ def _check_transactions(broker: Broker, now: int, fence: Callable[[], None], run
     )
 
 
-def _retain(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
-    r = retain.run(broker, now, fence=fence)
+def _retain(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
+    r = retain.run(runner.ctx, now, fence=fence, memory=runner.retain_memory)
     return JobRun(
         "retain",
         "OK" if r.ran else "SKIPPED",
@@ -146,21 +150,19 @@ def _retain(broker: Broker, now: int, fence: Callable[[], None], runs: list[JobR
     )
 
 
-# docs/design.md order: dispatch → promote → dispatch (if promote wrote) → deliver → sink →
-# check_transactions → retain (hourly: it skips itself in between).
-# (name, lease kind, function)
-SEQUENCE: tuple[tuple[str, str, JobFn], ...] = (
-    ("dispatch", "dispatch", _dispatch),
-    ("promote", "promote", _promote),
-    ("redispatch", "dispatch", _redispatch),
-    ("deliver", "deliver", _deliver),
-    ("pull_expiry", "deliver", _pull_expiry),
-    ("sink", "sink", _sink),
-    ("check_transactions", "check_transactions", _check_transactions),
-    ("retain", "retain", _retain),
-)
+STEPS: dict[str, JobFn] = {
+    "dispatch": _dispatch,
+    "promote": _promote,
+    "redispatch": _redispatch,
+    "deliver": _deliver,
+    "pull_expiry": _pull_expiry,
+    "sink": _sink,
+    "check_transactions": _check_transactions,
+    "retain": _retain,
+}
 
-JOB_NAMES = tuple(dict.fromkeys(lease for _, lease, _ in SEQUENCE))
+# (step, lease kind, function), in the order of deltamq.constants.JOB_STEPS
+SEQUENCE: tuple[tuple[str, str, JobFn], ...] = tuple((step, lease, STEPS[step]) for step, lease in JOB_STEPS)
 
 
 def job_sequence(job: str) -> tuple[tuple[str, str, JobFn], ...]:
@@ -172,18 +174,20 @@ def job_sequence(job: str) -> tuple[tuple[str, str, JobFn], ...]:
 
 
 class TickRunner:
-    """Runs ticks for one Broker, holding the job leases between ticks."""
+    """Runs ticks on one warehouse (its :class:`Context`), holding the job leases between
+    ticks and what the jobs remember from one tick to the next (retain's last pass)."""
 
     def __init__(
         self,
-        broker: Broker,
+        ctx: Context,
         holder: str | None = None,
         sequence: tuple[tuple[str, str, JobFn], ...] = SEQUENCE,
     ) -> None:
-        self.broker = broker
+        self.ctx = ctx
+        self.retain_memory = retain.Memory()
         self.sequence = sequence
         self.jobs = tuple(dict.fromkeys(lease for _, lease, _ in sequence))
-        self.leases = Leases(broker.warehouse, holder)
+        self.leases = Leases(ctx.warehouse, holder)
         self.last_now: int | None = None
         self._stop = threading.Event()
 
@@ -192,18 +196,18 @@ class TickRunner:
         return self.leases.holder
 
     def _load_last_now(self, lease_last_now: int | None) -> int | None:
-        wh = self.broker.warehouse
+        wh = self.ctx.warehouse
         where = ""
         if lease_last_now is not None:
             where = f" WHERE run_date >= date_from_unix_date({lease_last_now // ids.DAY_MS})"
-        row = self.broker.engine.rows(f"SELECT max(now_ts) AS m FROM {wh.ref('job_runs')}{where}")[0]
+        row = self.ctx.engine.rows(f"SELECT max(now_ts) AS m FROM {wh.ref('job_runs')}{where}")[0]
         candidates = [x for x in (row["m"], lease_last_now) if x is not None]
         return max(candidates) if candidates else None
 
     def tick(self, now: int | datetime | None = None) -> TickResult:
         """Run one tick at ``now`` (default: the broker's clock)."""
-        now_ms = self.broker.clock.now_ms() if now is None else to_ms(now)
-        self.broker.engine.recycle_if_large()
+        now_ms = self.ctx.clock.now_ms() if now is None else to_ms(now)
+        self.ctx.engine.recycle_if_large()
         first = self.last_now is None
         held = self.leases.acquire(self.jobs, last_now=now_ms)
         if first:
@@ -229,11 +233,11 @@ class TickRunner:
                 continue
             try:
                 self.leases.renew_due([lease])
-                run = fn(self.broker, now_ms, lambda n=lease: self.leases.check([n]), runs)
+                run = fn(self, now_ms, lambda n=lease: self.leases.check([n]), runs)
                 if run is not None:
                     runs.append(_stamped(run, start))
             except Exception as raised:  # noqa: BLE001 - recorded, then re-raised after the append
-                failed = e = diagnose(self.broker.warehouse, raised)
+                failed = e = diagnose(self.ctx.warehouse, raised)
                 runs.append(
                     JobRun(
                         name,
@@ -251,7 +255,7 @@ class TickRunner:
         return result
 
     def _record(self, result: TickResult) -> None:
-        spark = self.broker.engine.spark
+        spark = self.ctx.engine.spark
         day = ids.store_date(result.now)
         rows = [
             (
@@ -276,7 +280,7 @@ class TickRunner:
             "rows_out bigint, status string, error string, holder string, run_date date, "
             "details map<string,bigint>",
         )
-        self.broker.engine.commit(lambda: self.broker.warehouse.append("job_runs", df), what="job_runs")
+        self.ctx.engine.commit(lambda: self.ctx.warehouse.append("job_runs", df), what="job_runs")
 
     def release(self) -> None:
         self.leases.release()

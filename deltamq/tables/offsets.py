@@ -1,11 +1,21 @@
-"""Typed writes to the ``offsets`` table (group offsets and system job progress)."""
+"""The ``offsets`` table's one owner: every write to it, and the dispatch heads.
+
+Every ``MERGE INTO offsets`` in deltamq is rendered by :class:`OffsetsMerge`: rows of
+typed values (rendered through :mod:`deltamq.tables.sqltext` from the table's schema),
+matched on the table's key (group, client, topic, queue), with an update rule per
+column and, optionally, an insert. :func:`advance_offsets` is the common case: values
+that only ever move forward.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from deltamq.tables.sqltext import USER_GROUPS, sql_long, sql_queues, sql_str
+from deltamq.constants import DISPATCH_GROUP
+from deltamq.schemas import TABLES
+from deltamq.tables.sqltext import USER_GROUPS, sql_bool, sql_int, sql_long, sql_queues, sql_str
 
 if TYPE_CHECKING:
     from deltamq.tables.warehouse import Warehouse
@@ -15,6 +25,95 @@ ProgressRow = tuple[str, int, int | None, int | None]
 
 KEEP = object()
 """``attempt_ts=KEEP``: leave ``attempt_ts`` as it is."""
+
+KEY = ("consumer_group", "client_id", "topic", "queue_id")
+
+_RENDER: dict[str, Callable[[Any], str]] = {
+    "string": sql_str,
+    "int": sql_int,
+    "bigint": sql_long,
+    "boolean": sql_bool,
+}
+_SQL_TYPE = {
+    "StringType()": "string",
+    "IntegerType()": "int",
+    "LongType()": "bigint",
+    "BooleanType()": "boolean",
+}
+
+
+def _offsets_types() -> dict[str, str]:
+    fields = TABLES["offsets"].schema.fields
+    return {f.name: _SQL_TYPE[repr(f.dataType)] for f in fields}
+
+
+OFFSETS_TYPES = _offsets_types()
+"""Column → SQL type of the ``offsets`` table, from its schema."""
+
+
+def forward(column: str, floor: int = 0) -> str:
+    """Update rule: the larger of the stored and the new value (never back)."""
+    return f"greatest(coalesce(t.{column}, {floor}), s.{column})"
+
+
+def forward_unless_null(column: str, floor: int = 0) -> str:
+    """Update rule: a NULL new value keeps the stored one; otherwise :func:`forward`."""
+    return f"CASE WHEN s.{column} IS NULL THEN t.{column} ELSE {forward(column, floor)} END"
+
+
+def source(column: str) -> str:
+    """Update or insert rule: the new value as given."""
+    return f"s.{column}"
+
+
+@dataclass
+class OffsetsMerge:
+    """One ``MERGE INTO offsets``: rows keyed by (group, client, topic, queue) carrying the
+    ``columns`` given (offsets columns, or extra ones typed in ``extra``), the update rule
+    of each column changed on a match, and the insert values of a new row (None: no
+    insert). ``updated_ts`` is set to ``now`` on both paths."""
+
+    columns: Sequence[str]
+    now: int
+    extra: Mapping[str, str] = field(default_factory=dict)
+    rows: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for c in self.columns:
+            if c in KEY or (c not in OFFSETS_TYPES and c not in self.extra):
+                raise ValueError(f"{c!r} is not a value column of offsets; declare extra columns' types")
+
+    def add(self, group: str, topic: str, queue_id: int, client_id: str = "", **values: Any) -> None:
+        """One source row; every column of ``columns`` must be given (None is NULL)."""
+        if set(values) != set(self.columns):
+            raise ValueError(f"offsets row needs exactly {list(self.columns)}, got {sorted(values)}")
+        types = {**OFFSETS_TYPES, **self.extra}
+        cells = [sql_str(group), sql_str(client_id), sql_str(topic), sql_int(int(queue_id))]
+        cells += [_RENDER[types[c]](values[c]) for c in self.columns]
+        self.rows.append("(" + ", ".join(cells) + ")")
+
+    def render(self, wh: Warehouse, update: Mapping[str, str], insert: Mapping[str, str] | None) -> str:
+        """The statement (the rows must not be empty)."""
+        if not self.rows:
+            raise ValueError("an offsets MERGE needs at least one row")
+        now = sql_long(self.now)
+        sets = ", ".join(f"t.{c} = {rule}" for c, rule in {**update, "updated_ts": now}.items())
+        on = " AND ".join(f"t.{c} = s.{c}" for c in KEY)
+        statement = (
+            f"MERGE INTO {wh.ref('offsets')} t USING (SELECT * FROM VALUES {', '.join(self.rows)} "
+            f"AS v({', '.join((*KEY, *self.columns))})) s ON {on} WHEN MATCHED THEN UPDATE SET {sets}"
+        )
+        if insert is None:
+            return statement
+        given = {**{c: f"s.{c}" for c in KEY}, **insert, "updated_ts": now}
+        values = {c: given.get(c, f"CAST(NULL AS {t.upper()})") for c, t in OFFSETS_TYPES.items()}
+        columns, cells = ", ".join(values), ", ".join(values.values())
+        return f"{statement} WHEN NOT MATCHED THEN INSERT ({columns}) VALUES ({cells})"
+
+    def execute(self, wh: Warehouse, update: Mapping[str, str], insert: Mapping[str, str] | None) -> None:
+        """Run the MERGE (nothing for no rows); the caller commits (``engine.commit``)."""
+        if self.rows:
+            wh.engine.execute(self.render(wh, update, insert))
 
 
 def advance_offsets(
@@ -32,33 +131,20 @@ def advance_offsets(
     stale writer can never move an offset back. ``attempt_ts`` (an epoch ms, or None to
     clear it) marks or ends a job's pass in progress on every row given.
     """
-    if not rows:
-        return
-    set_attempt = attempt_ts is not KEEP
-    attempt = sql_long(attempt_ts if isinstance(attempt_ts, int) else None)
-    values = ", ".join(
-        f"({sql_str(group)}, {sql_str(topic)}, {int(qid)}, {sql_str(client_id)}, {sql_long(nxt)}, "
-        f"{sql_long(progress)}, {attempt}, {sql_long(now)})"
-        for topic, qid, nxt, progress in rows
-    )
-    wh.engine.execute(
-        f"MERGE INTO {wh.ref('offsets')} t USING (SELECT * FROM VALUES {values} "
-        "AS v(consumer_group, topic, queue_id, client_id, next_offset, progress_version, attempt_ts, "
-        "updated_ts)) s "
-        "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
-        "AND t.client_id = s.client_id "
-        "WHEN MATCHED THEN UPDATE SET "
-        "t.next_offset = CASE WHEN s.next_offset IS NULL THEN t.next_offset "
-        "ELSE greatest(coalesce(t.next_offset, 0), s.next_offset) END, "
-        "t.progress_version = CASE WHEN s.progress_version IS NULL THEN t.progress_version "
-        "ELSE greatest(coalesce(t.progress_version, -1), s.progress_version) END, "
-        + ("t.attempt_ts = s.attempt_ts, " if set_attempt else "")
-        + "t.updated_ts = s.updated_ts "
-        "WHEN NOT MATCHED THEN INSERT (consumer_group, topic, queue_id, client_id, next_offset, attempts, "
-        "suspend_until, progress_version, attempt_ts, updated_ts) VALUES (s.consumer_group, s.topic, "
-        "s.queue_id, s.client_id, s.next_offset, CAST(NULL AS INT), CAST(NULL AS BIGINT), "
-        "s.progress_version, s.attempt_ts, s.updated_ts)"
-    )
+    merge = OffsetsMerge(("next_offset", "progress_version", "attempt_ts"), now)
+    attempt = attempt_ts if isinstance(attempt_ts, int) else None
+    for topic, qid, nxt, progress in rows:
+        merge.add(
+            group, topic, qid, client_id, next_offset=nxt, progress_version=progress, attempt_ts=attempt
+        )
+    update = {
+        "next_offset": forward_unless_null("next_offset"),
+        "progress_version": forward_unless_null("progress_version", -1),
+    }
+    if attempt_ts is not KEEP:
+        update["attempt_ts"] = source("attempt_ts")
+    insert = {c: source(c) for c in ("next_offset", "progress_version", "attempt_ts")}
+    merge.execute(wh, update, insert)
 
 
 def group_positions(
@@ -74,3 +160,38 @@ def group_positions(
             f"FROM {wh.ref('offsets')} WHERE {where}"
         )
     }
+
+
+@dataclass(frozen=True)
+class DispatchState:
+    """Where dispatch stands: last commit_log version indexed, next offset per queue."""
+
+    version: int
+    heads: dict[tuple[str, int], int] = field(default_factory=dict)
+    stale: dict[tuple[str, int], int] = field(default_factory=dict)  # heads the hint lacked
+
+
+def load_dispatch_state(wh: Warehouse) -> DispatchState:
+    """Dispatch's hint in ``offsets`` (``%DISPATCH%`` rows) corrected by the
+    ``consume_queue`` rows newer than it: the queue heads every reader of the index uses."""
+    rows = wh.engine.rows(
+        f"SELECT topic, queue_id, next_offset, progress_version FROM {wh.ref('offsets')} "
+        f"WHERE consumer_group = {sql_str(DISPATCH_GROUP)}"
+    )
+    version = -1
+    heads: dict[tuple[str, int], int] = {}
+    for r in rows:
+        if r["queue_id"] == -1:
+            version = max(version, r["progress_version"] if r["progress_version"] is not None else -1)
+        else:
+            heads[(r["topic"], r["queue_id"])] = r["next_offset"]
+    tail = wh.engine.rows(
+        f"SELECT topic, queue_id, max(queue_offset) + 1 AS next_offset, max(cl_version) AS v "
+        f"FROM {wh.ref('consume_queue')} WHERE cl_version > {sql_long(version)} GROUP BY topic, queue_id"
+    )
+    stale: dict[tuple[str, int], int] = {}
+    for r in tail:
+        key = (r["topic"], r["queue_id"])
+        heads[key] = stale[key] = max(heads.get(key, 0), r["next_offset"])
+        version = max(version, r["v"])
+    return DispatchState(version, heads, stale)

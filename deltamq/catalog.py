@@ -1,0 +1,419 @@
+"""The catalog: topics, consumer groups, subscriptions and producer check-back settings
+as stored in a warehouse, plus the callables registered in this process.
+
+It owns every write to ``topic_config``, ``group_config``, ``subscription`` and
+``producer_config``, and the offsets a group starts from when it subscribes (or is
+reset). Jobs read it through their :class:`deltamq.context.Context`; the ``Broker``
+facade delegates its administration calls here. It sits above the tables layer and
+below the jobs: it imports nothing from them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from deltamq import dedup
+from deltamq.clock import Clock
+from deltamq.config import (
+    EXPRESSION_TYPES,
+    BrokerConfig,
+    ConsumeFrom,
+    GroupConfig,
+    MessageModel,
+    Subscription,
+)
+from deltamq.constants import DLQ_PREFIX, MAX_QUEUES, Perm, dlq_topic, is_system_topic, retry_topic
+from deltamq.errors import AlreadyExists, ConfigError, SystemTopicError, UnknownGroup, UnknownTopic
+from deltamq.filters import validate_expression
+from deltamq.message import validate_group_name, validate_topic_name
+from deltamq.sending import Topics
+from deltamq.tables.offsets import OffsetsMerge, advance_offsets, load_dispatch_state, source
+from deltamq.tables.sqltext import sql_bool, sql_int, sql_long, sql_str
+from deltamq.transactions import CheckConfig, validate_table_check
+
+if TYPE_CHECKING:
+    from deltamq.engine import Engine
+    from deltamq.tables.warehouse import Warehouse
+
+Registry = dict[str, Callable[..., Any]]
+
+
+class Catalog(Topics):
+    """What a warehouse is configured to do, read from and written to its config tables."""
+
+    def __init__(self, warehouse: Warehouse, clock: Clock, config: BrokerConfig) -> None:
+        super().__init__()
+        self.warehouse = warehouse
+        self.engine: Engine = warehouse.engine
+        self.clock = clock
+        self.config = config
+        self.listeners: Registry = {}  # push listeners registered in this process, by group
+        self.check_listeners: Registry = {}  # check-back listeners, by producer group
+        self.sink_transforms: Registry = {}  # sink transforms, by group
+        self._max_level: int | None = None
+
+    def _commit(self, table: str, statement: str) -> None:
+        self.engine.commit(partial(self.engine.execute, statement), what=table)
+
+    # --- topics ------------------------------------------------------------------------------
+    def _topic_rows(self) -> list[tuple[str, int, str, bool]]:
+        rows = self.engine.rows(
+            f"SELECT topic, queues, perm, ordered FROM {self.warehouse.ref('topic_config')}"
+        )
+        return [(r["topic"], r["queues"], r["perm"], r["ordered"]) for r in rows]
+
+    def create_topic(
+        self,
+        name: str,
+        queues: int | None = None,
+        perm: str = "RW",
+        *,
+        ordered: bool = False,
+        exist_ok: bool = False,
+    ) -> None:
+        validate_topic_name(name)
+        queues = self.config.default_queues if queues is None else queues
+        self._upsert_topic(name, queues, perm, ordered, create=True, exist_ok=exist_ok)
+
+    def update_topic(
+        self, name: str, *, queues: int | None = None, perm: str | None = None, ordered: bool | None = None
+    ) -> None:
+        validate_topic_name(name)
+        info = self._topic(name)
+        if info is None:
+            raise UnknownTopic(f"topic {name!r} does not exist")
+        self._upsert_topic(
+            name,
+            info[0] if queues is None else queues,
+            info[1] if perm is None else perm,
+            info[2] if ordered is None else ordered,
+            create=False,
+        )
+
+    def create_system_topic(self, name: str, queues: int) -> None:
+        validate_topic_name(name, allow_system=True)
+        if self._topic(name) is None:
+            self._upsert_topic(name, queues, "RW", False, create=True, exist_ok=True)
+
+    def _upsert_topic(
+        self, name: str, queues: int, perm: str, ordered: bool, *, create: bool, exist_ok: bool = False
+    ) -> None:
+        if isinstance(queues, bool) or not isinstance(queues, int) or not 1 <= queues <= MAX_QUEUES:
+            raise ConfigError(f"queues={queues!r} is not allowed; a topic has 1..{MAX_QUEUES} queues")
+        try:
+            perm = Perm(perm).value
+        except ValueError:
+            raise ConfigError(f"perm={perm!r} is not allowed; use one of {[p.value for p in Perm]}") from None
+        if create:
+            existing = self._topic(name)
+            if existing is not None:
+                if exist_ok:
+                    return
+                raise AlreadyExists(f"topic {name!r} already exists ({existing[0]} queues, {existing[1]})")
+        now = self.clock.now_ms()
+        self._commit(
+            "topic_config",
+            f"MERGE INTO {self.warehouse.ref('topic_config')} t USING (SELECT {sql_str(name)} AS topic, "
+            f"{sql_int(queues)} AS queues, {sql_str(perm)} AS perm, {sql_bool(ordered)} AS ordered, "
+            f"{sql_long(now)} AS ts) s ON t.topic = s.topic "
+            "WHEN MATCHED THEN UPDATE SET t.queues = s.queues, t.perm = s.perm, t.ordered = s.ordered, "
+            "t.updated_ts = s.ts "
+            "WHEN NOT MATCHED THEN INSERT (topic, queues, perm, ordered, created_ts, updated_ts) "
+            "VALUES (s.topic, s.queues, s.perm, s.ordered, s.ts, s.ts)",
+        )
+        self._load_topics()
+
+    def delete_topic(self, name: str) -> None:
+        validate_topic_name(name)
+        if self._topic(name) is None:
+            raise UnknownTopic(f"topic {name!r} does not exist")
+        for table in ("subscription", "topic_config"):
+            self._commit(table, f"DELETE FROM {self.warehouse.ref(table)} WHERE topic = {sql_str(name)}")
+        self._load_topics()
+
+    def max_delay_level(self) -> int:
+        """The highest delay level of the warehouse (read once)."""
+        if self._max_level is None:
+            self._max_level = max((lvl for lvl, _ in self.warehouse.levels()), default=0)
+        return self._max_level
+
+    # --- groups ------------------------------------------------------------------------------
+    def groups(self) -> dict[str, GroupConfig]:
+        """Every consumer group's configuration, by name."""
+        rows = self.engine.rows(f"SELECT * FROM {self.warehouse.ref('group_config')} ORDER BY consumer_group")
+        return {r["consumer_group"]: GroupConfig.from_row(r.asDict()) for r in rows}
+
+    def group(self, name: str) -> GroupConfig | None:
+        rows = self.engine.rows(
+            f"SELECT * FROM {self.warehouse.ref('group_config')} WHERE consumer_group = {sql_str(name)}"
+        )
+        return GroupConfig.from_row(rows[0].asDict()) if rows else None
+
+    def require_group(self, name: str, hint: str = "") -> GroupConfig:
+        cfg = self.group(validate_group_name(name))
+        if cfg is None:
+            raise UnknownGroup(f"consumer group {name!r} does not exist{hint}")
+        return cfg
+
+    def create_group(
+        self,
+        cfg: GroupConfig,
+        listener: Callable[..., Any] | str | None = None,
+        *,
+        exist_ok: bool = False,
+    ) -> None:
+        """Store ``cfg`` (its listener taken from ``listener``: a callable is registered in
+        this process, its import path stored when another process could import it); a
+        CLUSTERING group gets its retry and dead-letter topics and is subscribed to its
+        retry topic."""
+        name = cfg.consumer_group
+        dedup_key = dedup.validate(self.engine.spark, cfg.dedup_key)
+        if cfg.mode == "BROADCASTING" and listener is not None and not cfg.instances:
+            raise ConfigError(
+                "a BROADCASTING push group delivers to each of its instances: declare them, "
+                "e.g. instances=['host-a', 'host-b']"
+            )
+        cfg = replace(cfg, dedup_key=dedup_key, listener=listener_path(self.listeners, name, listener))
+        if self.group(name) is not None:
+            if exist_ok:
+                return
+            raise AlreadyExists(f"consumer group {name!r} already exists")
+        inst = "CAST(NULL AS ARRAY<STRING>)"
+        if cfg.instances:
+            inst = "array(" + ", ".join(sql_str(i) for i in cfg.instances) + ")"
+        policy = json.dumps(dict(cfg.retry_policy)) if cfg.retry_policy else None
+        self._commit(
+            "group_config",
+            f"MERGE INTO {self.warehouse.ref('group_config')} t USING (SELECT "
+            f"{sql_str(name)} AS consumer_group, {sql_str(cfg.mode)} AS mode, "
+            f"{sql_bool(cfg.orderly)} AS orderly, "
+            f"{sql_int(cfg.max_reconsume_times)} AS max_reconsume_times, "
+            f"{sql_int(cfg.pull_batch_size)} AS pull_batch_size, "
+            f"{sql_int(cfg.consume_batch_size)} AS consume_batch_size, "
+            f"{sql_str(cfg.consume_from)} AS consume_from, "
+            f"{sql_long(cfg.consume_timestamp)} AS consume_timestamp, "
+            f"{sql_long(cfg.consume_timeout_ms)} AS consume_timeout_ms, "
+            f"{sql_str(cfg.dedup_key)} AS dedup_key, "
+            f"{sql_str(cfg.listener)} AS listener, {sql_str(policy)} AS retry_policy, "
+            f"{sql_long(self.clock.now_ms())} AS created_ts, {inst} AS instances, "
+            f"{sql_long(cfg.invisible_time_ms)} AS invisible_time_ms, "
+            f"{sql_long(cfg.dedup_window_ms)} AS dedup_window_ms, CAST(NULL AS STRING) AS sink_table, "
+            "CAST(NULL AS ARRAY<STRING>) AS sink_key_columns, CAST(NULL AS STRING) AS sink_transform) s "
+            "ON t.consumer_group = s.consumer_group WHEN NOT MATCHED THEN INSERT *",
+        )
+        if cfg.mode == "CLUSTERING":
+            self.create_system_topic(retry_topic(name), 1)
+            self.create_system_topic(dlq_topic(name), 1)
+            self._subscribe(name, retry_topic(name), "*", "TAG")
+
+    def delete_group(self, name: str) -> None:
+        self.require_group(name)
+        for table in ("subscription", "offsets", "group_config"):
+            self._commit(
+                table, f"DELETE FROM {self.warehouse.ref(table)} WHERE consumer_group = {sql_str(name)}"
+            )
+        self.listeners.pop(name, None)
+
+    def set_sink(self, group: str, table: str, keys: Sequence[str], transform_path: str | None) -> None:
+        """Store a group's exactly-once sink (validated by :mod:`deltamq.sink`)."""
+        keys_sql = "array(" + ", ".join(sql_str(k) for k in keys) + ")"
+        self._commit(
+            "group_config",
+            f"UPDATE {self.warehouse.ref('group_config')} SET sink_table = {sql_str(table)}, "
+            f"sink_key_columns = {keys_sql}, sink_transform = {sql_str(transform_path)} "
+            f"WHERE consumer_group = {sql_str(group)}",
+        )
+
+    # --- subscriptions -----------------------------------------------------------------------
+    def subscribe(self, group: str, topic: str, expression: str = "*", expr_type: str = "TAG") -> None:
+        validate_group_name(group)
+        validate_topic_name(topic, allow_system=True)
+        if is_system_topic(topic) and not topic.startswith(DLQ_PREFIX):
+            raise SystemTopicError(
+                f"topic {topic!r} is internal to the engine (delayed, half or retry copies); a "
+                f"group may subscribe to user topics and to dead-letter topics ({DLQ_PREFIX}<group>)"
+            )
+        cfg = self.require_group(group, "; create it first")
+        if self._topic(topic) is None:
+            raise UnknownTopic(f"topic {topic!r} does not exist; create it first")
+        expression = validate_expression(expression, expr_type)
+        self._subscribe(group, topic, expression, expr_type)
+        self._init_offsets(cfg, topic)
+
+    def _subscribe(self, group: str, topic: str, expression: str, expr_type: str) -> None:
+        if expr_type not in EXPRESSION_TYPES:
+            raise ConfigError(f"type={expr_type!r} is not allowed; use one of {EXPRESSION_TYPES}")
+        self._commit(
+            "subscription",
+            f"MERGE INTO {self.warehouse.ref('subscription')} t USING (SELECT "
+            f"{sql_str(group)} AS consumer_group, {sql_str(topic)} AS topic, "
+            f"{sql_str(expr_type)} AS expr_type, {sql_str(expression)} AS expression, "
+            f"{sql_long(self.clock.now_ms())} AS created_ts) s "
+            "ON t.consumer_group = s.consumer_group AND t.topic = s.topic "
+            "WHEN MATCHED THEN UPDATE SET t.expr_type = s.expr_type, t.expression = s.expression "
+            "WHEN NOT MATCHED THEN INSERT *",
+        )
+
+    def subscriptions(self, group: str | None = None) -> list[Subscription]:
+        where = "" if group is None else f" WHERE consumer_group = {sql_str(group)}"
+        rows = self.engine.rows(
+            f"SELECT consumer_group, topic, expr_type, expression FROM {self.warehouse.ref('subscription')}"
+            f"{where} ORDER BY consumer_group, topic"
+        )
+        return [Subscription.from_row(r.asDict()) for r in rows]
+
+    def _start_offsets(self, topic: str, mode: ConsumeFrom, timestamp: int | None) -> dict[int, int]:
+        """Per queue of ``topic``: where LAST_OFFSET / FIRST_OFFSET / TIMESTAMP starts."""
+        heads = {q: o for (t, q), o in load_dispatch_state(self.warehouse).heads.items() if t == topic}
+        if mode == "FIRST_OFFSET" or not heads:
+            return {q: 0 for q in heads}
+        if mode == "LAST_OFFSET":
+            return heads
+        firsts = {
+            r["queue_id"]: r["lo"]
+            for r in self.engine.rows(
+                f"SELECT queue_id, min(queue_offset) AS lo FROM {self.warehouse.ref('consume_queue')} "
+                f"WHERE topic = {sql_str(topic)} AND store_ts >= {sql_long(timestamp)} GROUP BY queue_id"
+            )
+        }
+        return {q: firsts.get(q, head) for q, head in heads.items()}
+
+    def _init_offsets(self, cfg: GroupConfig, topic: str) -> None:
+        """Decide where a group starts on a topic, once, when it first subscribes
+        (docs/behaviour.md §3). Queues that appear later start at 0 (no row); retry queues
+        always start at 0."""
+        have = self.engine.rows(
+            f"SELECT count(*) AS n FROM {self.warehouse.ref('offsets')} "
+            f"WHERE consumer_group = {sql_str(cfg.name)} AND topic = {sql_str(topic)}"
+        )[0]["n"]
+        if have:
+            return
+        starts = self._start_offsets(topic, cfg.consume_from, cfg.consume_timestamp)
+        rows = [(topic, q, o, None) for q, o in sorted(starts.items())]
+        now = self.clock.now_ms()
+        for client in cfg.clients if rows else []:
+            self.engine.commit(
+                partial(advance_offsets, self.warehouse, cfg.name, rows, now, client_id=client),
+                what="offsets",
+            )
+
+    def reset_offsets(self, group: str, to_time: int) -> dict[tuple[str, int], int]:
+        """Move a group's offsets on every subscribed topic to the first message stored at or
+        after ``to_time`` (epoch ms), back or forward. Returns the new offsets."""
+        self.require_group(group)
+        new: dict[tuple[str, int], int] = {}
+        for sub in self.subscriptions(group):
+            for q, o in self._start_offsets(sub.topic, "TIMESTAMP", to_time).items():
+                new[(sub.topic, q)] = o
+        merge = OffsetsMerge(("next_offset",), self.clock.now_ms())
+        for (t, q), o in sorted(new.items()):
+            merge.add(group, t, q, next_offset=o)
+        update = {
+            "next_offset": source("next_offset"),
+            "attempts": "0",
+            "suspends": "0",
+            "suspend_until": "CAST(NULL AS BIGINT)",
+            "attempt_ts": "CAST(NULL AS BIGINT)",
+        }
+        insert = {"next_offset": source("next_offset"), "attempts": "0"}
+        self.engine.commit(partial(merge.execute, self.warehouse, update, insert), what="offsets")
+        return new
+
+    # --- producer groups: transaction check-back ---------------------------------------------
+    def set_check_listener(self, producer_group: str, listener: Callable[..., Any] | str) -> None:
+        """Answer the group's check-back with ``listener`` (docs/behaviour.md §5)."""
+        path = listener_path(self.check_listeners, producer_group, listener)
+        self._set_check(producer_group, listener=path)
+
+    def set_check_table(self, cfg: CheckConfig) -> None:
+        """Answer the group's check-back from a Delta table of local state."""
+        validate_table_check(self.engine.spark, cfg)
+        self.check_listeners.pop(cfg.group, None)
+        self._set_check(
+            cfg.group,
+            table=cfg.table,
+            key_property=cfg.key_property,
+            key_column=cfg.key_column,
+            state_expression=cfg.state_expression,
+        )
+
+    def _set_check(
+        self,
+        group: str,
+        *,
+        listener: str | None = None,
+        table: str | None = None,
+        key_property: str | None = None,
+        key_column: str | None = None,
+        state_expression: str | None = None,
+    ) -> None:
+        source_row = (
+            f"SELECT {sql_str(group)} AS producer_group, {sql_str(listener)} AS check_listener, "
+            f"{sql_str(table)} AS check_table, {sql_str(key_property)} AS check_key_property, "
+            f"{sql_str(key_column)} AS check_key_column, "
+            f"{sql_str(state_expression)} AS check_state_expression, "
+            f"{sql_long(self.clock.now_ms())} AS updated_ts"
+        )
+        self._commit(
+            "producer_config",
+            f"MERGE INTO {self.warehouse.ref('producer_config')} t USING ({source_row}) s "
+            "ON t.producer_group = s.producer_group "
+            "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *",
+        )
+
+    def check_configs(self) -> dict[str, CheckConfig]:
+        """Per producer group, how check-back is answered, from ``producer_config`` plus the
+        check listeners registered in this process."""
+        out: dict[str, CheckConfig] = {}
+        for r in self.engine.rows(f"SELECT * FROM {self.warehouse.ref('producer_config')}"):
+            out[r["producer_group"]] = CheckConfig(
+                r["producer_group"],
+                r["check_listener"],
+                r["check_table"],
+                r["check_key_property"],
+                r["check_key_column"],
+                r["check_state_expression"],
+            )
+        for group in self.check_listeners:
+            out.setdefault(group, CheckConfig(group))
+        return out
+
+
+def new_group_config(
+    name: str,
+    *,
+    mode: MessageModel = "CLUSTERING",
+    orderly: bool = False,
+    max_reconsume_times: int | None = None,
+    **settings: Any,
+) -> GroupConfig:
+    """A validated :class:`GroupConfig` for a new group; an orderly group retries without
+    limit unless told otherwise (docs/behaviour.md §4)."""
+    if max_reconsume_times is None:
+        max_reconsume_times = -1 if orderly else 16
+    return GroupConfig(name, mode=mode, orderly=orderly, max_reconsume_times=max_reconsume_times, **settings)
+
+
+def listener_path(registry: Registry, group: str, listener: Callable[..., Any] | str | None) -> str | None:
+    """The import path to store for ``listener``; a callable is also kept in ``registry``
+    for this process (its path is stored only when another process could import it)."""
+    if listener is None:
+        return None
+    if isinstance(listener, str):
+        module, sep, attr = listener.partition(":")
+        if not sep or not module or not attr:
+            raise ConfigError(f"listener {listener!r} is not an import path; use 'package.module:function'")
+        return listener
+    if not callable(listener):
+        raise ConfigError(f"listener {listener!r} is neither a callable nor an import path")
+    registry[group] = listener
+    owner = inspect.getmodule(listener)
+    qualname = getattr(listener, "__qualname__", "")
+    if owner is None or "<" in qualname or owner.__name__ == "__main__":
+        return None  # in-process only: jobs started elsewhere cannot import it
+    return f"{owner.__name__}:{qualname}"

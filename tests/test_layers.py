@@ -1,0 +1,166 @@
+"""The package's layers (docs/architecture.md): a module imports only from its own layer or
+lower ones — at module level, inside functions and under TYPE_CHECKING alike — and the
+imports within a layer form no cycle. Parses the sources; needs no engine."""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "deltamq"
+
+# lowest first; a module belongs to the first layer one of whose patterns matches it
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "foundation",
+        (
+            "deltamq.constants",
+            "deltamq.errors",
+            "deltamq.clock",
+            "deltamq.ids",
+            "deltamq.faults",
+            "deltamq._sail_child",
+            "deltamq.config",
+            "deltamq.schemas",
+            "deltamq.message",
+            "deltamq.consumer",
+            "deltamq.filters",
+            "deltamq.sending",
+            "deltamq.demo_listeners",
+        ),
+    ),
+    ("engine", ("deltamq.storage", "deltamq.engine")),
+    (
+        "tables",
+        (
+            "deltamq.tables",
+            "deltamq.tables.*",
+            "deltamq.dedup",
+            "deltamq.transactions",
+            "deltamq.orchestration.leases",
+        ),
+    ),
+    ("catalog", ("deltamq.catalog", "deltamq.context")),
+    (
+        "services",
+        (
+            "deltamq.jobs",
+            "deltamq.jobs.*",
+            "deltamq.pull",
+            "deltamq.sink",
+            "deltamq.dq",
+            "deltamq.dq.*",
+            "deltamq.ops",
+            "deltamq.producer",
+            "deltamq.report",
+            "deltamq.lite",
+        ),
+    ),
+    ("runner", ("deltamq.orchestration", "deltamq.orchestration.tick")),
+    ("facade", ("deltamq", "deltamq.broker")),
+    (
+        "entry points",
+        ("deltamq.cli", "deltamq.cli.*", "deltamq.orchestration.runs", "deltamq.orchestration.submit"),
+    ),
+)
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    """The package module ``name`` refers to (``deltamq.jobs.dispatch.load`` → ``deltamq.jobs.dispatch``)."""
+    while name:
+        if name in MODULES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _imports(module: str) -> set[str]:
+    """Every deltamq module ``module`` imports, anywhere in its source."""
+    tree = ast.parse(MODULES[module].read_text())
+    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            names = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        for name in names:
+            if name.startswith("deltamq"):
+                target = _resolve(name)
+                if target is not None and target != module:
+                    found.add(target)
+    # `from deltamq.x import y` also resolves the bare package `deltamq`: not a dependency
+    found.discard("deltamq")
+    return found
+
+
+def layer_of(module: str) -> int:
+    for i, (_, patterns) in enumerate(LAYERS):
+        if any(fnmatch.fnmatchcase(module, p) for p in patterns):
+            return i
+    raise AssertionError(
+        f"{module} is in no layer: add it to LAYERS (tests/test_layers.py) and docs/architecture.md"
+    )
+
+
+def test_every_module_has_a_layer():
+    for module in MODULES:
+        layer_of(module)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_only_its_own_layer_or_lower(module):
+    mine = layer_of(module)
+    upward = sorted(t for t in _imports(module) if layer_of(t) > mine)
+    assert not upward, f"{module} ({LAYERS[mine][0]}) imports a higher layer: " + ", ".join(
+        f"{t} ({LAYERS[layer_of(t)][0]})" for t in upward
+    )
+
+
+def test_no_import_cycles():
+    graph = {m: _imports(m) for m in MODULES}
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        path.append(m)
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                cycle = path[path.index(t) :] + [t]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if t not in state:
+                visit(t)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_the_checker_sees_imports_inside_functions(tmp_path):
+    """The layering check is not vacuous: an import inside a function body is found."""
+    assert "deltamq.broker" in _imports("deltamq.cli.demo") or "deltamq.broker" in _imports("deltamq.cli")
+    assert "deltamq.jobs.promote" in _imports("deltamq.ops")  # imported inside ops.status
