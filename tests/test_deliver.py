@@ -293,3 +293,42 @@ def test_listeners_see_the_broker_process_environment(broker, clock, tmp_path, m
         broker.tick(clock.now_ms())
         clock.advance(seconds=1)
     assert [(c["body"], c["value"]) for c in read_log(log)] == [("first", "first"), ("second", "second")]
+
+
+def test_each_stage_of_a_pass_runs_alone(broker, clock, tmp_path):
+    """plan → take → consume → decide, one at a time and nothing written: the plan takes the
+    subscribed queue, the take filters by tag, the listener consumes, and a failure handed
+    to decide goes the retry way at level 3 with the attempt's time."""
+    from deltamq.jobs import deliver, dispatch
+
+    broker.create_topic("orders", queues=1)
+    log = tmp_path / "calls.jsonl"
+    broker.create_group("g", Recorder(log), consume_from="FIRST_OFFSET")
+    broker.subscribe("g", "orders", "a")
+    p = broker.producer("p")
+    p.send(Message("orders", b"wanted", tags="a"))
+    p.send(Message("orders", b"other", tags="b"))
+    now = clock.now_ms()
+    dispatch.run(broker.warehouse, now)
+    ctx = broker.context
+
+    work = deliver.plan(ctx, now)
+    assert [(t.group, t.topic, t.lo, t.hi) for t in work.takes] == [("g", "orders", 0, 2)]
+    taken = deliver.take(ctx, work, now)
+    assert (taken.rows, taken.counts["g"]["filtered"], sum(r["n"] for r in taken.deliverable)) == (2, 1, 1)
+    consumed = deliver.consume(ctx, work, taken)
+    assert (consumed.outcomes, taken.counts["g"]["consumed"]) == ([], 1)
+    assert [c["body"] for c in read_log(log)] == ["wanted"]
+
+    row = broker.sql("SELECT * FROM consume_queue WHERE tags = 'a'").collect()[0].asDict()
+    failed = {**row, "consumer_group": "g", "client_id": "", "reason": None, "level": 0, "error": "boom"}
+    decided = deliver.decide(ctx, work, taken, deliver.Consumed([failed], []), now)
+    (f,) = decided.failures
+    assert (f.target, f.level, f.attempt_ts, f.error) == ("retry", 3, now, "boom")
+    assert decided.errors == [("g", row["msg_id"], "boom")]
+    # nothing was written: the group's offset has not moved and nothing was sent back
+    offsets = (
+        "SELECT coalesce(max(next_offset), 0) FROM offsets WHERE consumer_group = 'g' AND topic = 'orders'"
+    )
+    assert broker.sql(offsets).collect()[0][0] == 0
+    assert broker.sql("SELECT count(*) FROM commit_log WHERE topic LIKE '%RETRY%'").collect()[0][0] == 0

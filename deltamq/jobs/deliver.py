@@ -28,9 +28,10 @@ import logging
 import os
 import pickle
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql import functions as F
@@ -367,11 +368,78 @@ def _make_consumer(
     return consume_partition
 
 
-# --- running ------------------------------------------------------------------------------
-def run(ctx: Context, now: int, *, fence=None) -> DeliverResult:
-    wh = ctx.warehouse
-    engine = ctx.engine
-    spark = engine.spark
+# --- running: plan → take → consume → decide → write --------------------------------------------
+@dataclass(frozen=True)
+class Pass:
+    """What one pass works on: the push groups (those with a listener), their listeners
+    (pickled for the workers) and what each takes from which queue."""
+
+    groups: dict[str, GroupConfig]
+    listeners: dict[str, bytes]
+    takes: list[QueueTake]
+    heads: dict[tuple[str, int], int]
+    skipped: tuple[str, ...]  # groups without a listener (pull or sink groups)
+    sinks: tuple[str, ...]
+
+    @property
+    def attempt_ts(self) -> dict[tuple[str, str, str, int], int]:
+        return {(t.group, t.client, t.topic, t.queue_id): t.attempt_ts for t in self.takes}
+
+
+@dataclass
+class Taken:
+    """The take, filtered (the rows are in the temp view ``dmq_deliver_taken``), summarised
+    per group, outcome class and body batch; the counts so far per group."""
+
+    summary: list[Any]
+    deliverable: list[Any]  # summary rows of messages the listeners get
+    counts: dict[str, defaultdict[str, int]]
+
+    @property
+    def rows(self) -> int:
+        return sum(r["n"] for r in self.summary)
+
+
+@dataclass(frozen=True)
+class Consumed:
+    """The listeners' outcomes, materialised once: failures (one row each) and the keys
+    of the messages consumed by de-duplicating groups."""
+
+    outcomes: list[dict[str, Any]]
+    keys: list[tuple[str, str, str]]
+
+
+@dataclass(frozen=True)
+class Decided:
+    """Where every failure goes, and where each queue's offset moves."""
+
+    failures: list[sendback.Failure]
+    positions: dict[tuple[str, str, str, int], tuple[int, int, int | None]]
+    errors: list[tuple[str, str, str]]
+
+
+def run(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -> DeliverResult:
+    """One deliver pass at ``now`` (the module docstring gives the order of effects)."""
+    work = plan(ctx, now)
+    if not work.takes:
+        return DeliverResult(groups=len(work.groups), skipped_groups=work.skipped, sinks=work.sinks)
+    # 1. record the attempt before any listener runs
+    if fence:
+        fence()
+    _record_attempts(ctx, work.takes, now)
+    faults.point("deliver.after_attempt_commit")
+    # 2. take, filter, call the listeners; outcomes materialised once
+    taken = take(ctx, work, now)
+    consumed = consume(ctx, work, taken)
+    faults.point("deliver.after_listener")
+    # 3. failures → retry / DLQ; 4. keys, then offsets past everything taken
+    decided = decide(ctx, work, taken, consumed, now)
+    write(ctx, work, consumed, decided, now, fence)
+    return _result(work, taken, decided)
+
+
+def plan(ctx: Context, now: int) -> Pass:
+    """The push groups, their listeners, and what each takes (:func:`plan_takes`)."""
     all_groups = ctx.catalog.groups()
     found = {g: _listener_bytes(ctx, g, cfg.listener) for g, cfg in all_groups.items()}
     listeners = {g: b for g, b in found.items() if b is not None}
@@ -379,21 +447,19 @@ def run(ctx: Context, now: int, *, fence=None) -> DeliverResult:
     skipped = tuple(sorted(set(all_groups) - set(groups)))
     sinks = tuple(sorted(g for g, cfg in all_groups.items() if cfg.sink_table))
     if not groups:
-        return DeliverResult(skipped_groups=skipped, sinks=sinks)
-    subs = ctx.catalog.subscriptions()
-    heads = load_dispatch_state(wh).heads
+        return Pass({}, {}, [], {}, skipped, sinks)
+    heads = load_dispatch_state(ctx.warehouse).heads
     offsets = _read_offsets(ctx, sorted(groups))
-    takes = plan_takes(groups, subs, heads, offsets, now)
-    if not takes:
-        return DeliverResult(groups=len(groups), skipped_groups=skipped, sinks=sinks)
+    takes = plan_takes(groups, ctx.catalog.subscriptions(), heads, offsets, now)
+    return Pass(groups, listeners, takes, heads, skipped, sinks)
 
-    # 1. record the attempt before any listener runs
-    if fence:
-        fence()
-    _record_attempts(ctx, takes, now)
-    faults.point("deliver.after_attempt_commit")
 
-    # 2. take, filter, join bodies, call listeners; materialise outcomes once
+def take(ctx: Context, work: Pass, now: int) -> Taken:
+    """The index rows of every take, matched against the subscription (tag hash and tag, or
+    SQL92), marked poison (a head whose attempts keep ending without an outcome) or
+    duplicate (a key consumed within the group's window); left in ``dmq_deliver_taken``."""
+    spark = ctx.engine.spark
+    takes = work.takes
     take_df = spark.createDataFrame(
         [
             (
@@ -414,7 +480,7 @@ def run(ctx: Context, now: int, *, fence=None) -> DeliverResult:
         "poison boolean, suspends int",
     )
     pred = queue_ranges((t.topic, t.queue_id, t.lo, t.hi) for t in takes)
-    cq = wh.read("consume_queue").where(pred)
+    cq = ctx.warehouse.read("consume_queue").where(pred)
     taken = cq.join(
         F.broadcast(take_df),
         (F.col("topic") == F.col("t_topic"))
@@ -436,16 +502,16 @@ def run(ctx: Context, now: int, *, fence=None) -> DeliverResult:
         "suspends", F.when(F.col("queue_offset") == F.col("lo"), F.col("suspends")).otherwise(F.lit(0))
     )
     # idempotent consumption: keys the group already consumed within its window
-    taken = dedup.mark(wh, taken, groups, now)
+    taken = dedup.mark(ctx.warehouse, taken, work.groups, now)
     taken.createOrReplaceTempView("dmq_deliver_taken")
     # What was taken, summarised in the engine (one row per group, outcome class and body
     # batch): the counts, and the batch ranges the bodies are read by.
-    summary = engine.rows(
+    summary = ctx.engine.rows(
         "SELECT consumer_group, matched, poison, dup, cl_date, cl_batch_id, count(*) AS n "
         "FROM dmq_deliver_taken GROUP BY consumer_group, matched, poison, dup, cl_date, cl_batch_id"
     )
-    counts: dict[str, dict[str, int]] = {g: defaultdict(int) for g in groups}
-    deliverable = []  # summary rows of messages the listeners get
+    counts: dict[str, defaultdict[str, int]] = {g: defaultdict(int) for g in work.groups}
+    deliverable = []
     for r in summary:
         if not r["matched"]:
             counts[r["consumer_group"]]["filtered"] += r["n"]
@@ -455,83 +521,93 @@ def run(ctx: Context, now: int, *, fence=None) -> DeliverResult:
             counts[r["consumer_group"]]["deduplicated"] += r["n"]
         else:
             deliverable.append(r)
-    n_taken = sum(r["n"] for r in summary)
-    n_deliverable = sum(r["n"] for r in deliverable)
-    outcomes: list[dict] = []
-    consumed_keys: list[tuple[str, str, str]] = []
-    if deliverable:
-        bodies = read_bodies(wh, (r["cl_date"] for r in deliverable), (r["cl_batch_id"] for r in deliverable))
-        taken_rows = spark.table("dmq_deliver_taken").where(
-            F.col("matched") & ~F.col("poison") & ~F.col("dup")
-        )
-        msgs = join_bodies(
-            taken_rows.drop("properties", "born_ts"),
-            bodies,
-            ["body", "born_ts", "flag", "sys_flag", "properties"],
-        ).select(
-            "consumer_group", "client_id", *_MESSAGE_COLUMNS, "cl_date", "cl_batch_id", "cl_batch_pos", "dkey"
-        )
-        orderly = frozenset(g for g, cfg in groups.items() if cfg.orderly)
-        consumer = _make_consumer(
-            {g: listeners[g] for g in groups},
-            {g: cfg.consume_batch_size for g, cfg in groups.items()},
-            {g: cfg.consume_timeout_ms / 1000.0 for g, cfg in groups.items()},
-            POISON_TRIES,
-            orderly,
-            # the embedded server runs this in its own process: listeners get the
-            # broker's environment and path (never shipped to a remote endpoint)
-            Home.here() if engine.mode == "embedded" else None,
-        )
-        if orderly:
-            # whole queues per partition (orderly needs them), spread over the engine's cores
-            msgs = msgs.repartition(_parallelism(spark), "consumer_group", "client_id", "topic", "queue_id")
-        elif n_deliverable > _PARALLEL_ABOVE:
-            # concurrent groups need no whole queues: even partitions, one per core (by queue,
-            # 4 queues on 2 cores split 3:1)
-            msgs = msgs.repartition(_parallelism(spark))
-        # the listeners' outcomes, materialised once: every later write derives from them
-        consumed = 0
-        for r in msgs.mapInArrow(consumer, _OUT_SCHEMA).collect():
-            if r["kind"] == "fail":
-                outcomes.append(r.asDict())
-            elif r["kind"] == "key":
-                consumed_keys.append((r["consumer_group"], r["dkey"], r["msg_id"]))
-            else:
-                consumed += r["n"]
-                counts[r["consumer_group"]]["consumed"] += r["n"]
-        if consumed + len(outcomes) != n_deliverable:
-            raise RuntimeError(
-                f"deliver: {n_deliverable} messages taken but {consumed + len(outcomes)} outcomes; "
-                "bodies missing?"
-            )
-    faults.point("deliver.after_listener")
+    return Taken(summary, deliverable, counts)
 
-    # 3. failures → retry / DLQ
-    attempt_ts = {(t.group, t.client, t.topic, t.queue_id): t.attempt_ts for t in takes}
-    failures: list[sendback.Failure] = []
-    max_level = ctx.catalog.max_delay_level()
-    errors: list[tuple[str, str, str]] = []
-    poisoned = []
-    if any(r["matched"] and r["poison"] for r in summary):
-        poisoned = [
-            {
-                **r.asDict(),
-                "ok": False,
-                "level": 0,
-                "reason": "poison",
-                "error": f"{POISON_TRIES} delivery attempts ended without an outcome",
-            }
-            for r in engine.rows(
-                "SELECT consumer_group, client_id, topic, queue_id, queue_offset, msg_id, cl_date, "
-                "cl_batch_id, cl_batch_pos, reconsume_times FROM dmq_deliver_taken WHERE poison AND matched"
-            )
-        ]
-    # orderly queues: stop at the suspended chunk; its head waits (or, at the maximum,
-    # goes to the DLQ and the queue moves on)
+
+def consume(ctx: Context, work: Pass, taken: Taken) -> Consumed:
+    """Join the deliverable rows with their bodies and hand them to the listeners inside
+    the engine (``mapInArrow``, each call in a worker process); collect the outcomes."""
+    if not taken.deliverable:
+        return Consumed([], [])
+    engine, spark, wh = ctx.engine, ctx.engine.spark, ctx.warehouse
+    groups = work.groups
+    n_deliverable = sum(r["n"] for r in taken.deliverable)
+    bodies = read_bodies(
+        wh, (r["cl_date"] for r in taken.deliverable), (r["cl_batch_id"] for r in taken.deliverable)
+    )
+    taken_rows = spark.table("dmq_deliver_taken").where(F.col("matched") & ~F.col("poison") & ~F.col("dup"))
+    msgs = join_bodies(
+        taken_rows.drop("properties", "born_ts"),
+        bodies,
+        ["body", "born_ts", "flag", "sys_flag", "properties"],
+    ).select(
+        "consumer_group", "client_id", *_MESSAGE_COLUMNS, "cl_date", "cl_batch_id", "cl_batch_pos", "dkey"
+    )
+    orderly = frozenset(g for g, cfg in groups.items() if cfg.orderly)
+    consumer = _make_consumer(
+        {g: work.listeners[g] for g in groups},
+        {g: cfg.consume_batch_size for g, cfg in groups.items()},
+        {g: cfg.consume_timeout_ms / 1000.0 for g, cfg in groups.items()},
+        POISON_TRIES,
+        orderly,
+        # the embedded server runs this in its own process: listeners get the
+        # broker's environment and path (never shipped to a remote endpoint)
+        Home.here() if engine.mode == "embedded" else None,
+    )
+    if orderly:
+        # whole queues per partition (orderly needs them), spread over the engine's cores
+        msgs = msgs.repartition(_parallelism(spark), "consumer_group", "client_id", "topic", "queue_id")
+    elif n_deliverable > _PARALLEL_ABOVE:
+        # concurrent groups need no whole queues: even partitions, one per core (by queue,
+        # 4 queues on 2 cores split 3:1)
+        msgs = msgs.repartition(_parallelism(spark))
+    outcomes: list[dict[str, Any]] = []
+    keys: list[tuple[str, str, str]] = []
+    consumed = 0
+    for r in msgs.mapInArrow(consumer, _OUT_SCHEMA).collect():
+        if r["kind"] == "fail":
+            outcomes.append(r.asDict())
+        elif r["kind"] == "key":
+            keys.append((r["consumer_group"], r["dkey"], r["msg_id"]))
+        else:
+            consumed += r["n"]
+            taken.counts[r["consumer_group"]]["consumed"] += r["n"]
+    if consumed + len(outcomes) != n_deliverable:
+        raise RuntimeError(
+            f"deliver: {n_deliverable} messages taken but {consumed + len(outcomes)} outcomes; "
+            "bodies missing?"
+        )
+    return Consumed(outcomes, keys)
+
+
+def _poisoned(ctx: Context, taken: Taken) -> list[dict[str, Any]]:
+    """Matched messages of heads whose attempts kept ending without an outcome."""
+    if not any(r["matched"] and r["poison"] for r in taken.summary):
+        return []
+    return [
+        {
+            **r.asDict(),
+            "ok": False,
+            "level": 0,
+            "reason": "poison",
+            "error": f"{POISON_TRIES} delivery attempts ended without an outcome",
+        }
+        for r in ctx.engine.rows(
+            "SELECT consumer_group, client_id, topic, queue_id, queue_offset, msg_id, cl_date, "
+            "cl_batch_id, cl_batch_pos, reconsume_times FROM dmq_deliver_taken WHERE poison AND matched"
+        )
+    ]
+
+
+def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int) -> Decided:
+    """Orderly queues stop at their suspended chunk (its head waits, or at the maximum goes
+    to the DLQ and the queue moves on); every other failure goes the send-back way
+    (:func:`sendback.failure`), a BROADCASTING one is logged and dropped."""
+    groups, counts = work.groups, taken.counts
     positions: dict[tuple[str, str, str, int], tuple[int, int, int | None]] = {}
-    takes_by_queue = {(t.group, t.client, t.topic, t.queue_id): t for t in takes}
-    suspended: dict[tuple[str, str, str, int], list[dict]] = defaultdict(list)
-    for o in outcomes:
+    takes_by_queue = {(t.group, t.client, t.topic, t.queue_id): t for t in work.takes}
+    suspended: dict[tuple[str, str, str, int], list[dict[str, Any]]] = defaultdict(list)
+    for o in consumed.outcomes:
         if o["reason"] == "suspend":
             suspended[(o["consumer_group"], o["client_id"], o["topic"], o["queue_id"])].append(o)
     for qkey, chunk in suspended.items():
@@ -539,18 +615,20 @@ def run(ctx: Context, now: int, *, fence=None) -> DeliverResult:
         chunk.sort(key=lambda o: o["queue_offset"])
         first = chunk[0]["queue_offset"]
         reconsumed = t.suspends if first == t.lo else 0
-        cfg = groups[qkey[0]]
-        if 0 <= cfg.max_reconsume_times <= reconsumed:
+        if 0 <= groups[qkey[0]].max_reconsume_times <= reconsumed:
             for o in chunk:
                 o["reason"] = "orderly_max"
             positions[qkey] = (chunk[-1]["queue_offset"] + 1, 0, None)
         else:
             counts[qkey[0]]["suspended"] += len(chunk)
             positions[qkey] = (first, reconsumed + 1, now + ctx.config.orderly_suspend_ms)
-    for o in outcomes + poisoned:
+    attempt_ts = work.attempt_ts
+    max_level = ctx.catalog.max_delay_level()
+    failures: list[sendback.Failure] = []
+    errors: list[tuple[str, str, str]] = []
+    for o in consumed.outcomes + _poisoned(ctx, taken):
         if o["reason"] in ("suspend", "not_delivered"):
             continue
-        key = (o["consumer_group"], o["client_id"], o["topic"], o["queue_id"], o["queue_offset"])
         g = o["consumer_group"]
         cfg = groups[g]
         if o["error"] and len(errors) < 20:
@@ -562,7 +640,7 @@ def run(ctx: Context, now: int, *, fence=None) -> DeliverResult:
         d = sendback.failure(
             cfg,
             o,
-            attempt_ts=attempt_ts[key[:4]],
+            attempt_ts=attempt_ts[(g, o["client_id"], o["topic"], o["queue_id"])],
             requested_level=o["level"] or 0,
             reason=o["reason"],
             max_level=max_level,
@@ -572,26 +650,38 @@ def run(ctx: Context, now: int, *, fence=None) -> DeliverResult:
         if o["reason"] in ("poison", "timeout"):
             counts[g]["poison"] += 1
         failures.append(d)
-    if failures:
-        sendback.store(ctx, failures, fence)
+    return Decided(failures, positions, errors)
+
+
+def write(
+    ctx: Context,
+    work: Pass,
+    consumed: Consumed,
+    decided: Decided,
+    now: int,
+    fence: Callable[[], None] | None,
+) -> None:
+    """Sends-back first, then the consumed keys, then the offsets (the attempt cleared)."""
+    if decided.failures:
+        sendback.store(ctx, decided.failures, fence)
     faults.point("deliver.after_sendback_commit")
-
-    # 3b. keys of what was consumed, before the offsets move (a re-run skips them)
-    if consumed_keys:
-        dedup.record(wh, consumed_keys, now)
-        dedup.prune(wh, groups, now)
+    # keys of what was consumed, before the offsets move (a re-run skips them)
+    if consumed.keys:
+        dedup.record(ctx.warehouse, consumed.keys, now)
+        dedup.prune(ctx.warehouse, work.groups, now)
     faults.point("deliver.after_keys_commit")
-
-    # 4. offsets past everything taken; attempt cleared
-    _advance(ctx, takes, now, positions)
+    _advance(ctx, work.takes, now, decided.positions)
     faults.point("deliver.after_offsets_commit")
+
+
+def _result(work: Pass, taken: Taken, decided: Decided) -> DeliverResult:
     total: defaultdict[str, int] = defaultdict(int)
-    for c in counts.values():
+    for c in taken.counts.values():
         for k, v in c.items():
             total[k] += v
     return DeliverResult(
-        backlog=sum(heads.get((t.topic, t.queue_id), t.hi) - t.lo for t in takes),
-        taken=n_taken,
+        backlog=sum(work.heads.get((t.topic, t.queue_id), t.hi) - t.lo for t in work.takes),
+        taken=taken.rows,
         consumed=total["consumed"],
         deduplicated=total["deduplicated"],
         filtered=total["filtered"],
@@ -600,11 +690,11 @@ def run(ctx: Context, now: int, *, fence=None) -> DeliverResult:
         poison=total["poison"],
         dropped=total["dropped"],
         suspended=total["suspended"],
-        groups=len(groups),
-        errors=tuple(errors),
-        skipped_groups=skipped,
-        by_group={g: dict(c) for g, c in counts.items()},
-        sinks=sinks,
+        groups=len(work.groups),
+        errors=tuple(decided.errors),
+        skipped_groups=work.skipped,
+        by_group={g: dict(c) for g, c in taken.counts.items()},
+        sinks=work.sinks,
     )
 
 
