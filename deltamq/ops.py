@@ -113,7 +113,7 @@ def dead_letters(
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ResendResult:
     selected: int
     resent: int
@@ -130,7 +130,7 @@ def resend(ctx: Context, letters: DataFrame, *, rate_per_s: float | None = None)
         raise ConfigError(f"rate_per_s={rate_per_s!r} must be a number > 0")
     rows = [r.asDict() for r in letters.collect()]
     if not rows:
-        return ResendResult(0, 0, 0, ())
+        return ResendResult(selected=0, resent=0, already_resent=0, msg_ids=())
     floor = min(r["cl_batch_id"] for r in rows) >> ids.BATCH_RANDOM_BITS << ids.BATCH_RANDOM_BITS
     done = {
         r["f"]
@@ -181,7 +181,9 @@ def resend(ctx: Context, letters: DataFrame, *, rate_per_s: float | None = None)
             sent += producer.send_batch(messages)
             if rate_per_s is not None and i + chunk < len(todo):
                 time.sleep(max(0.0, len(part) / rate_per_s - (time.monotonic() - started)))
-    return ResendResult(len(rows), len(sent), len(rows) - len(todo), tuple(sent))
+    return ResendResult(
+        selected=len(rows), resent=len(sent), already_resent=len(rows) - len(todo), msg_ids=tuple(sent)
+    )
 
 
 # --- traces -----------------------------------------------------------------------------------

@@ -83,7 +83,7 @@ class SinkConfig:
     transform: str | None  # import path; None: identity or an in-process callable
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SinkResult:
     group: str
     messages: int = 0  # matching messages merged (replays included)
@@ -278,7 +278,7 @@ def _pass(ctx: Context, cfg: SinkConfig, takes: list, now: int, subs: list[Subsc
         what="offsets",
     )
     faults.point("sink.after_offsets_commit")
-    return SinkResult(cfg.group, n, len(takes))
+    return SinkResult(group=cfg.group, messages=n, queues=len(takes))
 
 
 def merge(ctx: Context, cfg: SinkConfig, out: DataFrame) -> None:
@@ -312,7 +312,7 @@ class Sink:
     def run(self, now: int | None = None) -> SinkResult:
         now = self.ctx.clock.now_ms() if now is None else int(now)
         results = run(self.ctx, now, only=self.group)
-        return results[0] if results else SinkResult(self.group)
+        return results[0] if results else SinkResult(group=self.group)
 
     def read(self) -> DataFrame:
         """The sink table."""

@@ -72,7 +72,7 @@ KEYS: dict[str, tuple[str, ...]] = {
 TOPIC_TABLES = ("topic_config", "subscription", "commit_log", "consume_queue")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ExpectationResult:
     suite: str
     expectation: str
@@ -82,7 +82,7 @@ class ExpectationResult:
     observed: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QualityResult:
     run_id: str
     run_ts: int
@@ -370,12 +370,12 @@ def run_frames(ctx: Context, selected: list[Frame]) -> list[ExpectationResult]:
             observed = info.get("observed_value")
             results.append(
                 ExpectationResult(
-                    frame.suite,
-                    meta.get("name") or r.expectation_config.type,
-                    bool(r.success),
-                    info.get("unexpected_count"),
-                    tuple(dict.fromkeys(sample)),
-                    error or (None if observed is None else _text(observed)[:500]),
+                    suite=frame.suite,
+                    expectation=meta.get("name") or r.expectation_config.type,
+                    success=bool(r.success),
+                    unexpected_count=info.get("unexpected_count"),
+                    sample_ids=tuple(dict.fromkeys(sample)),
+                    observed=error or (None if observed is None else _text(observed)[:500]),
                 )
             )
     return results
@@ -388,12 +388,12 @@ def conservation_results(ctx: Context) -> list[ExpectationResult]:
     d = check_dispatch(ctx.warehouse, dispatched_only=True)
     out = [
         ExpectationResult(
-            "conservation",
-            "every stored message indexed once",
-            not (d.unindexed or d.duplicated or d.orphans),
-            len(d.unindexed) + len(d.duplicated) + len(d.orphans),
-            tuple([*d.unindexed, *d.duplicated, *d.orphans][:SAMPLE]),
-            d.describe(),
+            suite="conservation",
+            expectation="every stored message indexed once",
+            success=not (d.unindexed or d.duplicated or d.orphans),
+            unexpected_count=len(d.unindexed) + len(d.duplicated) + len(d.orphans),
+            sample_ids=tuple([*d.unindexed, *d.duplicated, *d.orphans][:SAMPLE]),
+            observed=d.describe(),
         )
     ]
     acc = account(ctx)
@@ -401,14 +401,14 @@ def conservation_results(ctx: Context) -> list[ExpectationResult]:
     counts = {g.group: g.counts for g in acc.groups}
     out.append(
         ExpectationResult(
-            "conservation",
-            "every message accounted for per group",
-            not lost,
-            len(lost),
-            tuple(f"{g} {m}: {why}" for g, m, why in lost[:SAMPLE]),
-            "; ".join(f"{g}: " + " ".join(f"{k}={v}" for k, v in c.items() if v) for g, c in counts.items())[
-                :2000
-            ],
+            suite="conservation",
+            expectation="every message accounted for per group",
+            success=not lost,
+            unexpected_count=len(lost),
+            sample_ids=tuple(f"{g} {m}: {why}" for g, m, why in lost[:SAMPLE]),
+            observed="; ".join(
+                f"{g}: " + " ".join(f"{k}={v}" for k, v in c.items() if v) for g, c in counts.items()
+            )[:2000],
         )
     )
     return out
@@ -430,7 +430,7 @@ def run(
     results = run_frames(ctx, frames(tables))
     if tables is None or "conservation" in tables:
         results += conservation_results(ctx)
-    result = QualityResult(f"{now:013d}-{secrets.token_hex(4)}", now, tuple(results))
+    result = QualityResult(run_id=f"{now:013d}-{secrets.token_hex(4)}", run_ts=now, results=tuple(results))
     if record:
         _record(ctx, result)
     return result

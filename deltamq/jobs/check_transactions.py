@@ -95,7 +95,7 @@ class CheckState:
     indexed_version: int = -1  # commit_log version dispatch indexed up to
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckResult:
     ran: bool
     skipped: str | None = None  # interval, idle, dispatch_behind
@@ -364,13 +364,19 @@ def run(ctx: Context, now: int, *, fence=None) -> CheckResult:
         and state.last_pass is not None
         and now - state.last_pass < cfg.transaction_check_interval_ms
     ):
-        return CheckResult(False, "interval", half_offset=state.half_offset, op_offset=state.op_offset)
+        return CheckResult(
+            ran=False, skipped="interval", half_offset=state.half_offset, op_offset=state.op_offset
+        )
     if state.indexed_version < state.wait_version:
         # the last pass's copies are not walkable yet: wait for dispatch
-        return CheckResult(False, "dispatch_behind", half_offset=state.half_offset, op_offset=state.op_offset)
+        return CheckResult(
+            ran=False, skipped="dispatch_behind", half_offset=state.half_offset, op_offset=state.op_offset
+        )
     head, op_head = state.head, state.op_head
     if not resumed and head <= state.half_offset:
-        return CheckResult(False, "idle", half_offset=state.half_offset, op_offset=state.op_offset)
+        return CheckResult(
+            ran=False, skipped="idle", half_offset=state.half_offset, op_offset=state.op_offset
+        )
     pass_now: int = state.pass_now if state.pass_now is not None else now  # resumed: its own now
     if not resumed:
         if fence:
@@ -495,17 +501,17 @@ def run(ctx: Context, now: int, *, fence=None) -> CheckResult:
     )
     faults.point("check.after_progress_commit")
     return CheckResult(
-        True,
-        None,
-        pass_now,
-        resumed,
-        counts,
-        answers,
-        errors,
-        written,
-        already,
-        new_half,
-        new_op,
+        ran=True,
+        skipped=None,
+        pass_now=pass_now,
+        resumed=resumed,
+        counts=counts,
+        answers=answers,
+        listener_errors=errors,
+        written=written,
+        already_stored=already,
+        half_offset=new_half,
+        op_offset=new_op,
     )
 
 

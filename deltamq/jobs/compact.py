@@ -89,7 +89,7 @@ def cleanup_log(storage: Storage, table_path: str, *, keep_from: int | None, old
     return deleted
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CompactResult:
     files_removed: int = 0
     files_added: int = 0
@@ -148,7 +148,14 @@ def run(
             conflicts += 1
             log.info("compaction of %s skipped this pass: %s", name, e)
     logs = cleanup_logs(ctx, memory)
-    return CompactResult(removed, added, vacuumed, conflicts, logs, per_table)
+    return CompactResult(
+        files_removed=removed,
+        files_added=added,
+        vacuumed=vacuumed,
+        conflicts=conflicts,
+        log_entries_removed=logs,
+        per_table=per_table,
+    )
 
 
 _RACE = re.compile(r"concurrent|already exists|conflict|Transaction failed|version mismatch", re.IGNORECASE)

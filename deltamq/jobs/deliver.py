@@ -78,7 +78,7 @@ class QueueTake:
     suspends: int = 0  # orderly: times the head message was suspended
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DeliverResult:
     taken: int = 0
     consumed: int = 0

@@ -64,7 +64,7 @@ _FILE_SCHEMA = T.StructType(
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DispatchResult:
     from_version: int
     to_version: int
@@ -312,7 +312,15 @@ def run(wh: Warehouse, now: int, *, fence=None) -> DispatchResult:
         if not commits:
             # Nothing new; but a run killed after its index commit left the hint behind
             # the index: report the corrected heads so the hint is brought up to date.
-            return DispatchResult(state.version, state.version, 0, 0, 0, {}, dict(state.stale))
+            return DispatchResult(
+                from_version=state.version,
+                to_version=state.version,
+                commits_read=0,
+                rows_in=0,
+                rows_out=0,
+                routes={},
+                queues=dict(state.stale),
+            )
         to_version = commits[-1].version
         rows = read_new_rows(wh, commits)
         routes: dict[str, int] = {}
@@ -350,7 +358,14 @@ def run(wh: Warehouse, now: int, *, fence=None) -> DispatchResult:
             )
         faults.point("dispatch.after_index_commit")
         return DispatchResult(
-            state.version, to_version, len(commits), n + dropped, n, routes, queues, dropped
+            from_version=state.version,
+            to_version=to_version,
+            commits_read=len(commits),
+            rows_in=n + dropped,
+            rows_out=n,
+            routes=routes,
+            queues=queues,
+            duplicate_commits=dropped,
         )
 
     result = engine.commit(index, what=JOB)

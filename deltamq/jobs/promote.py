@@ -58,7 +58,7 @@ class PromoteState:
     timer_next_offset: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PromoteResult:
     rows_in: int
     rows_out: int
@@ -231,7 +231,14 @@ def run(wh: Warehouse, now: int, *, fence=None) -> PromoteResult:
     if new_levels or timer_next != state.timer_next_offset or timers:
         engine.commit(lambda: write_progress(wh, new_levels, now, timer_next, now), what="offsets")
     faults.point("promote.after_progress_commit")
-    return PromoteResult(n_in, written, by_level, timers, skipped, already)
+    return PromoteResult(
+        rows_in=n_in,
+        rows_out=written,
+        by_level=by_level,
+        timers=timers,
+        skipped_half=skipped,
+        already_stored=already,
+    )
 
 
 def write_progress(wh: Warehouse, levels: dict[int, int], watermark: int, timer_next: int, now: int) -> None:

@@ -69,7 +69,7 @@ class Memory:
     log_cleanup_wall: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RetainResult:
     ran: bool
     index_rows: int = 0  # consume_queue rows removed
@@ -137,15 +137,15 @@ def run(
             last = _last_run(ctx, memory, fresh=True)  # due by our memory: did another runner run it?
         if last is None:  # a new warehouse: the first pass is due an interval from now
             _record_run(ctx, memory, now)
-            return RetainResult(False)
+            return RetainResult(ran=False)
         if now - last < cfg.retain_interval_ms:
             from deltamq.jobs import compact
 
             # between passes only the Delta logs are trimmed (on the wall clock: they grow
             # with every tick, however far apart the ticks' `now`s are)
             if not cfg.compact:
-                return RetainResult(False)
-            return RetainResult(False, log_entries=compact.cleanup_logs_if_due(ctx, memory))
+                return RetainResult(ran=False)
+            return RetainResult(ran=False, log_entries=compact.cleanup_logs_if_due(ctx, memory))
     cut = now - cfg.file_reserved_time_ms
     dlq_cut = now - cfg.dlq_reserved_time_ms
     if fence:
@@ -162,7 +162,17 @@ def run(
     compacted = compact.run(ctx, now, memory) if cfg.compact else None
     _record_run(ctx, memory, now)
     return RetainResult(
-        True, index_rows, timer_rows, queues, skipped, moved, days, body_rows, kept, pruned, compacted
+        ran=True,
+        index_rows=index_rows,
+        timer_rows=timer_rows,
+        queues=queues,
+        skipped=skipped,
+        groups_moved=moved,
+        body_days=days,
+        body_rows=body_rows,
+        kept_old_batches=kept,
+        pruned=pruned,
+        compacted=compacted,
     )
 
 

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class JobRun:
     """What one job did in one tick."""
 
@@ -78,12 +78,16 @@ JobFn = Callable[..., Any]
 
 def _dispatch(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
     r = dispatch.run(runner.ctx.warehouse, now, fence=fence)
-    return JobRun("dispatch", "OK", r.rows_in, r.rows_out, details=r.details, result=r)
+    return JobRun(
+        job="dispatch", status="OK", rows_in=r.rows_in, rows_out=r.rows_out, details=r.details, result=r
+    )
 
 
 def _promote(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
     r = promote.run(runner.ctx.warehouse, now, fence=fence)
-    return JobRun("promote", "OK", r.rows_in, r.rows_out, details=r.details, result=r)
+    return JobRun(
+        job="promote", status="OK", rows_in=r.rows_in, rows_out=r.rows_out, details=r.details, result=r
+    )
 
 
 def _redispatch(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun | None:
@@ -92,13 +96,20 @@ def _redispatch(runner: TickRunner, now: int, fence: Callable[[], None], runs: l
     if not any(r.job == "promote" and r.rows_out for r in runs):
         return None
     r = dispatch.run(runner.ctx.warehouse, now, fence=fence)
-    return JobRun("redispatch", "OK", r.rows_in, r.rows_out, details=r.details, result=r)
+    return JobRun(
+        job="redispatch", status="OK", rows_in=r.rows_in, rows_out=r.rows_out, details=r.details, result=r
+    )
 
 
 def _deliver(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
     r = deliver.run(runner.ctx, now, fence=fence)
     return JobRun(
-        "deliver", "OK", r.taken, r.consumed + r.retried + r.dead_lettered, details=r.details, result=r
+        job="deliver",
+        status="OK",
+        rows_in=r.taken,
+        rows_out=r.consumed + r.retried + r.dead_lettered,
+        details=r.details,
+        result=r,
     )
 
 
@@ -107,7 +118,7 @@ def _pull_expiry(runner: TickRunner, now: int, fence: Callable[[], None], runs: 
     from deltamq import pull
 
     n = pull.expire(runner.ctx, now, fence=fence)
-    return JobRun("pull_expiry", "OK", n, n, details={"expired": n})
+    return JobRun(job="pull_expiry", status="OK", rows_in=n, rows_out=n, details={"expired": n})
 
 
 def _sink(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun | None:
@@ -121,7 +132,14 @@ def _sink(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[Jo
     if not results:
         return None
     n = sum(r.messages for r in results)
-    return JobRun("sink", "OK", n, n, details={"sinks": len(results), "merged": n}, result=results)
+    return JobRun(
+        job="sink",
+        status="OK",
+        rows_in=n,
+        rows_out=n,
+        details={"sinks": len(results), "merged": n},
+        result=results,
+    )
 
 
 def _check_transactions(
@@ -129,10 +147,10 @@ def _check_transactions(
 ) -> JobRun:
     r = check_transactions.run(runner.ctx, now, fence=fence)
     return JobRun(
-        "check_transactions",
-        "OK" if r.ran else "SKIPPED",
-        r.rows_in,
-        r.written,
+        job="check_transactions",
+        status="OK" if r.ran else "SKIPPED",
+        rows_in=r.rows_in,
+        rows_out=r.written,
         details=r.details,
         result=r,
     )
@@ -141,10 +159,10 @@ def _check_transactions(
 def _retain(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
     r = retain.run(runner.ctx, now, fence=fence, memory=runner.retain_memory)
     return JobRun(
-        "retain",
-        "OK" if r.ran else "SKIPPED",
-        r.index_rows + r.timer_rows,
-        r.body_rows,
+        job="retain",
+        status="OK" if r.ran else "SKIPPED",
+        rows_in=r.index_rows + r.timer_rows,
+        rows_out=r.body_rows,
         details=r.details,
         result=r,
     )
@@ -226,10 +244,12 @@ class TickRunner:
         for name, lease, fn in self.sequence:
             start = wall_ms()
             if failed is not None:
-                runs.append(JobRun(name, "SKIPPED", start_ts=start, end_ts=start))
+                runs.append(JobRun(job=name, status="SKIPPED", start_ts=start, end_ts=start))
                 continue
             if self._stop.is_set():  # SIGTERM/SIGINT: stop between jobs
-                runs.append(JobRun(name, "SKIPPED", start_ts=start, end_ts=start, error="stopping"))
+                runs.append(
+                    JobRun(job=name, status="SKIPPED", start_ts=start, end_ts=start, error="stopping")
+                )
                 continue
             try:
                 self.leases.renew_due([lease])
@@ -240,8 +260,8 @@ class TickRunner:
                 failed = e = diagnose(self.ctx.warehouse, raised)
                 runs.append(
                     JobRun(
-                        name,
-                        "FAILED",
+                        job=name,
+                        status="FAILED",
                         start_ts=start,
                         end_ts=wall_ms(),
                         error="".join(traceback.format_exception_only(type(e), e)).strip(),
@@ -331,7 +351,15 @@ class TickRunner:
 
 def _stamped(run: JobRun, start: int) -> JobRun:
     return JobRun(
-        run.job, run.status, run.rows_in, run.rows_out, start, wall_ms(), run.error, run.details, run.result
+        job=run.job,
+        status=run.status,
+        rows_in=run.rows_in,
+        rows_out=run.rows_out,
+        start_ts=start,
+        end_ts=wall_ms(),
+        error=run.error,
+        details=run.details,
+        result=run.result,
     )
 
 
