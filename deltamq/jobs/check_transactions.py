@@ -45,6 +45,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame
@@ -352,46 +353,79 @@ def _message(r: Any) -> StoredMessage:
 
 
 # --- running --------------------------------------------------------------------------------
-def run(ctx: Context, now: int, *, fence=None) -> CheckResult:
-    """One check pass at ``now`` if its interval has elapsed (or resume an unfinished one)."""
+def run(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -> CheckResult:
+    """One check pass at ``now`` if its interval has elapsed (or resume an unfinished one):
+    gate → start (save the pass's now) → classify the half queue → handle the entries
+    (ask, write the outputs) → move the offsets."""
     wh = ctx.warehouse
-    engine = ctx.engine
-    cfg = ctx.config
     state = load_state(wh)
+    skipped = _skip_reason(ctx, state, now)
+    if skipped is not None:
+        return CheckResult(
+            ran=False, skipped=skipped, half_offset=state.half_offset, op_offset=state.op_offset
+        )
     resumed = state.pass_now is not None
-    if (
-        not resumed
-        and state.last_pass is not None
-        and now - state.last_pass < cfg.transaction_check_interval_ms
-    ):
-        return CheckResult(
-            ran=False, skipped="interval", half_offset=state.half_offset, op_offset=state.op_offset
-        )
-    if state.indexed_version < state.wait_version:
-        # the last pass's copies are not walkable yet: wait for dispatch
-        return CheckResult(
-            ran=False, skipped="dispatch_behind", half_offset=state.half_offset, op_offset=state.op_offset
-        )
-    head, op_head = state.head, state.op_head
-    if not resumed and head <= state.half_offset:
-        return CheckResult(
-            ran=False, skipped="idle", half_offset=state.half_offset, op_offset=state.op_offset
-        )
     pass_now: int = state.pass_now if state.pass_now is not None else now  # resumed: its own now
     if not resumed:
         if fence:
             fence()
-        engine.commit(
-            lambda: advance_offsets(
-                wh, TRANSACTION_GROUP, [(TRANS_HALF_TOPIC, 0, None, None)], now, attempt_ts=pass_now
+        ctx.engine.commit(
+            partial(
+                advance_offsets,
+                wh,
+                TRANSACTION_GROUP,
+                [(TRANS_HALF_TOPIC, 0, None, None)],
+                now,
+                attempt_ts=pass_now,
             ),
             what="offsets",
         )
     faults.point("check.after_start_commit")
+    ops = read_ops(wh, state.op_offset, state.op_head)
+    new_half, counts = classify(ctx, state, ops, pass_now)
+    handled = Handled()
+    if counts["discard"] + counts["putback"] + counts["check"]:
+        handled = handle(ctx, new_half, counts, pass_now, resumed, fence)
+    new_op = _finish(ctx, state, ops, new_half, handled.wait_version, pass_now, now)
+    faults.point("check.after_progress_commit")
+    return CheckResult(
+        ran=True,
+        skipped=None,
+        pass_now=pass_now,
+        resumed=resumed,
+        counts=counts,
+        answers=handled.answers,
+        listener_errors=handled.errors,
+        written=handled.written,
+        already_stored=handled.already,
+        half_offset=new_half,
+        op_offset=new_op,
+    )
 
-    ops = read_ops(wh, state.op_offset, op_head)
+
+def _skip_reason(ctx: Context, state: CheckState, now: int) -> str | None:
+    """Why no pass runs now (None: one runs): within the interval, dispatch behind the last
+    pass's copies, or nothing new in the half queue. An unfinished pass always resumes."""
+    resumed = state.pass_now is not None
+    if (
+        not resumed
+        and state.last_pass is not None
+        and now - state.last_pass < ctx.config.transaction_check_interval_ms
+    ):
+        return "interval"
+    if state.indexed_version < state.wait_version:
+        return "dispatch_behind"  # the last pass's copies are not walkable yet
+    if not resumed and state.head <= state.half_offset:
+        return "idle"
+    return None
+
+
+def classify(ctx: Context, state: CheckState, ops: DataFrame, pass_now: int) -> tuple[int, dict[str, int]]:
+    """Each half entry's class (:func:`plan_classes`, left in the temp view), the new half
+    offset (the first *stop*, or past everything read) and the count per class before it."""
+    wh, engine, cfg = ctx.warehouse, ctx.engine, ctx.config
     classified = plan_classes(
-        _queue(wh, TRANS_HALF_TOPIC, state.half_offset, head),
+        _queue(wh, TRANS_HALF_TOPIC, state.half_offset, state.head),
         ops,
         pass_now,
         timeout_ms=cfg.transaction_timeout_ms,
@@ -414,105 +448,126 @@ def run(ctx: Context, now: int, *, fence=None) -> CheckResult:
         f"SELECT cls, count(*) AS n FROM {_VIEW} WHERE queue_offset < {new_half} GROUP BY cls"
     ):
         counts[r["cls"]] = r["n"]
+    return new_half, counts
 
-    answers: dict[str, int] = {}
-    errors = written = already = 0
+
+@dataclass(frozen=True, kw_only=True)
+class Handled:
+    """What handling a pass's entries stored: answers by state, listener errors, rows
+    written (by this attempt; ``already`` by an earlier one), and the commit_log version
+    the next pass waits for dispatch to reach (None: nothing written)."""
+
+    answers: dict[str, int] = field(default_factory=dict)
+    errors: int = 0
+    written: int = 0
+    already: int = 0
     wait_version: int | None = None
-    if counts["discard"] + counts["putback"] + counts["check"]:
-        spark = engine.spark
-        # Entries already handled by an earlier attempt of this same pass (a resumed pass):
-        # each entry's outputs share one position (its offset) and land in one append, so
-        # an entry with any output stored is skipped whole, whatever a listener says now.
-        done_positions, already = _stored_positions(wh, pass_now) if resumed else (None, 0)
-        todo = spark.table(_VIEW).where((F.col("queue_offset") < new_half) & (F.col("cls") != "settled"))
-        if done_positions is not None:
-            todo = todo.join(
-                done_positions,
-                F.col("queue_offset").bitwiseAND(F.lit(0xFFFFFFFF)) == F.col("done_pos"),
-                "left_anti",
-            )
-        keys = engine.rows(
-            f"SELECT DISTINCT cl_batch_id, cl_date FROM {_VIEW} "
-            f"WHERE queue_offset < {new_half} AND cls <> 'settled'"
-        )
-        bodies = read_bodies(wh, (r["cl_date"] for r in keys), (r["cl_batch_id"] for r in keys))
 
-        def with_bodies(index_rows: DataFrame) -> DataFrame:
-            return join_bodies(
-                index_rows.drop("properties").withColumnRenamed("msg_id", "src_msg_id"),
-                bodies,
-                [F.col("topic").alias("real_topic"), F.col("queue_id").alias("real_qid"), *restore_columns()],
-                msg_id="src_msg_id",
-            )
 
-        decided = todo.select(
-            "queue_offset",
-            "cls",
-            "times",
-            "tran_id",
-            "properties",
-            "store_ts",
-            "cl_batch_id",
-            "cl_batch_pos",
-            "msg_id",
+def handle(
+    ctx: Context,
+    new_half: int,
+    counts: dict[str, int],
+    pass_now: int,
+    resumed: bool,
+    fence: Callable[[], None] | None,
+) -> Handled:
+    """Discard, put back or check every entry before ``new_half`` that is not settled, and
+    append every output in one commit (entries an earlier attempt of this pass stored are
+    skipped whole)."""
+    wh, engine = ctx.warehouse, ctx.engine
+    spark = engine.spark
+    # Entries already handled by an earlier attempt of this same pass (a resumed pass):
+    # each entry's outputs share one position (its offset) and land in one append, so
+    # an entry with any output stored is skipped whole, whatever a listener says now.
+    done_positions, already = _stored_positions(wh, pass_now) if resumed else (None, 0)
+    todo = spark.table(_VIEW).where((F.col("queue_offset") < new_half) & (F.col("cls") != "settled"))
+    if done_positions is not None:
+        todo = todo.join(
+            done_positions,
+            F.col("queue_offset").bitwiseAND(F.lit(0xFFFFFFFF)) == F.col("done_pos"),
+            "left_anti",
         )
-        if counts["check"]:
-            configs = ctx.catalog.check_configs()
-            answer_df, errors = _answers(ctx, decided.where(F.col("cls") == "check"), configs, with_bodies)
-            decided = decided.join(answer_df, "queue_offset", "left").withColumn(
-                "state",
-                F.when(F.col("cls") == "check", F.coalesce(F.col("state"), F.lit(TxState.UNKNOWN.value))),
-            )
-        else:
-            decided = decided.withColumn("state", F.lit(None).cast("string"))
-        decided.createOrReplaceTempView(_DECIDED_VIEW)
-        outputs = plan_outputs(with_bodies(spark.table(_DECIDED_VIEW)), pass_now)
-        # Every entry handled writes at least one row; a resumed pass may have none left.
-        left = done_positions is None or engine.rows(f"SELECT 1 FROM {_DECIDED_VIEW} LIMIT 1")
-        faults.point("check.before_output_commit")
-        if left:
-            if fence:
-                fence()
-            engine.commit(lambda: wh.append("commit_log", outputs), what=JOB)
-        faults.point("check.after_output_commit")
-        # What the pass (every attempt of it) stored, by kind: the answers follow from it.
-        kinds = _stored_kinds(wh, pass_now)
-        written = sum(kinds.values()) - already
-        answers = {
+    keys = engine.rows(
+        f"SELECT DISTINCT cl_batch_id, cl_date FROM {_VIEW} "
+        f"WHERE queue_offset < {new_half} AND cls <> 'settled'"
+    )
+    bodies = read_bodies(wh, (r["cl_date"] for r in keys), (r["cl_batch_id"] for r in keys))
+
+    def with_bodies(index_rows: DataFrame) -> DataFrame:
+        return join_bodies(
+            index_rows.drop("properties").withColumnRenamed("msg_id", "src_msg_id"),
+            bodies,
+            [F.col("topic").alias("real_topic"), F.col("queue_id").alias("real_qid"), *restore_columns()],
+            msg_id="src_msg_id",
+        )
+
+    decided = todo.select(
+        "queue_offset",
+        "cls",
+        "times",
+        "tran_id",
+        "properties",
+        "store_ts",
+        "cl_batch_id",
+        "cl_batch_pos",
+        "msg_id",
+    )
+    errors = 0
+    if counts["check"]:
+        configs = ctx.catalog.check_configs()
+        answer_df, errors = _answers(ctx, decided.where(F.col("cls") == "check"), configs, with_bodies)
+        decided = decided.join(answer_df, "queue_offset", "left").withColumn(
+            "state",
+            F.when(F.col("cls") == "check", F.coalesce(F.col("state"), F.lit(TxState.UNKNOWN.value))),
+        )
+    else:
+        decided = decided.withColumn("state", F.lit(None).cast("string"))
+    decided.createOrReplaceTempView(_DECIDED_VIEW)
+    outputs = plan_outputs(with_bodies(spark.table(_DECIDED_VIEW)), pass_now)
+    # Every entry handled writes at least one row; a resumed pass may have none left.
+    left = done_positions is None or engine.rows(f"SELECT 1 FROM {_DECIDED_VIEW} LIMIT 1")
+    faults.point("check.before_output_commit")
+    if left:
+        if fence:
+            fence()
+        engine.commit(partial(wh.append, "commit_log", outputs), what=JOB)
+    faults.point("check.after_output_commit")
+    # What the pass (every attempt of it) stored, by kind: the answers follow from it.
+    kinds = _stored_kinds(wh, pass_now)
+    return Handled(
+        answers={
             TxState.COMMIT.value: kinds.get(ids.KIND_TXN_COMMIT, 0),
             TxState.ROLLBACK.value: kinds.get(ids.KIND_TXN_OP, 0) - kinds.get(ids.KIND_TXN_COMMIT, 0),
             TxState.UNKNOWN.value: kinds.get(ids.KIND_TXN_HALF, 0) - counts["putback"],
-        }
+        },
+        errors=errors,
+        written=sum(kinds.values()) - already,
+        already=already,
         # the next pass waits for dispatch to index this far (the copies written here)
-        wait_version = deltalog.latest_version(wh.storage, wh.uri("commit_log"))
+        wait_version=deltalog.latest_version(wh.storage, wh.uri("commit_log")),
+    )
 
-    # the op offset: first op record whose transaction still has an entry to walk
-    pending_op = first_pending_op(wh, new_half, head, ops)
-    new_op = pending_op if pending_op is not None else max(op_head, state.op_offset)
-    engine.commit(
-        lambda: advance_offsets(
-            wh,
-            TRANSACTION_GROUP,
-            [(TRANS_HALF_TOPIC, 0, new_half, wait_version), (TRANS_OP_HALF_TOPIC, 0, new_op, pass_now)],
-            now,
-            attempt_ts=None,
-        ),
-        what="offsets",
+
+def _finish(
+    ctx: Context,
+    state: CheckState,
+    ops: DataFrame,
+    new_half: int,
+    wait_version: int | None,
+    pass_now: int,
+    now: int,
+) -> int:
+    """Move the half offset and the op offset (the first op record whose transaction still
+    has an entry to walk) and end the pass; returns the new op offset."""
+    wh = ctx.warehouse
+    pending_op = first_pending_op(wh, new_half, state.head, ops)
+    new_op = pending_op if pending_op is not None else max(state.op_head, state.op_offset)
+    rows = [(TRANS_HALF_TOPIC, 0, new_half, wait_version), (TRANS_OP_HALF_TOPIC, 0, new_op, pass_now)]
+    ctx.engine.commit(
+        partial(advance_offsets, wh, TRANSACTION_GROUP, rows, now, attempt_ts=None), what="offsets"
     )
-    faults.point("check.after_progress_commit")
-    return CheckResult(
-        ran=True,
-        skipped=None,
-        pass_now=pass_now,
-        resumed=resumed,
-        counts=counts,
-        answers=answers,
-        listener_errors=errors,
-        written=written,
-        already_stored=already,
-        half_offset=new_half,
-        op_offset=new_op,
-    )
+    return new_op
 
 
 def _pass_rows(wh: Warehouse, now: int) -> DataFrame:
