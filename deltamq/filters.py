@@ -8,11 +8,13 @@ RocketMQ matches the consume queue's tag hash code and then the commit log's tag
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from deltamq.config import Subscription
+from deltamq.config import EXPRESSION_TYPES, Subscription
 from deltamq.errors import FilterSyntaxError
 
-EXPRESSION_TYPES = ("TAG", "SQL92")
+if TYPE_CHECKING:
+    from pyspark.sql import Column
 
 
 def parse_tag_expression(expression: str) -> list[str] | None:
@@ -357,7 +359,21 @@ def _num_text(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else str(v)
 
 
-def subscription_filter(sub: Subscription):
+def tags_match(tag_list: Column) -> Column:
+    """Spark Column: a ``consume_queue`` row's tag is in the array column ``tag_list`` (a
+    NULL array matches every row) — its ``tags_hash`` first, the tag string after. The
+    one tag matcher: push delivery ships each take's list as data, pull clients, sinks
+    and the accounting give a literal array."""
+    from pyspark.sql import functions as F
+
+    return tag_list.isNull() | (
+        F.col("tags").isNotNull()
+        & F.exists(tag_list, lambda x: F.xxhash64(x) == F.col("tags_hash"))
+        & F.array_contains(tag_list, F.col("tags"))
+    )
+
+
+def subscription_filter(sub: Subscription) -> Column:
     """Spark Column: a ``consume_queue`` row matches subscription ``sub`` (its tag list or
     SQL92 predicate; ``*`` matches everything)."""
     from pyspark.sql import functions as F
@@ -367,7 +383,7 @@ def subscription_filter(sub: Subscription):
     tags = parse_tag_expression(sub.expression)
     if tags is None:
         return F.lit(True)
-    return F.col("tags").isNotNull() & F.col("tags").isin(*tags)
+    return tags_match(F.array(*[F.lit(t) for t in tags]))
 
 
 def subscriptions_filter(subs: Iterable[Subscription], default: bool = False):

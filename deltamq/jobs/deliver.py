@@ -38,7 +38,7 @@ from pyspark.sql import functions as F
 
 from deltamq import dedup, faults
 from deltamq.consumer import ImportPathListener
-from deltamq.filters import compile_sql92, parse_tag_expression
+from deltamq.filters import compile_sql92, parse_tag_expression, tags_match
 from deltamq.jobs import sendback
 from deltamq.jobs.listener_worker import Home
 from deltamq.tables.bodies import join_bodies, read_bodies
@@ -488,11 +488,7 @@ def take(ctx: Context, work: Pass, now: int) -> Taken:
         & (F.col("queue_offset") >= F.col("lo"))
         & (F.col("queue_offset") < F.col("hi")),
     )
-    matches = F.col("tag_list").isNull() | (
-        F.col("tags").isNotNull()
-        & F.exists(F.col("tag_list"), lambda x: F.xxhash64(x) == F.col("tags_hash"))
-        & F.array_contains(F.col("tag_list"), F.col("tags"))
-    )
+    matches = tags_match(F.col("tag_list"))
     for g, topic, expression in sorted({(t.group, t.topic, t.sql92) for t in takes if t.sql92}):
         matches = F.when(
             (F.col("consumer_group") == g) & (F.col("t_topic") == topic), compile_sql92(expression)
