@@ -21,16 +21,21 @@ _EXPORTS = {
     "ConsumeStatus": "deltamq.consumer",
     "ConsumeContext": "deltamq.consumer",
     "ConsumeOrderlyStatus": "deltamq.consumer",
+    "TxState": "deltamq.constants",
+    "TickResult": "deltamq.orchestration.tick",
+    "GroupConfig": "deltamq.config",
 }
 __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
     from deltamq.broker import Broker  # noqa: F401
     from deltamq.clock import FakeClock, SystemClock  # noqa: F401
-    from deltamq.config import BrokerConfig  # noqa: F401
+    from deltamq.config import BrokerConfig, GroupConfig  # noqa: F401
+    from deltamq.constants import TxState  # noqa: F401
     from deltamq.consumer import ConsumeContext, ConsumeOrderlyStatus, ConsumeStatus  # noqa: F401
     from deltamq.errors import DeltaMQError  # noqa: F401
     from deltamq.message import Message, StoredMessage  # noqa: F401
+    from deltamq.orchestration.tick import TickResult  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -72,6 +72,13 @@ class Broker:
     def catalog(self) -> Catalog:
         return self.context.catalog
 
+    @property
+    def spark(self) -> SparkSession:
+        """The Spark session this broker works through (Spark Connect to the embedded Sail
+        server, a remote endpoint, or a classic session): build DataFrames to send with
+        ``producer.send_dataframe``, or query the tables yourself."""
+        return self.engine.spark
+
     def reconfigure(self, **changes: Any) -> BrokerConfig:
         """Change settings of this broker from now on, e.g. ``reconfigure(compact=False)``:
         a new validated :class:`BrokerConfig` for its context, catalog and tick runner."""

@@ -28,6 +28,7 @@ from deltamq.config import (
     Subscription,
 )
 from deltamq.constants import DLQ_PREFIX, MAX_QUEUES, Perm, dlq_topic, is_system_topic, retry_topic
+from deltamq.consumer import resolve_listener
 from deltamq.errors import AlreadyExists, ConfigError, SystemTopicError, UnknownGroup, UnknownTopic
 from deltamq.filters import validate_expression
 from deltamq.message import validate_group_name, validate_topic_name
@@ -327,7 +328,7 @@ class Catalog(Topics):
     # --- producer groups: transaction check-back ---------------------------------------------
     def set_check_listener(self, producer_group: str, listener: Callable[..., Any] | str) -> None:
         """Answer the group's check-back with ``listener`` (docs/behaviour.md §5)."""
-        path = listener_path(self.check_listeners, producer_group, listener)
+        path = listener_path(self.check_listeners, producer_group, listener, "check listener")
         self._set_check(producer_group, listener=path)
 
     def set_check_table(self, cfg: CheckConfig) -> None:
@@ -399,18 +400,23 @@ def new_group_config(
     return GroupConfig(name, mode=mode, orderly=orderly, max_reconsume_times=max_reconsume_times, **settings)
 
 
-def listener_path(registry: Registry, group: str, listener: Callable[..., Any] | str | None) -> str | None:
+def listener_path(
+    registry: Registry, group: str, listener: Callable[..., Any] | str | None, what: str = "listener"
+) -> str | None:
     """The import path to store for ``listener``; a callable is also kept in ``registry``
-    for this process (its path is stored only when another process could import it)."""
+    for this process (its path is stored only when another process could import it). An
+    import path is imported here first: one that cannot be is refused now
+    (ListenerUnavailable), not found out message by message at delivery."""
     if listener is None:
         return None
     if isinstance(listener, str):
         module, sep, attr = listener.partition(":")
         if not sep or not module or not attr:
-            raise ConfigError(f"listener {listener!r} is not an import path; use 'package.module:function'")
+            raise ConfigError(f"{what} {listener!r} is not an import path; use 'package.module:function'")
+        resolve_listener(listener, what)
         return listener
     if not callable(listener):
-        raise ConfigError(f"listener {listener!r} is neither a callable nor an import path")
+        raise ConfigError(f"{what} {listener!r} is neither a callable nor an import path")
     registry[group] = listener
     owner = inspect.getmodule(listener)
     qualname = getattr(listener, "__qualname__", "")

@@ -163,3 +163,6 @@ JOB_STEPS: tuple[tuple[str, str], ...] = (
 )
 JOB_NAMES: tuple[str, ...] = tuple(dict.fromkeys(lease for _, lease in JOB_STEPS))
 """The job kinds (one lease each), in order."""
+
+MAX_ERROR_CHARS = 4096
+"""The longest error text kept (a listener's error in ``LAST_ERROR``, a tick's in ``job_runs``)."""

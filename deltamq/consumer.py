@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from deltamq.errors import ConfigError
+from deltamq.errors import ConfigError, ListenerUnavailable
 
 
 class ConsumeStatus(StrEnum):
@@ -70,9 +70,12 @@ def resolve_listener(path: str, what: str = "listener") -> Listener:
         for part in attr.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as e:
-        raise ConfigError(f"{what} {path!r} cannot be imported: {e}") from e
+        raise ListenerUnavailable(
+            f"{what} {path!r} cannot be imported: {e}; the module must be importable where the "
+            "jobs run (install it, or add its folder to PYTHONPATH)"
+        ) from e
     if not callable(obj):
-        raise ConfigError(f"{what} {path!r} is not callable")
+        raise ListenerUnavailable(f"{what} {path!r} is {type(obj).__name__}, not a callable")
     return obj
 
 

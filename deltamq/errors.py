@@ -125,5 +125,11 @@ class WarehouseNotFound(DeltaMQError, FileNotFoundError):
     """No deltamq warehouse at the location given (and the command does not create one)."""
 
 
+class ListenerUnavailable(ConfigError):
+    """A listener, check listener or sink transform given by import path cannot be
+    imported (or is not callable) in the process that needs it: a set-up error, not a
+    failure of the message."""
+
+
 class UnsafeStorage(ConfigError):
     """The store cannot make concurrent Delta commits safe with the settings given."""

@@ -336,7 +336,7 @@ def configure(
     keys = validate_keys(key_columns)
     check_group(ctx, group)
     registry: dict[str, Callable[..., Any]] = {}
-    path = listener_path(registry, group, transform)
+    path = listener_path(registry, group, transform, f"transform of sink {group!r}")
     cfg = SinkConfig(group, table, keys, path)
     fn = registry.get(group) or (load_transform(ctx, cfg) if path else None)
     # the transform and the table are checked now, on an empty batch

@@ -351,7 +351,9 @@ def test_import_path_check_listener_is_found_by_another_process(setup, clock, tm
 
     broker, log = setup
     producer = broker.producer("shop", check_listener="listeners:check_by_body")
-    broker.producer("lost", check_listener="listeners:no_such_function")
+    # a check listener whose module was importable when registered and is gone now (a path
+    # that cannot be imported is refused when registered: test_first_hour.py)
+    broker.catalog._set_check("lost", listener="listeners:no_such_function")
     assert broker.check_configs()["shop"].listener == "listeners:check_by_body"
     for body in ("COMMIT", "ROLLBACK", "maybe"):
         producer.send_in_transaction(Message("orders", body), lambda m, a: TxState.UNKNOWN)

@@ -11,6 +11,9 @@ from deltamq.cli.parser import now_arg
 
 SKIPPED_EXIT = 3
 """Exit status of a one-shot tick or job whose lease another runner holds."""
+SETUP_FAILED_EXIT = 4
+"""Exit status of a tick in which a push group consumed nothing because its listener could
+not be loaded (an import error, say): its messages wait, nothing was retried."""
 
 
 def tick(broker, args: argparse.Namespace) -> int:
@@ -25,14 +28,26 @@ def tick(broker, args: argparse.Namespace) -> int:
         print(f"skipped: {e}", file=sys.stderr)
         return SKIPPED_EXIT
     print(result.summary())
-    return 0
+    return _say_setup_errors(result)
+
+
+def _say_setup_errors(result) -> int:
+    """Loudly, on stderr: each push group whose listener could not be loaded."""
+    for group, why in result.setup_errors:
+        print(f"deltamq: error: group {group!r} consumed nothing: {why}", file=sys.stderr, flush=True)
+    return SETUP_FAILED_EXIT if result.setup_errors else 0
+
+
+def _tick_line(result) -> None:
+    print(result.summary(), flush=True)
+    _say_setup_errors(result)
 
 
 def _loop(broker, args: argparse.Namespace) -> int:
     n = broker.runner.loop(
         args.interval,
         args.for_s,
-        on_tick=lambda r: print(r.summary(), flush=True),
+        on_tick=_tick_line,
         on_wait=lambda e: print(f"waiting: {e}", flush=True),
     )
     print(f"stopped after {n} ticks")
@@ -43,7 +58,7 @@ def job(broker, args: argparse.Namespace) -> int:
     from deltamq.errors import LeaseHeld
     from deltamq.orchestration.tick import TickRunner, job_sequence
 
-    runner = TickRunner(broker, sequence=job_sequence(args.name))
+    runner = TickRunner(broker.context, sequence=job_sequence(args.name))
     _ready()
     try:
         result = runner.tick(now_arg(args.now))
@@ -53,7 +68,7 @@ def job(broker, args: argparse.Namespace) -> int:
     finally:
         runner.release()
     print(result.summary(), flush=True)
-    return 0
+    return _say_setup_errors(result)
 
 
 def _ready() -> None:

@@ -89,9 +89,11 @@ class DeliverResult:
     dropped: int = 0  # BROADCASTING failures: logged and dropped
     suspended: int = 0  # orderly: messages of suspended chunks (their queue waits)
     deduplicated: int = 0  # key already consumed within the window: acknowledged unseen
+    setup_failed: int = 0  # not handed over: the group's listener could not be loaded (they wait)
     backlog: int = 0  # messages behind the push groups' offsets when the pass began (their lag)
     groups: int = 0
     errors: tuple[tuple[str, str, str], ...] = ()  # (group, msg id, error text), a sample
+    setup_errors: tuple[tuple[str, str], ...] = ()  # (group, error) of groups whose listener cannot load
     skipped_groups: tuple[str, ...] = ()
     by_group: dict[str, dict[str, int]] = field(default_factory=dict)
     sinks: tuple[str, ...] = ()  # groups that are exact-once sinks (the tick's sink step runs them)
@@ -108,6 +110,8 @@ class DeliverResult:
             "dropped": self.dropped,
             "suspended": self.suspended,
             "deduplicated": self.deduplicated,
+            "setup_failed": self.setup_failed,
+            "listener_errors": len(self.errors),
             "backlog": self.backlog,
             "groups": self.groups,
             "groups_without_listener": len(self.skipped_groups),
@@ -416,6 +420,7 @@ class Decided:
     failures: list[sendback.Failure]
     positions: dict[tuple[str, str, str, int], tuple[int, int, int | None]]
     errors: list[tuple[str, str, str]]
+    setup_errors: dict[str, str]  # group -> why its listener could not be loaded
 
 
 def run(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -> DeliverResult:
@@ -606,6 +611,17 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
     for o in consumed.outcomes:
         if o["reason"] == "suspend":
             suspended[(o["consumer_group"], o["client_id"], o["topic"], o["queue_id"])].append(o)
+    # a listener that cannot be loaded consumed nothing: its queues stay where they were
+    # (no retry, no dead letter; the tick says so) until the listener is fixed
+    setup_errors: dict[str, str] = {}
+    for o in consumed.outcomes:
+        if o["reason"] == "setup":
+            qkey = (o["consumer_group"], o["client_id"], o["topic"], o["queue_id"])
+            t = takes_by_queue[qkey]
+            held = min(positions.get(qkey, (o["queue_offset"], 0, None))[0], o["queue_offset"])
+            positions[qkey] = (held, t.suspends, None)
+            counts[o["consumer_group"]]["setup_failed"] += 1
+            setup_errors.setdefault(o["consumer_group"], o["error"])
     for qkey, chunk in suspended.items():
         t = takes_by_queue[qkey]
         chunk.sort(key=lambda o: o["queue_offset"])
@@ -623,7 +639,7 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
     failures: list[sendback.Failure] = []
     errors: list[tuple[str, str, str]] = []
     for o in consumed.outcomes + _poisoned(ctx, taken):
-        if o["reason"] in ("suspend", "not_delivered"):
+        if o["reason"] in ("suspend", "not_delivered", "setup"):
             continue
         g = o["consumer_group"]
         cfg = groups[g]
@@ -646,7 +662,7 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
         if o["reason"] in ("poison", "timeout"):
             counts[g]["poison"] += 1
         failures.append(d)
-    return Decided(failures, positions, errors)
+    return Decided(failures, positions, errors, setup_errors)
 
 
 def write(
@@ -680,6 +696,8 @@ def _result(work: Pass, taken: Taken, decided: Decided) -> DeliverResult:
         taken=taken.rows,
         consumed=total["consumed"],
         deduplicated=total["deduplicated"],
+        setup_failed=total["setup_failed"],
+        setup_errors=tuple(sorted(decided.setup_errors.items())),
         filtered=total["filtered"],
         retried=total["retried"],
         dead_lettered=total["dead_lettered"],

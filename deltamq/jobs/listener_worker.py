@@ -43,7 +43,8 @@ _START_TIMEOUT_S = 120.0
 @dataclass(frozen=True)
 class Outcome:
     """Result of one message: ``ok`` (consumed) or failed with a requested level, or no
-    outcome at all (``reason`` poison / timeout)."""
+    outcome at all (``reason`` poison / timeout), or not handed over because the listener
+    itself could not be loaded (``reason`` setup)."""
 
     ok: bool
     level: int = 0
@@ -110,7 +111,9 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
     sys.path[:] = _recv(proto_in)
     listener = _recv(proto_in)
 
+    from deltamq.constants import MAX_ERROR_CHARS
     from deltamq.consumer import SUCCESS_STATUSES, ConsumeContext
+    from deltamq.errors import ListenerUnavailable
 
     _send(proto_out, "ready")  # start-up is not part of any call's timeout
 
@@ -128,19 +131,21 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
             return
         ctx = ConsumeContext(group=group, ack_index=len(messages) - 1, instance=instance)
         error = None
+        setup = False
         try:
             status = listener(messages, ctx)
         except BaseException as e:  # noqa: BLE001 - any failure of the listener is RECONSUME_LATER
-            status, error = None, f"{type(e).__name__}: {e}"[:2000]
+            status, error = None, f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]
+            setup = isinstance(e, ListenerUnavailable)  # not the message's fault: nothing consumed
         ok = isinstance(status, str) and status in SUCCESS_STATUSES
         if not ok and error is None:
-            error = f"listener returned {status!r}"[:2000]
+            error = f"listener returned {status!r}"[:MAX_ERROR_CHARS]
         ack = ctx.ack_index
         if not isinstance(ack, int) or isinstance(ack, bool):
             ack = len(messages) - 1
         level = ctx.delay_level_when_next_consume
         level = level if isinstance(level, int) and not isinstance(level, bool) else 0
-        _send(proto_out, (ok, max(-1, min(ack, len(messages) - 1)), level, error))
+        _send(proto_out, (ok, max(-1, min(ack, len(messages) - 1)), level, error, setup))
 
 
 class _Worker:
@@ -152,7 +157,10 @@ class _Worker:
         env = dict(home.env)
         env.pop("DELTAMQ_CRASH_AT", None)  # crash points are for the broker, not its workers
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "deltamq.jobs.listener_worker"],
+            # -P: the current directory is not put first on the path, so a folder there
+            # named like a package (a clone's parent holds ``deltamq/``) cannot shadow it;
+            # the listener's own path is the broker's sys.path, sent below
+            [sys.executable, "-P", "-m", "deltamq.jobs.listener_worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -305,7 +313,9 @@ def consume(
 
 
 def _apply(reply: tuple, start: int, n: int) -> list[Span]:
-    ok, ack, level, error = reply
+    ok, ack, level, error, setup = reply
+    if setup:  # the listener could not even be loaded: no message was consumed
+        return [(start, n, Outcome(False, reason="setup", error=error))]
     if not ok:
         return [(start, n, Outcome(False, level=level, error=error))]
     spans: list[Span] = [(start, ack + 1, Outcome(True))] if ack >= 0 else []

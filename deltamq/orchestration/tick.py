@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from deltamq import ids
 from deltamq.clock import ms_to_iso, to_ms
-from deltamq.constants import JOB_NAMES, JOB_STEPS
+from deltamq.constants import JOB_NAMES, JOB_STEPS, MAX_ERROR_CHARS
 from deltamq.errors import ClockError, LeaseHeld
 from deltamq.jobs import check_transactions, deliver, dispatch, promote, retain
 from deltamq.orchestration.leases import Leases, wall_ms
@@ -67,10 +67,69 @@ class TickResult:
     def ok(self) -> bool:
         return all(j.status != "FAILED" for j in self.jobs)
 
-    def summary(self) -> str:
-        parts = [f"{j.job}: {j.status} in={j.rows_in} out={j.rows_out}" for j in self.jobs]
-        return f"tick {ms_to_iso(self.now)} — " + "; ".join(parts)
+    @property
+    def delivered(self) -> Any:
+        """The deliver job's result (``deliver.DeliverResult``), or None when it did not run."""
+        return next((j.result for j in self.jobs if j.job == "deliver"), None)
 
+    @property
+    def setup_errors(self) -> tuple[tuple[str, str], ...]:
+        """(group, why) of push groups whose listener could not be loaded: they consumed
+        nothing this tick and their messages wait (``deltamq tick`` exits 4)."""
+        d = self.delivered
+        return tuple(d.setup_errors) if d is not None else ()
+
+    def summary(self) -> str:
+        """One line: each job's status and rows in/out, then each push group's counts."""
+        parts = [f"{j.job}: {j.status} in={j.rows_in} out={j.rows_out}" for j in self.jobs]
+        return (
+            f"tick {ms_to_iso(self.now)} — "
+            + "; ".join(parts)
+            + "".join(f" | {g}: {text}" for g, text in self.group_lines())
+        )
+
+    def group_lines(self) -> list[tuple[str, str]]:
+        """Per push group that took messages: consumed / retried / dead-lettered / filtered /
+        deduplicated / suspended / dropped / not handed over, and its errors."""
+        d = self.delivered
+        if d is None:
+            return []
+        errors: dict[str, int] = {}
+        for g, _, _ in d.errors:
+            errors[g] = errors.get(g, 0) + 1
+        out = []
+        for g, c in sorted(d.by_group.items()):
+            shown = [f"{_LABELS.get(k, k)} {c[k]}" for k in _GROUP_COUNTS if c.get(k)]
+            if errors.get(g):
+                shown.append(f"errors {errors[g]}")
+            if shown:
+                out.append((g, ", ".join(shown)))
+        return out
+
+    def __str__(self) -> str:
+        lines = [f"tick {ms_to_iso(self.now)} ({self.tick_id}, {'ok' if self.ok else 'FAILED'})"]
+        for j in self.jobs:
+            lines.append(f"  {j.job:<19} {j.status:<8} in={j.rows_in} out={j.rows_out}")
+            if j.error:
+                lines.append(f"    {j.error}")
+        for g, text in self.group_lines():
+            lines.append(f"  group {g}: {text}")
+        for g, why in self.setup_errors:
+            lines.append(f"  group {g} consumed nothing: {why}")
+        return "\n".join(lines)
+
+
+_GROUP_COUNTS = (
+    "consumed",
+    "retried",
+    "dead_lettered",
+    "filtered",
+    "deduplicated",
+    "suspended",
+    "dropped",
+    "setup_failed",
+)
+_LABELS = {"dead_lettered": "dead-lettered", "setup_failed": "not handed over"}
 
 JobFn = Callable[..., Any]
 """A step: ``(runner, now, fence, runs so far) -> JobRun | None`` (None: it did not run)."""
@@ -108,9 +167,24 @@ def _deliver(runner: TickRunner, now: int, fence: Callable[[], None], runs: list
         status="OK",
         rows_in=r.taken,
         rows_out=r.consumed + r.retried + r.dead_lettered,
+        error=_listener_errors(r),
         details=r.details,
         result=r,
     )
+
+
+def _listener_errors(r: deliver.DeliverResult) -> str | None:
+    """The deliver row's ``error`` in ``job_runs``: per group whose listener failed, how
+    many failures and the first error (a listener that cannot be loaded first)."""
+    first: dict[str, str] = dict(r.setup_errors)
+    n: dict[str, int] = {g: r.by_group.get(g, {}).get("setup_failed", 0) for g in first}
+    for g, _, error in r.errors:
+        first.setdefault(g, error)
+        n[g] = n.get(g, 0) + 1
+    if not first:
+        return None
+    text = "; ".join(f"group {g}: {n[g]} failed, first: {first[g]}" for g in sorted(first))
+    return text[:MAX_ERROR_CHARS]
 
 
 def _pull_expiry(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:

@@ -1,0 +1,143 @@
+"""What goes wrong in a new user's first hour, each fixed: a listener that cannot be
+imported is refused when named and, should it vanish later, reported loudly while its
+messages wait; listener workers are not shadowed by the current directory; the Python
+API has what the README shows."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from listeners import Recorder
+
+from deltamq import Message
+from deltamq.cli import main
+from deltamq.errors import ListenerUnavailable
+
+
+def test_a_listener_path_that_cannot_be_imported_is_refused_when_named(broker, tmp_path, capsys):
+    broker.create_topic("orders", queues=1)
+    with pytest.raises(
+        ListenerUnavailable, match=r"'nosuch_mod:fn' cannot be imported: No module named 'nosuch_mod'"
+    ):
+        broker.create_group("g", "nosuch_mod:fn")
+    with pytest.raises(ListenerUnavailable, match=r"'listeners:no_such_function' cannot be imported"):
+        broker.create_group("g", "listeners:no_such_function")
+    with pytest.raises(ListenerUnavailable, match=r"check listener 'nosuch_mod:check'"):
+        broker.producer("shop", check_listener="nosuch_mod:check")
+    assert "g" not in broker.groups() and "shop" not in broker.check_configs()
+    broker.create_group("lake")
+    with pytest.raises(ListenerUnavailable, match=r"transform of sink 'lake'"):
+        broker.sink_to_table("lake", str(tmp_path / "sink"), ["msg_id"], "nosuch_mod:rows")
+    wh = str(broker.warehouse.location)
+    code = main(["group", "create", "cli", "--listener", "nosuch_mod:fn", "--warehouse", wh])
+    err = capsys.readouterr().err
+    assert code == 2 and "nosuch_mod:fn" in err and "No module named 'nosuch_mod'" in err
+
+
+def test_a_listener_that_vanishes_is_reported_and_its_messages_wait(
+    broker, clock, tmp_path, monkeypatch, capsys
+):
+    """The module is importable when the group is made, then deleted: the tick says which
+    group consumed nothing and why (result, tick line, job_runs, `deltamq tick` exit 4),
+    nothing is retried or dead-lettered, and once the module is back every message arrives."""
+    module = tmp_path / "vanishing_listener.py"
+    log = tmp_path / "calls.jsonl"
+    module.write_text(
+        textwrap.dedent(
+            f"""
+            import json
+
+            def ok(messages, context):
+                with open({str(log)!r}, "a") as fh:
+                    for m in messages:
+                        fh.write(json.dumps(m.body.decode()) + "\\n")
+                return "CONSUME_SUCCESS"
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    broker.create_topic("orders", queues=1)
+    broker.create_group("g", "vanishing_listener:ok", consume_from="FIRST_OFFSET")
+    broker.subscribe("g", "orders")
+    broker.create_group("fine", Recorder(tmp_path / "fine.jsonl"), consume_from="FIRST_OFFSET")
+    broker.subscribe("fine", "orders")
+    p = broker.producer("shop")
+    for i in range(3):
+        p.send(Message("orders", f"m{i}".encode()))
+    source = module.read_text()
+    module.unlink()
+
+    result = broker.tick(clock.now_ms())
+    d = result.delivered
+    assert (d.consumed, d.setup_failed, d.retried, d.dead_lettered) == (3, 3, 0, 0)  # "fine" consumed 3
+    ((group, why),) = result.setup_errors
+    assert group == "g" and "vanishing_listener" in why and "cannot be imported" in why
+    assert "g: not handed over 3" in result.summary() and "fine: consumed 3" in result.summary()
+    assert "group g consumed nothing" in str(result)
+    row = broker.sql("SELECT error FROM job_runs WHERE job = 'deliver'").collect()[0]
+    assert "group g: 3 failed" in row["error"] and "cannot be imported" in row["error"]
+    assert broker.sql("SELECT count(*) FROM commit_log WHERE topic LIKE '%\\%g'").collect()[0][0] == 0
+    broker.close()  # the CLI's tick takes the leases
+
+    clock.advance(seconds=1)
+    code = main(["tick", "--now", str(clock.now_ms()), "--warehouse", str(broker.warehouse.location)])
+    captured = capsys.readouterr()
+    assert code == 4 and "group 'g' consumed nothing" in captured.err
+
+    module.write_text(source)
+    clock.advance(seconds=1)
+    assert main(["tick", "--now", str(clock.now_ms()), "--warehouse", str(broker.warehouse.location)]) == 0
+    assert sorted(open(log).read().split()) == ['"m0"', '"m1"', '"m2"']
+
+
+@pytest.mark.slow
+def test_listener_workers_are_not_shadowed_by_a_deltamq_folder_in_the_current_directory(tmp_path):
+    """Run from a folder holding ``deltamq/`` (a clone's parent): the worker must import the
+    installed package, and the listener (which imports ``deltamq``) its own module."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "shadow_listener.py").write_text(
+        "from deltamq import ConsumeStatus\n\n\ndef ok(messages, context):\n"
+        "    return ConsumeStatus.CONSUME_SUCCESS\n"
+    )
+    (lib / "run.py").write_text(
+        textwrap.dedent(
+            f"""
+            from deltamq import Broker, FakeClock, Message
+
+            with Broker.open({str(tmp_path / "wh")!r}, clock=FakeClock()) as b:
+                b.create_topic("t", queues=1)
+                b.create_group("g", "shadow_listener:ok", consume_from="FIRST_OFFSET")
+                b.subscribe("g", "t")
+                b.producer().send(Message("t", b"x"))
+                d = b.tick().delivered
+                print(d.consumed, d.setup_failed, d.errors)
+            """
+        )
+    )
+    cwd = tmp_path / "parent"
+    (cwd / "deltamq").mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": str(lib)}
+    out = subprocess.run(
+        [sys.executable, str(lib / "run.py")], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[:2] == ["1", "0"], out.stdout
+
+
+def test_the_python_api_has_what_the_readme_shows(broker, clock):
+    import deltamq
+    from deltamq.constants import TxState
+
+    assert deltamq.TxState is TxState and deltamq.TickResult.__name__ == "TickResult"
+    assert broker.spark is broker.engine.spark
+    with broker as b:
+        b.create_topic("orders", queues=1)
+        result = b.tick(clock.now_ms())
+    text = str(result)
+    assert text.startswith("tick ") and "dispatch" in text and "JobRun(" not in text
+    assert len(text.splitlines()) == len(result.jobs) + 1
