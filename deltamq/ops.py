@@ -16,6 +16,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from deltamq import ids
+from deltamq.clock import ms_to_iso
 from deltamq.constants import (
     DISPATCH_GROUP,
     DLQ_PREFIX,
@@ -28,6 +29,7 @@ from deltamq.constants import (
     Prop,
 )
 from deltamq.errors import ConfigError, OperationError
+from deltamq.filters import subscription_filter
 from deltamq.message import Message, validate_group_name
 from deltamq.orchestration.leases import Leases
 from deltamq.producer import Producer
@@ -230,16 +232,71 @@ def _kind(row: dict[str, Any], origin: str) -> str:
     return "promoted (due)"
 
 
+def _lineage_root(ctx: Context, msg_id: str, floor: int) -> str:
+    """The id of the message ``msg_id`` is a copy of (a promoted, retried or dead-lettered
+    copy names its original in ``UNIQ_KEY``), or ``msg_id`` itself."""
+    props = F.col("properties")
+    root = F.coalesce(props.getItem(Prop.UNIQ_KEY), props.getItem(Prop.ORIGIN_MESSAGE_ID))
+    for table, batch in (("consume_queue", "cl_batch_id"), ("commit_log", "batch_id")):
+        found = (
+            ctx.warehouse.read(table)
+            .where((F.col(batch) >= F.lit(floor)) & (F.col("msg_id") == F.lit(msg_id)))
+            .select(root.alias("root"))
+            .limit(1)
+            .collect()
+        )
+        if found:
+            return found[0]["root"] or msg_id
+    return msg_id
+
+
+def _sent_back(ctx: Context, lineages: set[str], floor: int) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """The copies groups sent back of the messages ``lineages`` (their ``UNIQ_KEY``) —
+    stored, indexed or not yet — by (message, group, retry number): where each went (retry
+    or DLQ), when it is due, and why."""
+    props = F.col("properties")
+    rows = (
+        ctx.warehouse.read("commit_log")
+        .where(
+            (F.col("batch_id") >= F.lit(floor))
+            & (F.col("topic").startswith(RETRY_PREFIX) | F.col("topic").startswith(DLQ_PREFIX))
+            & props.getItem(Prop.UNIQ_KEY).isin(*sorted(lineages))
+        )
+        .select("topic", "reconsume_times", "store_ts", "properties")
+        .collect()
+    )
+    delays = dict(ctx.warehouse.levels())
+    out: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for r in rows:
+        p = r["properties"] or {}
+        dead = r["topic"].startswith(DLQ_PREFIX)
+        group = r["topic"][len(DLQ_PREFIX if dead else RETRY_PREFIX) :]
+        if dead:
+            due = None
+        elif p.get(Prop.TIMER_DELIVER_MS):
+            due = int(p[Prop.TIMER_DELIVER_MS])
+        else:
+            due = r["store_ts"] + delays.get(int(p.get(Prop.DELAY) or 0), 0)
+        key = (p.get(Prop.UNIQ_KEY) or "", group, r["reconsume_times"] or 0)
+        out[key] = {"dead": dead, "due": due, "reason": p.get(Prop.DLQ_REASON)}
+    return out
+
+
 def trace(ctx: Context, msg_id: str) -> list[dict[str, Any]]:
-    """Every index row of message ``msg_id`` and its copies (they share its id as
-    ``UNIQ_KEY``): sent, delayed, each retry, dead-lettered, resent; and for each row a
-    group's offset has passed, the group and whether it consumed it or sent it back."""
+    """Every index row of message ``msg_id`` (or of the message it is a copy of) and its
+    copies (they share its id as ``UNIQ_KEY``): sent, delayed, each retry, dead-lettered,
+    resent — and for each row, per group subscribed to its topic: ``consumed``, ``sent
+    back (retry n, due …)``, ``dead-lettered (reason)``, ``filtered`` (its subscription
+    does not match) or ``pending`` (the group's offset has not passed it). A message stored
+    but not yet dispatched is one row, ``stored, not yet dispatched``."""
     floor = _id_floor(msg_id)
+    root = _lineage_root(ctx, msg_id, floor)
+    floor = min(floor, _id_floor(root))
     props = F.col("properties")
     of_id = (
-        (F.col("msg_id") == F.lit(msg_id))
-        | (props.getItem(Prop.UNIQ_KEY) == F.lit(msg_id))
-        | (props.getItem(Prop.TRAN_ID) == F.lit(msg_id))
+        (F.col("msg_id") == F.lit(root))
+        | (props.getItem(Prop.UNIQ_KEY) == F.lit(root))
+        | (props.getItem(Prop.TRAN_ID) == F.lit(root))
     )
     # its dead letters' resends are new messages; they name the dead letter in RESENT_FROM
     dead = F.col("topic").startswith(DLQ_PREFIX) & of_id
@@ -247,52 +304,55 @@ def trace(ctx: Context, msg_id: str) -> list[dict[str, Any]]:
     letters = [r["msg_id"] for r in cq.where(dead).select("msg_id").collect()]
     if letters:
         of_id = of_id | props.getItem(Prop.RESENT_FROM).isin(*letters)
+    subs = ctx.catalog.subscriptions()
+    matched = [
+        F.when(F.col("topic") == s.topic, subscription_filter(s)).alias(f"_sub{i}")
+        for i, s in enumerate(subs)
+    ]
+    columns = [
+        "topic",
+        "queue_id",
+        "queue_offset",
+        "msg_id",
+        "store_ts",
+        "due_ts",
+        "reconsume_times",
+        "properties",
+    ]
     rows = [
-        r.asDict()
-        for r in cq.where(of_id)
-        .select(
-            "topic",
-            "queue_id",
-            "queue_offset",
-            "msg_id",
-            "store_ts",
-            "due_ts",
-            "reconsume_times",
-            "properties",
-            "cl_version",
-            "cl_batch_pos",
-        )
-        .collect()
+        r.asDict() for r in cq.where(of_id).select(*columns, "cl_version", "cl_batch_pos", *matched).collect()
     ]
     rows.sort(key=lambda r: (r["cl_version"], r["cl_batch_pos"], r["topic"]))  # commit order
     if not rows:
-        return []
+        return _undispatched(ctx, root, floor)
     offsets = group_positions(ctx.warehouse, {(r["topic"], r["queue_id"]) for r in rows})
 
     def lineage(r: dict[str, Any]) -> str:
         return (r["properties"] or {}).get(Prop.UNIQ_KEY) or r["msg_id"]
 
-    # "<id>|<group>#<n>": the group sent a copy of message <id> back as its n-th retry
-    # (or dead-lettered it)
-    sent_back = {
-        f"{lineage(r)}|{r['topic'].split('%', 2)[2]}#{r['reconsume_times']}"
-        for r in rows
-        if r["topic"].startswith((RETRY_PREFIX, DLQ_PREFIX))
-    }
+    copies = _sent_back(ctx, {lineage(r) for r in rows}, floor)
+    groups = ctx.catalog.groups()
     out = []
     for r in rows:
-        groups = []
-        for (group, client, topic, qid), nxt in offsets.items():
-            if (topic, qid) != (r["topic"], r["queue_id"]) or nxt <= r["queue_offset"]:
+        states = []
+        for i, sub in enumerate(subs):
+            cfg = groups.get(sub.consumer_group)
+            if sub.topic != r["topic"] or cfg is None:
                 continue
-            name = group + (f"/{client}" if client else "")
-            failed = f"{lineage(r)}|{group}#{(r['reconsume_times'] or 0) + 1}" in sent_back
-            groups.append(f"{name}: {'sent back' if failed else 'consumed'}")
+            for client in cfg.clients:
+                name = sub.consumer_group + (f"/{client}" if client else "")
+                state = _group_state(
+                    r,
+                    bool(r[f"_sub{i}"]),
+                    offsets.get((cfg.name, client, r["topic"], r["queue_id"])),
+                    copies.get((lineage(r), cfg.name, (r["reconsume_times"] or 0) + 1)),
+                )
+                states.append(f"{name}: {state}")
         stored = r["properties"] or {}
         out.append(
             {
                 "store_ts": r["store_ts"],
-                "event": _kind(r, msg_id),
+                "event": _kind(r, root),
                 "topic": r["topic"],
                 "queue_id": r["queue_id"],
                 "queue_offset": r["queue_offset"],
@@ -300,10 +360,51 @@ def trace(ctx: Context, msg_id: str) -> list[dict[str, Any]]:
                 "due_ts": r["due_ts"],
                 "reconsume_times": r["reconsume_times"] or 0,
                 "error": stored.get(Prop.LAST_ERROR),
-                "groups": sorted(groups),
+                "groups": sorted(states),
             }
         )
     return out
+
+
+def _group_state(
+    row: dict[str, Any], matched: bool, position: int | None, copy: dict[str, Any] | None
+) -> str:
+    """One group's state for one index row (see :func:`trace`): ``position`` is its offset
+    on the row's queue, ``copy`` the copy it sent back of this delivery, if any."""
+    if position is None or position <= row["queue_offset"]:
+        return "pending"
+    if not matched:
+        return "filtered"
+    if copy is None:
+        return "consumed"
+    if copy["dead"]:
+        return f"dead-lettered ({copy['reason']})"
+    return f"sent back (retry {(row['reconsume_times'] or 0) + 1}, due {ms_to_iso(copy['due'])})"
+
+
+def _undispatched(ctx: Context, root: str, floor: int) -> list[dict[str, Any]]:
+    """The message as stored, when dispatch has not indexed it yet (else nothing)."""
+    found = (
+        ctx.warehouse.read("commit_log")
+        .where((F.col("batch_id") >= F.lit(floor)) & (F.col("msg_id") == F.lit(root)))
+        .select("topic", "queue_id", "msg_id", "store_ts", "reconsume_times")
+        .collect()
+    )
+    return [
+        {
+            "store_ts": r["store_ts"],
+            "event": "stored, not yet dispatched",
+            "topic": r["topic"],
+            "queue_id": r["queue_id"],
+            "queue_offset": None,
+            "msg_id": r["msg_id"],
+            "due_ts": None,
+            "reconsume_times": r["reconsume_times"] or 0,
+            "error": None,
+            "groups": [],
+        }
+        for r in found
+    ]
 
 
 # --- rebuilding the index ---------------------------------------------------------------------

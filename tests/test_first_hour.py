@@ -141,3 +141,56 @@ def test_the_python_api_has_what_the_readme_shows(broker, clock):
     text = str(result)
     assert text.startswith("tick ") and "dispatch" in text and "JobRun(" not in text
     assert len(text.splitlines()) == len(result.jobs) + 1
+
+
+def _groups_of(trace, topic):
+    return [g for e in trace if e["topic"] == topic for g in e["groups"]]
+
+
+def test_a_trace_tells_each_groups_truth_from_any_copys_id(broker, clock, tmp_path):
+    """Per group: pending, consumed, sent back (retry n, due), filtered, dead-lettered —
+    before the sent-back copy is dispatched, from the retried copy's id too; and a message
+    not yet dispatched says so."""
+    broker.create_topic("orders", queues=1)
+    broker.create_group("ok", Recorder(tmp_path / "ok.jsonl"), consume_from="FIRST_OFFSET")
+    broker.subscribe("ok", "orders")
+    broker.create_group("picky", Recorder(tmp_path / "picky.jsonl"), consume_from="FIRST_OFFSET")
+    broker.subscribe("picky", "orders", "other-tag")
+    broker.create_group("flaky", Recorder(tmp_path / "flaky.jsonl", "fail"), consume_from="FIRST_OFFSET")
+    broker.subscribe("flaky", "orders")
+    broker.create_group(
+        "strict",
+        Recorder(tmp_path / "strict.jsonl", "fail"),
+        consume_from="FIRST_OFFSET",
+        max_reconsume_times=0,
+    )
+    broker.subscribe("strict", "orders")
+    mid = broker.producer("shop").send(Message("orders", b"paid", tags="paid"))
+
+    (stored,) = broker.trace(mid)
+    assert stored["event"] == "stored, not yet dispatched" and stored["topic"] == "orders"
+
+    t = clock.now_ms()
+    broker.tick(t)  # dispatched and delivered; the sent-back copies are stored, not yet indexed
+    states = _groups_of(broker.trace(mid), "orders")
+    assert "ok: consumed" in states and "picky: filtered" in states
+    assert "strict: dead-lettered (max_reconsume)" in states
+    (flaky,) = [s for s in states if s.startswith("flaky: ")]
+    assert flaky.startswith("flaky: sent back (retry 1, due ")  # level 3: 10 s after the attempt
+
+    clock.advance(seconds=11)
+    result = broker.tick(clock.now_ms())  # the retry is promoted and delivered (and fails again)
+    retried = [m for g, m, _ in result.delivered.errors if g == "flaky"]
+    assert retried and retried[0] != mid
+    from_copy = broker.trace(retried[0])  # the promoted copy's id traces the whole message
+    assert [e["msg_id"] for e in from_copy if e["topic"] == "orders"] == [mid]
+    assert any(g.startswith("flaky: sent back (retry 2, due ") for g in _groups_of(from_copy, "%RETRY%flaky"))
+
+
+def test_a_group_whose_offset_has_not_passed_a_message_has_it_pending(broker, clock, tmp_path):
+    broker.create_topic("orders", queues=1)
+    broker.create_group("puller", consume_from="FIRST_OFFSET")  # a pull group, nobody pulls yet
+    broker.subscribe("puller", "orders")
+    mid = broker.producer("shop").send(Message("orders", b"x"))
+    broker.tick(clock.now_ms())
+    assert _groups_of(broker.trace(mid), "orders") == ["puller: pending"]
