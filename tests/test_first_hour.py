@@ -194,3 +194,25 @@ def test_a_group_whose_offset_has_not_passed_a_message_has_it_pending(broker, cl
     mid = broker.producer("shop").send(Message("orders", b"x"))
     broker.tick(clock.now_ms())
     assert _groups_of(broker.trace(mid), "orders") == ["puller: pending"]
+
+
+@pytest.mark.slow
+def test_a_data_quality_task_log_carries_deltamq_lines_not_great_expectations_noise(broker, tmp_path):
+    """What a scheduler's task log shows (logging at INFO, as Airflow's): deltamq's own
+    summary, and not the ~200 lines Great Expectations logs as it is imported."""
+    broker.create_topic("orders", queues=1)
+    broker.close()
+    script = textwrap.dedent(
+        f"""
+        import logging
+        logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
+        from deltamq.orchestration.runs import run_quality, settings
+        print(run_quality(settings({{"warehouse": {str(broker.warehouse.location)!r}}}))["status"])
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stderr.splitlines()
+    assert not [line for line in lines if line.startswith("great_expectations")], lines[:5]
+    assert any(line.startswith("deltamq.orchestration.runs data quality: ") for line in lines), lines
+    assert out.stdout.split()[-1] == "ok"

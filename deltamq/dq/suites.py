@@ -21,6 +21,7 @@ only (it takes seconds to import).
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -331,7 +332,20 @@ def frames(tables: Sequence[str] | None = None) -> list[Frame]:
 
 # --- running -----------------------------------------------------------------------------------
 def _gx_context():
+    # Great Expectations logs some 200 INFO lines of its own as it is imported (docs
+    # registration): a scheduler's task log would be mostly that. Quiet it, unless the
+    # user set a level for it.
+    gx_log = logging.getLogger("great_expectations")
+    quiet = gx_log.level == logging.NOTSET
+    if quiet:
+        gx_log.setLevel(logging.WARNING)
     import great_expectations as gx
+
+    if quiet:  # some of its modules set INFO on their own loggers: let them inherit
+        for name, child in list(logging.root.manager.loggerDict.items()):
+            if name.startswith("great_expectations.") and isinstance(child, logging.Logger):
+                if logging.NOTSET < child.level < logging.WARNING:
+                    child.setLevel(logging.NOTSET)
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
     ctx = gx.get_context(mode="ephemeral")

@@ -9,6 +9,7 @@ summary says ``skipped`` and who holds it.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,9 @@ class Settings:
     warehouse: str
     engine: str = "embedded"
     remote: str | None = None
+
+
+log = logging.getLogger(__name__)
 
 
 def settings(params: dict[str, Any] | None = None, variables: Any = None) -> Settings:
@@ -75,13 +79,26 @@ def run_job(job: str, s: Settings) -> dict[str, Any]:
         return {"job": job, "status": "skipped", "reason": str(e)}
     finally:
         runner.release()
-    return {
+    summary = {
         "job": job,
         "status": "ok" if result.ok else "failed",
         "now": result.now,
         "summary": result.summary(),
-        "steps": {j.job: {"status": j.status, "in": j.rows_in, "out": j.rows_out} for j in result.jobs},
+        "steps": {
+            j.job: {"status": j.status, "in": j.rows_in, "out": j.rows_out, "note": j.note}
+            for j in result.jobs
+        },
     }
+    log.info("%s", result.summary())
+    if job != "tick" and result.jobs and all(j.status == "SKIPPED" for j in result.jobs):
+        # an Airflow task shows it as skipped, with the reason
+        notes = "; ".join(f"{j.job}: {j.note or 'nothing to do'}" for j in result.jobs)
+        summary |= {"status": "skipped", "reason": notes}
+    return summary
+
+
+def _step(j: Any) -> dict[str, Any]:
+    return {"status": j.status, "in": j.rows_in, "out": j.rows_out, "note": j.note}
 
 
 def run_loop(s: Settings, *, for_s: float, interval_s: float = 1.0) -> dict[str, Any]:
@@ -105,6 +122,14 @@ def run_quality(s: Settings) -> dict[str, Any]:
     """The data-quality suites and the conservation check (recorded in ``dq_results``)."""
     broker = _open(s)
     result = broker.check_quality()
+    log.info(
+        "data quality: %d expectations, %d failed (run %s, recorded in dq_results)",
+        len(result.results),
+        len(result.failures),
+        result.run_id,
+    )
+    for r in result.failures:
+        log.warning("data quality: %s / %s: %s unexpected", r.suite, r.expectation, r.unexpected_count)
     return {
         "status": "ok" if result.success else "failed",
         "run_id": result.run_id,

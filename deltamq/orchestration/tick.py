@@ -46,6 +46,7 @@ class JobRun:
     error: str | None = None
     details: dict[str, int] = field(default_factory=dict)
     result: Any = None
+    note: str | None = None  # why a SKIPPED job did nothing (shown, not stored)
 
 
 @dataclass(frozen=True)
@@ -227,6 +228,7 @@ def _check_transactions(
         rows_out=r.written,
         details=r.details,
         result=r,
+        note=None if r.ran else _CHECK_SKIPS.get(r.skipped or "", r.skipped),
     )
 
 
@@ -239,8 +241,19 @@ def _retain(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[
         rows_out=r.body_rows,
         details=r.details,
         result=r,
+        note=None if r.ran else "not due: a retention pass runs every retain_interval_ms",
     )
 
+
+_CHECK_SKIPS = {
+    "interval": "not due: a check pass runs every transaction_check_interval_ms",
+    "idle": "no half message to check",
+    "dispatch_behind": "waiting for dispatch to index the last pass's copies",
+}
+_NOTHING_TO_DO = {
+    "redispatch": "promote wrote nothing: nothing to dispatch again",
+    "sink": "no group is a sink (Broker.sink_to_table)",
+}
 
 STEPS: dict[str, JobFn] = {
     "dispatch": _dispatch,
@@ -328,6 +341,10 @@ class TickRunner:
             try:
                 self.leases.renew_due([lease])
                 run = fn(self, now_ms, lambda n=lease: self.leases.check([n]), runs)
+                if run is None and len(self.jobs) == 1:
+                    # one job kind on its own (`deltamq job`, an Airflow task): a step that
+                    # had nothing to do is recorded too, so every run says what it did
+                    run = JobRun(job=name, status="SKIPPED", note=_NOTHING_TO_DO.get(name))
                 if run is not None:
                     runs.append(_stamped(run, start))
             except Exception as raised:  # noqa: BLE001 - recorded, then re-raised after the append
@@ -434,6 +451,7 @@ def _stamped(run: JobRun, start: int) -> JobRun:
         error=run.error,
         details=run.details,
         result=run.result,
+        note=run.note,
     )
 
 
