@@ -13,6 +13,7 @@ per command group (``admin``, ``produce``, ``query``, ``status``, ``run``); ``in
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -55,11 +56,21 @@ COMMANDS: dict[str, Handler] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _listeners_from_here()
     try:
         return _run(args)
     except DeltaMQError as e:
         print(f"deltamq: error: {e}", file=sys.stderr)
         return 2
+
+
+def _listeners_from_here() -> None:
+    """Listener, check and transform modules named by import path are looked for in the
+    current folder too, as ``python`` run there would — after the installed packages, so
+    a folder there cannot shadow one (a console script's path does not hold the folder)."""
+    here = os.getcwd()
+    if "" not in sys.path and here not in sys.path:
+        sys.path.append(here)
 
 
 def _run(args: argparse.Namespace) -> int:
