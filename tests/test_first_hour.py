@@ -216,3 +216,26 @@ def test_a_data_quality_task_log_carries_deltamq_lines_not_great_expectations_no
     assert not [line for line in lines if line.startswith("great_expectations")], lines[:5]
     assert any(line.startswith("deltamq.orchestration.runs data quality: ") for line in lines), lines
     assert out.stdout.split()[-1] == "ok"
+
+
+@pytest.mark.slow
+def test_the_demo_takes_the_time_the_readme_and_help_say(tmp_path):
+    """README, `deltamq --help` and the demo's own closing line agree: about 10 seconds."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    helptext = subprocess.run(
+        [sys.executable, "-m", "deltamq.cli", "--help"], capture_output=True, text=True
+    ).stdout
+    assert "The demo (about 10 seconds" in readme and "(about 10 seconds)" in helptext
+    out = subprocess.run(
+        [sys.executable, "-m", "deltamq.cli", "demo", "--warehouse", str(tmp_path / "wh")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    import re
+
+    took = float(re.search(r"done in ([0-9.]+)s", out.stdout).group(1))
+    assert took < 20, f"the demo took {took} s; README and --help say about 10"

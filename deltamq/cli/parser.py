@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     _send_command(sub, common)
     _run_and_query_commands(sub, common)
     _operator_commands(sub, common)
-    s = sub.add_parser("demo", help="a guided tour on a fresh warehouse (about half a minute)")
+    s = sub.add_parser("demo", help="a guided tour on a fresh warehouse (about 10 seconds)")
     s.add_argument("--warehouse", "-w", help="directory for the demo warehouse (default: a temp dir)")
     return p
 
