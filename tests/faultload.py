@@ -169,7 +169,7 @@ class FaultLoad:
         dup = {k: n for k, n in copies.items() if n > 1}
         self.figures.duplicate_copies = len(dup)
         assert not dup, f"copies written twice: {list(dup.items())[:5]}"
-        acc = account(self.broker)
+        acc = account(self.broker.context)
         self.figures.unaccounted = len(acc.unaccounted)
         assert acc.ok, acc.unaccounted[:5]
 
@@ -192,7 +192,7 @@ class FaultLoad:
             now = self.clock.now_ms()
             self.runner.tick(now)
             self.pull(now)
-            acc = account(self.broker)
+            acc = account(self.broker.context)
             open_ = sum(g.counts["pending"] + g.counts["held"] + g.counts["retrying"] for g in acc.groups)
             open_ += self._halves_open()
             if not open_:
@@ -214,7 +214,7 @@ class FaultLoad:
         return {r["tran"] for r in rows}
 
     def _final(self) -> None:
-        acc = account(self.broker)
+        acc = account(self.broker.context)
         by_group = {g.group: g for g in acc.groups}
         for group in GROUPS:
             g = by_group[group]

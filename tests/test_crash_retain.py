@@ -65,7 +65,7 @@ def test_retain_survives_kills(broker, clock, tmp_path):
             f"SELECT count(*) AS n FROM consume_queue WHERE topic = 'orders' AND store_ts < {cut}"
         ).collect()[0]["n"]
         assert stale == 0, f"round {round_no}: expired messages still indexed"
-        result = check(broker, tables=["consume_queue", "offsets"], record=False)
+        result = check(broker.context, tables=["consume_queue", "offsets"], record=False)
         assert result.success, [(r.expectation, r.sample_ids) for r in result.failures]
     assert plan.kills >= 4 and dropped == 0
     remaining = broker.sql("SELECT min(store_ts) AS t FROM consume_queue WHERE topic = 'orders'").collect()

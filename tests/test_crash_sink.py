@@ -63,6 +63,6 @@ def test_sink_is_exactly_once_under_kills(broker, clock, tmp_path, spark):
 
 
 def _replay(sink, since: int, now: int) -> None:
-    sink.broker.reset_offsets("lake", since)
+    sink.ctx.catalog.reset_offsets("lake", since)
     while sink.run(now).messages:
         pass

@@ -124,14 +124,14 @@ def test_a_deleted_retrying_message_is_unaccounted(broker, clock, tmp_path):
     broker.tick(clock.now_ms())  # fails: retry 1 held at level 3 (10 s)
     clock.advance(seconds=10)
     broker.tick(clock.now_ms())  # promoted into %RETRY%billing, delivered, failed again
-    assert run(broker, tables=["conservation"], record=False).success
+    assert run(broker.context, tables=["conservation"], record=False).success
     for table in ("consume_queue", "commit_log"):
         _write(
             broker,
             f"DELETE FROM {broker.warehouse.ref(table)} "
             "WHERE topic = '%RETRY%billing' AND reconsume_times = 1",
         )
-    result = run(broker, tables=["conservation"], record=False)
+    result = run(broker.context, tables=["conservation"], record=False)
     lost = result.failed("conservation", "every message accounted for")
     assert lost is not None and lost.unexpected_count == 1
     assert lost.sample_ids == (

@@ -151,7 +151,7 @@ def test_report_charts_lag_and_throughput_from_job_runs(broker, clock, tmp_path)
         clock.advance(seconds=1)
         broker.tick(clock.now_ms())
     page = tmp_path / "report.html"
-    data = write_html(broker, str(page))
+    data = write_html(broker.context, str(page))
     text = page.read_text()
     assert data["totals"]["indexed"] == 40
     assert data["totals"]["consumed"] == 4 * 6  # 3 per queue per tick

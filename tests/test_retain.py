@@ -67,7 +67,7 @@ def test_expired_data_leaves_held_timers_and_dead_letters_stay(broker, clock, tm
         broker, "SELECT CAST(body AS STRING) AS b FROM commit_log WHERE store_date < current_date() + 1000"
     )
     assert {"far", "dead"} <= {x["b"] for x in kept} and not {"m0", "m4"} & {x["b"] for x in kept}
-    assert check(broker, record=False).success
+    assert check(broker.context, record=False).success
     # day 5: the timer is promoted and delivered, body intact
     clock.set(t0 + 5 * DAY + 1000)
     broker.tick(clock.now_ms())
@@ -83,7 +83,7 @@ def test_expired_data_leaves_held_timers_and_dead_letters_stay(broker, clock, tm
     )
     assert _rows(broker, f"SELECT count(*) AS n FROM commit_log WHERE store_ts < {t0 + DAY}")[0]["n"] == 0
     assert run.result.pruned["job_runs"] > 0  # ticks of day 0 are past the 7-day window
-    assert check(broker, record=False).success
+    assert check(broker.context, record=False).success
     # within the hour it skips itself
     assert broker.tick(clock.now_ms() + 1000).job("retain").status == "SKIPPED"
 
@@ -146,4 +146,4 @@ def test_retention_succeeds_while_a_producer_keeps_appending(broker, clock, loca
     assert set(sent) <= left  # every concurrent append survived
     assert not set(old) & left  # every old day was dropped
     dispatch.run(broker.warehouse, int(time.time() * 1000))
-    assert check(broker, tables=["consume_queue", "offsets", "conservation"], record=False).success
+    assert check(broker.context, tables=["consume_queue", "offsets", "conservation"], record=False).success
