@@ -63,6 +63,10 @@ class FakeClock:
             self._now += step
             return self._now
 
+    def sleep(self, seconds: float) -> None:
+        """What sleeping does to a fake clock: it moves forward, at once."""
+        self.advance(ms=max(0, round(seconds * 1000)))
+
     def __repr__(self) -> str:
         return f"FakeClock({self._now})"
 

@@ -23,7 +23,7 @@ from deltamq import ids
 from deltamq.clock import ms_to_iso, to_ms
 from deltamq.constants import JOB_NAMES, JOB_STEPS, MAX_ERROR_CHARS
 from deltamq.errors import ClockError, LeaseHeld
-from deltamq.jobs import check_transactions, deliver, dispatch, promote, retain
+from deltamq.jobs import check_transactions, deliver, dispatch, promote, retain, wake
 from deltamq.orchestration.leases import Leases, wall_ms
 from deltamq.tables.integrity import diagnose
 
@@ -406,24 +406,39 @@ class TickRunner:
         for_s: float | None = None,
         on_tick: Callable[[TickResult], None] | None = None,
         on_wait: Callable[[LeaseHeld], None] | None = None,
+        wake_at_due: bool = True,
     ) -> int:
-        """Tick every ``interval_s`` (wall clock) until stopped or ``for_s`` elapsed.
+        """Tick every ``interval_s`` until stopped or ``for_s`` elapsed (on the runner's
+        clock: a FakeClock's ``sleep`` moves it, so tests run hours in milliseconds).
 
-        SIGTERM/SIGINT stop the loop between jobs (the tick in progress records the rest as
-        SKIPPED). While another runner holds a lease the loop waits, saying so each
-        interval (``on_wait``). Returns the number of ticks.
+        With ``wake_at_due`` the loop does not sleep past the next due time of anything
+        held (``jobs/wake.py``): a delayed or timer message, a retry, a suspended orderly
+        queue, a pull delivery's invisible time or the next transaction check is handled
+        when it falls due, not up to an interval later. SIGTERM/SIGINT stop the loop
+        between jobs (the tick in progress records the rest as SKIPPED). While another
+        runner holds a lease the loop waits, saying so each interval (``on_wait``).
+        Returns the number of ticks.
         """
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.stop)
             signal.signal(signal.SIGINT, self.stop)
-        deadline = None if for_s is None else time.monotonic() + for_s
+        clock = self.ctx.clock
+        virtual = getattr(clock, "sleep", None) is not None  # a FakeClock: its own time throughout
+
+        def seconds() -> float:  # the loop's time: the wall's, or a fake clock's
+            return clock.now_ms() / 1000.0 if virtual else time.monotonic()
+
+        deadline = None if for_s is None else seconds() + for_s
         n = 0
         while not self._stop.is_set():
-            started = time.monotonic()
+            started = seconds()
+            due: int | None = None
             try:
                 result = self.tick()
                 if on_tick:
                     on_tick(result)
+                if wake_at_due:
+                    due = wake.next_due(self.ctx, result.now)
             except LeaseHeld as e:  # another runner ticks: wait for its lease to end
                 log.warning("waiting: %s", e)
                 if on_wait:
@@ -431,13 +446,25 @@ class TickRunner:
             except Exception:  # noqa: BLE001 - a loop survives one failed tick; it was recorded
                 log.exception("tick failed")
             n += 1
-            if deadline is not None and time.monotonic() >= deadline:
+            now = seconds()
+            if deadline is not None and now >= deadline:
                 break
-            wait = max(0.0, interval_s - (time.monotonic() - started))
+            wait = interval_s - (now - started)
+            if due is not None:  # the due time is on the clock: wait until then
+                wait = min(wait, (due - clock.now_ms()) / 1000.0)
             if deadline is not None:
-                wait = min(wait, max(0.0, deadline - time.monotonic()))
-            self._stop.wait(wait)
+                wait = min(wait, deadline - now)
+            self._sleep(max(0.0, wait))
         return n
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` on the runner's clock: a clock with ``sleep`` (FakeClock) is
+        moved; the wall clock is waited on, and a stop ends the wait."""
+        sleep = getattr(self.ctx.clock, "sleep", None)
+        if sleep is not None:
+            sleep(seconds)
+        elif seconds > 0:
+            self._stop.wait(seconds)
 
 
 def _stamped(run: JobRun, start: int) -> JobRun:
