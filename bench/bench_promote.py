@@ -61,7 +61,9 @@ def held_tick_cost(root: Path, held: int) -> dict:
     return {"held": held, "idle_tick_s": times, "median_s": statistics.median(times)}
 
 
-def lateness(root: Path, n: int) -> dict:
+def lateness(root: Path, n: int, wake: bool = True) -> dict:
+    """Delayed messages due across a minute, `deltamq tick --loop --interval 1` (waking at
+    due times unless ``wake`` is False): how late each became visible."""
     wh = root / "lateness"
     shutil.rmtree(wh, ignore_errors=True)
     b = Broker.open(wh)
@@ -87,6 +89,7 @@ def lateness(root: Path, n: int) -> dict:
             "1",
             "--for",
             "95",
+            *([] if wake else ["--no-wake"]),
             "--warehouse",
             str(wh),
         ],

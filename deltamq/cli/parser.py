@@ -113,6 +113,13 @@ def _run_and_query_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("--loop", action="store_true")
     s.add_argument("--interval", type=float, default=1.0, help="seconds between ticks with --loop")
     s.add_argument("--for", dest="for_s", type=float, help="stop the loop after this many seconds")
+    s.add_argument(
+        "--no-wake",
+        dest="wake",
+        action="store_false",
+        help="with --loop: tick only every --interval (by default the loop also wakes when a delay, "
+        "timer, retry or suspended queue falls due)",
+    )
 
     s = sub.add_parser("offsets", parents=[common], help="reset a group's offsets to a time")
     s.add_argument("action", choices=["reset"])

@@ -49,6 +49,7 @@ def _loop(broker, args: argparse.Namespace) -> int:
         args.for_s,
         on_tick=_tick_line,
         on_wait=lambda e: print(f"waiting: {e}", flush=True),
+        wake_at_due=args.wake,
     )
     print(f"stopped after {n} ticks")
     return 0
