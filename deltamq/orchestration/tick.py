@@ -419,9 +419,24 @@ class TickRunner:
         runner holds a lease the loop waits, saying so each interval (``on_wait``).
         Returns the number of ticks.
         """
+        handled = (signal.SIGTERM, signal.SIGINT)
+        previous = {}
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self.stop)
-            signal.signal(signal.SIGINT, self.stop)
+            previous = {sig: signal.signal(sig, self.stop) for sig in handled}
+        try:
+            return self._loop(interval_s, for_s, on_tick, on_wait, wake_at_due)
+        finally:  # the process's own handlers again (a loop in a larger program, a test)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _loop(
+        self,
+        interval_s: float,
+        for_s: float | None,
+        on_tick: Callable[[TickResult], None] | None,
+        on_wait: Callable[[LeaseHeld], None] | None,
+        wake_at_due: bool,
+    ) -> int:
         clock = self.ctx.clock
         virtual = getattr(clock, "sleep", None) is not None  # a FakeClock: its own time throughout
 
