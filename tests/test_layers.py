@@ -56,6 +56,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "deltamq.ops",
             "deltamq.producer",
             "deltamq.report",
+            "deltamq.report_data",
             "deltamq.lite",
         ),
     ),
