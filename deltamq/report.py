@@ -154,15 +154,17 @@ def _charts(data: dict[str, Any]) -> dict[str, Any]:
     if ticks:
         fig = go.Figure(
             layout=_layout(
-                "Lag over time: push groups' backlog when each deliver pass began", "messages behind"
+                "Lag over time: each push group's backlog when a deliver pass began", "messages behind"
             )
         )
+        for group, values in data.get("backlog_by_group", {}).items():
+            fig.add_scatter(x=ticks, y=values, name=group, mode=marked, connectgaps=False)
         fig.add_scatter(
             x=ticks,
             y=series["backlog"],
-            name="backlog (all push groups)",
+            name="all push groups",
             mode=marked,
-            fill="tozeroy",
+            line={"dash": "dot", "color": "#7f7f7f"},
         )
         out["lag-over-time"] = fig
     arrivals = data["arrivals"]

@@ -16,8 +16,9 @@ Now (cost independent of the history): the queue heads (``load_dispatch_state``)
 every group's offsets — its lag per queue and the store time of the oldest message it
 has not consumed — and the transactions pending (``check_transactions.pending``).
 
-``job_runs`` records the push groups' backlog as one total per tick, not per group: lag
-per group is exact now, and over time only as that total.
+Each deliver pass records every push group's backlog when it began (``job_runs.details``
+``backlog.<group>``), so lag over time is per group; pull and sink groups have their lag
+now only.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from deltamq import ids
 from deltamq.clock import ms_to_iso
 from deltamq.constants import DLQ_PREFIX, JOB_STEPS, RETRY_PREFIX, is_system_topic
+from deltamq.jobs.deliver import BACKLOG_KEY
 from deltamq.tables.offsets import load_dispatch_state
 from deltamq.tables.ranges import queue_ranges
 from deltamq.tables.sqltext import USER_GROUPS, sql_in, sql_long, sql_str
@@ -58,6 +60,7 @@ def collect(
     ticks = _ticks(ctx, since, until)
     times = [t["now_ts"] for t in ticks]
     series = {name: [t[name] for t in ticks] for name in (*FLOWS, "backlog", "failed", "errors")}
+    backlog_by_group = _backlog_by_group(ctx, since, until, times)
     durations = {
         step: [t[f"{step}_ms"] for t in ticks]
         for step in STEPS
@@ -98,6 +101,7 @@ def collect(
         "ticks": [ms_to_iso(t) for t in times],
         "now_ts": times,
         "series": series,
+        "backlog_by_group": backlog_by_group,
         "durations_ms": durations,
         "totals": {name: sum(v or 0 for v in series[name]) for name in FLOWS},
         "last_tick": ticks[-1]["now_ts"] if ticks else None,
@@ -165,6 +169,28 @@ def _ticks(ctx: Context, since: int | None, until: int | None) -> list[dict[str,
         f"WHERE {window_predicate(since, until)} GROUP BY tick_id, now_ts ORDER BY now_ts"
     )
     return [r.asDict() for r in rows]
+
+
+def _backlog_by_group(
+    ctx: Context, since: int | None, until: int | None, times: list[int]
+) -> dict[str, list[int | None]]:
+    """Each push group's lag when each deliver pass of the window began (deliver records
+    it in ``job_runs.details`` as ``backlog.<group>``), aligned with ``times`` (None: the
+    group took nothing that tick)."""
+    if not times:
+        return {}
+    rows = ctx.engine.rows(
+        f"SELECT now_ts, k, v FROM (SELECT now_ts, explode(details) AS (k, v) FROM "
+        f"{ctx.warehouse.ref('job_runs')} WHERE {window_predicate(since, until)} AND job = 'deliver') "
+        f"WHERE k LIKE {sql_str(BACKLOG_KEY + '%')}"
+    )
+    at = {t: i for i, t in enumerate(times)}
+    out: dict[str, list[int | None]] = {}
+    for r in rows:
+        if r["now_ts"] in at:
+            group = r["k"][len(BACKLOG_KEY) :]
+            out.setdefault(group, [None] * len(times))[at[r["now_ts"]]] = r["v"]
+    return dict(sorted(out.items()))
 
 
 def _errors(ctx: Context, since: int | None, until: int | None, limit: int) -> list[dict[str, Any]]:

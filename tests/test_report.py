@@ -231,6 +231,6 @@ def test_the_page_in_headless_chromium(busy, tmp_path):
     assert charts["lag-now"]["first_xtick"].startswith("payments · q")
     assert charts["durations"]["traces"] == len(data["durations_ms"])
     assert _png_size(shot) == (1400, 2400) and shot.stat().st_size > 50_000
-    # DELTAMQ_REPORT_SCREENSHOT=PATH keeps a copy (docs/report.png is this page over 12 ticks)
+    # DELTAMQ_REPORT_SCREENSHOT=PATH keeps a copy (docs/report.png is this test's page)
     if target := os.environ.get("DELTAMQ_REPORT_SCREENSHOT"):
         shutil.copyfile(shot, target)

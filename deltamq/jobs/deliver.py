@@ -53,6 +53,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 JOB = "deliver"
 POISON_TRIES = 3
+BACKLOG_KEY = "backlog."
+"""``job_runs.details`` of a deliver row: ``backlog.<group>`` = that push group's lag when
+the pass began (``backlog`` is their total)."""
 _PARALLEL_ABOVE = 10_000
 
 
@@ -91,6 +94,7 @@ class DeliverResult:
     deduplicated: int = 0  # key already consumed within the window: acknowledged unseen
     setup_failed: int = 0  # not handed over: the group's listener could not be loaded (they wait)
     backlog: int = 0  # messages behind the push groups' offsets when the pass began (their lag)
+    backlog_by_group: dict[str, int] = field(default_factory=dict)  # the same, per push group
     groups: int = 0
     errors: tuple[tuple[str, str, str], ...] = ()  # (group, msg id, error text), a sample
     setup_errors: tuple[tuple[str, str], ...] = ()  # (group, error) of groups whose listener cannot load
@@ -115,7 +119,7 @@ class DeliverResult:
             "backlog": self.backlog,
             "groups": self.groups,
             "groups_without_listener": len(self.skipped_groups),
-        }
+        } | {f"{BACKLOG_KEY}{g}": n for g, n in self.backlog_by_group.items()}
 
 
 # --- reading ------------------------------------------------------------------------------
@@ -691,8 +695,12 @@ def _result(work: Pass, taken: Taken, decided: Decided) -> DeliverResult:
     for c in taken.counts.values():
         for k, v in c.items():
             total[k] += v
+    behind: defaultdict[str, int] = defaultdict(int)
+    for t in work.takes:
+        behind[t.group] += work.heads.get((t.topic, t.queue_id), t.hi) - t.lo
     return DeliverResult(
-        backlog=sum(work.heads.get((t.topic, t.queue_id), t.hi) - t.lo for t in work.takes),
+        backlog=sum(behind.values()),
+        backlog_by_group=dict(behind),
         taken=taken.rows,
         consumed=total["consumed"],
         deduplicated=total["deduplicated"],
