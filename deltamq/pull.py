@@ -161,6 +161,7 @@ class PullConsumer:
             )
         self._cfg = cfg
         self._taken_over: set[Queue] = set()
+        self._seen: int | None = None  # the last heartbeat this client committed
 
     # --- helpers ------------------------------------------------------------------------------
     def _now(self, now: int | None) -> int:
@@ -169,8 +170,18 @@ class PullConsumer:
     def _ref(self, table: str) -> str:
         return self.ctx.warehouse.ref(table)
 
+    def _keep_alive(self, now: int) -> None:
+        """A heartbeat when a quarter of ``client_timeout_ms`` has passed since the last
+        one (pulls and acks call it): a busy client stays live without a commit a call."""
+        if (
+            self._seen is None
+            or now - self._seen >= self.ctx.config.client_timeout_ms // 4
+            or now < self._seen
+        ):
+            self.heartbeat(now)
+
     def heartbeat(self, now: int | None = None) -> None:
-        """Record this client as alive (every pull and ack does)."""
+        """Record this client as alive now."""
         now = self._now(now)
         statement = (
             f"MERGE INTO {self._ref('clients')} t USING (SELECT {sql_str(self.group)} AS consumer_group, "
@@ -181,6 +192,7 @@ class PullConsumer:
             "WHEN NOT MATCHED THEN INSERT *"
         )
         self.ctx.engine.commit(lambda: self.ctx.engine.execute(statement), what="clients")
+        self._seen = now
 
     def close(self) -> None:
         """Leave the group now (instead of after the client timeout)."""
@@ -189,6 +201,7 @@ class PullConsumer:
             f"AND client_id = {sql_str(self.client_id)}"
         )
         self.ctx.engine.commit(lambda: self.ctx.engine.execute(statement), what="clients")
+        self._seen = None
 
     def assignment(self, now: int | None = None) -> list[Queue]:
         """The queues this client may pull now: per subscribed topic (as RocketMQ's
@@ -206,7 +219,7 @@ class PullConsumer:
             raise ConfigError(f"max_messages={max_messages!r} must be an integer >= 1")
         now = self._now(now)
         self.ctx.engine.recycle_if_large()
-        self.heartbeat(now)
+        self._keep_alive(now)
         mine = self.assignment(now)
         if not mine:
             return []
@@ -361,7 +374,7 @@ class PullConsumer:
         handles = _handles(handles)
         if not handles:
             return 0
-        self.heartbeat(now)
+        self._keep_alive(now)
         found = end_deliveries(self.ctx, self.group, handles)
         if self._cfg.dedup_key and found:
             self._record_keys(found, now)
@@ -387,7 +400,7 @@ class PullConsumer:
             return 0
         if delay_level is not None and (isinstance(delay_level, bool) or not isinstance(delay_level, int)):
             raise ConfigError(f"delay_level={delay_level!r} must be an integer or None")
-        self.heartbeat(now)
+        self._keep_alive(now)
         values = ", ".join(f"({sql_str(h)})" for h in handles)
         rows = read_deliveries(
             self.ctx,
