@@ -1,4 +1,5 @@
-"""Shared fixtures: one embedded engine for the whole session, a fresh warehouse per test.
+"""Shared fixtures: one embedded engine for the whole session, a fresh warehouse per test
+(``broker``; ``warehouse_with`` adds a topic and a recorded consumer group to it).
 
 Every SQL statement the engine runs during the session is recorded; the Spark guard
 test (moved to the end of the run) parses each with Apache Spark's own parser.
@@ -16,6 +17,8 @@ import pytest
 
 os.environ.setdefault("RUST_LOG", "error")
 sys.path.insert(0, str(Path(__file__).parent))
+
+from helpers import WarehouseSetup  # noqa: E402
 
 from deltamq import Broker, FakeClock  # noqa: E402
 from deltamq.engine import SQL_RECORDERS  # noqa: E402
@@ -174,6 +177,41 @@ def broker(location, store, clock, request):
     b = Broker.open(location, clock=clock, config=broker_config(store, request))
     yield b
     b.close()
+
+
+@pytest.fixture
+def warehouse_with(broker, tmp_path):
+    """A factory for the test's warehouse (the ``broker`` fixture's) with a topic and,
+    optionally, a consumer group subscribed to it; returns a :class:`helpers.WarehouseSetup`
+    (``broker``, ``topic``, ``group``, ``log``)::
+
+        wh = warehouse_with("orders", queues=2, group="g", recorder="fail_twice")
+        broker, log = wh.broker, wh.log
+
+    ``queues`` defaults to the broker's default. With ``group``: a group created from
+    ``FIRST_OFFSET`` with a ``listeners.Recorder(log, recorder)`` listener (no listener
+    for ``recorder=None``), subscribed with ``expression``; other keywords go to
+    ``Broker.create_group``. ``log`` names the listener log in ``tmp_path``. More groups:
+    ``wh.add_group(...)``."""
+
+    def make(
+        topic: str = "orders",
+        queues: int | None = None,
+        *,
+        group: str | None = None,
+        recorder: str | None = "ok",
+        expression: str = "*",
+        log: str = "calls.jsonl",
+        **group_options,
+    ) -> WarehouseSetup:
+        broker.create_topic(topic, queues=queues)
+        setup = WarehouseSetup(broker, topic, tmp_path / log)
+        if group is not None:
+            setup.add_group(recorder, name=group, expression=expression, **group_options)
+            setup.group = group
+        return setup
+
+    return make
 
 
 @pytest.fixture

@@ -4,6 +4,9 @@ Points are injected by ``deltamq.faults`` (``DELTAMQ_CRASH_AT=<point>[:<n>]``): 
 child kills itself exactly there, before or after a commit. Random kills wait for the
 child's ``READY`` line (printed once the broker is open, right before the job runs)
 and then kill it after a random delay. Every later job issue reuses this module.
+
+A crash test's set-up is a :class:`CrashRounds` (warehouse, :class:`KillPlan`, seeded
+random generator); :func:`crash_at` stops code running in this process at a point.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,3 +142,72 @@ def kill_and_rerun(
     again = run_job(warehouse, job, now, env=rerun_env if rerun_env is not None else env)
     assert again.returncode == 0, again.stderr[-3000:]
     return outcome
+
+
+class CrashRounds:
+    """A crash test's set-up in one object: the ``warehouse`` its jobs run on, a
+    :class:`KillPlan` over ``points`` (``plan`` options: ``each``, ``random_rounds``,
+    ``want``, ``most_random``) and ``rng``, a ``random.Random(seed)`` that draws the
+    random kills' delays (a test may draw its data from it too, in the same sequence).
+    Iterating it gives the plan's rounds; :meth:`kill_and_rerun` runs one, with this
+    test's ``delay`` and ``env`` unless the call gives its own."""
+
+    def __init__(
+        self,
+        warehouse: str | Path,
+        points: list[str],
+        *,
+        seed: int,
+        delay: tuple[float, float] = (0.0, 0.3),
+        env: dict[str, str] | None = None,
+        **plan: int,
+    ) -> None:
+        self.warehouse = warehouse
+        self.plan = KillPlan(points, **plan)
+        self.rng = random.Random(seed)
+        self.delay, self.env = delay, env
+
+    def __iter__(self) -> Iterator[tuple[str | None, str | None]]:
+        return iter(self.plan)
+
+    @property
+    def kills(self) -> int:
+        """Kills that really happened so far."""
+        return self.plan.kills
+
+    def kill_and_rerun(self, job: str, now: int, point: str | None, **kwargs) -> JobOutcome:
+        """:func:`kill_and_rerun` for one round of this plan (same keywords)."""
+        kwargs.setdefault("delay", self.delay)
+        kwargs.setdefault("env", self.env)
+        return kill_and_rerun(self.plan, self.warehouse, job, now, point, rng=self.rng, **kwargs)
+
+
+class Crashed(RuntimeError):
+    """Raised by :func:`crash_at` at its crash point."""
+
+
+@contextmanager
+def crash_at(point: str, nth: int = 1) -> Iterator[None]:
+    """Inside the block, code running in this process stops at crash point ``point``
+    (``deltamq.faults.point``) the ``nth`` time it gets there, by raising :class:`Crashed`
+    ("killed at <point>") — the in-process counterpart of ``run_job(crash_at=...)``,
+    for tests that resume the interrupted work in the same process. Other points pass
+    as usual; the real ``faults.point`` is back after the block."""
+    from deltamq import faults
+
+    real_point = faults.point
+    seen = 0
+
+    def point_or_crash(name: str) -> None:
+        nonlocal seen
+        if name == point:
+            seen += 1
+            if seen >= nth:
+                raise Crashed(f"killed at {point}")
+        real_point(name)
+
+    faults.point = point_or_crash
+    try:
+        yield
+    finally:
+        faults.point = real_point

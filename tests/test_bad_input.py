@@ -36,8 +36,8 @@ from deltamq.tables.warehouse import Warehouse
 
 
 @pytest.fixture
-def ready(broker):
-    broker.create_topic("orders", queues=4)
+def ready(warehouse_with):
+    broker = warehouse_with("orders", queues=4).broker
     broker.create_topic("readonly", queues=1, perm="R")
     return broker
 

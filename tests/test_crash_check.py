@@ -3,10 +3,8 @@ reaches its real topic at most once, and each one its table says is committed, e
 
 from __future__ import annotations
 
-import random
-
 import pytest
-from crash import KillPlan, kill_and_rerun
+from crash import CrashRounds
 
 from deltamq.jobs import dispatch
 
@@ -25,15 +23,15 @@ STATUS = ["PAID", "CANCELLED", "PENDING"]
 
 def test_check_transactions_survives_kills(broker, clock, tmp_path, spark):
     broker.create_topic("orders", queues=2)
-    wh = tmp_path / "wh"
     table = str(tmp_path / "order_state")
-    rng = random.Random(8)
-    plan = KillPlan(POINTS, each=1, random_rounds=4, want=7, most_random=12)
+    crashes = CrashRounds(
+        tmp_path / "wh", POINTS, seed=8, delay=(0.0, 1.5), each=1, random_rounds=4, want=7, most_random=12
+    )
     producer = broker.producer("shop")
     orders: dict[str, int] = {}  # order id -> round it was sent in
     expected: set[str] = set()
     state_written = False
-    for round_no, (point, _) in enumerate(plan):
+    for round_no, (point, _) in enumerate(crashes):
         new = {f"r{round_no}o{i}": round_no for i in range(PER_ROUND)}
         orders |= new
         # the local state: this round's orders by i % 3; last round's PENDING are now PAID
@@ -60,7 +58,7 @@ def test_check_transactions_survives_kills(broker, clock, tmp_path, spark):
         dispatch.run(broker.warehouse, clock.now_ms())
         clock.advance(seconds=61)
         now = clock.now_ms()
-        kill_and_rerun(plan, wh, "check_transactions", now, point, rng=rng, delay=(0.0, 1.5))
+        crashes.kill_and_rerun("check_transactions", now, point)
         dispatch.run(broker.warehouse, now)
         real = broker.sql(
             "SELECT CAST(body AS STRING) AS body, count(*) AS n FROM consume_queue c JOIN commit_log l "
@@ -68,7 +66,7 @@ def test_check_transactions_survives_kills(broker, clock, tmp_path, spark):
         ).collect()
         assert all(r["n"] == 1 for r in real), [r for r in real if r["n"] > 1]
         assert {r["body"] for r in real} == expected, (round_no, point)
-    assert plan.kills >= 7
+    assert crashes.kills >= 7
 
 
 def _first(order: str) -> str:

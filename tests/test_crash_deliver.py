@@ -3,11 +3,10 @@ consumed (none lost), and any message handed over twice was in flight at a kill.
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 
 import pytest
-from crash import KillPlan, kill_and_rerun, run_job
+from crash import CrashRounds, run_job
 from listeners import read_log
 
 from deltamq import Message
@@ -29,28 +28,17 @@ def test_deliver_survives_kills(broker, clock, tmp_path):
     broker.create_group("g", "listeners:env_fail_odd", consume_from="FIRST_OFFSET")
     broker.subscribe("g", "orders")
     wh, log = tmp_path / "wh", tmp_path / "calls.jsonl"
-    rng = random.Random(7)
-    plan = KillPlan(POINTS, random_rounds=2)
+    crashes = CrashRounds(wh, POINTS, seed=7, delay=(0.1, 1.2), random_rounds=2)
     killed_runs, sent = set(), []
     p = broker.producer("p")
-    for round_no, (point, _) in enumerate(plan):
+    for round_no, (point, _) in enumerate(crashes):
         sent += p.send_batch([Message("orders", f"r{round_no}m{i}") for i in range(12)])
         dispatch.run(broker.warehouse, clock.now_ms())
         clock.advance(seconds=1)
         run = f"round{round_no}"
         env = {"DELTAMQ_TEST_LOG": str(log), "DELTAMQ_TEST_RUN": run}
         rerun_env = {**env, "DELTAMQ_TEST_RUN": run + "-rerun"}
-        outcome = kill_and_rerun(
-            plan,
-            wh,
-            "deliver",
-            clock.now_ms(),
-            point,
-            rng=rng,
-            delay=(0.1, 1.2),
-            env=env,
-            rerun_env=rerun_env,
-        )
+        outcome = crashes.kill_and_rerun("deliver", clock.now_ms(), point, env=env, rerun_env=rerun_env)
         if outcome.killed:
             killed_runs.add(run)
     # let every retry fall due and be consumed (a full tick: dispatch, promote, deliver)
@@ -69,4 +57,4 @@ def test_deliver_survives_kills(broker, clock, tmp_path):
             assert runs & killed_runs, f"{mid} handed over {n} times without a kill: {runs}"
     dead = broker.sql("SELECT count(*) AS n FROM commit_log WHERE topic = '%DLQ%g'").collect()[0]["n"]
     assert dead == 0
-    assert plan.kills >= 10
+    assert crashes.kills >= 10

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
-from crash import KillPlan, kill_and_rerun
+from crash import CrashRounds
 
 from deltamq import Message
 from deltamq.constants import Prop
@@ -64,14 +62,12 @@ def _check(broker, expected: int) -> None:
 @pytest.mark.parametrize("store", ["local", "s3"], indirect=True)
 def test_dispatch_survives_kills(broker, clock, location, store_env):
     broker.create_topic("orders", queues=4)
-    wh = location
-    rng = random.Random(20261123)
-    plan = KillPlan(POINTS, random_rounds=3, want=8)
+    crashes = CrashRounds(location, POINTS, seed=20261123, env=store_env, random_rounds=3, want=8)
     expected = 0
-    for round_no, (point, _) in enumerate(plan):
+    for round_no, (point, _) in enumerate(crashes):
         _produce(broker, clock, round_no)
         expected += 620
         clock.advance(seconds=1)
-        kill_and_rerun(plan, wh, "dispatch", clock.now_ms(), point, rng=rng, env=store_env)
+        crashes.kill_and_rerun("dispatch", clock.now_ms(), point)
         _check(broker, expected)
-    assert plan.kills >= 8
+    assert crashes.kills >= 8

@@ -3,11 +3,10 @@ exactly once."""
 
 from __future__ import annotations
 
-import random
 from datetime import timedelta
 
 import pytest
-from crash import KillPlan, kill_and_rerun
+from crash import CrashRounds
 
 from deltamq import Message
 from deltamq.dq.conservation import check_dispatch
@@ -21,12 +20,10 @@ POINTS = ["promote.before_output_commit", "promote.after_output_commit", "promot
 
 def test_promote_survives_kills(broker, clock, tmp_path):
     broker.create_topic("orders", queues=4)
-    wh = tmp_path / "wh"
-    rng = random.Random(5)
-    plan = KillPlan(POINTS, random_rounds=3, want=8)
+    crashes = CrashRounds(tmp_path / "wh", POINTS, seed=5, delay=(0.0, 0.4), random_rounds=3, want=8)
     sent = 0
     p = broker.producer("p")
-    for round_no, (point, _) in enumerate(plan):
+    for round_no, (point, _) in enumerate(crashes):
         batch = [Message("orders", f"r{round_no}d{i}", delay_level=1 + i % 2) for i in range(30)]
         batch += [
             Message("orders", f"r{round_no}t{i}", delay=timedelta(milliseconds=700 + i)) for i in range(10)
@@ -36,7 +33,7 @@ def test_promote_survives_kills(broker, clock, tmp_path):
         dispatch.run(broker.warehouse, clock.now_ms())
         clock.advance(seconds=6)  # everything of this round is due
         now = clock.now_ms()
-        kill_and_rerun(plan, wh, "promote", now, point, rng=rng, delay=(0.0, 0.4))
+        crashes.kill_and_rerun("promote", now, point)
         dispatch.run(broker.warehouse, now)
         report = check_dispatch(broker.warehouse)
         assert report.ok, report.describe()
@@ -45,4 +42,4 @@ def test_promote_survives_kills(broker, clock, tmp_path):
             "WHERE topic = 'orders'"
         ).collect()[0]
         assert real["n"] == real["uniq"] == sent, (round_no, real)
-    assert plan.kills >= 8
+    assert crashes.kills >= 8

@@ -4,11 +4,10 @@ queue minimum, and the data-quality suites pass."""
 
 from __future__ import annotations
 
-import random
 from datetime import timedelta
 
 import pytest
-from crash import KillPlan, kill_and_rerun
+from crash import CrashRounds
 
 from deltamq import Message
 from deltamq.dq.suites import run as check
@@ -21,13 +20,11 @@ POINTS = ["retain.after_index_commit", "retain.after_offsets_commit", "retain.af
 DAY = 86_400_000
 
 
-def test_retain_survives_kills(broker, clock, tmp_path):
-    broker.create_topic("orders", queues=2)
-    broker.create_group("idle", consume_from="FIRST_OFFSET")  # never consumes: skips forward
-    broker.subscribe("idle", "orders")
-    wh = tmp_path / "wh"
-    rng = random.Random(12)
-    plan = KillPlan(POINTS, each=1, random_rounds=2, want=4, most_random=6)
+def test_retain_survives_kills(broker, clock, tmp_path, warehouse_with):
+    warehouse_with("orders", queues=2, group="idle", recorder=None)  # never consumes: skips forward
+    crashes = CrashRounds(
+        tmp_path / "wh", POINTS, seed=12, delay=(0.0, 1.0), each=1, random_rounds=2, want=4, most_random=6
+    )
     p = broker.producer("shop")
     for day in range(3):  # history: from the first round on, every pass has a day to drop
         p.send_batch([Message("orders", f"h{day}-{i}".encode()) for i in range(20)])
@@ -35,7 +32,7 @@ def test_retain_survives_kills(broker, clock, tmp_path):
         clock.advance(timedelta(days=1))
     retain.run(broker.context, clock.now_ms(), force=True)  # the first pass: later ones are due daily here
     dropped = 0
-    for round_no, (point, _) in enumerate(plan):
+    for round_no, (point, _) in enumerate(crashes):
         p.send_batch([Message("orders", f"r{round_no}-{i}".encode()) for i in range(20)])
         p.send(Message("orders", b"timer", delay=timedelta(days=2)))
         now = clock.now_ms()
@@ -44,15 +41,8 @@ def test_retain_survives_kills(broker, clock, tmp_path):
         dispatch.run(broker.warehouse, now)
         clock.advance(timedelta(days=1))
         now = clock.now_ms()
-        kill_and_rerun(
-            plan,
-            wh,
-            "retain",
-            now,
-            point,
-            rng=rng,
-            delay=(0.0, 1.0),
-            rerun=lambda n=now: retain.run(broker.context, n, force=True),
+        crashes.kill_and_rerun(
+            "retain", now, point, rerun=lambda n=now: retain.run(broker.context, n, force=True)
         )
         dropped += retain.run(broker.context, now, force=True).index_rows  # a further pass: nothing left
         orphans = broker.sql(
@@ -67,6 +57,6 @@ def test_retain_survives_kills(broker, clock, tmp_path):
         assert stale == 0, f"round {round_no}: expired messages still indexed"
         result = check(broker.context, tables=["consume_queue", "offsets"], record=False)
         assert result.success, [(r.expectation, r.sample_ids) for r in result.failures]
-    assert plan.kills >= 4 and dropped == 0
+    assert crashes.kills >= 4 and dropped == 0
     remaining = broker.sql("SELECT min(store_ts) AS t FROM consume_queue WHERE topic = 'orders'").collect()
     assert remaining[0]["t"] >= clock.now_ms() - broker.config.file_reserved_time_ms

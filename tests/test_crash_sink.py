@@ -5,11 +5,10 @@ a key after newer ones (the replay guard decides)."""
 
 from __future__ import annotations
 
-import random
 from functools import partial
 
 import pytest
-from crash import KillPlan, kill_and_rerun
+from crash import CrashRounds
 
 from deltamq.jobs import dispatch
 
@@ -21,19 +20,18 @@ PER_ROUND = 40
 KEYS = 100
 
 
-def test_sink_is_exactly_once_under_kills(broker, clock, tmp_path, spark):
-    broker.create_topic("orders", queues=4)
-    broker.create_group("lake", consume_from="FIRST_OFFSET", pull_batch_size=25)
-    broker.subscribe("lake", "orders")
+def test_sink_is_exactly_once_under_kills(broker, clock, tmp_path, spark, warehouse_with):
+    warehouse_with("orders", queues=4, group="lake", recorder=None, pull_batch_size=25)
     sink = broker.sink_to_table("lake", str(tmp_path / "orders_sink"), ["order_id"], "listeners:order_rows")
-    wh = tmp_path / "wh"
-    rng = random.Random(9)
-    plan = KillPlan(POINTS, each=2, random_rounds=4, want=12, most_random=16)
+    crashes = CrashRounds(
+        tmp_path / "wh", POINTS, seed=9, delay=(0.0, 0.4), each=2, random_rounds=4, want=12, most_random=16
+    )
+    rng = crashes.rng  # the batches' queues and the replays' start are drawn from it too
     producer = broker.producer("shop")
     latest: dict[str, int] = {}
     sent = 0
     times = []
-    for round_no, (point, _) in enumerate(plan):
+    for round_no, (point, _) in enumerate(crashes):
         batch = {f"o{(round_no * 37 + i) % KEYS}": round_no * 1000 + i for i in range(PER_ROUND)}
         producer.send_dataframe(
             spark.createDataFrame(
@@ -51,7 +49,7 @@ def test_sink_is_exactly_once_under_kills(broker, clock, tmp_path, spark):
         # an earlier round and finishes everything
         since = rng.choice(times[-4:])
         replay = partial(_replay, sink, since, now)
-        kill_and_rerun(plan, wh, "sink", now, point, rng=rng, delay=(0.0, 0.4), rerun=replay)
+        crashes.kill_and_rerun("sink", now, point, rerun=replay)
         rows = sink.read().collect()
         assert len(rows) == len({r["order_id"] for r in rows}), f"round {round_no}: a key twice"
         assert {r["order_id"]: r["amount"] for r in rows} == latest, (round_no, point)
@@ -59,7 +57,7 @@ def test_sink_is_exactly_once_under_kills(broker, clock, tmp_path, spark):
             "SELECT sum(next_offset) AS n FROM offsets WHERE consumer_group = 'lake' AND topic = 'orders'"
         ).collect()[0]["n"]
         assert lag == sent
-    assert plan.kills >= 12
+    assert crashes.kills >= 12
 
 
 def _replay(sink, since: int, now: int) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from listeners import Recorder, read_log
+from listeners import read_log
 
 from deltamq import Message
 from deltamq.errors import ConfigError
@@ -12,17 +12,13 @@ HOUR = 3_600_000
 
 
 @pytest.fixture
-def orders(broker):
-    broker.create_topic("orders", queues=2)
-    return broker
+def orders(warehouse_with):
+    return warehouse_with("orders", queues=2).broker
 
 
-def test_a_key_consumed_within_the_window_skips_the_listener(orders, clock, tmp_path):
-    log = tmp_path / "calls.jsonl"
-    orders.create_group(
-        "g", Recorder(log), consume_from="FIRST_OFFSET", dedup_key="KEYS", dedup_window_ms=HOUR
-    )
-    orders.subscribe("g", "orders")
+def test_a_key_consumed_within_the_window_skips_the_listener(warehouse_with, clock):
+    wh = warehouse_with("orders", queues=2, group="g", dedup_key="KEYS", dedup_window_ms=HOUR)
+    orders, log = wh.broker, wh.log
     p = orders.producer("p")
     p.send(Message("orders", b"first", keys="order-1"))
     t = clock.now_ms()
@@ -41,10 +37,9 @@ def test_a_key_consumed_within_the_window_skips_the_listener(orders, clock, tmp_
     assert [(r["dedup_key"], r["first_ts"] >= t + 1) for r in keys] == [("order-2", True), ("order-1", True)]
 
 
-def test_a_replay_after_an_offset_reset_is_not_consumed_twice(orders, clock, tmp_path):
-    log = tmp_path / "calls.jsonl"
-    orders.create_group("g", Recorder(log), consume_from="FIRST_OFFSET", dedup_key="UNIQ_KEY")
-    orders.subscribe("g", "orders")
+def test_a_replay_after_an_offset_reset_is_not_consumed_twice(warehouse_with, clock):
+    wh = warehouse_with("orders", queues=2, group="g", dedup_key="UNIQ_KEY")
+    orders, log = wh.broker, wh.log
     p = orders.producer("p")
     p.send_batch([Message("orders", f"m{i}") for i in range(4)])
     t = clock.now_ms()
@@ -55,10 +50,9 @@ def test_a_replay_after_an_offset_reset_is_not_consumed_twice(orders, clock, tmp
     assert run.details["deduplicated"] == 4 and len(read_log(log)) == 4
 
 
-def test_a_failed_message_keeps_no_key_and_its_retry_is_delivered(orders, clock, tmp_path):
-    log = tmp_path / "calls.jsonl"
-    orders.create_group("g", Recorder(log, "fail_twice"), consume_from="FIRST_OFFSET", dedup_key="UNIQ_KEY")
-    orders.subscribe("g", "orders")
+def test_a_failed_message_keeps_no_key_and_its_retry_is_delivered(warehouse_with, clock):
+    wh = warehouse_with("orders", queues=2, group="g", recorder="fail_twice", dedup_key="UNIQ_KEY")
+    orders, log = wh.broker, wh.log
     orders.producer("p").send(Message("orders", b"flaky"))
     t = clock.now_ms()
     orders.tick(t)

@@ -11,16 +11,11 @@ from deltamq.constants import DEFAULT_LEVELS, Prop
 
 
 @pytest.fixture
-def setup(broker, tmp_path):
-    broker.create_topic("orders", queues=2)
-    log = tmp_path / "calls.jsonl"
-
-    def group(behavior="ok", name="g", **kw):
-        broker.create_group(name, Recorder(log, behavior), consume_from="FIRST_OFFSET", **kw)
-        broker.subscribe(name, "orders")
-        return log
-
-    return broker, group
+def setup(warehouse_with):
+    """The broker, and ``group(behavior, **options)``: adds group "g" with a Recorder
+    listener of that behaviour, from FIRST_OFFSET, and returns its log."""
+    wh = warehouse_with("orders", queues=2)
+    return wh.broker, wh.add_group
 
 
 def _dlq(broker, group="g"):
@@ -149,11 +144,8 @@ def test_offset_reset_redelivers(setup, clock):
     assert sorted(c["body"] for c in read_log(log)[4:]) == ["m0", "m1", "m2", "m3"]
 
 
-def test_tags_filter_skips_and_moves_past(broker, clock, tmp_path):
-    broker.create_topic("orders", queues=1)
-    log = tmp_path / "tags.jsonl"
-    broker.create_group("g", Recorder(log), consume_from="FIRST_OFFSET")
-    broker.subscribe("g", "orders", "A || C")
+def test_tags_filter_skips_and_moves_past(broker, clock, warehouse_with):
+    log = warehouse_with("orders", queues=1, group="g", expression="A || C", log="tags.jsonl").log
     broker.producer("p").send_batch([Message("orders", t or "none", tags=t) for t in ["A", "B", None, "C"]])
     result = broker.tick(clock.now_ms()).job("deliver").result
     assert sorted(c["body"] for c in read_log(log)) == ["A", "C"]
@@ -295,16 +287,13 @@ def test_listeners_see_the_broker_process_environment(broker, clock, tmp_path, m
     assert [(c["body"], c["value"]) for c in read_log(log)] == [("first", "first"), ("second", "second")]
 
 
-def test_each_stage_of_a_pass_runs_alone(broker, clock, tmp_path):
+def test_each_stage_of_a_pass_runs_alone(broker, clock, warehouse_with):
     """plan → take → consume → decide, one at a time and nothing written: the plan takes the
     subscribed queue, the take filters by tag, the listener consumes, and a failure handed
     to decide goes the retry way at level 3 with the attempt's time."""
     from deltamq.jobs import deliver, dispatch
 
-    broker.create_topic("orders", queues=1)
-    log = tmp_path / "calls.jsonl"
-    broker.create_group("g", Recorder(log), consume_from="FIRST_OFFSET")
-    broker.subscribe("g", "orders", "a")
+    log = warehouse_with("orders", queues=1, group="g", expression="a").log
     p = broker.producer("p")
     p.send(Message("orders", b"wanted", tags="a"))
     p.send(Message("orders", b"other", tags="b"))

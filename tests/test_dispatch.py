@@ -31,9 +31,8 @@ _PRODUCER = textwrap.dedent(
 
 
 @pytest.fixture
-def orders(broker):
-    broker.create_topic("orders", queues=4)
-    return broker
+def orders(warehouse_with):
+    return warehouse_with("orders", queues=4).broker
 
 
 def _queue(broker, topic, qid):

@@ -3,23 +3,20 @@ the failing message after a pause, nothing later in that queue meanwhile."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
-from listeners import Recorder, read_log
+from listeners import read_log
 
 from deltamq import Message
 
 
 @pytest.fixture
-def orderly(broker, tmp_path):
-    broker.create_topic("orders", queues=2)
-    log = tmp_path / "o.jsonl"
-
-    def group(behavior, **kw):
-        broker.create_group("seq", Recorder(log, behavior), orderly=True, consume_from="FIRST_OFFSET", **kw)
-        broker.subscribe("seq", "orders")
-        return log
-
-    return broker, group
+def orderly(warehouse_with):
+    """The broker, and ``group(behavior, **options)``: adds the orderly group "seq" with a
+    Recorder listener of that behaviour, from FIRST_OFFSET, and returns its log."""
+    wh = warehouse_with("orders", queues=2, log="o.jsonl")
+    return wh.broker, partial(wh.add_group, name="seq", orderly=True)
 
 
 def _send(broker, queue, bodies):

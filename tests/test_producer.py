@@ -10,9 +10,8 @@ from deltamq.sending import queue_for_key
 
 
 @pytest.fixture
-def orders(broker):
-    broker.create_topic("orders", queues=4)
-    return broker
+def orders(warehouse_with):
+    return warehouse_with("orders", queues=4).broker
 
 
 def _rows(broker, where="TRUE"):

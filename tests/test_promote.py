@@ -14,9 +14,8 @@ from deltamq.errors import InvalidTimer
 
 
 @pytest.fixture
-def orders(broker):
-    broker.create_topic("orders", queues=2)
-    return broker
+def orders(warehouse_with):
+    return warehouse_with("orders", queues=2).broker
 
 
 def _visible(broker, topic="orders"):

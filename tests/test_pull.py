@@ -12,10 +12,10 @@ SECOND = 1_000
 
 
 @pytest.fixture
-def pulled(broker, clock):
-    broker.create_topic("orders", queues=4)
-    broker.create_group("workers", consume_from="FIRST_OFFSET", invisible_time_ms=30 * SECOND)
-    broker.subscribe("workers", "orders")
+def pulled(warehouse_with, clock):
+    broker = warehouse_with(
+        "orders", queues=4, group="workers", recorder=None, invisible_time_ms=30 * SECOND
+    ).broker
     p = broker.producer("p")
     for q in range(4):
         p.send_batch([Message("orders", f"q{q}m{i}") for i in range(5)], selector=lambda n, m, a: a, arg=q)

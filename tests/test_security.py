@@ -13,10 +13,10 @@ import re
 
 import pytest
 from conftest import table_versions
+from helpers import recorded_sql
 
 from deltamq import Message
 from deltamq.cli import main
-from deltamq.engine import SQL_RECORDERS
 from deltamq.errors import DeltaMQError, ReadOnlyQuery
 from deltamq.tables.sqlguard import check_read_only, tokens
 
@@ -47,14 +47,6 @@ def _outside_literals(statement: str) -> list[str]:
     return problems
 
 
-@pytest.fixture
-def recorded():
-    statements: list[str] = []
-    SQL_RECORDERS.append(statements.append)
-    yield statements
-    SQL_RECORDERS.remove(statements.append)
-
-
 def _try(fn, *args, **kwargs):
     """Hostile calls may be refused (a clear deltamq error); they must not break SQL."""
     try:
@@ -64,52 +56,53 @@ def _try(fn, *args, **kwargs):
         return None
 
 
-def test_user_text_reaches_sql_only_as_escaped_literals(broker, clock, recorded):
-    broker.create_topic("orders", queues=2)
-    broker.create_group("push", "listeners:always_fail")
-    broker.create_group("pulled")
-    broker.subscribe("push", "orders", f"color = '{SQL92_FORM}' OR n > 1", "SQL92")
-    broker.subscribe("pulled", "orders", f"{MARK}x || b")
-    p = broker.producer("p")
-    p.send_batch(
-        [
-            Message(
-                "orders",
-                HOSTILE,
-                tags=HOSTILE,
-                keys=HOSTILE,
-                properties={"color": HOSTILE, "n": "2", "x" + MARK: HOSTILE},
-            ),
-            Message("orders", b"b", tags=f"{MARK}x", keys=f"{MARK}x"),
-            Message("orders", b"late", delay_level=2, keys=HOSTILE),
-        ]
-    )
-    hostile_df = broker.engine.spark.createDataFrame(
-        [("orders", HOSTILE, HOSTILE, HOSTILE)], "topic string, body string, tags string, keys string"
-    )
-    p.send_dataframe(hostile_df)
-    clock.advance(seconds=1)
-    broker.tick()
-    consumer = broker.pull_consumer("pulled", "c1")
-    got = consumer.pull(10)
-    assert [m.keys for m in got] == [f"{MARK}x"]
-    _try(consumer.ack, [HOSTILE])
-    _try(consumer.nack, [HOSTILE + "|0|1|2"])
-    consumer.ack([m.receipt_handle for m in got])
-    _try(broker.trace, HOSTILE)
-    _try(broker.find_by_key, HOSTILE)
-    assert broker.find_by_key(f"{MARK}x")
-    _try(lambda: broker.dead_letters(msg_ids=[HOSTILE]).collect())
-    _try(p.end_transaction, HOSTILE, "COMMIT")
-    _try(p.end_transactions, {HOSTILE: "ROLLBACK"})
-    _try(broker.producer, HOSTILE)
-    _try(broker.pull_consumer, "pulled", HOSTILE)
-    _try(broker.create_group, HOSTILE)
-    _try(broker.subscribe, "push", HOSTILE)
-    _try(broker.reset_offsets, HOSTILE, 0)
-    _try(broker.create_topic, HOSTILE)
-    clock.advance(minutes=2)
-    broker.tick()
+def test_user_text_reaches_sql_only_as_escaped_literals(broker, clock):
+    with recorded_sql() as recorded:
+        broker.create_topic("orders", queues=2)
+        broker.create_group("push", "listeners:always_fail")
+        broker.create_group("pulled")
+        broker.subscribe("push", "orders", f"color = '{SQL92_FORM}' OR n > 1", "SQL92")
+        broker.subscribe("pulled", "orders", f"{MARK}x || b")
+        p = broker.producer("p")
+        p.send_batch(
+            [
+                Message(
+                    "orders",
+                    HOSTILE,
+                    tags=HOSTILE,
+                    keys=HOSTILE,
+                    properties={"color": HOSTILE, "n": "2", "x" + MARK: HOSTILE},
+                ),
+                Message("orders", b"b", tags=f"{MARK}x", keys=f"{MARK}x"),
+                Message("orders", b"late", delay_level=2, keys=HOSTILE),
+            ]
+        )
+        hostile_df = broker.engine.spark.createDataFrame(
+            [("orders", HOSTILE, HOSTILE, HOSTILE)], "topic string, body string, tags string, keys string"
+        )
+        p.send_dataframe(hostile_df)
+        clock.advance(seconds=1)
+        broker.tick()
+        consumer = broker.pull_consumer("pulled", "c1")
+        got = consumer.pull(10)
+        assert [m.keys for m in got] == [f"{MARK}x"]
+        _try(consumer.ack, [HOSTILE])
+        _try(consumer.nack, [HOSTILE + "|0|1|2"])
+        consumer.ack([m.receipt_handle for m in got])
+        _try(broker.trace, HOSTILE)
+        _try(broker.find_by_key, HOSTILE)
+        assert broker.find_by_key(f"{MARK}x")
+        _try(lambda: broker.dead_letters(msg_ids=[HOSTILE]).collect())
+        _try(p.end_transaction, HOSTILE, "COMMIT")
+        _try(p.end_transactions, {HOSTILE: "ROLLBACK"})
+        _try(broker.producer, HOSTILE)
+        _try(broker.pull_consumer, "pulled", HOSTILE)
+        _try(broker.create_group, HOSTILE)
+        _try(broker.subscribe, "push", HOSTILE)
+        _try(broker.reset_offsets, HOSTILE, 0)
+        _try(broker.create_topic, HOSTILE)
+        clock.advance(minutes=2)
+        broker.tick()
 
     hostile = [s for s in recorded if MARK in s]
     # most user text travels as DataFrame data and never becomes SQL text; subscriptions do

@@ -12,11 +12,8 @@ from deltamq.sink import SinkError
 
 
 @pytest.fixture
-def lake(broker):
-    broker.create_topic("orders", queues=2)
-    broker.create_group("lake", consume_from="FIRST_OFFSET")
-    broker.subscribe("lake", "orders")
-    return broker
+def lake(warehouse_with):
+    return warehouse_with("orders", queues=2, group="lake", recorder=None).broker
 
 
 def _table(sink) -> dict[str, int]:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from listeners import Checks, Recorder, read_log
+from crash import crash_at
+from listeners import Checks, read_log
 
 from deltamq import Message
 from deltamq.constants import TRANS_CHECK_MAX_TIME_TOPIC, Prop, TxState
@@ -13,12 +14,9 @@ MINUTE = 60_000
 
 
 @pytest.fixture
-def setup(broker, tmp_path):
-    broker.create_topic("orders", queues=2)
-    log = tmp_path / "consumed.jsonl"
-    broker.create_group("g", Recorder(log), consume_from="FIRST_OFFSET")
-    broker.subscribe("g", "orders")
-    return broker, log
+def setup(warehouse_with):
+    wh = warehouse_with("orders", queues=2, group="g", log="consumed.jsonl")
+    return wh.broker, wh.log
 
 
 def consumed(log) -> list[str]:
@@ -277,8 +275,7 @@ def test_plan_classes_applies_the_rules_in_order(spark):
     }
 
 
-def test_a_resumed_pass_keeps_its_now_and_never_settles_an_entry_twice(setup, clock, monkeypatch):
-    from deltamq import faults
+def test_a_resumed_pass_keeps_its_now_and_never_settles_an_entry_twice(setup, clock):
     from deltamq.jobs import check_transactions
 
     broker, log = setup
@@ -287,18 +284,8 @@ def test_a_resumed_pass_keeps_its_now_and_never_settles_an_entry_twice(setup, cl
     first = producer.send_in_transaction(Message("orders", b"one"), lambda m, a: TxState.UNKNOWN)
     broker.tick(clock.now_ms() + 1_000)  # indexed; too young to check
     t = clock.now_ms() + 62_000
-
-    real_point = faults.point
-
-    def die_after_output(name):
-        if name == "check.after_output_commit":
-            raise RuntimeError("killed after the output commit")
-        real_point(name)
-
-    monkeypatch.setattr(faults, "point", die_after_output)
-    with pytest.raises(RuntimeError, match="killed"):
+    with pytest.raises(RuntimeError, match="killed"), crash_at("check.after_output_commit"):
         check_transactions.run(broker.context, t)
-    monkeypatch.setattr(faults, "point", real_point)
     checks.default = TxState.ROLLBACK  # the listener changed its mind: must not matter
     clock.set(t + 1_000)
     second = producer.send_in_transaction(Message("orders", b"two"), lambda m, a: TxState.UNKNOWN)
@@ -368,13 +355,10 @@ def test_import_path_check_listener_is_found_by_another_process(setup, clock, tm
     assert consumed(log) == ["COMMIT"]
 
 
-def test_a_committed_message_that_fails_is_retried_like_any_other(broker, clock, tmp_path):
+def test_a_committed_message_that_fails_is_retried_like_any_other(broker, clock, warehouse_with):
     """Its retry copies keep TRAN_ID and the committed sys_flag; dispatch must index them
     (only a second commit of the same transaction in its real topic is a duplicate)."""
-    broker.create_topic("orders", queues=1)
-    log = tmp_path / "b.jsonl"
-    broker.create_group("billing", Recorder(log, "fail_twice"), consume_from="FIRST_OFFSET")
-    broker.subscribe("billing", "orders")
+    log = warehouse_with("orders", queues=1, group="billing", recorder="fail_twice", log="b.jsonl").log
     broker.producer("shop").send_in_transaction(Message("orders", b"paid"), lambda m, a: "COMMIT")
     broker.tick(clock.now_ms())
     for _ in range(6):

@@ -1,0 +1,72 @@
+"""Shared test helpers, in the manner of PySpark's ``pyspark.testing`` utilities: a
+warehouse with a topic and a recorded consumer group, and the SQL the engine ran inside a
+``with`` block. conftest.py builds the ``warehouse_with`` fixture on :class:`WarehouseSetup`;
+tests import :func:`recorded_sql` from here. (Crash helpers live in crash.py.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from listeners import Recorder
+
+from deltamq import Broker
+from deltamq.engine import SQL_RECORDERS
+
+
+@dataclass
+class WarehouseSetup:
+    """A test's warehouse with one topic, as the ``warehouse_with`` fixture gives it.
+
+    ``log`` is where the :class:`listeners.Recorder` listeners of groups added here write
+    their calls (JSON lines; read them with ``listeners.read_log``); ``group`` names the
+    group the fixture created, if it was asked for one.
+    """
+
+    broker: Broker
+    topic: str
+    log: Path
+    group: str | None = None
+
+    def add_group(
+        self,
+        recorder: str | None = "ok",
+        *,
+        name: str = "g",
+        expression: str = "*",
+        consume_from: str = "FIRST_OFFSET",
+        **options,
+    ) -> Path:
+        """Create consumer group ``name`` and subscribe it to the topic (``expression``, a
+        tag expression). ``recorder`` is the behaviour of its ``Recorder(log, recorder)``
+        listener (``"ok"``, ``"fail"``, ``"fail_twice"``, ...; listeners.py), or None for
+        a group without a listener (pulled, or read by a sink). Further ``options`` go to
+        ``Broker.create_group``. Returns the log the listener writes to."""
+        listener = Recorder(self.log, recorder) if recorder is not None else None
+        self.broker.create_group(name, listener, consume_from=consume_from, **options)
+        self.broker.subscribe(name, self.topic, expression)
+        return self.log
+
+
+@contextmanager
+def recorded_sql() -> Iterator[list[str]]:
+    """The SQL statements the engine of this process runs inside the block, in order.
+
+    Built on the hook the Spark guard's session-wide recorder uses
+    (``deltamq.engine.SQL_RECORDERS``: every statement passes ``Engine.sql``); statements
+    run in other processes (subprocess jobs, listener workers) are not seen::
+
+        with recorded_sql() as statements:
+            broker.tick()
+        assert any(s.startswith("MERGE INTO") for s in statements)
+    """
+    statements: list[str] = []
+    hook = statements.append
+    SQL_RECORDERS.append(hook)
+    try:
+        yield statements
+    finally:
+        SQL_RECORDERS.remove(hook)
