@@ -464,7 +464,11 @@ def rebuild_index(ctx: Context, leases: Leases, now: int) -> dict[str, int]:
 
 def status(ctx: Context) -> dict[str, Any]:
     """Topics, and per (topic, queue) the offsets indexed so far; messages stored
-    but not yet dispatched (from the Delta commit entries' record counts)."""
+    but not yet dispatched (from the Delta commit entries' record counts); every consumer
+    group (``groups``: its kind, subscriptions and total lag) and its lag per queue
+    (``lag``: a queue the group has no offset row for yet — subscribed before the queue had
+    messages — is read from offset 0, so its lag is the queue's head); delay levels,
+    timers, dead letters, transactions, pull clients and the recent job runs."""
     from deltamq.tables import deltalog
 
     state = load_dispatch_state(ctx.warehouse)
@@ -489,28 +493,12 @@ def status(ctx: Context) -> dict[str, Any]:
     from deltamq.jobs import promote
 
     held = promote.pending(ctx.warehouse)
-    lag = []
-    for r in ctx.engine.rows(
-        f"SELECT consumer_group, client_id, topic, queue_id, next_offset, suspend_until "
-        f"FROM {ctx.warehouse.ref('offsets')} WHERE {USER_GROUPS} "
-        "ORDER BY consumer_group, client_id, topic, queue_id"
-    ):
-        head = state.heads.get((r["topic"], r["queue_id"]), 0)
-        lag.append(
-            {
-                "group": r["consumer_group"],
-                "client": r["client_id"],
-                "topic": r["topic"],
-                "queue_id": r["queue_id"],
-                "next_offset": r["next_offset"],
-                "lag": max(0, head - (r["next_offset"] or 0)),
-                "suspend_until": r["suspend_until"],
-            }
-        )
+    lag = _group_lag(ctx, state.heads)
     dlq = {t: n for (t, _), n in state.heads.items() if t.startswith("%DLQ%")}
     from deltamq import pull
     from deltamq.jobs import check_transactions
 
+    pull_clients = pull.status(ctx, ctx.clock.now_ms())
     return {
         "topics": ctx.catalog.topics(),
         "queues": queues,
@@ -518,12 +506,92 @@ def status(ctx: Context) -> dict[str, Any]:
         "undispatched": pending,
         "levels": held["levels"],
         "timers": held["timers"],
+        "groups": _group_summaries(ctx, lag),
         "lag": lag,
         "dead_letters": dlq,
         "transactions": check_transactions.pending(ctx, ctx.clock.now_ms()),
-        "pull_clients": pull.status(ctx, ctx.clock.now_ms()),
+        "pull_clients": pull_clients,
         "recent_runs": recent_runs(ctx),
     }
+
+
+def _group_lag(ctx: Context, heads: dict[tuple[str, int], int]) -> list[dict[str, Any]]:
+    """Per consumer group (and BROADCASTING instance), topic and queue: its next offset and
+    lag — from its offset rows, and for each subscribed queue with messages but no offset
+    row yet, from offset 0 (where deliver, pull clients and sinks start such a queue)."""
+    rows: dict[tuple[str, str, str, int], dict[str, Any]] = {}
+    for r in ctx.engine.rows(
+        f"SELECT consumer_group, client_id, topic, queue_id, next_offset, suspend_until "
+        f"FROM {ctx.warehouse.ref('offsets')} WHERE {USER_GROUPS}"
+    ):
+        head = heads.get((r["topic"], r["queue_id"]), 0)
+        key = (r["consumer_group"], r["client_id"] or "", r["topic"], r["queue_id"])
+        rows[key] = {
+            "group": r["consumer_group"],
+            "client": r["client_id"],
+            "topic": r["topic"],
+            "queue_id": r["queue_id"],
+            "next_offset": r["next_offset"],
+            "head": head,
+            "lag": max(0, head - (r["next_offset"] or 0)),
+            "suspend_until": r["suspend_until"],
+        }
+    groups = ctx.catalog.groups()
+    for sub in ctx.catalog.subscriptions():
+        cfg = groups.get(sub.consumer_group)
+        for client in cfg.clients if cfg is not None else []:
+            for (topic, qid), head in heads.items():
+                key = (sub.consumer_group, client, topic, qid)
+                if topic != sub.topic or key in rows:
+                    continue
+                rows[key] = {
+                    "group": sub.consumer_group,
+                    "client": client or None,
+                    "topic": topic,
+                    "queue_id": qid,
+                    "next_offset": None,  # no offset row yet: the group starts the queue at 0
+                    "head": head,
+                    "lag": head,
+                    "suspend_until": None,
+                }
+    return [rows[k] for k in sorted(rows)]
+
+
+def _group_summaries(ctx: Context, lag: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every consumer group, subscribed or not, with or without offset rows: its kind
+    (push, sink, pull — a group with no stored listener whose clients have pulled —
+    or ``no listener stored``: a pull group nobody has pulled from yet, or a push group
+    whose listener is a callable of another process), the topics it subscribed to (its own
+    ``%RETRY%`` topic, which it always reads, not listed) and its lag (retries included)."""
+    pulling = {
+        r["g"]
+        for r in ctx.engine.rows(f"SELECT DISTINCT consumer_group AS g FROM {ctx.warehouse.ref('clients')}")
+    }
+    topics: dict[str, list[str]] = {}
+    for sub in ctx.catalog.subscriptions():
+        if sub.topic != RETRY_PREFIX + sub.consumer_group:  # every group reads its own retries
+            topics.setdefault(sub.consumer_group, []).append(sub.topic)
+    out = []
+    for name, cfg in sorted(ctx.catalog.groups().items()):
+        if cfg.sink_table:
+            kind = "sink"
+        elif cfg.listener or name in ctx.catalog.listeners:
+            kind = "push"
+        else:
+            kind = "pull" if name in pulling else "no listener stored"
+        mine = [x for x in lag if x["group"] == name]
+        out.append(
+            {
+                "group": name,
+                "kind": kind,
+                "mode": cfg.mode,
+                "orderly": cfg.orderly,
+                "topics": sorted(topics.get(name, [])),
+                "lag": sum(x["lag"] for x in mine),
+                "queues_behind": sum(1 for x in mine if x["lag"] > 0),
+            }
+        )
+    return out
 
 
 def recent_runs(ctx: Context, limit: int = 10) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -128,6 +129,30 @@ class Topics:
         return topic
 
 
+@dataclass(frozen=True)
+class SendResult:
+    """What RocketMQ's SendResult says that is known when a message is stored: its status,
+    id, topic and queue. Its queue offset is not: dispatch assigns it later, in commit
+    order. ``delay_level`` is the level stored (a requested level above the warehouse's
+    highest is clamped to it, as RocketMQ's store does: ``clamped``); ``deliver_at`` the due
+    time of a timer message (epoch ms)."""
+
+    status: str
+    msg_id: str
+    topic: str
+    queue_id: int
+    requested_delay_level: int = 0
+    delay_level: int = 0
+    deliver_at: int | None = None
+
+    @property
+    def clamped(self) -> bool:
+        return self.delay_level != self.requested_delay_level
+
+
+SEND_OK = "SEND_OK"
+
+
 class Target(Protocol):
     """What a producer sends through."""
 
@@ -205,6 +230,33 @@ class BaseProducer:
         """
         rows = self._store(list(messages), queue_keys, selector, arg, transactional=False)
         return [r["msg_id"] for r in rows]
+
+    def send_results(
+        self,
+        messages: Sequence[Message],
+        *,
+        queue_keys: Sequence[str | None] | None = None,
+        selector: Selector | None = None,
+        arg: Any = None,
+    ) -> list[SendResult]:
+        """:meth:`send_batch`, returning each message's :class:`SendResult` (queue, the
+        delay level stored, the timer's due time) instead of its id alone."""
+        messages = list(messages)
+        rows = self._store(messages, queue_keys, selector, arg, transactional=False)
+        return [
+            SendResult(
+                SEND_OK,
+                r["msg_id"],
+                r["topic"],
+                r["queue_id"],
+                m.delay_level,
+                int(r["properties"].get(Prop.DELAY) or 0),
+                int(r["properties"][Prop.TIMER_DELIVER_MS])
+                if Prop.TIMER_DELIVER_MS in r["properties"]
+                else None,
+            )
+            for m, r in zip(messages, rows, strict=True)
+        ]
 
     def _store(
         self,

@@ -20,14 +20,16 @@ def _run(capsys, *args):
 def test_admin_send_tick_sql_status(tmp_path, capsys):
     wh = str(tmp_path / "wh")
     assert _run(capsys, "init", "--warehouse", wh)[0] == 0
-    code, out, _ = _run(capsys, "init", "--warehouse", wh)
+    code, out, _ = _run(capsys, "init", "--json", "--warehouse", wh)
     assert json.loads(out)["created"] == []
     assert _run(capsys, "topic", "create", "orders", "--queues", "2", "--warehouse", wh)[0] == 0
     assert _run(capsys, "topic", "update", "orders", "--queues", "3", "--warehouse", wh)[0] == 0
     assert _run(capsys, "group", "create", "billing", "--warehouse", wh)[0] == 0
     assert _run(capsys, "subscribe", "billing", "orders", "A || B", "--warehouse", wh)[0] == 0
-    code, out, _ = _run(capsys, "send", "orders", "hello", "--tags", "A", "-p", "k=v", "--warehouse", wh)
-    assert code == 0 and len(out.strip()) == 24
+    code, out, _ = _run(
+        capsys, "send", "orders", "hello", "--tags", "A", "-p", "k=v", "--json", "--warehouse", wh
+    )
+    assert code == 0 and len(json.loads(out)["msg_id"]) == 24
     lines = tmp_path / "m.jsonl"
     lines.write_text(
         "\n".join(json.dumps({"topic": "orders", "body": {"n": i}, "delay_level": i % 2}) for i in range(25))
@@ -114,8 +116,8 @@ def test_operating_commands(tmp_path, capsys):
         ("subscribe", "w", "orders"),
     ):
         assert _run(capsys, *args, "--warehouse", wh)[0] == 0
-    code, out, _ = _run(capsys, "send", "orders", "boom", "--keys", "o-9", "--warehouse", wh)
-    mid = out.strip()
+    code, out, _ = _run(capsys, "send", "orders", "boom", "--keys", "o-9", "--json", "--warehouse", wh)
+    mid = json.loads(out)["msg_id"]
     for _ in range(2):  # deliver sends it to %DLQ%w; the next tick indexes the dead letter
         assert _run(capsys, "tick", "--warehouse", wh)[0] == 0
     code, out, _ = _run(capsys, "dlq", "list", "--group", "w", "--warehouse", wh)
@@ -130,6 +132,6 @@ def test_operating_commands(tmp_path, capsys):
     page = tmp_path / "r.html"
     code, out, _ = _run(capsys, "report", "--html", str(page), "--warehouse", wh)
     assert code == 0 and page.read_text().startswith("<!DOCTYPE html>") and "3 ticks" in out
-    code, out, _ = _run(capsys, "rebuild-index", "--warehouse", wh)
+    code, out, _ = _run(capsys, "rebuild-index", "--json", "--warehouse", wh)
     # the last tick's deliver dead-lettered the resent copy too; rebuilding indexes that as well
     assert code == 0 and json.loads(out)["rows_after"] == json.loads(out)["rows_before"] + 1 == 4

@@ -7,7 +7,12 @@ embedded Sail engine.
 ``main`` parses the arguments (``parser``), opens the warehouse's broker and hands it to
 the command's handler: one function ``(broker, args) -> int`` per command, in a module
 per command group (``admin``, ``produce``, ``query``, ``status``, ``run``); ``init`` and
-``demo`` run without a broker. Output goes through ``format``.
+``demo`` run without a broker. Output goes through ``format`` (tables, or ``--json``).
+
+Every error ends here, as one ``deltamq: error: ...`` line on stderr and the exit status
+of its kind (``parser.EXIT_STATUSES``): deltamq's own errors, the command line's
+(``parser.CliError``), the engine's (PySpark and Spark Connect exceptions, caught here and
+nowhere below), files that cannot be opened, and anything else as an internal error.
 """
 
 from __future__ import annotations
@@ -19,12 +24,21 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from deltamq.cli import admin, demo, produce, query, run, status
-from deltamq.cli.format import print_table
-from deltamq.cli.parser import build_parser
-from deltamq.cli.run import SKIPPED_EXIT
+from deltamq.cli.format import json_line, print_table
+from deltamq.cli.parser import (
+    ENGINE_REJECTED,
+    INTERNAL,
+    INTERRUPTED,
+    NO_INPUT,
+    USAGE,
+    CliError,
+    UsageError,
+    build_parser,
+)
+from deltamq.cli.run import SETUP_FAILED_EXIT, SKIPPED_EXIT
 from deltamq.errors import DeltaMQError
 
-__all__ = ["COMMANDS", "SKIPPED_EXIT", "WITHOUT_BROKER", "main", "print_table"]
+__all__ = ["COMMANDS", "SETUP_FAILED_EXIT", "SKIPPED_EXIT", "WITHOUT_BROKER", "main", "print_table"]
 
 Handler = Callable[[Any, argparse.Namespace], int]
 
@@ -55,13 +69,91 @@ COMMANDS: dict[str, Handler] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns its exit status (``parser.EXIT_STATUSES``). Usage errors
+    exit through argparse (SystemExit 2)."""
     args = build_parser().parse_args(argv)
     _listeners_from_here()
     try:
         return _run(args)
+    except KeyboardInterrupt:
+        return _fail(args, "interrupted", INTERRUPTED)
+    except CliError as e:
+        return _fail(args, str(e), e.status)
     except DeltaMQError as e:
-        print(f"deltamq: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(args, str(e), USAGE)
+    except Exception as e:
+        if isinstance(e, OSError) and e.filename is not None:  # a file named on the command line
+            return _fail(args, f"cannot open {e.filename}: {e.strerror or e}", NO_INPUT)
+        if _is_engine_error(e):
+            return _fail(args, _engine_error(args, e), ENGINE_REJECTED)
+        if os.environ.get("DELTAMQ_DEBUG"):
+            raise
+        return _fail(
+            args,
+            f"internal error (a bug in deltamq): {type(e).__name__}: {_first_line(str(e))} "
+            "(DELTAMQ_DEBUG=1 shows the traceback)",
+            INTERNAL,
+        )
+
+
+def _fail(args: argparse.Namespace, message: str, status: int) -> int:
+    """Say why on one stderr line (and with --json as the stdout document); ``status``."""
+    print(f"deltamq: error: {message}", file=sys.stderr, flush=True)
+    if getattr(args, "json", False):
+        print(json_line({"error": message, "exit_status": status}), flush=True)
+    return status
+
+
+def _is_engine_error(e: Exception) -> bool:
+    """A PySpark exception (Spark Connect's included) or a bare gRPC error: checked through
+    the modules already loaded, so the check imports no engine."""
+    errors = sys.modules.get("pyspark.errors")
+    if errors is not None and isinstance(e, errors.PySparkException):
+        return True
+    grpc = sys.modules.get("grpc")
+    return grpc is not None and isinstance(e, grpc.RpcError)
+
+
+def _engine_error(args: argparse.Namespace, e: Exception) -> str:
+    """One line: what the engine said (its message's first meaningful line), for ``sql``
+    with the query and, for a ``DESCRIBE name`` Sail does not take, what it takes."""
+    said = _first_line(_engine_message(e))
+    if args.command != "sql":
+        return f"the engine failed: {said}"
+    query = " ".join(args.query.split())
+    shown = query if len(query) <= 80 else query[:77] + "..."
+    hint = ""
+    words = query.split()
+    if len(words) == 2 and words[0].upper() in ("DESCRIBE", "DESC"):
+        hint = f" (to describe a table: DESCRIBE TABLE {words[1]})"
+    return f"the engine rejected the query {shown!r}: {said}{hint}"
+
+
+def _engine_message(e: Exception) -> str:
+    get = getattr(e, "getMessage", None)
+    if callable(get):
+        try:
+            text = get()
+        except Exception:  # noqa: BLE001 - fall back to str()
+            text = None
+        if text:
+            return str(text)
+    details = getattr(e, "details", None)  # a grpc.RpcError
+    if callable(details):
+        try:
+            return str(details() or e)
+        except Exception:  # noqa: BLE001 - fall back to str()
+            pass
+    return str(e)
+
+
+def _first_line(text: str) -> str:
+    """The first line that says something (not blank, not a stack-trace heading)."""
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.lower().startswith(("jvm stacktrace", "traceback")):
+            return line if len(line) <= 400 else line[:397] + "..."
+    return text.strip() or "(no message)"
 
 
 def _listeners_from_here() -> None:
@@ -88,6 +180,6 @@ def _open(args: argparse.Namespace):
     from deltamq.broker import Broker
 
     if not args.warehouse:
-        raise SystemExit("deltamq: error: give --warehouse DIR (or set DELTAMQ_WAREHOUSE)")
+        raise UsageError("give --warehouse DIR (or set DELTAMQ_WAREHOUSE)")
     # only `init` creates a warehouse: a typo'd location must not become a new one
     return Broker.open(args.warehouse, remote=args.remote, create=False)

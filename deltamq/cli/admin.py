@@ -4,10 +4,9 @@ and ``rebuild-index``."""
 from __future__ import annotations
 
 import argparse
-import json
 
-from deltamq.cli.format import print_table
-from deltamq.cli.parser import now_arg
+from deltamq.cli.format import emit, ms_to_iso, print_table
+from deltamq.cli.parser import UsageError, now_arg
 
 
 def init(args: argparse.Namespace) -> int:
@@ -17,44 +16,78 @@ def init(args: argparse.Namespace) -> int:
     from deltamq.tables.warehouse import Warehouse
 
     if not args.warehouse:
-        raise SystemExit("deltamq: error: give --warehouse DIR (or set DELTAMQ_WAREHOUSE)")
+        raise UsageError("give --warehouse DIR (or set DELTAMQ_WAREHOUSE)")
     engine = Engine.open(BrokerConfig.from_env(**({"remote": args.remote} if args.remote else {})))
     done = Warehouse(engine, args.warehouse).init(args.levels)
-    print(json.dumps(done))
-    return 0
+
+    def render() -> None:
+        if done["created"]:
+            print(f"created {len(done['created'])} tables in {args.warehouse}: {', '.join(done['created'])}")
+        for table, columns in done["upgraded"].items():
+            print(f"upgraded {table}: added {', '.join(columns)}")
+        if not done["created"] and not done["upgraded"]:
+            print(f"warehouse {args.warehouse} is up to date: nothing to create or upgrade")
+
+    return emit(args, {"warehouse": args.warehouse, **done}, render)
 
 
 def topic(broker, args: argparse.Namespace) -> int:
     if args.action == "list":
-        print_table(
-            ["topic", "queues", "perm", "ordered"],
-            [[t, v["queues"], v["perm"], v["ordered"]] for t, v in broker.topics().items()],
+        topics = [{"topic": t, **v} for t, v in broker.topics().items()]
+        return emit(
+            args,
+            {"topics": topics},
+            lambda: print_table(
+                ["topic", "queues", "perm", "ordered"],
+                [[t["topic"], t["queues"], t["perm"], t["ordered"]] for t in topics],
+            ),
         )
-        return 0
     if not args.name:
-        raise SystemExit(f"deltamq: error: topic {args.action} needs a topic name")
+        raise UsageError(f"topic {args.action} needs a topic name")
     if args.action == "create":
         broker.create_topic(args.name, args.queues, args.perm or "RW", ordered=bool(args.ordered))
     elif args.action == "update":
         broker.update_topic(args.name, queues=args.queues, perm=args.perm, ordered=args.ordered)
     else:
         broker.delete_topic(args.name)
-    print(f"topic {args.action}d: {args.name}")
-    return 0
+    done = f"{args.action}d"
+    return emit(args, {"topic": args.name, "done": done}, lambda: print(f"topic {done}: {args.name}"))
 
 
 def group(broker, args: argparse.Namespace) -> int:
     if args.action == "list":
-        print_table(
-            ["group", "mode", "orderly", "max reconsume", "consume from", "listener"],
-            [
-                [g, r.mode, r.orderly, r.max_reconsume_times, r.consume_from, r.listener]
-                for g, r in broker.groups().items()
-            ],
+        groups = [
+            {
+                "group": g,
+                "mode": r.mode,
+                "orderly": r.orderly,
+                "max_reconsume_times": r.max_reconsume_times,
+                "consume_from": r.consume_from,
+                "listener": r.listener,
+                "sink_table": r.sink_table,
+            }
+            for g, r in broker.groups().items()
+        ]
+        return emit(
+            args,
+            {"groups": groups},
+            lambda: print_table(
+                ["group", "mode", "orderly", "max reconsume", "consume from", "listener"],
+                [
+                    [
+                        g["group"],
+                        g["mode"],
+                        g["orderly"],
+                        g["max_reconsume_times"],
+                        g["consume_from"],
+                        g["listener"] or (f"sink {g['sink_table']}" if g["sink_table"] else "- (pull)"),
+                    ]
+                    for g in groups
+                ],
+            ),
         )
-        return 0
     if not args.name:
-        raise SystemExit(f"deltamq: error: group {args.action} needs a group name")
+        raise UsageError(f"group {args.action} needs a group name")
     if args.action == "create":
         broker.create_group(
             args.name,
@@ -67,22 +100,40 @@ def group(broker, args: argparse.Namespace) -> int:
         )
     else:
         broker.delete_group(args.name)
-    print(f"group {args.action}d: {args.name}")
-    return 0
+    done = f"{args.action}d"
+    return emit(args, {"group": args.name, "done": done}, lambda: print(f"group {done}: {args.name}"))
 
 
 def subscribe(broker, args: argparse.Namespace) -> int:
     broker.subscribe(args.group, args.topic, args.expression, args.type)
-    print(f"subscribed {args.group} to {args.topic} ({args.type} {args.expression})")
-    return 0
+    return emit(
+        args,
+        {"group": args.group, "topic": args.topic, "type": args.type, "expression": args.expression},
+        lambda: print(f"subscribed {args.group} to {args.topic} ({args.type} {args.expression})"),
+    )
 
 
 def offsets(broker, args: argparse.Namespace) -> int:
-    new = broker.reset_offsets(args.group, now_arg(args.to_time))
-    print_table(["topic", "queue", "next offset"], [[t, q, o] for (t, q), o in sorted(new.items())])
-    return 0
+    to_time = now_arg(args.to_time, "--to-time")
+    new = broker.reset_offsets(args.group, to_time)
+    rows = [{"topic": t, "queue_id": q, "next_offset": o} for (t, q), o in sorted(new.items())]
+
+    def render() -> None:
+        print(f"offsets of {args.group} reset to the first message stored at or after {ms_to_iso(to_time)}:")
+        print_table(
+            ["topic", "queue", "next offset"], [[r["topic"], r["queue_id"], r["next_offset"]] for r in rows]
+        )
+
+    return emit(args, {"group": args.group, "to_time": to_time, "offsets": rows}, render)
 
 
 def rebuild_index(broker, args: argparse.Namespace) -> int:
-    print(json.dumps(broker.rebuild_index()))
-    return 0
+    done = broker.rebuild_index()
+    return emit(
+        args,
+        done,
+        lambda: print_table(
+            ["rows before", "rows after", "dispatch passes", "indexed"],
+            [[done["rows_before"], done["rows_after"], done["passes"], done["indexed"]]],
+        ),
+    )

@@ -1,24 +1,116 @@
 """The command line's arguments: the argparse tree (every command takes the ``common``
-options ``--warehouse`` and ``--remote``) and the parsing of time arguments."""
+options ``--warehouse``, ``--remote`` and ``--json``), the parsing of time arguments, and
+the exit statuses every command shares (``EXIT_STATUSES``, shown by ``deltamq --help``)
+with the errors the command line raises itself."""
 
 from __future__ import annotations
 
 import argparse
 import os
 
-EPILOG = """examples:
+# --- exit statuses: one scheme for every command ------------------------------------------------
+OK = 0
+CHECK_FAILED = 1
+"""It ran, and its answer is no: a check found problems (``dq --fail-on-error``,
+``doctor``) or ``msg show`` found no message."""
+USAGE = 2
+"""A usage error (argparse's own status), or deltamq refused (a ``DeltaMQError``: a bad value,
+an unknown topic or group, no warehouse at the location, a clock going back...)."""
+SKIPPED = 3
+"""A one-shot ``tick`` or ``job`` did nothing: another runner holds its job lease."""
+SETUP_FAILED = 4
+"""A tick ran, but a push group consumed nothing: its listener could not be loaded."""
+NO_INPUT = 5
+"""A file named on the command line cannot be opened (missing, unreadable, no such folder)."""
+BAD_INPUT = 6
+"""An input file is malformed (a ``send --file`` line: named file:line; nothing was sent)."""
+ENGINE_REJECTED = 7
+"""The engine rejected a statement (a ``sql`` query that does not parse or resolve) or
+failed (a Spark or Spark Connect error)."""
+INTERNAL = 70
+"""A bug in deltamq (``DELTAMQ_DEBUG=1`` shows the traceback)."""
+INTERRUPTED = 130
+"""Ctrl-C stopped a one-shot command (``tick --loop`` stops cleanly, with 0)."""
+
+EXIT_STATUSES: tuple[tuple[int, str], ...] = (
+    (OK, "ok"),
+    (CHECK_FAILED, "a check found problems (dq --fail-on-error, doctor); msg show found no message"),
+    (USAGE, "usage error, or deltamq refused (a DeltaMQError: a bad value, an unknown topic, no warehouse)"),
+    (SKIPPED, "tick/job skipped: another runner holds the job lease"),
+    (SETUP_FAILED, "a push group's listener could not be loaded (its messages wait)"),
+    (NO_INPUT, "a file named on the command line cannot be opened (missing, unreadable)"),
+    (BAD_INPUT, "an input file is malformed (send --file: file:line says what; nothing sent)"),
+    (ENGINE_REJECTED, "the engine rejected a query or failed (a Spark / Spark Connect error)"),
+    (INTERNAL, "a bug in deltamq (DELTAMQ_DEBUG=1 shows the traceback)"),
+    (INTERRUPTED, "interrupted (Ctrl-C)"),
+)
+"""(status, meaning): the table ``deltamq --help`` and the README show."""
+
+
+class CliError(Exception):
+    """An error the command line reports itself: one stderr line, and its exit status."""
+
+    status = USAGE
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        if status is not None:
+            self.status = status
+
+
+class UsageError(CliError):
+    """The arguments do not make a command (exit 2, as argparse's own usage errors)."""
+
+    status = USAGE
+
+
+class InputMissing(CliError):
+    """A file named on the command line cannot be opened (exit 5)."""
+
+    status = NO_INPUT
+
+
+class InputMalformed(CliError):
+    """An input file's content is malformed (exit 6)."""
+
+    status = BAD_INPUT
+
+
+EXAMPLES = """examples:
   deltamq demo
   deltamq init --warehouse ./wh
   deltamq topic create orders --queues 4 --warehouse ./wh
+  deltamq topic list --warehouse ./wh
   deltamq group create billing --warehouse ./wh
+  deltamq group list --warehouse ./wh
   deltamq subscribe billing orders 'created || paid' --warehouse ./wh
   deltamq send orders '{"id": 1}' --tags created --warehouse ./wh
+  deltamq send orders 'check payment' --delay-ms 1800000 --warehouse ./wh
   deltamq tick --loop --interval 1 --warehouse ./wh
+  deltamq status --json --warehouse ./wh
   deltamq sql "SELECT topic, count(*) FROM commit_log GROUP BY topic" --warehouse ./wh
+  deltamq dlq list --group billing --warehouse ./wh
 """
+
+OUTPUT = """output:
+  tables on stdout by default; --json (every command but demo): one JSON document on
+  stdout instead (tick --loop --json: one per tick, JSON Lines). Errors: one line on
+  stderr, "deltamq: error: ..." (with --json also {"error": ..., "exit_status": N} on stdout).
+"""
+
+EPILOG = (
+    EXAMPLES
+    + "\n"
+    + OUTPUT
+    + "\nexit status:\n"
+    + "".join(f"  {code:<4}{meaning}\n" for code, meaning in EXIT_STATUSES)
+)
 
 JOBS = ["dispatch", "promote", "deliver", "sink", "check_transactions", "retain"]
 """What ``deltamq job`` runs, one at a time."""
+
+TIME = "epoch ms or ISO time, UTC unless it has an offset (2026-01-01T09:30:00)"
+"""How every time argument is given."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # in the order --help lists them
     _admin_commands(sub, common)
     _send_command(sub, common)
@@ -53,64 +145,121 @@ def _common() -> argparse.ArgumentParser:
         default=None,
         help="Spark Connect URL sc://host:port (env DELTAMQ_SPARK_REMOTE); default: embedded Sail",
     )
+    common.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON document on stdout instead of tables (for scripts)",
+    )
     return common
 
 
 def _admin_commands(sub, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("init", parents=[common], help="create or upgrade a warehouse (idempotent)")
-    s.add_argument("--levels", help="delay level string, default '1s 5s 10s 30s 1m ... 2h'")
-
-    s = sub.add_parser("topic", parents=[common], help="create, update or delete a topic")
-    s.add_argument("action", choices=["create", "update", "delete", "list"])
-    s.add_argument("name", nargs="?")
-    s.add_argument("--queues", type=int)
-    s.add_argument("--perm", choices=["RW", "R", "W", "DENY"])
-    s.add_argument("--ordered", action="store_true", default=None)
-
-    s = sub.add_parser("group", parents=[common], help="create or delete a consumer group")
-    s.add_argument("action", choices=["create", "delete", "list"])
-    s.add_argument("name", nargs="?")
-    s.add_argument("--listener", help="import path package.module:function")
-    s.add_argument("--mode", choices=["CLUSTERING", "BROADCASTING"], default="CLUSTERING")
-    s.add_argument("--orderly", action="store_true")
-    s.add_argument("--max-reconsume-times", type=int)
     s.add_argument(
-        "--consume-from", choices=["LAST_OFFSET", "FIRST_OFFSET", "TIMESTAMP"], default="LAST_OFFSET"
+        "--levels", help="delay levels, e.g. '1s 5s 10s' (default: RocketMQ's 18, '1s 5s 10s 30s 1m ... 2h')"
+    )
+
+    s = sub.add_parser("topic", parents=[common], help="topic create | update | delete | list")
+    s.add_argument("action", choices=["create", "update", "delete", "list"], help="what to do")
+    s.add_argument("name", nargs="?", help="the topic (all but list)")
+    s.add_argument("--queues", type=int, help="number of queues (create: default 4, DELTAMQ_DEFAULT_QUEUES)")
+    s.add_argument(
+        "--perm", choices=["RW", "R", "W", "DENY"], help="who may use it: R consumers, W producers"
+    )
+    s.add_argument(
+        "--ordered",
+        action="store_true",
+        default=None,
+        help="an ordered topic (orderly groups read it in order)",
+    )
+
+    s = sub.add_parser("group", parents=[common], help="consumer group create | delete | list")
+    s.add_argument("action", choices=["create", "delete", "list"], help="what to do")
+    s.add_argument("name", nargs="?", help="the consumer group (all but list)")
+    s.add_argument(
+        "--listener",
+        help="a push group's listener, import path package.module:function (none: a pull group)",
+    )
+    s.add_argument(
+        "--mode",
+        choices=["CLUSTERING", "BROADCASTING"],
+        default="CLUSTERING",
+        help="CLUSTERING: each message to one member of the group (default); BROADCASTING: to every instance",
+    )
+    s.add_argument(
+        "--orderly", action="store_true", help="consume each queue strictly in order (suspend, don't retry)"
+    )
+    s.add_argument(
+        "--max-reconsume-times",
+        type=int,
+        help="retries before a message goes to %%DLQ%%<group> (default 16; orderly: unlimited)",
+    )
+    s.add_argument(
+        "--consume-from",
+        choices=["LAST_OFFSET", "FIRST_OFFSET", "TIMESTAMP"],
+        default="LAST_OFFSET",
+        help="where a new subscription starts (default LAST_OFFSET: only messages from now on)",
     )
     s.add_argument("--consume-timestamp", type=int, help="epoch ms, with --consume-from TIMESTAMP")
 
     s = sub.add_parser("subscribe", parents=[common], help="subscribe a group to a topic")
-    s.add_argument("group")
-    s.add_argument("topic")
-    s.add_argument("expression", nargs="?", default="*", help="'*' or 'TagA || TagB'")
-    s.add_argument("--type", default="TAG", choices=["TAG", "SQL92"])
+    s.add_argument("group", help="the consumer group")
+    s.add_argument("topic", help="the topic")
+    s.add_argument(
+        "expression", nargs="?", default="*", help="tags: '*' or 'TagA || TagB'; or an SQL92 predicate"
+    )
+    s.add_argument("--type", default="TAG", choices=["TAG", "SQL92"], help="what the expression is")
 
 
 def _send_command(sub, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("send", parents=[common], help="send messages (arguments or a JSON-lines file)")
-    s.add_argument("topic", nargs="?")
-    s.add_argument("body", nargs="?")
-    s.add_argument("--tags")
-    s.add_argument("--keys")
-    s.add_argument("--delay-level", type=int, default=0)
-    s.add_argument("--property", "-p", action="append", default=[], metavar="K=V")
-    s.add_argument("--queue-key")
-    s.add_argument("--producer-group", default="DEFAULT_PRODUCER")
-    s.add_argument("--file", "-f", help="JSON lines: {topic, body, tags?, keys?, delay_level?, properties?}")
+    s.add_argument("topic", nargs="?", help="the topic (with --file: for lines that name none)")
+    s.add_argument("body", nargs="?", help="the message body, as text (not with --file)")
+    s.add_argument("--tags", help="the message's tag (what subscriptions filter on)")
+    s.add_argument("--keys", help="business keys, space-separated (msg show --key finds them)")
+    held = s.add_mutually_exclusive_group()
+    held.add_argument(
+        "--delay-level",
+        type=int,
+        default=0,
+        metavar="N",
+        help="deliver after delay level N (1..18 by default: 1s 5s 10s 30s 1m ... 2h); "
+        "above the highest it is clamped, as RocketMQ does",
+    )
+    held.add_argument("--delay-ms", type=int, metavar="MS", help="deliver MS milliseconds from now (a timer)")
+    held.add_argument("--deliver-at", metavar="TIME", help=f"deliver at TIME (a timer): {TIME}")
+    s.add_argument(
+        "--property", "-p", action="append", default=[], metavar="K=V", help="a user property (repeatable)"
+    )
+    s.add_argument(
+        "--queue-key", metavar="KEY", help="choose the queue by KEY: equal keys share a queue (and its order)"
+    )
+    s.add_argument("--producer-group", default="DEFAULT_PRODUCER", help="the producer group to send as")
+    s.add_argument(
+        "--file",
+        "-f",
+        help="JSON lines: {topic, body, tags?, keys?, delay_level? | delay_ms? | deliver_at?, properties?}",
+    )
     s.add_argument("--batch-size", type=int, default=10_000, help="messages per commit with --file")
 
 
 def _run_and_query_commands(sub, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("sql", parents=[common], help="run SQL over the warehouse tables")
-    s.add_argument("query")
+    s.add_argument("query", help="one statement; tables by name: commit_log, consume_queue, offsets, ...")
     s.add_argument("--write", action="store_true", help="allow statements that change tables")
-    s.add_argument("--limit", type=int, default=100)
+    s.add_argument("--limit", type=int, default=100, help="rows to show (default 100)")
 
-    sub.add_parser("status", parents=[common], help="topics, queues and counts so far")
+    sub.add_parser(
+        "status",
+        parents=[common],
+        help="topics, queues, every group's lag, pull clients, transactions, delays, recent ticks",
+    )
 
     s = sub.add_parser("tick", parents=[common], help="run the broker's jobs once, or in a loop")
-    s.add_argument("--now", help="the tick's now: epoch ms or ISO time (default: wall clock)")
-    s.add_argument("--loop", action="store_true")
+    s.add_argument("--now", help=f"the tick's now: {TIME} (default: wall clock)")
+    s.add_argument(
+        "--loop", action="store_true", help="tick until stopped (SIGTERM, Ctrl-C) or --for: the broker"
+    )
     s.add_argument("--interval", type=float, default=1.0, help="seconds between ticks with --loop")
     s.add_argument("--for", dest="for_s", type=float, help="stop the loop after this many seconds")
     s.add_argument(
@@ -122,30 +271,28 @@ def _run_and_query_commands(sub, common: argparse.ArgumentParser) -> None:
     )
 
     s = sub.add_parser("offsets", parents=[common], help="reset a group's offsets to a time")
-    s.add_argument("action", choices=["reset"])
-    s.add_argument("--group", required=True)
-    s.add_argument(
-        "--to-time", required=True, help="epoch ms or ISO time: first message stored at or after it"
-    )
+    s.add_argument("action", choices=["reset"], help="what to do")
+    s.add_argument("--group", required=True, help="the consumer group")
+    s.add_argument("--to-time", required=True, help=f"{TIME}: the first message stored at or after it")
 
     s = sub.add_parser("job", parents=[common], help="run one job (with its lease), e.g. for spark-submit")
-    s.add_argument("name", choices=JOBS)
-    s.add_argument("--now", help="epoch ms or ISO time (default: wall clock)")
+    s.add_argument("name", choices=JOBS, help="the job")
+    s.add_argument("--now", help=f"{TIME} (default: wall clock)")
 
 
 def _operator_commands(sub, common: argparse.ArgumentParser) -> None:
-    s = sub.add_parser("dlq", parents=[common], help="list dead letters, or resend them to their topic")
-    s.add_argument("action", choices=["list", "resend"])
+    s = sub.add_parser("dlq", parents=[common], help="dead letters: dlq list | resend")
+    s.add_argument("action", choices=["list", "resend"], help="list them, or resend them to their topic")
     _selection_args(s)
     s.add_argument("--limit", type=int, default=100, help="rows to list")
     s.add_argument("--rate", type=float, help="resend at most this many messages per second")
 
     s = sub.add_parser("msg", parents=[common], help="a message's trace: sent, delayed, retried, consumed")
-    s.add_argument("action", choices=["show"])
+    s.add_argument("action", choices=["show"], help="show the trace")
     s.add_argument("id", nargs="?", help="message id (the producer's, or any copy's)")
     s.add_argument("--key", help="find the messages sent with this business key instead")
-    s.add_argument("--from", dest="from_time", help="with --key: stored at or after (epoch ms or ISO)")
-    s.add_argument("--to", dest="to_time", help="with --key: stored before (epoch ms or ISO)")
+    s.add_argument("--from", dest="from_time", help=f"with --key: stored at or after ({TIME})")
+    s.add_argument("--to", dest="to_time", help=f"with --key: stored before ({TIME})")
 
     s = sub.add_parser("dq", parents=[common], help="run the data-quality suites and the conservation check")
     s.add_argument(
@@ -160,36 +307,37 @@ def _operator_commands(sub, common: argparse.ArgumentParser) -> None:
     sub.add_parser(
         "doctor",
         parents=[common],
-        help="list data files the Delta log references that are missing or truncated",
+        help="list data files the Delta log references that are missing or truncated (exit 1 if any)",
     )
 
     s = sub.add_parser("report", parents=[common], help="an HTML page of lag and throughput over time")
-    s.add_argument("--html", required=True, metavar="FILE")
-    s.add_argument("--from", dest="from_time", help="ticks at or after (epoch ms or ISO)")
-    s.add_argument("--to", dest="to_time", help="ticks before (epoch ms or ISO)")
+    s.add_argument("--html", required=True, metavar="FILE", help="the page to write")
+    s.add_argument("--from", dest="from_time", help=f"ticks at or after ({TIME})")
+    s.add_argument("--to", dest="to_time", help=f"ticks before ({TIME})")
 
 
 def _selection_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--group", help="the consumer group whose dead letters")
-    s.add_argument("--from", dest="from_time", help="stored at or after (epoch ms or ISO)")
-    s.add_argument("--to", dest="to_time", help="stored before (epoch ms or ISO)")
+    s.add_argument("--from", dest="from_time", help=f"stored at or after ({TIME})")
+    s.add_argument("--to", dest="to_time", help=f"stored before ({TIME})")
     s.add_argument("--id", action="append", help="a dead letter's or original message's id (repeatable)")
     s.add_argument("--where", help="SQL predicate over the consume_queue row, e.g. \"keys = 'o-1'\"")
 
 
-def now_arg(text: str | None) -> int | None:
-    """A time argument (epoch ms or ISO time) as epoch ms; None if not given."""
+def now_arg(text: str | None, option: str = "--now") -> int | None:
+    """A time argument (epoch ms or ISO time; naive ISO is UTC) as epoch ms; None if not
+    given. ``option`` names the argument in the error."""
+    from datetime import datetime
+
     from deltamq.clock import to_ms
 
     if not text:
         return None
-    return int(text) if text.isdigit() else to_ms(_parse_iso(text))
-
-
-def _parse_iso(text: str):
-    from datetime import datetime
-
+    if text.isdigit():
+        return int(text)
     try:
-        return datetime.fromisoformat(text)
+        return to_ms(datetime.fromisoformat(text))
     except ValueError:
-        raise SystemExit(f"deltamq: error: --now {text!r} is neither epoch ms nor an ISO time") from None
+        raise UsageError(
+            f"{option} {text!r} is neither epoch ms nor an ISO time (e.g. 2026-01-01T09:30:00)"
+        ) from None

@@ -6,32 +6,40 @@ from __future__ import annotations
 import argparse
 import json
 
-from deltamq.cli.format import ms_to_iso, print_table
-from deltamq.cli.parser import now_arg
+from deltamq.cli.format import emit, ms_to_iso, print_table
+from deltamq.cli.parser import CHECK_FAILED, OK, UsageError, now_arg
 
 
 def sql(broker, args: argparse.Namespace) -> int:
+    """The query's rows (``--limit``); an engine that rejects the query is reported by
+    ``main`` on one line (exit 7)."""
     df = broker.sql(args.query, write=args.write)
-    rows = df.limit(args.limit).collect() if df.columns else df.collect()
-    print_table(df.columns, [list(r) for r in rows])
-    return 0
+    columns = list(df.columns)
+    rows = [list(r) for r in (df.limit(args.limit).collect() if columns else df.collect())]
+    return emit(args, {"columns": columns, "rows": rows}, lambda: print_table(columns, rows))
 
 
 def msg(broker, args: argparse.Namespace) -> int:
     if not args.id and not args.key:
-        raise SystemExit("deltamq: error: msg show needs a message id or --key K")
+        raise UsageError("msg show needs a message id or --key K")
     targets = (
         [args.id]
         if args.id
-        else broker.find_by_key(args.key, since=now_arg(args.from_time), until=now_arg(args.to_time))
+        else broker.find_by_key(
+            args.key, since=now_arg(args.from_time, "--from"), until=now_arg(args.to_time, "--to")
+        )
     )
-    if not targets:
-        print("no message found")
-        return 1
-    for mid in targets:
-        print(f"message {mid}:")
-        _print_trace(broker.trace(mid))
-    return 0
+    traces = [{"msg_id": mid, "events": broker.trace(mid)} for mid in targets]
+    found = [t for t in traces if t["events"]]
+
+    def render() -> None:
+        if not found:
+            print("no message found")
+        for t in found:
+            print(f"message {t['msg_id']}:")
+            _print_trace(t["events"])
+
+    return emit(args, {"messages": found}, render, OK if found else CHECK_FAILED)
 
 
 def _print_trace(events) -> None:
@@ -55,23 +63,33 @@ def _print_trace(events) -> None:
 
 def dlq(broker, args: argparse.Namespace) -> int:
     if args.action == "list":
-        rows = broker.dead_letters(**_selection(args)).orderBy("store_ts").limit(args.limit).collect()
-        _print_dead_letters(rows)
-        return 0
+        rows = [
+            r.asDict()
+            for r in broker.dead_letters(**_selection(args)).orderBy("store_ts").limit(args.limit).collect()
+        ]
+        return emit(args, {"dead_letters": rows}, lambda: _print_dead_letters(rows))
     done = broker.resend_dead_letters(rate_per_s=args.rate, **_selection(args))
-    print(
-        f"selected {done.selected}, resent {done.resent}, already resent before {done.already_resent}"
-        + (f"; new ids {' '.join(done.msg_ids)}" if done.msg_ids else "")
+    return emit(
+        args,
+        {
+            "selected": done.selected,
+            "resent": done.resent,
+            "already_resent": done.already_resent,
+            "msg_ids": list(done.msg_ids),
+        },
+        lambda: print(
+            f"selected {done.selected}, resent {done.resent}, already resent before {done.already_resent}"
+            + (f"; new ids {' '.join(done.msg_ids)}" if done.msg_ids else "")
+        ),
     )
-    return 0
 
 
 def _selection(args: argparse.Namespace) -> dict:
     """The dead letters ``dlq`` lists or resends (its --group/--from/--to/--id/--where)."""
     return {
         "group": args.group,
-        "since": now_arg(args.from_time),
-        "until": now_arg(args.to_time),
+        "since": now_arg(args.from_time, "--from"),
+        "until": now_arg(args.to_time, "--to"),
         "msg_ids": args.id or None,
         "where": args.where,
     }
@@ -99,38 +117,60 @@ def _print_dead_letters(rows) -> None:
 
 def dq(broker, args: argparse.Namespace) -> int:
     result = broker.check_quality(args.table or None)
-    print_table(
-        ["suite", "expectation", "unexpected", "sample ids"],
-        [
+
+    def render() -> None:
+        print_table(
+            ["suite", "expectation", "unexpected", "sample ids"],
             [
-                r.suite,
-                r.expectation,
-                r.unexpected_count,
-                " ".join(r.sample_ids[:5]) or (r.observed or "")[:80],
-            ]
-            for r in result.failures
-        ],
-    )
-    print(
-        f"{len(result.results)} expectations, {len(result.failures)} failed "
-        f"(run {result.run_id}, recorded in dq_results)"
-    )
-    return 1 if args.fail_on_error and not result.success else 0
+                [
+                    r.suite,
+                    r.expectation,
+                    r.unexpected_count,
+                    " ".join(r.sample_ids[:5]) or (r.observed or "")[:80],
+                ]
+                for r in result.failures
+            ],
+        )
+        print(
+            f"{len(result.results)} expectations, {len(result.failures)} failed "
+            f"(run {result.run_id}, recorded in dq_results)"
+        )
+
+    data = {
+        "run_id": result.run_id,
+        "run_ts": result.run_ts,
+        "success": result.success,
+        "expectations": len(result.results),
+        "failures": list(result.failures),
+    }
+    return emit(args, data, render, CHECK_FAILED if args.fail_on_error and not result.success else OK)
 
 
 def doctor(broker, args: argparse.Namespace) -> int:
     from deltamq.tables.integrity import damaged_files
 
     damage = damaged_files(broker.warehouse)
-    for d in damage:
-        print(d.describe())
-    print(f"{len(damage)} damaged data file(s)" if damage else "every referenced data file is whole")
-    return 1 if damage else 0
+
+    def render() -> None:
+        for d in damage:
+            print(d.describe())
+        print(f"{len(damage)} damaged data file(s)" if damage else "every referenced data file is whole")
+
+    data = {"damaged": [{**vars(d), "description": d.describe()} for d in damage]}
+    return emit(args, data, render, CHECK_FAILED if damage else OK)
 
 
 def report(broker, args: argparse.Namespace) -> int:
     from deltamq.report import write_html
 
-    data = write_html(broker, args.html, since=now_arg(args.from_time), until=now_arg(args.to_time))
-    print(f"wrote {args.html}: {len(data['ticks'])} ticks, totals {json.dumps(data['totals'])}")
-    return 0
+    data = write_html(
+        broker.context,
+        args.html,
+        since=now_arg(args.from_time, "--from"),
+        until=now_arg(args.to_time, "--to"),
+    )
+    return emit(
+        args,
+        {"file": args.html, "ticks": len(data["ticks"]), "totals": data["totals"]},
+        lambda: print(f"wrote {args.html}: {len(data['ticks'])} ticks, totals {json.dumps(data['totals'])}"),
+    )

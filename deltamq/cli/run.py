@@ -1,75 +1,106 @@
 """Commands that run the broker's jobs: ``tick`` (once, or ``--loop``) and ``job`` (one
-job with its lease, e.g. under spark-submit)."""
+job with its lease, e.g. under spark-submit).
+
+A one-shot tick prints its tick line (``TickResult.summary``); with ``--json`` the tick as
+one JSON document, and ``--loop --json`` one per tick (JSON Lines)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from typing import Any
 
-from deltamq.cli.parser import now_arg
+from deltamq.cli.format import json_line
+from deltamq.cli.parser import OK, SETUP_FAILED, SKIPPED, UsageError, now_arg
 
-SKIPPED_EXIT = 3
+SKIPPED_EXIT = SKIPPED
 """Exit status of a one-shot tick or job whose lease another runner holds."""
-SETUP_FAILED_EXIT = 4
+SETUP_FAILED_EXIT = SETUP_FAILED
 """Exit status of a tick in which a push group consumed nothing because its listener could
 not be loaded (an import error, say): its messages wait, nothing was retried."""
 
 
 def tick(broker, args: argparse.Namespace) -> int:
-    from deltamq.errors import LeaseHeld
-
     if args.loop:
         return _loop(broker, args)
-    _ready()
-    try:
-        result = broker.tick(now_arg(args.now))
-    except LeaseHeld as e:
-        print(f"skipped: {e}", file=sys.stderr)
-        return SKIPPED_EXIT
-    print(result.summary())
-    return _say_setup_errors(result)
-
-
-def _say_setup_errors(result) -> int:
-    """Loudly, on stderr: each push group whose listener could not be loaded."""
-    for group, why in result.setup_errors:
-        print(f"deltamq: error: group {group!r} consumed nothing: {why}", file=sys.stderr, flush=True)
-    return SETUP_FAILED_EXIT if result.setup_errors else 0
-
-
-def _tick_line(result) -> None:
-    print(result.summary(), flush=True)
-    _say_setup_errors(result)
-
-
-def _loop(broker, args: argparse.Namespace) -> int:
-    n = broker.runner.loop(
-        args.interval,
-        args.for_s,
-        on_tick=_tick_line,
-        on_wait=lambda e: print(f"waiting: {e}", flush=True),
-        wake_at_due=args.wake,
-    )
-    print(f"stopped after {n} ticks")
-    return 0
+    return _once(broker.runner, args, release=False)
 
 
 def job(broker, args: argparse.Namespace) -> int:
-    from deltamq.errors import LeaseHeld
     from deltamq.orchestration.tick import TickRunner, job_sequence
 
-    runner = TickRunner(broker.context, sequence=job_sequence(args.name))
+    return _once(TickRunner(broker.context, sequence=job_sequence(args.name)), args, release=True)
+
+
+def _once(runner, args: argparse.Namespace, *, release: bool) -> int:
+    from deltamq.errors import LeaseHeld
+
+    now = now_arg(args.now)
     _ready()
     try:
-        result = runner.tick(now_arg(args.now))
+        result = runner.tick(now)
     except LeaseHeld as e:
-        print(f"skipped: {e}", file=sys.stderr)
+        print(f"skipped: {e}", file=sys.stderr, flush=True)
+        if args.json:
+            print(json_line({"skipped": str(e), "exit_status": SKIPPED_EXIT}), flush=True)
         return SKIPPED_EXIT
     finally:
-        runner.release()
-    print(result.summary(), flush=True)
-    return _say_setup_errors(result)
+        if release:
+            runner.release()
+    _show(result, args)
+    return SETUP_FAILED_EXIT if result.setup_errors else OK
+
+
+def _show(result, args: argparse.Namespace) -> None:
+    """The tick line (or its JSON), then each push group whose listener could not be
+    loaded, loudly, on stderr."""
+    print(json_line(tick_data(result)) if args.json else result.summary(), flush=True)
+    for group, why in result.setup_errors:
+        print(f"deltamq: error: group {group!r} consumed nothing: {why}", file=sys.stderr, flush=True)
+
+
+def tick_data(result) -> dict[str, Any]:
+    """A TickResult as the JSON document ``tick --json`` prints."""
+    return {
+        "tick_id": result.tick_id,
+        "now": result.now,
+        "ok": result.ok,
+        "holder": result.holder,
+        "jobs": [
+            {
+                "job": j.job,
+                "status": j.status,
+                "rows_in": j.rows_in,
+                "rows_out": j.rows_out,
+                "ms": j.end_ts - j.start_ts,
+                "error": j.error,
+                "note": j.note,
+                "details": j.details,
+            }
+            for j in result.jobs
+        ],
+        "groups": dict(result.group_lines()),
+        "setup_errors": [{"group": g, "why": why} for g, why in result.setup_errors],
+    }
+
+
+def _loop(broker, args: argparse.Namespace) -> int:
+    if args.now:
+        raise UsageError("--now is for one tick; the loop ticks at the broker's clock")
+
+    def waiting(e: Exception) -> None:
+        print(json_line({"waiting": str(e)}) if args.json else f"waiting: {e}", flush=True)
+
+    n = broker.runner.loop(
+        args.interval,
+        args.for_s,
+        on_tick=lambda result: _show(result, args),
+        on_wait=waiting,
+        wake_at_due=args.wake,
+    )
+    print(json_line({"stopped_after_ticks": n}) if args.json else f"stopped after {n} ticks", flush=True)
+    return OK
 
 
 def _ready() -> None:

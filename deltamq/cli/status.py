@@ -1,17 +1,21 @@
-"""``status``: the warehouse at a glance, one table per section of ``Broker.status()``."""
+"""``status``: the warehouse at a glance, one table per section of ``Broker.status()``
+(with ``--json``: that dict, whole)."""
 
 from __future__ import annotations
 
 import argparse
 
-from deltamq.cli.format import ms_to_iso, print_table
+from deltamq.cli.format import duration, emit, ms_to_iso, print_table
 
 
 def status(broker, args: argparse.Namespace) -> int:
     st = broker.status()
-    for section in _SECTIONS:
-        section(st)
-    return 0
+
+    def render() -> None:
+        for section in _SECTIONS:
+            section(st)
+
+    return emit(args, st, render)
 
 
 def _topics_and_queues(st: dict) -> None:
@@ -36,14 +40,30 @@ def _topics_and_queues(st: dict) -> None:
 def _lag(st: dict) -> None:
     print("\nconsumer groups (lag = messages indexed but not yet consumed):")
     print_table(
-        ["group", "instance", "topic", "queue", "next offset", "lag", "suspended until"],
+        ["group", "kind", "mode", "subscribed to", "lag", "queues behind"],
+        [
+            [
+                g["group"],
+                g["kind"],
+                g["mode"] + (", orderly" if g["orderly"] else ""),
+                ", ".join(g["topics"]) or "- (not subscribed)",
+                g["lag"],
+                g["queues_behind"],
+            ]
+            for g in st["groups"]
+        ],
+    )
+    print("\nlag per queue (next offset '-': no offset yet, the group starts the queue at 0):")
+    print_table(
+        ["group", "instance", "topic", "queue", "next offset", "head", "lag", "suspended until"],
         [
             [
                 g["group"],
                 g["client"] or "-",
                 g["topic"],
                 g["queue_id"],
-                g["next_offset"],
+                "-" if g["next_offset"] is None else g["next_offset"],
+                g["head"],
                 g["lag"],
                 ms_to_iso(g["suspend_until"]),
             ]
@@ -92,20 +112,18 @@ def _transactions(st: dict) -> None:
 
 
 def _delays_and_timers(st: dict) -> None:
-    print("\ndelay levels (SCHEDULE_TOPIC_XXXX):")
+    print("\ndelay levels (SCHEDULE_TOPIC_XXXX) with messages pending:")
+    held = [lv for lv in st["levels"] if lv["pending"]]
     print_table(
         ["level", "delay", "offset", "pending", "oldest due"],
         [
-            [
-                lv["level"],
-                f"{lv['delay_ms'] / 1000:g}s",
-                lv["offset"],
-                lv["pending"],
-                ms_to_iso(lv["oldest_due"]),
-            ]
-            for lv in st["levels"]
+            [lv["level"], duration(lv["delay_ms"]), lv["offset"], lv["pending"], ms_to_iso(lv["oldest_due"])]
+            for lv in held
         ],
     )
+    empty = len(st["levels"]) - len(held)
+    if empty:
+        print(f"({empty} of {len(st['levels'])} levels have nothing pending: not shown)")
     print("\ntimers pending by due day (rmq_sys_wheel_timer):")
     print_table(
         ["due day", "pending", "first due"],

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from deltamq.clock import ms_to_iso
 from deltamq.errors import LeaseHeld, LeaseLost
 from deltamq.tables.sqltext import sql_in, sql_long, sql_str
 
@@ -37,6 +38,26 @@ def new_holder_id() -> str:
     return os.environ.get("DELTAMQ_RUNNER_ID") or (
         f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
     )
+
+
+def describe_holder(holder: str) -> str:
+    """``holder`` for an error, with what this process can check about it: a holder id of
+    this host (``host:pid:random``, :func:`new_holder_id`) says whether that process still
+    runs (``os.kill(pid, 0)``); of another host, or a ``DELTAMQ_RUNNER_ID``, nothing more."""
+    host, _, rest = holder.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return holder
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return f"{holder} (this process)"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return f"{holder} (process {pid} on this host has exited; the lease lapses at its expiry)"
+    except OSError:  # PermissionError: it exists, another user's
+        pass
+    return f"{holder} (process {pid} on this host is running)"
 
 
 @dataclass(frozen=True)
@@ -93,8 +114,9 @@ class Leases:
                 cur = current.get(job)
                 if cur and cur.holder and cur.holder != self.holder and cur.expires_at > now:
                     raise LeaseHeld(
-                        f"job {job!r} is held by {cur.holder} until {cur.expires_at} "
-                        f"(epoch {cur.epoch}); wait for it or stop that runner"
+                        f"job {job!r} is held by {describe_holder(cur.holder)} until "
+                        f"{ms_to_iso(cur.expires_at)} UTC (epoch {cur.epoch}); "
+                        "wait for it or stop that runner"
                     )
                 mine = cur is not None and cur.holder == self.holder and cur.expires_at > now
                 if cur is not None and mine and cur.expires_at - now > self.ttl_ms // 2:
@@ -163,7 +185,9 @@ class Leases:
                     f"(epoch {got.epoch if got else '?'}); this runner ({self.holder}) stops writing"
                 )
             if got.expires_at <= now:
-                raise LeaseLost(f"lease of job {job!r} expired at {got.expires_at}; renew before writing")
+                raise LeaseLost(
+                    f"lease of job {job!r} expired at {ms_to_iso(got.expires_at)} UTC; renew before writing"
+                )
 
     def release(self, jobs: Sequence[str] | None = None) -> None:
         """Give up leases (expiry set to 0, epoch kept so a stale copy stays fenced)."""
