@@ -75,6 +75,8 @@ def test_usage_errors_exit_2_like_argparse(wh, capsys):
     assert code == 2 and "msg show needs" in _one_error_line(err)
     code, _, err = _run(capsys, "dlq", "list", "--from", "yesterday", "--warehouse", wh)
     assert code == 2 and "--from 'yesterday' is neither epoch ms nor an ISO time" in _one_error_line(err)
+    code, _, err = _run(capsys, "group", "create", "g", "--consume-timestamp", "noon", "--warehouse", wh)
+    assert code == 2 and "--consume-timestamp 'noon' is neither" in _one_error_line(err)
     code, _, err = _run(capsys, "send", "orders", "x", "--delay-level", "-1", "--warehouse", wh)
     assert code == 2 and "--delay-level -1 is not allowed: 0 (no delay) or 1..18" in _one_error_line(err)
     with pytest.raises(SystemExit) as e:  # argparse's own
@@ -121,6 +123,21 @@ def test_a_bug_is_one_line_unless_debugging(wh, capsys, monkeypatch):
     monkeypatch.setenv("DELTAMQ_DEBUG", "1")
     with pytest.raises(KeyError):
         main(["status", "--warehouse", wh])
+
+
+@pytest.mark.parametrize(
+    ("raised", "status", "said"),
+    [(KeyboardInterrupt(), 130, "deltamq: error: interrupted\n"), (BrokenPipeError(), 141, "")],
+)
+def test_ctrl_c_and_a_closed_stdout_end_without_a_traceback(wh, capsys, monkeypatch, raised, status, said):
+    from deltamq import cli
+
+    def stopped(broker, args):
+        raise raised
+
+    monkeypatch.setitem(cli.COMMANDS, "status", stopped)
+    code, _, err = _run(capsys, "status", "--warehouse", wh)
+    assert (code, err) == (status, said)
 
 
 def test_the_console_script_prints_no_traceback(wh):
@@ -294,6 +311,15 @@ def test_every_command_prints_one_json_document_with_json(tmp_path, capsys):
         ("topic", "create", "orders", "--queues", "1"),
         ("topic", "list"),
         ("group", "create", "puller"),
+        (
+            "group",
+            "create",
+            "replayer",
+            "--consume-from",
+            "TIMESTAMP",
+            "--consume-timestamp",
+            "2026-01-01T00:00",
+        ),
         ("group", "list"),
         ("subscribe", "puller", "orders"),
         ("send", "orders", "hello", "--keys", "k-1"),
@@ -316,6 +342,7 @@ def test_every_command_prints_one_json_document_with_json(tmp_path, capsys):
         assert code == 0, (command, err)
         docs[command[:2]] = json.loads(out)  # exactly one document
     assert docs[("init",)]["created"] and docs[("topic", "list")]["topics"][0]["topic"] == "orders"
+    assert [g["consume_from"] for g in docs[("group", "list")]["groups"]] == ["LAST_OFFSET", "TIMESTAMP"]
     assert docs[("send", "orders")]["status"] == "SEND_OK"
     assert [j["job"] for j in docs[("tick",)]["jobs"]][0] == "dispatch"
     assert docs[("sql", "SELECT topic, queue_offset FROM consume_queue")]["rows"] == [["orders", 0]]

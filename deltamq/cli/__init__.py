@@ -26,6 +26,7 @@ from typing import Any
 from deltamq.cli import admin, demo, produce, query, run, status
 from deltamq.cli.format import json_line, print_table
 from deltamq.cli.parser import (
+    CUT_OFF,
     ENGINE_REJECTED,
     INTERNAL,
     INTERRUPTED,
@@ -77,6 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
     except KeyboardInterrupt:
         return _fail(args, "interrupted", INTERRUPTED)
+    except BrokenPipeError:
+        _drop_stdout()
+        return CUT_OFF
     except CliError as e:
         return _fail(args, str(e), e.status)
     except DeltaMQError as e:
@@ -94,6 +98,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             "(DELTAMQ_DEBUG=1 shows the traceback)",
             INTERNAL,
         )
+
+
+def _drop_stdout() -> None:
+    """The reader of stdout went away (``| head``): what is left to print (Python's own
+    flush at exit included) goes nowhere, without a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor behind stdout (a test's capture)
+        pass
 
 
 def _fail(args: argparse.Namespace, message: str, status: int) -> int:

@@ -96,7 +96,7 @@ def group(broker, args: argparse.Namespace) -> int:
             orderly=args.orderly,
             max_reconsume_times=args.max_reconsume_times,
             consume_from=args.consume_from,
-            consume_timestamp=args.consume_timestamp,
+            consume_timestamp=now_arg(args.consume_timestamp, "--consume-timestamp"),
         )
     else:
         broker.delete_group(args.name)

@@ -31,6 +31,8 @@ INTERNAL = 70
 """A bug in deltamq (``DELTAMQ_DEBUG=1`` shows the traceback)."""
 INTERRUPTED = 130
 """Ctrl-C stopped a one-shot command (``tick --loop`` stops cleanly, with 0)."""
+CUT_OFF = 141
+"""Whoever read stdout closed it early (``| head``): the rest of the output was dropped."""
 
 EXIT_STATUSES: tuple[tuple[int, str], ...] = (
     (OK, "ok"),
@@ -43,6 +45,7 @@ EXIT_STATUSES: tuple[tuple[int, str], ...] = (
     (ENGINE_REJECTED, "the engine rejected a query or failed (a Spark / Spark Connect error)"),
     (INTERNAL, "a bug in deltamq (DELTAMQ_DEBUG=1 shows the traceback)"),
     (INTERRUPTED, "interrupted (Ctrl-C)"),
+    (CUT_OFF, "stdout was closed early (| head): the rest of the output was dropped"),
 )
 """(status, meaning): the table ``deltamq --help`` and the README show."""
 
@@ -200,7 +203,7 @@ def _admin_commands(sub, common: argparse.ArgumentParser) -> None:
         default="LAST_OFFSET",
         help="where a new subscription starts (default LAST_OFFSET: only messages from now on)",
     )
-    s.add_argument("--consume-timestamp", type=int, help="epoch ms, with --consume-from TIMESTAMP")
+    s.add_argument("--consume-timestamp", metavar="TIME", help=f"with --consume-from TIMESTAMP: {TIME}")
 
     s = sub.add_parser("subscribe", parents=[common], help="subscribe a group to a topic")
     s.add_argument("group", help="the consumer group")
