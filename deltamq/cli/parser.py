@@ -190,7 +190,9 @@ def _admin_commands(sub, common: argparse.ArgumentParser) -> None:
         help="CLUSTERING: each message to one member of the group (default); BROADCASTING: to every instance",
     )
     s.add_argument(
-        "--orderly", action="store_true", help="consume each queue strictly in order (suspend, don't retry)"
+        "--orderly",
+        action="store_true",
+        help="consume each queue strictly in order (a failure suspends the queue, then its head is retried)",
     )
     s.add_argument(
         "--max-reconsume-times",
