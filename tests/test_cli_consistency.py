@@ -447,3 +447,31 @@ def _readme_section(title: str) -> str:
     text = README.read_text()
     section = text[text.index(title) :]
     return section[: section.index("\n## ", 1)]
+
+
+def test_a_broadcasting_push_group_can_be_created_from_the_command_line(tmp_path, capsys):
+    wh = str(tmp_path / "wh")
+    assert main(["init", "--warehouse", wh]) == 0
+    code = main(
+        [
+            "group",
+            "create",
+            "fanout",
+            "--mode",
+            "BROADCASTING",
+            "--listener",
+            "listeners:env_recorder",
+            "--instances",
+            "web-1, web-2",
+            "--warehouse",
+            wh,
+            "--json",
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["group", "list", "--warehouse", wh, "--json"]) == 0
+    from deltamq import Broker
+
+    with Broker.open(wh, create=False) as b:
+        assert b.groups()["fanout"].instances == ("web-1", "web-2")

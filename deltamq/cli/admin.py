@@ -97,6 +97,7 @@ def group(broker, args: argparse.Namespace) -> int:
             max_reconsume_times=args.max_reconsume_times,
             consume_from=args.consume_from,
             consume_timestamp=now_arg(args.consume_timestamp, "--consume-timestamp"),
+            instances=[i.strip() for i in args.instances.split(",") if i.strip()] if args.instances else None,
         )
     else:
         broker.delete_group(args.name)

@@ -206,6 +206,11 @@ def _admin_commands(sub, common: argparse.ArgumentParser) -> None:
         help="where a new subscription starts (default LAST_OFFSET: only messages from now on)",
     )
     s.add_argument("--consume-timestamp", metavar="TIME", help=f"with --consume-from TIMESTAMP: {TIME}")
+    s.add_argument(
+        "--instances",
+        metavar="NAME,NAME",
+        help="BROADCASTING push group: the instances that each get every message (comma-separated)",
+    )
 
     s = sub.add_parser("subscribe", parents=[common], help="subscribe a group to a topic")
     s.add_argument("group", help="the consumer group")
