@@ -493,7 +493,7 @@ def status(ctx: Context) -> dict[str, Any]:
     from deltamq.jobs import promote
 
     held = promote.pending(ctx.warehouse)
-    lag = _group_lag(ctx, state.heads)
+    lag = group_lag(ctx, state.heads)
     dlq = {t: n for (t, _), n in state.heads.items() if t.startswith("%DLQ%")}
     from deltamq import pull
     from deltamq.jobs import check_transactions
@@ -515,7 +515,7 @@ def status(ctx: Context) -> dict[str, Any]:
     }
 
 
-def _group_lag(ctx: Context, heads: dict[tuple[str, int], int]) -> list[dict[str, Any]]:
+def group_lag(ctx: Context, heads: dict[tuple[str, int], int]) -> list[dict[str, Any]]:
     """Per consumer group (and BROADCASTING instance), topic and queue: its next offset and
     lag — from its offset rows, and for each subscribed queue with messages but no offset
     row yet, from offset 0 (where deliver, pull clients and sinks start such a queue)."""

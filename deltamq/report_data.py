@@ -30,9 +30,10 @@ from deltamq import ids
 from deltamq.clock import ms_to_iso
 from deltamq.constants import DLQ_PREFIX, JOB_STEPS, RETRY_PREFIX, is_system_topic
 from deltamq.jobs.deliver import BACKLOG_KEY
+from deltamq.ops import group_lag
 from deltamq.tables.offsets import load_dispatch_state
 from deltamq.tables.ranges import queue_ranges
-from deltamq.tables.sqltext import USER_GROUPS, sql_in, sql_long, sql_str
+from deltamq.tables.sqltext import sql_in, sql_long, sql_str
 
 if TYPE_CHECKING:
     from deltamq.context import Context
@@ -249,21 +250,17 @@ def _lag(ctx: Context, heads: dict[tuple[str, int], int], now: int) -> list[dict
     the oldest message it has not consumed (one query over the pending rows)."""
     wh = ctx.warehouse
     out = []
-    for r in ctx.engine.rows(
-        f"SELECT consumer_group, client_id, topic, queue_id, next_offset, suspend_until "
-        f"FROM {wh.ref('offsets')} WHERE {USER_GROUPS} ORDER BY consumer_group, client_id, topic, queue_id"
-    ):
-        head = heads.get((r["topic"], r["queue_id"]), 0)
-        offset = r["next_offset"] or 0
+    # the same rows as `deltamq status`: offset rows, and subscribed queues without one yet
+    for r in group_lag(ctx, heads):
         out.append(
             {
-                "group": r["consumer_group"],
-                "client": r["client_id"] or "",
+                "group": r["group"],
+                "client": r["client"] or "",
                 "topic": r["topic"],
                 "queue_id": r["queue_id"],
-                "next_offset": offset,
-                "head": head,
-                "lag": max(0, head - offset),
+                "next_offset": r["next_offset"] or 0,
+                "head": r["head"],
+                "lag": r["lag"],
                 "suspended": bool(r["suspend_until"] and r["suspend_until"] > now),
                 "oldest_ts": None,
             }
@@ -292,8 +289,8 @@ def _lag(ctx: Context, heads: dict[tuple[str, int], int], now: int) -> list[dict
             & (F.col("queue_id") == F.col("q"))
             & (F.col("queue_offset") >= F.col("o"))
         )
-        for r in pending.join(positions, on).groupBy("i").agg(F.min("store_ts").alias("oldest")).collect():
-            out[r["i"]]["oldest_ts"] = r["oldest"]
+        for row in pending.join(positions, on).groupBy("i").agg(F.min("store_ts").alias("oldest")).collect():
+            out[row["i"]]["oldest_ts"] = row["oldest"]
     for x in out:
         x["oldest_age_ms"] = None if x["oldest_ts"] is None else max(0, now - x["oldest_ts"])
     return out
