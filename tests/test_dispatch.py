@@ -42,6 +42,7 @@ def _queue(broker, topic, qid):
     ).collect()
 
 
+@pytest.mark.slow  # subprocesses
 def test_two_producer_processes_dense_offsets_in_commit_order(orders, tmp_path):
     import time
 

@@ -52,6 +52,7 @@ def test_lease_excludes_a_second_process(broker, tmp_path):
         broker.tick()
 
 
+@pytest.mark.slow  # subprocesses
 def test_two_processes_racing_one_wins(broker, tmp_path):
     wh = tmp_path / "wh"
     start = time.time() + 6.0  # both start their acquire at the same wall-clock instant

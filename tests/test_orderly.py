@@ -25,7 +25,7 @@ def _send(broker, queue, bodies):
     )
 
 
-@pytest.mark.story
+@pytest.mark.story(s3="slow")  # the S3 variant in the slow tier (the default tier stays under 6 min)
 def test_order_preserved_across_suspends(orderly, clock):
     broker, group = orderly
     log = group("suspend_bad_twice")

@@ -249,6 +249,7 @@ def _race(script: str, wh, clients: list[str], go, *args: str, env: dict[str, st
     return outcomes
 
 
+@pytest.mark.slow  # subprocesses
 def test_four_processes_racing_for_one_queue_one_wins(pulled, clock, tmp_path):
     # The losers' refused attempts each count as "delivered offset unchanged"; with nothing
     # in flight, three of them would legitimately hand the queue on (docs/behaviour.md §6). Here the

@@ -13,6 +13,7 @@ import pytest
 from deltamq import Message
 
 
+@pytest.mark.slow  # subprocesses
 def test_spark_submit_dispatch_over_spark_connect(broker, tmp_path):
     import deltamq.orchestration.submit as entry
     from deltamq.engine import _EmbeddedServer
