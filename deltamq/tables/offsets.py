@@ -34,20 +34,7 @@ _RENDER: dict[str, Callable[[Any], str]] = {
     "bigint": sql_long,
     "boolean": sql_bool,
 }
-_SQL_TYPE = {
-    "StringType()": "string",
-    "IntegerType()": "int",
-    "LongType()": "bigint",
-    "BooleanType()": "boolean",
-}
-
-
-def _offsets_types() -> dict[str, str]:
-    fields = TABLES["offsets"].schema.fields
-    return {f.name: _SQL_TYPE[repr(f.dataType)] for f in fields}
-
-
-OFFSETS_TYPES = _offsets_types()
+OFFSETS_TYPES = {f.name: f.dataType.simpleString() for f in TABLES["offsets"].schema.fields}
 """Column → SQL type of the ``offsets`` table, from its schema."""
 
 
