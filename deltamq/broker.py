@@ -199,7 +199,7 @@ class Broker:
         mode: MessageModel = "CLUSTERING",
         orderly: bool = False,
         max_reconsume_times: int | None = None,
-        pull_batch_size: int = 10_000,
+        pull_batch_size: int = 0,
         consume_message_batch_max_size: int = 1,
         consume_from: ConsumeFrom = "LAST_OFFSET",
         consume_timestamp: int | None = None,
@@ -217,6 +217,8 @@ class Broker:
         ``listener`` is a callable or an import path ``"package.module:function"``; the
         path is stored in ``group_config`` so jobs started by Airflow or spark-submit
         find it. A CLUSTERING group is subscribed to its own ``%RETRY%<group>``.
+        ``pull_batch_size``: messages taken per queue per tick; 0 (the default) takes as
+        many as the pass's budget allows (``BrokerConfig.deliver_max_bytes``).
         ``invisible_time_ms``: pull consumers — a pulled message not acked within it counts
         as RECONSUME_LATER. ``dedup_key`` (``UNIQ_KEY``, ``KEYS`` or an SQL expression over
         the consume_queue row): a message whose key the group consumed successfully within

@@ -107,6 +107,10 @@ class BrokerConfig:
     # through delta-rs reaches back this far.
     log_retention_ms: int = 60_000
     compact: bool = True
+    # Bodies a deliver pass hands to listeners at most, in all, for the groups whose
+    # take is automatic (pull_batch_size 0): a backlog is worked off in a few large passes
+    # instead of many small ones, with the engine's memory bounded.
+    deliver_max_bytes: int = 512 * 1024 * 1024
     # The embedded Sail server keeps memory for every operation it ran until its process
     # ends (docs/engines.md): a tick or pull finding it above this many MiB replaces it
     # first (0: never).
@@ -131,6 +135,7 @@ class BrokerConfig:
             "dlq_reserved_time_ms",
             "lease_ttl_ms",
             "dispatch_max_versions",
+            "deliver_max_bytes",
             "orderly_suspend_ms",
             "transaction_check_interval_ms",
             "transaction_timeout_ms",
@@ -203,7 +208,7 @@ ExpressionType = Literal["TAG", "SQL92"]
 EXPRESSION_TYPES: tuple[str, ...] = get_args(ExpressionType)
 
 _GROUP_INTS = (
-    ("pull_batch_size", 1),
+    ("pull_batch_size", 0),
     ("consume_batch_size", 1),
     ("consume_timeout_ms", 1),
     ("max_reconsume_times", -1),
@@ -222,7 +227,9 @@ class GroupConfig:
     mode: MessageModel = "CLUSTERING"
     orderly: bool = False
     max_reconsume_times: int = 16  # -1: unlimited (the default of an orderly group)
-    pull_batch_size: int = 10_000
+    # messages taken per queue per tick; 0: as many as the pass's byte budget allows
+    # (BrokerConfig.deliver_max_bytes), shared evenly between the queues with a backlog
+    pull_batch_size: int = 0
     consume_batch_size: int = 1
     consume_from: ConsumeFrom = "LAST_OFFSET"
     consume_timestamp: int | None = None
@@ -250,7 +257,8 @@ class GroupConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 shown = "consume_message_batch_max_size" if name == "consume_batch_size" else name
-                raise ConfigError(f"{shown}={value!r} is not allowed; it must be an integer >= {low}")
+                hint = " (0: as many as the tick's budget allows)" if name == "pull_batch_size" else ""
+                raise ConfigError(f"{shown}={value!r} is not allowed; it must be an integer >= {low}{hint}")
         object.__setattr__(self, "retry_policy", validate_retry_policy(self.retry_policy))
         object.__setattr__(
             self, "instances", tuple(validate_group_name(i, "instance") for i in self.instances or ())

@@ -3,7 +3,7 @@
 ``ctx.sink_to_table(group, table_path, key_columns, transform=None)`` makes ``group``
 (a CLUSTERING group with no listener and no pull clients) a sink; the tick's ``sink``
 job (or ``sink.run()``) then, per pass and per subscribed queue, takes the messages
-from the group's offset on (at most ``pull_batch_size``), keeps those matching the
+from the group's offset on (at most ``pull_batch_size``, 10 000 when it is 0), keeps those matching the
 subscription, applies ``transform`` (a DataFrame → DataFrame function), and MERGEs the
 result into the table on ``key_columns`` in one commit; the group's offsets move after.
 

@@ -137,7 +137,7 @@ ADMIN_CASES = [
     ("create_group", ("g",), {"mode": "FANOUT"}, ConfigError),
     ("create_group", ("g",), {"consume_from": "NOW"}, ConfigError),
     ("create_group", ("g",), {"consume_from": "TIMESTAMP"}, ConfigError),
-    ("create_group", ("g",), {"pull_batch_size": 0}, ConfigError),
+    ("create_group", ("g",), {"pull_batch_size": -1}, ConfigError),
     ("create_group", ("g",), {"listener": "no_colon_path"}, ConfigError),
     ("delete_group", ("missing",), {}, UnknownGroup),
     ("subscribe", ("missing", "orders"), {}, UnknownGroup),

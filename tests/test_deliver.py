@@ -321,3 +321,40 @@ def test_each_stage_of_a_pass_runs_alone(broker, clock, warehouse_with):
     )
     assert broker.sql(offsets).collect()[0][0] == 0
     assert broker.sql("SELECT count(*) FROM commit_log WHERE topic LIKE '%RETRY%'").collect()[0][0] == 0
+
+
+def test_size_takes_shares_a_budget_evenly_between_the_backlogs():
+    from deltamq.jobs.deliver import size_takes
+
+    assert size_takes([100, 100, 100, 100], 200) == [50, 50, 50, 50]
+    # a queue with less than its share takes all of it; the others share the rest
+    assert size_takes([10, 1_000, 1_000], 300) == [10, 145, 145]
+    assert size_takes([5, 7], 1_000) == [5, 7]
+    # at least one each, even when the budget is smaller than the queues
+    assert size_takes([9, 9, 9], 1) == [1, 1, 1]
+
+
+def test_automatic_takes_follow_the_budget_and_the_body_size_learned(warehouse_with, clock):
+    """pull_batch_size 0 (the default): the first pass takes up to 10 000 per queue and
+    learns the body size; later passes hand over deliver_max_bytes of bodies in all; a fresh
+    runner reads the size from the last deliver on record."""
+    from deltamq.jobs import deliver
+
+    wh = warehouse_with("orders", queues=2, group="g")
+    broker = wh.broker
+    assert broker.catalog.groups()["g"].pull_batch_size == 0
+    broker.reconfigure(deliver_max_bytes=1_000)  # ten bodies of 100 bytes
+    p = broker.producer("p")
+    p.send_batch([Message("orders", b"x" * 100) for _ in range(4)])
+    first = broker.tick(clock.now_ms()).delivered
+    assert (first.consumed, first.handed_over, first.body_bytes) == (4, 4, 400)
+    p.send_batch([Message("orders", b"y" * 100) for _ in range(30)])
+    consumed = []
+    for _ in range(4):
+        clock.advance(seconds=1)
+        consumed.append(broker.tick(clock.now_ms()).delivered.consumed)
+    assert consumed == [10, 10, 10, 0]
+    assert len(read_log(wh.log)) == 34
+    fresh = deliver.Memory()
+    assert deliver.auto_budget(broker.context, fresh, clock.now_ms()) == 10
+    assert fresh.bytes_per_message == 100

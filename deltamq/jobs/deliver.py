@@ -1,7 +1,8 @@
 """Deliver: RocketMQ's concurrent push consumer on Delta (docs/behaviour.md §3).
 
 Per CLUSTERING group, for every subscribed queue (its own ``%RETRY%<group>`` included):
-take up to ``pull_batch_size`` index rows from the group's offset, skip those whose tag
+take index rows from the group's offset (``pull_batch_size`` of them, or with the default 0
+as many as the pass's byte budget allows: :func:`size_takes`), skip those whose tag
 does not match the subscription (tag hash first, tag string after, as RocketMQ does),
 join their bodies by batch-id ranges, and hand them to the group's listener in chunks
 of ``consume_message_batch_max_size`` — inside the engine (``mapInArrow``), each call in
@@ -29,7 +30,8 @@ import os
 import pickle
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +59,23 @@ BACKLOG_KEY = "backlog."
 """``job_runs.details`` of a deliver row: ``backlog.<group>`` = that push group's lag when
 the pass began (``backlog`` is their total)."""
 _PARALLEL_ABOVE = 10_000
+AUTO_FIRST_TAKE = 10_000
+"""Messages per queue an automatic take (``pull_batch_size`` 0) gets while the size of a
+message is not known yet: the first pass of a process with no deliver on record."""
+
+
+@dataclass
+class Memory:
+    """What deliver remembers between passes (the tick runner owns it): the mean body size
+    of the messages it handed over, which turns ``deliver_max_bytes`` into a number of
+    messages for the automatic takes. A fresh one reads the last deliver on record."""
+
+    bytes_per_message: float | None = None
+    seeded: bool = False
+
+    def learn(self, messages: int, body_bytes: int) -> None:
+        if messages > 0:
+            self.bytes_per_message = max(1.0, body_bytes / messages)
 
 
 def _parallelism(spark) -> int:
@@ -84,6 +103,8 @@ class QueueTake:
 @dataclass(frozen=True, kw_only=True)
 class DeliverResult:
     taken: int = 0
+    handed_over: int = 0  # messages given to the listeners (taken less filtered, duplicate, poison)
+    body_bytes: int = 0  # their bodies' bytes (sizes the automatic takes: Memory)
     consumed: int = 0
     filtered: int = 0
     retried: int = 0
@@ -106,6 +127,8 @@ class DeliverResult:
     def details(self) -> dict[str, int]:
         return {
             "taken": self.taken,
+            "handed_over": self.handed_over,
+            "body_bytes": self.body_bytes,
             "consumed": self.consumed,
             "filtered": self.filtered,
             "retried": self.retried,
@@ -141,9 +164,15 @@ def plan_takes(
     offsets: dict[tuple[str, str, str, int], tuple],
     now: int,
     poison_tries: int = POISON_TRIES,
+    auto_budget: int | None = None,
 ) -> list[QueueTake]:
-    """Pure: which offsets of which queues each group takes in this pass."""
-    takes = []
+    """Pure: which offsets of which queues each group takes in this pass. A group with a
+    ``pull_batch_size`` takes at most that many per queue; the others (0, the default)
+    share ``auto_budget`` messages between their queues (:func:`size_takes`), or take
+    :data:`AUTO_FIRST_TAKE` per queue when it is None."""
+    takes: list[QueueTake] = []
+    backlogs: list[int] = []
+    auto: list[int] = []
     for sub in subscriptions:
         g = groups.get(sub.consumer_group)
         if g is None:
@@ -160,10 +189,18 @@ def plan_takes(
                 continue
             if g.orderly and suspend_until is not None and suspend_until > now:
                 continue  # orderly: the queue waits behind its suspended message
-            # After a lost attempt the same range is taken again with the same attempt time, so
-            # its sends-back get the same ids (already-stored ones are skipped). Only a head that
-            # keeps ending attempts without an outcome is taken alone, to be dead-lettered.
-            size = g.pull_batch_size if attempts < poison_tries else 1
+            # After a lost attempt the range is taken again from the same offset with the
+            # same attempt time, so its sends-back get the same ids (already-stored ones are
+            # skipped). Only a head that keeps ending attempts without an outcome is taken
+            # alone, to be dead-lettered.
+            if attempts >= poison_tries:
+                size = 1
+            elif g.pull_batch_size:
+                size = g.pull_batch_size
+            else:
+                size = AUTO_FIRST_TAKE
+                auto.append(len(takes))
+            backlogs.append(head - nxt)
             takes.append(
                 QueueTake(
                     g.consumer_group,
@@ -179,7 +216,51 @@ def plan_takes(
                     suspends if g.orderly else 0,
                 )
             )
+    if auto_budget is not None and auto:
+        for i, size in zip(auto, size_takes([backlogs[i] for i in auto], auto_budget), strict=True):
+            takes[i] = replace(takes[i], hi=takes[i].lo + size)
     return takes
+
+
+def size_takes(backlogs: list[int], budget: int) -> list[int]:
+    """Pure: how many of each queue's ``backlogs`` to take so that together they stay
+    within ``budget`` messages, as evenly as the backlogs allow (a queue with less than
+    its share takes all of it and leaves the rest to the others); at least one each."""
+    sizes = [0] * len(backlogs)
+    left = budget
+    order = sorted(range(len(backlogs)), key=lambda i: backlogs[i])
+    for k, i in enumerate(order):
+        share = left // (len(order) - k)
+        sizes[i] = max(1, min(backlogs[i], share))
+        left = max(0, left - sizes[i])
+    return sizes
+
+
+def auto_budget(ctx: Context, memory: Memory | None, now: int) -> int | None:
+    """Messages the automatic takes of this pass may hand over together:
+    ``deliver_max_bytes`` over the mean body size deliver last saw (None while unknown)."""
+    if memory is None:
+        return None
+    if not memory.seeded:
+        memory.seeded = True
+        if memory.bytes_per_message is None:
+            _seed(ctx, memory, now)
+    if memory.bytes_per_message is None:
+        return None
+    return max(1, int(ctx.config.deliver_max_bytes / memory.bytes_per_message))
+
+
+def _seed(ctx: Context, memory: Memory, now: int) -> None:
+    """The mean body size of the last deliver on record (the last two days of job_runs)."""
+    since = (datetime.fromtimestamp(now / 1000, UTC) - timedelta(days=1)).date()
+    rows = ctx.engine.rows(
+        "SELECT details['handed_over'] AS n, details['body_bytes'] AS b "
+        f"FROM {ctx.warehouse.ref('job_runs')} "
+        f"WHERE run_date >= DATE'{since.isoformat()}' AND job = '{JOB}' AND details['body_bytes'] > 0 "
+        "ORDER BY end_ts DESC LIMIT 1"
+    )
+    if rows and rows[0]["n"]:
+        memory.learn(rows[0]["n"], rows[0]["b"])
 
 
 # (next offset, attempts, attempt time, suspends, suspended until)
@@ -228,12 +309,13 @@ _OUT_ARROW = pa.schema(
         ("reason", pa.string()),
         ("error", pa.string()),
         ("n", pa.int64()),
+        ("nbytes", pa.int64()),
     ]
 )
 _OUT_SCHEMA = (
     "kind string, consumer_group string, client_id string, topic string, queue_id int, queue_offset bigint, "
     "msg_id string, cl_date date, cl_batch_id bigint, cl_batch_pos bigint, reconsume_times int, dkey string, "
-    "ok boolean, level int, reason string, error string, n bigint"
+    "ok boolean, level int, reason string, error string, n bigint, nbytes bigint"
 )
 _ORDER = ["consumer_group", "client_id", "topic", "queue_id", "queue_offset"]
 # the columns a listener worker receives (it builds StoredMessage objects from them)
@@ -255,7 +337,7 @@ _MESSAGE_COLUMNS = [
 ]
 
 
-def _out_rows(rows, kind: str, outcome=None, n: int | None = None):
+def _out_rows(rows, kind: str, outcome=None, n: int | None = None, nbytes: int | None = None):
     """Output rows for the input ``rows`` (a pyarrow Table) with one outcome."""
     k = rows.num_rows
     const = {
@@ -265,6 +347,7 @@ def _out_rows(rows, kind: str, outcome=None, n: int | None = None):
         "reason": pa.array([outcome.reason if outcome else None] * k, pa.string()),
         "error": pa.array([outcome.error if outcome else None] * k, pa.string()),
         "n": pa.array([n] * k, pa.int64()),
+        "nbytes": pa.array([nbytes] * k, pa.int64()),
     }
     arrays = [
         const[f.name] if f.name in const else rows.column(f.name).combine_chunks().cast(f.type)
@@ -370,7 +453,8 @@ def _make_consumer(
                         out.append(_out_rows(keyed, "key"))
                 else:
                     out.append(_out_rows(rows, "fail", o))
-            out.append(_out_rows(table.slice(start, 1), "count", n=consumed))
+            body_bytes = pc.sum(pc.binary_length(messages.column("body").slice(start, length))).as_py()
+            out.append(_out_rows(table.slice(start, 1), "count", n=consumed, nbytes=body_bytes or 0))
         yield from pa.concat_tables(out).to_batches()
 
     return consume_partition
@@ -415,6 +499,8 @@ class Consumed:
 
     outcomes: list[dict[str, Any]]
     keys: list[tuple[str, str, str]]
+    handed_over: int = 0  # messages the listeners were given
+    body_bytes: int = 0  # their bodies' bytes
 
 
 @dataclass(frozen=True)
@@ -427,9 +513,13 @@ class Decided:
     setup_errors: dict[str, str]  # group -> why its listener could not be loaded
 
 
-def run(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -> DeliverResult:
-    """One deliver pass at ``now`` (the module docstring gives the order of effects)."""
-    work = plan(ctx, now)
+def run(
+    ctx: Context, now: int, *, fence: Callable[[], None] | None = None, memory: Memory | None = None
+) -> DeliverResult:
+    """One deliver pass at ``now`` (the module docstring gives the order of effects).
+    ``memory`` (the tick runner's) sizes the automatic takes and learns from the pass;
+    without it they take :data:`AUTO_FIRST_TAKE` per queue."""
+    work = plan(ctx, now, auto_budget(ctx, memory, now))
     if not work.takes:
         return DeliverResult(groups=len(work.groups), skipped_groups=work.skipped, sinks=work.sinks)
     # 1. record the attempt before any listener runs
@@ -444,11 +534,14 @@ def run(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -> D
     # 3. failures → retry / DLQ; 4. keys, then offsets past everything taken
     decided = decide(ctx, work, taken, consumed, now)
     write(ctx, work, consumed, decided, now, fence)
-    return _result(work, taken, decided)
+    if memory is not None:
+        memory.learn(consumed.handed_over, consumed.body_bytes)
+    return _result(work, taken, consumed, decided)
 
 
-def plan(ctx: Context, now: int) -> Pass:
-    """The push groups, their listeners, and what each takes (:func:`plan_takes`)."""
+def plan(ctx: Context, now: int, budget: int | None = None) -> Pass:
+    """The push groups, their listeners, and what each takes (:func:`plan_takes`;
+    ``budget``: messages the automatic takes share, None while unknown)."""
     all_groups = ctx.catalog.groups()
     found = {g: _listener_bytes(ctx, g, cfg.listener) for g, cfg in all_groups.items()}
     listeners = {g: b for g, b in found.items() if b is not None}
@@ -459,7 +552,7 @@ def plan(ctx: Context, now: int) -> Pass:
         return Pass({}, {}, [], {}, skipped, sinks)
     heads = load_dispatch_state(ctx.warehouse).heads
     offsets = _read_offsets(ctx, sorted(groups))
-    takes = plan_takes(groups, ctx.catalog.subscriptions(), heads, offsets, now)
+    takes = plan_takes(groups, ctx.catalog.subscriptions(), heads, offsets, now, auto_budget=budget)
     return Pass(groups, listeners, takes, heads, skipped, sinks)
 
 
@@ -568,7 +661,7 @@ def consume(ctx: Context, work: Pass, taken: Taken) -> Consumed:
         msgs = msgs.repartition(_parallelism(spark))
     outcomes: list[dict[str, Any]] = []
     keys: list[tuple[str, str, str]] = []
-    consumed = 0
+    consumed = body_bytes = 0
     for r in msgs.mapInArrow(consumer, _OUT_SCHEMA).collect():
         if r["kind"] == "fail":
             outcomes.append(r.asDict())
@@ -576,13 +669,14 @@ def consume(ctx: Context, work: Pass, taken: Taken) -> Consumed:
             keys.append((r["consumer_group"], r["dkey"], r["msg_id"]))
         else:
             consumed += r["n"]
+            body_bytes += r["nbytes"] or 0
             taken.counts[r["consumer_group"]]["consumed"] += r["n"]
     if consumed + len(outcomes) != n_deliverable:
         raise RuntimeError(
             f"deliver: {n_deliverable} messages taken but {consumed + len(outcomes)} outcomes; "
             "bodies missing?"
         )
-    return Consumed(outcomes, keys)
+    return Consumed(outcomes, keys, n_deliverable, body_bytes)
 
 
 def _poisoned(ctx: Context, taken: Taken) -> list[dict[str, Any]]:
@@ -690,7 +784,7 @@ def write(
     faults.point("deliver.after_offsets_commit")
 
 
-def _result(work: Pass, taken: Taken, decided: Decided) -> DeliverResult:
+def _result(work: Pass, taken: Taken, consumed: Consumed, decided: Decided) -> DeliverResult:
     total: defaultdict[str, int] = defaultdict(int)
     for c in taken.counts.values():
         for k, v in c.items():
@@ -702,6 +796,8 @@ def _result(work: Pass, taken: Taken, decided: Decided) -> DeliverResult:
         backlog=sum(behind.values()),
         backlog_by_group=dict(behind),
         taken=taken.rows,
+        handed_over=consumed.handed_over,
+        body_bytes=consumed.body_bytes,
         consumed=total["consumed"],
         deduplicated=total["deduplicated"],
         setup_failed=total["setup_failed"],

@@ -162,7 +162,7 @@ def _redispatch(runner: TickRunner, now: int, fence: Callable[[], None], runs: l
 
 
 def _deliver(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
-    r = deliver.run(runner.ctx, now, fence=fence)
+    r = deliver.run(runner.ctx, now, fence=fence, memory=runner.deliver_memory)
     return JobRun(
         job="deliver",
         status="OK",
@@ -280,7 +280,8 @@ def job_sequence(job: str) -> tuple[tuple[str, str, JobFn], ...]:
 
 class TickRunner:
     """Runs ticks on one warehouse (its :class:`Context`), holding the job leases between
-    ticks and what the jobs remember from one tick to the next (retain's last pass)."""
+    ticks and what the jobs remember from one tick to the next (retain's last pass, the
+    size of the messages deliver handed over)."""
 
     def __init__(
         self,
@@ -290,6 +291,7 @@ class TickRunner:
     ) -> None:
         self.ctx = ctx
         self.retain_memory = retain.Memory()
+        self.deliver_memory = deliver.Memory()
         self.sequence = sequence
         self.jobs = tuple(dict.fromkeys(lease for _, lease, _ in sequence))
         self.leases = Leases(ctx.warehouse, holder)
