@@ -225,3 +225,34 @@ def test_the_embedded_server_dies_with_its_process_and_is_restarted_if_it_dies_a
     while _alive(second) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(second), "the server outlived the process that started it"
+
+
+def test_a_late_result_release_after_a_close_raises_nothing():
+    """An unfinished Connect result iterator finalised while a session close has shut the
+    shared release pool down (docs/engines.md): pyspark's own finaliser raises, deltamq's
+    drops the error, so a garbage collection can never raise inside unrelated code."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pyspark.sql.connect.client.reattach import ExecutePlanResponseReattachableIterator as It
+    from pyspark.sql.connect.proto import base_pb2 as pb2
+
+    from deltamq.engine import _quiet_late_releases
+
+    _quiet_late_releases()
+
+    class Stub:
+        def ExecutePlan(self, request, metadata=None):  # noqa: N802 - the gRPC stub's name
+            return iter(())
+
+    it = It(pb2.ExecutePlanRequest(session_id="s"), Stub(), lambda: iter(()), [])
+    closed = ThreadPoolExecutor(max_workers=1)
+    closed.shutdown()
+    saved = It._release_thread_pool_instance
+    It._release_thread_pool_instance = closed
+    try:
+        with pytest.raises(RuntimeError, match="after shutdown"):
+            it.close()  # what pyspark's __del__ calls
+        it._result_complete = False
+        it.__del__()  # deltamq's: nothing raised
+    finally:
+        It._release_thread_pool_instance = saved
