@@ -21,6 +21,7 @@ _EXPORTS = {
     "ConsumeStatus": "deltamq.consumer",
     "ConsumeContext": "deltamq.consumer",
     "ConsumeOrderlyStatus": "deltamq.consumer",
+    "columnar": "deltamq.consumer",
     "TxState": "deltamq.constants",
     "TickResult": "deltamq.orchestration.tick",
     "GroupConfig": "deltamq.config",
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from deltamq.clock import FakeClock, SystemClock  # noqa: F401
     from deltamq.config import BrokerConfig, GroupConfig  # noqa: F401
     from deltamq.constants import TxState  # noqa: F401
-    from deltamq.consumer import ConsumeContext, ConsumeOrderlyStatus, ConsumeStatus  # noqa: F401
+    from deltamq.consumer import ConsumeContext, ConsumeOrderlyStatus, ConsumeStatus, columnar  # noqa: F401
     from deltamq.errors import DeltaMQError  # noqa: F401
     from deltamq.message import Message, StoredMessage  # noqa: F401
     from deltamq.orchestration.tick import TickResult  # noqa: F401

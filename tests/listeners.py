@@ -11,7 +11,7 @@ import os
 import time
 
 from deltamq.constants import Prop, TxState
-from deltamq.consumer import ConsumeOrderlyStatus, ConsumeStatus
+from deltamq.consumer import ConsumeOrderlyStatus, ConsumeStatus, columnar
 
 
 def read_log(path) -> list[dict]:
@@ -209,3 +209,18 @@ class EnvEcho:
             for m in messages:
                 fh.write(json.dumps({"body": m.body.decode(), "value": os.environ.get(self.name)}) + "\n")
         return ConsumeStatus.CONSUME_SUCCESS
+
+
+@columnar
+def columnar_fail_from_marker(batch, context):
+    """A columnar listener: logs what it got to $DELTAMQ_TEST_LOG; on a first delivery
+    acknowledges the rows before the first body ``fail`` (``ack_index``), later all."""
+    bodies = [b.decode() for b in batch.column("body").to_pylist()]
+    retries = batch.column("reconsume_times").to_pylist()
+    with open(os.environ["DELTAMQ_TEST_LOG"], "a", encoding="utf-8") as fh:
+        fh.write(
+            json.dumps({"type": type(batch).__name__, "columns": batch.schema.names, "bodies": bodies}) + "\n"
+        )
+    if "fail" in bodies and retries[bodies.index("fail")] == 0:
+        context.ack_index = bodies.index("fail") - 1
+    return ConsumeStatus.CONSUME_SUCCESS

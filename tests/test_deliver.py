@@ -358,3 +358,33 @@ def test_automatic_takes_follow_the_budget_and_the_body_size_learned(warehouse_w
     fresh = deliver.Memory()
     assert deliver.auto_budget(broker.context, fresh, clock.now_ms()) == 10
     assert fresh.bytes_per_message == 100
+
+
+def test_a_columnar_listener_gets_record_batches_and_its_ack_index_counts_rows(
+    broker, clock, env_listener_log
+):
+    from deltamq.consumer import COLUMNAR_COLUMNS
+
+    broker.create_topic("orders", queues=1)
+    broker.create_group(
+        "g",
+        "listeners:columnar_fail_from_marker",
+        consume_from="FIRST_OFFSET",
+        consume_message_batch_max_size=10,
+    )
+    broker.subscribe("g", "orders")
+    broker.producer("p").send_batch([Message("orders", b) for b in (b"a", b"b", b"fail", b"c", b"d")])
+    first = broker.tick(clock.now_ms()).delivered
+    assert (first.consumed, first.retried) == (2, 3)
+    for _ in range(3):  # level 3: back 10 s later
+        clock.advance(seconds=10)
+        broker.tick(clock.now_ms())
+    calls = read_log(env_listener_log)
+    assert calls[0] == {
+        "type": "RecordBatch",
+        "columns": list(COLUMNAR_COLUMNS),
+        "bodies": ["a", "b", "fail", "c", "d"],
+    }
+    assert sorted(b for c in calls[1:] for b in c["bodies"]) == ["c", "d", "fail"]
+    lag = broker.sql("SELECT count(*) FROM commit_log WHERE topic = '%DLQ%g'").collect()[0][0]
+    assert lag == 0

@@ -39,7 +39,7 @@ import pyarrow as pa
 from pyspark.sql import functions as F
 
 from deltamq import dedup, faults
-from deltamq.consumer import ImportPathListener
+from deltamq.consumer import COLUMNAR_COLUMNS, ImportPathListener
 from deltamq.filters import compile_sql92, parse_tag_expression, tags_match
 from deltamq.jobs import sendback
 from deltamq.jobs.listener_worker import Home
@@ -319,22 +319,7 @@ _OUT_SCHEMA = (
 )
 _ORDER = ["consumer_group", "client_id", "topic", "queue_id", "queue_offset"]
 # the columns a listener worker receives (it builds StoredMessage objects from them)
-_MESSAGE_COLUMNS = [
-    "topic",
-    "queue_id",
-    "queue_offset",
-    "msg_id",
-    "tags",
-    "keys",
-    "body",
-    "properties",
-    "born_ts",
-    "store_ts",
-    "reconsume_times",
-    "suspends",
-    "flag",
-    "sys_flag",
-]
+_MESSAGE_COLUMNS = list(COLUMNAR_COLUMNS)
 
 
 def _out_rows(rows, kind: str, outcome=None, n: int | None = None, nbytes: int | None = None):
