@@ -24,6 +24,7 @@ from deltamq import ids
 from deltamq.constants import Prop, SysFlag, TxState
 from deltamq.errors import (
     BodyTooLarge,
+    DeltaMQError,
     InvalidDelayLevel,
     InvalidMessage,
     InvalidProperties,
@@ -41,6 +42,7 @@ from deltamq.tables.sqltext import sql_str
 from deltamq.transactions import ask_state, settle_input, settle_kinds, state_name, transaction_rows
 
 if TYPE_CHECKING:
+    from deltamq.config import BrokerConfig
     from deltamq.context import Context
 
 LocalTransaction = Callable[[Message, Any], Any]
@@ -115,12 +117,61 @@ class Producer(BaseProducer):
         df = self._check_dataframe_columns(df, queue_key)
         now = self.ctx.clock.now_ms()
         batch = ids.new_batch_id(now)
+        # Every row is checked inside the write itself (one read of the input): a row that
+        # breaks a rule fails the write before anything is committed. Only then is the input
+        # read again, by _validate_dataframe, for an error that names the rule and the values.
+        queues = self._writable_queues()
+        problem = _row_problem(queues, now, self.ctx.config, transactional)
+        checked = df.withColumn(
+            "topic",
+            F.when(problem.isNull(), F.col("topic")).otherwise(
+                F.raise_error(F.concat(F.lit(_REFUSED), problem)).cast("string")
+            ),
+        )
+        rows = plan_send_dataframe(
+            checked,
+            queues=queues,
+            batch_id=batch,
+            now_ms=now,
+            producer_group=self.group,
+            max_level=self.ctx.catalog.max_delay_level(),
+            queue_key=queue_key,
+            rr_start=random.randrange(1 << 16),
+            transactional=transactional,
+        )
+        try:
+            self.ctx.append_commit_log(rows, what="send_dataframe")
+        except Exception as e:
+            if _REFUSED not in str(e):
+                raise
+            self._validate_dataframe(df, now, transactional)  # raises the rule's own error
+            raise InvalidMessage(f"the DataFrame was refused: {str(e).split(_REFUSED, 1)[1][:200]}") from e
+        day = ids.store_date(now)
+        return (
+            self.ctx.warehouse.read("commit_log")
+            .where((F.col("store_date") == F.lit(day)) & (F.col("batch_id") == F.lit(batch)))
+            .select("msg_id", "topic", "queue_id")
+        )
+
+    def _writable_queues(self) -> dict[str, int]:
+        """The queues of every topic a producer may write to."""
+        out = {}
+        for topic, info in self.ctx.catalog.topics().items():
+            try:
+                self.ctx.catalog.validate_writable_topic(topic)
+            except DeltaMQError:
+                continue
+            out[topic] = info["queues"]
+        return out
+
+    def _validate_dataframe(self, df: DataFrame, now: int, transactional: bool) -> None:
+        """The send rules, checked over the whole input with one aggregate: raises the
+        error of the first rule a row breaks."""
         stats = df.agg(
             F.collect_set("topic").alias("topics"),
             F.max(F.length("body")).alias("max_body"),
             F.min("delay_level").alias("min_level"),
             F.max("delay_level").alias("max_level"),
-            F.count(F.lit(1)).alias("n"),
             F.max(F.when(F.col("queue_id").isNotNull(), F.col("queue_id"))).alias("max_qid"),
             F.min("queue_id").alias("min_qid"),
             F.count(F.when(F.col("topic").isNull(), 1)).alias("null_topics"),
@@ -134,8 +185,6 @@ class Producer(BaseProducer):
                 )
             ).alias("bad_timers"),
         ).collect()[0]
-        if stats["n"] == 0:
-            return self.ctx.engine.spark.createDataFrame([], "msg_id string, topic string, queue_id int")
         if stats["null_topics"]:
             self.ctx.catalog.validate_writable_topic(None)  # raises InvalidTopic naming the rule
         topics = sorted(stats["topics"])
@@ -174,24 +223,6 @@ class Producer(BaseProducer):
                 f"queue_id values {stats['min_qid']}..{stats['max_qid']} are outside a topic's queues "
                 f"({', '.join(f'{t}: 0..{q - 1}' for t, q in queues.items())})"
             )
-        rows = plan_send_dataframe(
-            df,
-            queues=queues,
-            batch_id=batch,
-            now_ms=now,
-            producer_group=self.group,
-            max_level=self.ctx.catalog.max_delay_level(),
-            queue_key=queue_key,
-            rr_start=random.randrange(1 << 16),
-            transactional=transactional,
-        )
-        self.ctx.append_commit_log(rows, what="send_dataframe")
-        day = ids.store_date(now)
-        return (
-            self.ctx.warehouse.read("commit_log")
-            .where((F.col("store_date") == F.lit(day)) & (F.col("batch_id") == F.lit(batch)))
-            .select("msg_id", "topic", "queue_id")
-        )
 
     # --- transactions (docs/behaviour.md §5) -------------------------------------------------------------
     def send_in_transaction(
@@ -359,6 +390,34 @@ class Producer(BaseProducer):
         for name, dtype in _DF_OPTIONAL.items():
             out = out.withColumn(name, F.col(name).cast(dtype) if name in fields else F.lit(None).cast(dtype))
         return out.withColumn("body", F.col("body").cast("binary"))
+
+
+_REFUSED = "deltamq refused a row: "
+
+
+def _row_problem(queues: dict[str, int], now: int, config: BrokerConfig, transactional: bool) -> Column:
+    """Per row of a checked send_dataframe input: which send rule it breaks (a text), or
+    null. The same rules as ``_validate_dataframe``, as one expression."""
+    nq = F.element_at(
+        F.create_map(*[x for t, q in queues.items() for x in (F.lit(t), F.lit(q))]), F.col("topic")
+    )
+    timer_text = F.col("properties").getItem(Prop.TIMER_DELIVER_MS)
+    due = _timer_col()
+    delayed = (F.coalesce(F.col("delay_level"), F.lit(0)) > 0) | due.isNotNull()
+    return (
+        F.when(F.col("topic").isNull() | nq.isNull(), F.lit("topic is missing, unknown or not writable"))
+        .when(F.length("body") > F.lit(config.max_body_bytes), F.lit("body too large"))
+        .when(F.col("delay_level") < 0, F.lit("negative delay_level"))
+        .when(timer_text.isNotNull() & ~timer_text.rlike("^[0-9]{1,18}$"), F.lit("malformed timer"))
+        .when(F.lit(transactional) & delayed, F.lit("a transactional message cannot be delayed"))
+        .when(
+            (due > F.lit(now + config.timer_horizon_ms)) | (due < F.lit(now - config.timer_horizon_ms)),
+            F.lit("timer beyond the horizon"),
+        )
+        .when(
+            (F.col("queue_id") < 0) | (F.col("queue_id") >= nq), F.lit("queue_id outside the topic's queues")
+        )
+    )
 
 
 def _timer_col() -> Column:

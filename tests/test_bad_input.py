@@ -117,6 +117,13 @@ def test_bad_dataframe_stores_nothing(ready, tmp_path):
             BodyTooLarge,
             "4194305",
         ),
+        (  # one bad row among many good ones: the write is refused as a whole
+            spark.range(3000).selectExpr(
+                "'orders' AS topic", "CASE WHEN id = 1500 THEN repeat('x', 4194305) ELSE 'ok' END AS body"
+            ),
+            BodyTooLarge,
+            "4194305",
+        ),
     ]
     for df, error, text in cases:
         with pytest.raises(error, match=text):
