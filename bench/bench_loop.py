@@ -70,20 +70,20 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _group(b: Broker) -> None:
+def _group(b: Broker, listener: str = LISTENER) -> None:
     b.create_topic("bench", queues=4)
-    b.create_group("g", LISTENER, consume_from="FIRST_OFFSET", consume_message_batch_max_size=1000)
+    b.create_group("g", listener, consume_from="FIRST_OFFSET", consume_message_batch_max_size=1000)
     b.subscribe("g", "bench")
 
 
-def bulk(root: Path, n: int) -> dict:
+def bulk(root: Path, n: int, listener: str = LISTENER) -> dict:
     """One ``send_dataframe`` of ``n`` rows, then ticks until all are consumed."""
     wh = root / "loop-bulk"
     shutil.rmtree(wh, ignore_errors=True)
     staging = root / f"loop-staging-{n}"
     clock = FakeClock()
     b = Broker.open(wh, clock=clock)
-    _group(b)
+    _group(b, listener)
     if not staging.exists():
         b.spark.range(n).selectExpr("'bench' AS topic", f"{body_expr()} AS body").write.parquet(str(staging))
     b.tick(clock.now_ms())  # the runner's first tick (leases, catalog) is not the work's
@@ -104,6 +104,7 @@ def bulk(root: Path, n: int) -> dict:
     assert consumed == n, (consumed, n)
     return {
         "messages": n,
+        "listener": listener,
         "send_s": round(sent_s, 2),
         "ticks": ticks,
         "tick_count": len(ticks),
@@ -112,12 +113,14 @@ def bulk(root: Path, n: int) -> dict:
     }
 
 
-def sustained(root: Path, seconds: float = 60.0, drain_limit_s: float = 180.0) -> dict:
+def sustained(
+    root: Path, seconds: float = 60.0, drain_limit_s: float = 180.0, listener: str = LISTENER
+) -> dict:
     """Two producer processes for ``seconds`` while ``deltamq tick --loop`` runs."""
     wh = root / "loop-sustained"
     shutil.rmtree(wh, ignore_errors=True)
     b = Broker.open(wh)
-    _group(b)
+    _group(b, listener)
     b.close()
     env = _env()
     loop = subprocess.Popen(
@@ -176,6 +179,7 @@ def sustained(root: Path, seconds: float = 60.0, drain_limit_s: float = 180.0) -
     )
     return {
         "seconds": seconds,
+        "listener": listener,
         "producers": sent,
         "sent": total_sent,
         "produced_msgs_per_s": round(total_sent / seconds),

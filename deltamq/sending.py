@@ -184,10 +184,17 @@ class BaseProducer:
         self._rr[topic] = (start + 1) % queues
         return start % queues
 
-    def _prepare(self, m: Message, now: int) -> tuple[Message, bytes, dict[str, str], int]:
+    def _prepare(
+        self, m: Message, now: int, topics: dict[str, int] | None = None
+    ) -> tuple[Message, bytes, dict[str, str], int]:
+        """``m`` checked; ``topics``: the queues of topics already checked in this batch
+        (each topic is checked once per batch)."""
         if not isinstance(m, Message):
             raise InvalidMessage(f"expected a deltamq.Message, got {type(m).__name__}: {m!r}")
-        self.ctx.validate_writable_topic(m.topic)
+        if topics is None or m.topic not in topics:
+            self.ctx.validate_writable_topic(m.topic)
+            if topics is not None:
+                topics[m.topic] = self.ctx.topic_queues(m.topic)
         body = body_bytes(m.body, self.ctx.config.max_body_bytes)
         props = validate_properties(m.properties)
         level = validate_delay_level(m.delay_level)
@@ -279,7 +286,8 @@ class BaseProducer:
                 f"queue_keys has {len(queue_keys)} entries for {len(messages)} messages; give one per message"
             )
         now = self.ctx.clock.now_ms()
-        prepared = [self._prepare(m, now) for m in messages]
+        topics: dict[str, int] = {}
+        prepared = [self._prepare(m, now, topics) for m in messages]
         if transactional:
             for m, _, props, level in prepared:
                 if level > 0 or Prop.TIMER_DELIVER_MS in props:
@@ -294,7 +302,7 @@ class BaseProducer:
         day = ids.store_date(now)
         rows = []
         for pos, (m, body, props, level) in enumerate(prepared):
-            queues = self.ctx.topic_queues(m.topic)
+            queues = topics[m.topic]
             key = queue_keys[pos] if queue_keys is not None else None
             if selector is not None:
                 qid = selector(queues, m, arg)
