@@ -6,9 +6,17 @@ empty pulls in a row). Four clients start together: they rebalance the queues am
 themselves through the access lock (a client only gets a queue from its first owner
 once that owner's deliveries are acked). Throughput = N / (last ack − first pull).
 
-Writes bench/results/pull-<timestamp>.json. A benchmark, not a test.
+Checks: every message handed out exactly once (each client reports the queue positions
+it was handed; no position twice, every position of the topic once), and, after a tick
+folded the deliveries log into ``offsets``, every acked offset at its queue's end and
+nothing in flight.
 
-    python bench/bench_pull.py [--messages 100000] [--batch 1000]
+``measure(root, n, batch, clients)`` runs one configuration and returns its figures (the
+test suite and bench/run.py call it); ``profile(root, n, batch)`` times each Spark
+statement of an in-process pull + ack cycle. Writes bench/results/pull-<timestamp>.json.
+A benchmark, not a test.
+
+    python bench/bench_pull.py [--messages 100000] [--batch 1000] [--clients 1 4] [--profile]
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
+from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -38,6 +48,7 @@ time.sleep(max(0.0, go - time.time()))
 first = time.time()
 got = empty = pulls = unacked = 0
 last = first
+handed = {}
 while empty < 5:
     msgs = consumer.pull(batch)
     pulls += 1
@@ -48,14 +59,18 @@ while empty < 5:
     unacked += len(msgs) - consumer.ack([m.receipt_handle for m in msgs])
     got += len(msgs)
     last = time.time()
-report = {"client": me, "messages": got, "pulls": pulls, "unacked": unacked, "first": first, "last": last}
-report["stale_dml_repeats"] = broker.engine.stats.stale_dml_repeats
+    for m in msgs:
+        handed.setdefault(m.queue_id, []).append(m.queue_offset)
+stats = broker.engine.stats
+report = {"client": me, "messages": got, "pulls": pulls, "unacked": unacked, "first": first, "last": last,
+          "commits": stats.commits, "conflicts_retried": stats.conflicts_retried, "handed": handed}
 print(json.dumps(report), flush=True)
 """
 
 
-def run(root: Path, n: int, clients: int, batch: int) -> dict:
-    wh = root / f"pull-{n}-{clients}"
+def prepare(wh: Path, n: int) -> Broker:
+    """A warehouse with ``n`` 1 KiB messages dispatched into 4 queues of topic ``orders``
+    and a pull group ``workers`` subscribed from the first offset."""
     shutil.rmtree(wh, ignore_errors=True)
     b = Broker.open(wh)
     b.create_topic("orders", queues=4)
@@ -68,9 +83,20 @@ def run(root: Path, n: int, clients: int, batch: int) -> dict:
         )
     )
     b.tick()
+    return b
+
+
+def measure(root: Path, n: int = 100_000, batch: int = 1000, clients: int = 1) -> dict:
+    """Pull + ack ``n`` messages with ``clients`` client processes at ``batch``; the
+    figures and the checks (``handed_out_once``, ``acked_offsets``, ``in_flight``)."""
+    from deltamq import pull
+    from deltamq.tables.offsets import load_dispatch_state
+
+    wh = Path(root) / f"pull-{n}-{clients}"
+    b = prepare(wh, n)
     env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_MODE_ENABLED"}
     env["RUST_LOG"] = "error"
-    go = time.time() + 8.0  # every client's engine is up before the start
+    go = time.time() + 8.0 + 2.0 * clients  # every client's engine is up before the start
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", CLIENT, str(wh), f"client-{i}", str(batch), str(go)],
@@ -89,21 +115,112 @@ def run(root: Path, n: int, clients: int, batch: int) -> dict:
     total = sum(r["messages"] for r in reports)
     start = min(r["first"] for r in reports)
     end = max(r["last"] for r in reports)
+    handed: dict[int, list[int]] = defaultdict(list)
+    for r in reports:
+        for q, offsets in r.pop("handed").items():
+            handed[int(q)] += offsets
+    heads = {q: h for (t, q), h in load_dispatch_state(b.warehouse).heads.items() if t == "orders"}
+    once = sum(heads.values()) == n and all(
+        sorted(handed.get(q, [])) == list(range(h)) for q, h in heads.items()
+    )
+    b.tick()  # the pull_expiry step folds the deliveries log into offsets
     acked = b.sql(
         "SELECT sum(next_offset) AS n FROM offsets WHERE consumer_group = 'workers' AND topic = 'orders'"
     ).collect()[0]["n"]
+    in_flight = sum(d - a for (t, _), (a, d) in pull.positions(b.context, "workers").items() if t == "orders")
+    b.close()
     shutil.rmtree(wh, ignore_errors=True)
     return {
         "messages": n,
         "clients": clients,
         "batch": batch,
         "handed_out": total,
+        "handed_out_once": once,
         "acked_offsets": acked,
+        "in_flight": in_flight,
         "seconds": round(end - start, 2),
         "msgs_per_s": round(n / (end - start)),
         "per_client": [
-            {k: r[k] for k in ("client", "messages", "pulls", "unacked", "stale_dml_repeats")}
+            {k: r[k] for k in ("client", "messages", "pulls", "unacked", "commits", "conflicts_retried")}
             for r in reports
+        ],
+    }
+
+
+run = measure  # the name before measure()
+
+
+def profile(root: Path, n: int = 20_000, batch: int = 1000) -> dict:
+    """One client in this process: the Spark statements of its pull + ack cycles, each
+    timed from the client (round trips included) and named by the deltamq function that
+    ran it; ms per cycle and statements per cycle, slowest first."""
+    from pyspark.sql.connect.client import core
+
+    wh = Path(root) / f"pull-profile-{n}"
+    b = prepare(wh, n)
+    consumer = b.pull_consumer("workers", "c0")
+    consumer.pull(batch)  # the first pull takes the locks
+    spent: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    depth = [0]
+    originals = {}
+
+    def timed(name):
+        original = getattr(core.SparkConnectClient, name)
+        originals[name] = original
+
+        def wrapper(self, *args, **kwargs):
+            if depth[0]:
+                return original(self, *args, **kwargs)
+            depth[0] += 1
+            t0 = time.perf_counter()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+                frames = [
+                    f"{Path(f.filename).stem}.{f.name}"
+                    for f in traceback.extract_stack()
+                    if "/deltamq/" in f.filename and not f.filename.endswith("engine.py")
+                ]
+                where = " < ".join(reversed(frames[-2:])) if frames else "?"
+                s = spent[f"{where} ({'schema' if name == '_analyze' else 'execute'})"]
+                s[0] += 1
+                s[1] += time.perf_counter() - t0
+
+        setattr(core.SparkConnectClient, name, wrapper)
+
+    for name in ("_execute_and_fetch", "_analyze"):
+        timed(name)
+    cycles = got = 0
+    pull_s = ack_s = 0.0
+    try:
+        while True:
+            t0 = time.perf_counter()
+            msgs = consumer.pull(batch)
+            pull_s += time.perf_counter() - t0
+            if not msgs:
+                break
+            t0 = time.perf_counter()
+            consumer.ack([m.receipt_handle for m in msgs])
+            ack_s += time.perf_counter() - t0
+            cycles += 1
+            got += len(msgs)
+    finally:
+        for name, original in originals.items():
+            setattr(core.SparkConnectClient, name, original)
+    b.close()
+    shutil.rmtree(wh, ignore_errors=True)
+    cycles = max(cycles, 1)
+    return {
+        "messages": got,
+        "batch": batch,
+        "cycles": cycles,
+        "msgs_per_s": round(got / (pull_s + ack_s)),
+        "pull_ms": round(pull_s / cycles * 1000, 1),
+        "ack_ms": round(ack_s / cycles * 1000, 1),
+        "statements": [
+            {"where": k, "ms_per_cycle": round(t / cycles * 1000, 1), "per_cycle": round(c / cycles, 2)}
+            for k, (c, t) in sorted(spent.items(), key=lambda kv: -kv[1][1])
         ],
     }
 
@@ -113,12 +230,15 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--profile", action="store_true", help="also time each statement of a cycle")
     ap.add_argument("--root", default="/tmp/deltamq-bench")
     args = ap.parse_args()
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
-    runs = [run(root, args.messages, c, args.batch) for c in args.clients]
-    result = {"bench": "pull", "at": datetime.now(UTC).isoformat(), "runs": runs}
+    result: dict = {"bench": "pull", "at": datetime.now(UTC).isoformat()}
+    if args.profile:
+        result["profile"] = profile(root, min(args.messages, 20_000), args.batch)
+    result["runs"] = [measure(root, args.messages, args.batch, c) for c in args.clients]
     out = HERE / "results" / f"pull-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -4,60 +4,99 @@
 messages, each with a ``receipt_handle``; ``consumer.ack(handles)`` /
 ``consumer.nack(handles, delay_level=None)`` end them.
 
-- **Liveness and rebalancing.** Every pull or ack records the client in ``clients``. Per
-  subscribed topic (its retry topic included), the group's live clients (seen within
+- **Liveness and rebalancing.** A client records itself in ``clients`` at its first pull
+  or ack and again whenever a quarter of ``client_timeout_ms`` has passed. At every pull,
+  per subscribed topic (its retry topic included), the group's live clients (seen within
   ``client_timeout_ms``) and the topic's queues are both sorted and the queues divided
   evenly (RocketMQ's rebalanceByTopic with AllocateMessageQueueAveragely): a client
   pulls only its share.
-- **Access lock** (DeFiBus's ConsumeQueueAccessLockManager, ``queue_lock``). The owner's
-  pulls refresh its last access and the delivered offset it saw. Anyone else is refused
-  while the owner holds the queue; each refused attempt compares the queue's delivered
-  offset with the one last seen (unchanged → the no-change counter goes up; changed →
-  saved, counter reset); the owner's pulls never touch the counter. A non-owner takes the
-  queue only when the owner timed out (``lock_queue_timeout_ms``) or everything
-  delivered was acknowledged and the counter reached
-  ``max_deliver_offset_no_change_times``; it then starts at the acknowledged offset.
-  Lock rows change by compare-and-set MERGE and are read back: of racing clients
-  exactly one wins.
-- **In flight.** ``deliveries`` holds the messages handed out and not yet acknowledged
-  (acked rows are deleted, so it stays small). Per queue, ``offsets.next_offset`` is the
-  acknowledged offset — the lowest offset still in flight, so acks may come in any order
-  — and ``offsets.delivered_offset`` the next offset to hand out. A delivery not acked
-  within the group's ``invisible_time_ms`` counts as RECONSUME_LATER (the tick's
-  ``pull_expiry`` step); a nack likewise, now: both take the push consumers' retry / DLQ
-  path (``%RETRY%<group>`` with back-off, ``%DLQ%<group>`` at the maximum).
+- **Access lock** (DeFiBus's ConsumeQueueAccessLockManager, ``queue_lock``). The owner
+  writes its lock row when it takes the queue, when it reserves further offsets, and when
+  a quarter of ``lock_queue_timeout_ms`` has passed since its last write (its last
+  access). The row's delivered offset is the end of the range the owner reserved: a pull
+  reserves up to the queue's head, at most ten batches ahead, before it hands anything
+  out, so pulls inside the reservation write no lock row. Anyone else is refused while
+  the owner holds the queue; each refused attempt compares the queue's delivered offset
+  with the one last seen (unchanged → the no-change counter goes up; changed → saved,
+  counter reset); the owner's writes never touch the counter. A non-owner takes the queue
+  only when the owner timed out (``lock_queue_timeout_ms``) or everything delivered was
+  acknowledged (the reservation is all handed out and acked) and the counter reached
+  ``max_deliver_offset_no_change_times``; it then starts at the acknowledged offset. A
+  client whose share no longer includes a queue it holds gives back what it reserved and
+  did not hand out (the delivered offset drops to what it handed out), so the new
+  assignee can take the queue once the old owner's messages are acked. Lock rows change
+  by compare-and-set MERGE and are read back: of racing clients exactly one wins.
+- **In flight: an append-only log** (``deliveries``). A pull appends, in one commit, an
+  ``INFLIGHT`` row per message handed out and a ``PASSED`` row where its range ends in
+  messages the group does not take (filtered out, or duplicates by key); an ack appends
+  an ``ACKED`` row per handle, a nack ``NACKED``, the expiry ``EXPIRED``, a takeover
+  ``REVOKED`` for the previous owner's messages in flight plus a ``TAKEN`` row where the
+  new owner starts. No hot-path commit rewrites a file, so clients never conflict. Per
+  queue, the acknowledged offset is the lowest offset still in flight (acks may come in
+  any order) and the delivered offset the end of what was handed out; both are read from
+  the log on top of ``offsets.next_offset`` / ``offsets.delivered_offset``, into which
+  the tick's ``pull_expiry`` step folds the log (offsets first, then the rows below the
+  acknowledged offset are deleted). A delivery not acked within the group's
+  ``invisible_time_ms`` counts as RECONSUME_LATER (the ``pull_expiry`` step); a nack
+  likewise, now: both take the push consumers' retry / DLQ path (``%RETRY%<group>`` with
+  back-off, ``%DLQ%<group>`` at the maximum).
+- **Crash safety.** Outputs first, positions last: the lock's reservation is written
+  before messages are handed out, the deliveries and the new positions are one append,
+  a send-back is stored before the delivery is marked ended, offsets are folded before
+  the log rows are deleted. A pull killed after reserving hands its range out again (the
+  owner resumes where the log says it handed out); killed after appending, its messages
+  expire and take the retry path.
 
-Delivery is at-least-once: a client killed between handing out and recording, or a
-takeover after the owner timed out, can repeat messages (idempotent consumption and
-exactly-once sinks deal with that). One client id is one puller: two threads pulling
-under one id share its queues.
+Delivery is at-least-once: a client killed between handing out and recording, a
+takeover after the owner timed out, or an ack racing the expiry of the same delivery can
+repeat messages (idempotent consumption and exactly-once sinks deal with that). One
+client id is one puller: two threads pulling under one id share its queues.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from deltamq import dedup, faults
-from deltamq.errors import CommitConflict, ConfigError, UnknownGroup
+from deltamq.engine import is_commit_conflict
+from deltamq.errors import ConfigError, UnknownGroup
 from deltamq.filters import subscriptions_filter
 from deltamq.message import StoredMessage, stored_fields, validate_group_name
-from deltamq.tables.bodies import join_bodies, read_bodies
+from deltamq.schemas import SCHEMA_VERSION, TABLES
+from deltamq.tables.bodies import read_bodies
 from deltamq.tables.offsets import OffsetsMerge, forward, load_dispatch_state, source
-from deltamq.tables.ranges import queue_offsets, queue_ranges
+from deltamq.tables.ranges import any_of, queue_offsets, queue_ranges
 from deltamq.tables.sqltext import sql_int, sql_long, sql_queues, sql_str
 
 if TYPE_CHECKING:
     from deltamq.context import Context
 
 Queue = tuple[str, int]
+
+# states of the deliveries log (docs/behaviour.md §6)
+INFLIGHT, PASSED, TAKEN = "INFLIGHT", "PASSED", "TAKEN"
+ACKED, NACKED, EXPIRED, REVOKED = "ACKED", "NACKED", "EXPIRED", "REVOKED"
+ENDED = (ACKED, NACKED, EXPIRED, REVOKED)
+WINDOW = 10
+"""A pull reserves at most this many batches ahead in the lock row (up to the queue's head)."""
+RESERVE_MS = 2_000
+"""A reservation counts this long after the owner's last lock write; the owner writes its
+lock row again before it hands out from a reservation older than half of it, and checks
+its lock after a pull that took longer than that (the fence)."""
+_LOG_SCHEMA = TABLES["deliveries"].columns_at(SCHEMA_VERSION)
+_ARROW_TYPES = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64()}
+_ARROW_LOG = pa.schema([(f.name, _ARROW_TYPES[f.dataType.simpleString()]) for f in _LOG_SCHEMA.fields])
 
 
 @dataclass(frozen=True)
@@ -134,6 +173,23 @@ def decide_lock(
 
 
 # --- the consumer ---------------------------------------------------------------------------
+@dataclass
+class _Held:
+    """A queue whose lock this client holds, as this client last wrote or used it."""
+
+    position: int  # the next offset to hand out
+    reserved: int  # the lock row's delivered offset: the end of the reservation
+    written: int  # ``now`` of this client's last write of the lock row (its last access)
+
+
+@dataclass
+class _Plan:
+    start: int
+    end: int
+    reserved: int
+    write: bool
+
+
 class PullConsumer:
     """A pull client of one CLUSTERING group."""
 
@@ -160,8 +216,10 @@ class PullConsumer:
                 "pull clients"
             )
         self._cfg = cfg
-        self._taken_over: set[Queue] = set()
         self._seen: int | None = None  # the last heartbeat this client committed
+        self._held: dict[Queue, _Held] = {}
+        self._sent: dict[str, tuple] = {}  # receipt handle → its INFLIGHT row (this client's)
+        self._topology: tuple[int, list[Queue], Column] | None = None  # (read at, queues, filter)
 
     # --- helpers ------------------------------------------------------------------------------
     def _now(self, now: int | None) -> int:
@@ -170,14 +228,13 @@ class PullConsumer:
     def _ref(self, table: str) -> str:
         return self.ctx.warehouse.ref(table)
 
+    def _due(self, now: int, since: int | None, interval_ms: int) -> bool:
+        return since is None or now - since >= max(interval_ms // 4, 1) or now < since
+
     def _keep_alive(self, now: int) -> None:
         """A heartbeat when a quarter of ``client_timeout_ms`` has passed since the last
         one (pulls and acks call it): a busy client stays live without a commit a call."""
-        if (
-            self._seen is None
-            or now - self._seen >= self.ctx.config.client_timeout_ms // 4
-            or now < self._seen
-        ):
+        if self._due(now, self._seen, self.ctx.config.client_timeout_ms):
             self.heartbeat(now)
 
     def heartbeat(self, now: int | None = None) -> None:
@@ -195,7 +252,17 @@ class PullConsumer:
         self._seen = now
 
     def close(self) -> None:
-        """Leave the group now (instead of after the client timeout)."""
+        """Leave the group now (instead of after the client timeout), giving back the
+        offsets reserved and not handed out, so the queues can change hands at once."""
+        now = self.ctx.clock.now_ms()
+        if any(h.reserved > h.position for h in self._held.values()):
+
+            def attempt() -> None:
+                locks = read_locks(self.ctx, self.group)
+                write_locks(self.ctx, self.group, self._give_back(locks, set(self._held), now))
+
+            self.ctx.engine.commit(attempt, what="queue_lock")
+        self._held.clear()
         statement = (
             f"DELETE FROM {self._ref('clients')} WHERE consumer_group = {sql_str(self.group)} "
             f"AND client_id = {sql_str(self.client_id)}"
@@ -211,160 +278,305 @@ class PullConsumer:
     def _live(self, now: int) -> list[str]:
         return live_clients(self.ctx, self.group, now) + [self.client_id]
 
+    def _queues(self, now: int) -> tuple[list[Queue], Column]:
+        """The group's queues and its subscriptions' filter, read again when a quarter of
+        ``client_timeout_ms`` has passed (a new subscription is seen within that time)."""
+        if self._topology is None or self._due(now, self._topology[0], self.ctx.config.client_timeout_ms):
+            subs = self.ctx.catalog.subscriptions(self.group)
+            queues = group_queues(self.ctx, self.group, subs)
+            self._topology = (now, queues, subscriptions_filter(subs, default=True))
+        return self._topology[1], self._topology[2]
+
     # --- pulling ------------------------------------------------------------------------------
-    def pull(self, max_messages: int = 32, now: int | None = None) -> list[PulledMessage]:
+    def pull(
+        self, max_messages: int = 32, now: int | None = None, *, wait_ms: int = 0
+    ) -> list[PulledMessage]:
         """Up to ``max_messages`` messages from this client's queues, each invisible to
-        every other client until acked, nacked or ``invisible_time_ms`` has passed."""
+        every other client until acked, nacked or ``invisible_time_ms`` has passed.
+        ``wait_ms`` > 0 (a long poll, real clock only): when nothing is there, try again
+        until something is or ``wait_ms`` has passed."""
         if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
             raise ConfigError(f"max_messages={max_messages!r} must be an integer >= 1")
-        now = self._now(now)
+        if isinstance(wait_ms, bool) or not isinstance(wait_ms, int) or wait_ms < 0:
+            raise ConfigError(f"wait_ms={wait_ms!r} must be an integer >= 0")
+        deadline = time.monotonic() + wait_ms / 1000.0
+        while True:
+            got = self._pull(max_messages, self._now(now))
+            left = deadline - time.monotonic()
+            if got or now is not None or left <= 0:
+                return got
+            time.sleep(min(left, _POLL_S))
+
+    def _pull(self, budget: int, now: int) -> list[PulledMessage]:
+        started = time.monotonic()
         self.ctx.engine.recycle_if_large()
         self._keep_alive(now)
-        mine = self.assignment(now)
-        if not mine:
-            return []
-
-        heads = load_dispatch_state(self.ctx.warehouse).heads
-        takes = self._lock(mine, now, heads, max_messages)
-        faults.point("pull.after_lock_commit")
-        if not takes:
-            return []
-        ranges = [(t, q, lo, hi) for (t, q), (lo, hi) in sorted(takes.items()) if hi > lo]
-        messages = self._read(ranges, now) if ranges else []
-        # fence: a client that lost the queue meanwhile (it paused past the lock timeout)
-        # records nothing; what it read is handed out again by the new owner
-        current = read_locks(self.ctx, self.group)
-        mine_still = {q for q in takes if (current.get(q) or _NOBODY).owner == self.client_id}
-        messages = [m for m in messages if m.topic_queue in mine_still]
-        if messages:
-            self._record(messages, now)
-        faults.point("pull.after_deliveries_commit")
-        # recorded through the end of each range (a queue just taken over: from its acked offset)
-        set_positions(
-            self.ctx,
-            self.group,
-            {q: takes[q][1] for q in sorted(mine_still)},
-            now,
-            restart=self._taken_over & mine_still,
+        queues, matches = self._queues(now)
+        mine = assign(queues, self._live(now), self.client_id)
+        held = self._held
+        mine_set = set(mine)
+        for q in [q for q, h in held.items() if q not in mine_set and h.reserved <= h.position]:
+            del held[q]  # no longer ours to pull: taken up again only through the lock
+        # the queue heads, only when what this client reserved does not fill the batch
+        reserved = sum(held[q].reserved - held[q].position for q in mine if q in held)
+        heads: dict[Queue, int] = {}
+        if any(q not in held for q in mine) or reserved < budget:
+            heads = load_dispatch_state(self.ctx.warehouse).heads
+        lock_needed = (
+            any(q not in held for q in mine)
+            or any(heads.get(q, 0) > held[q].reserved for q in mine)
+            or any(self._stale(held[q], now) for q in mine)
+            or any(h.reserved > h.position for q, h in held.items() if q not in mine_set)
         )
-        faults.point("pull.after_offsets_commit")
-        return [m.message for m in sorted(messages, key=lambda m: (m.topic_queue, m.message.queue_offset))]
+        if lock_needed:
+            takes = self._lock(mine, now, heads, budget)
+        else:
+            takes, left = {}, budget
+            for q in mine:
+                h = held[q]
+                end = max(h.position, min(h.reserved, h.position + left))
+                left -= end - h.position
+                takes[q] = (h.position, end)
+        faults.point("pull.after_lock_commit")
+        ranges = [(t, q, lo, hi) for (t, q), (lo, hi) in sorted(takes.items()) if hi > lo]
+        prefix = f"{now & 0xFFFFFFFFFFFF:012x}{secrets.token_hex(5)}"  # the pull's handles
+        handouts = self._read(ranges, now, matches, prefix) if ranges else []
+        log = self._takeover_rows(now)
+        invisible = now + self._cfg.invisible_time_ms
+        last: dict[Queue, int] = {}
+        for m in handouts:
+            topic, qid = m.topic_queue
+            offset = int(m.message.queue_offset or 0)
+            m.row = (self.group, self.client_id, topic, qid, offset, m.stored_id, m.message.receipt_handle)
+            m.row += (now, invisible, INFLIGHT)
+            log.append(m.row)
+            last[m.topic_queue] = max(last.get(m.topic_queue, -1), offset)
+        for topic, qid, _, hi in ranges:
+            if last.get((topic, qid), -1) < hi - 1:  # the range ends in messages not handed out
+                log.append(
+                    (self.group, self.client_id, topic, qid, hi - 1, None, _handle(), now, None, PASSED)
+                )
+        if log:
+            append_log(self.ctx, log)
+        faults.point("pull.after_deliveries_commit")
+        lost: set[Queue] = set()
+        if time.monotonic() - started >= RESERVE_MS / 2000.0:
+            # fence: a pull that took long may have lost a queue (its owner paused past the
+            # lock timeout); it returns nothing from it, and what it recorded ends
+            current = read_locks(self.ctx, self.group)
+            lost = {q for q in takes if (current.get(q) or _NOBODY).owner != self.client_id}
+            gone = [m.row for m in handouts if m.topic_queue in lost]
+            if gone:
+                append_log(self.ctx, [ended(r, REVOKED) for r in gone])
+        for q, (_, end) in takes.items():
+            if q in lost:
+                held.pop(q, None)
+            elif q in held:
+                held[q].position = end
+        out = []
+        for m in handouts:
+            if m.topic_queue not in lost:
+                self._sent[m.message.receipt_handle] = m.row
+                out.append(m.message)
+        self._forget_expired(now)
+        return sorted(out, key=lambda m: (m.topic, m.queue_id, m.queue_offset))
+
+    def _stale(self, h: _Held, now: int) -> bool:
+        """Whether the lock row must be written before ``h`` is used: a quarter of the lock
+        timeout has passed since the last write, or offsets are reserved beyond what was
+        handed out and half of ``RESERVE_MS`` has passed (another client counts a
+        reservation older than ``RESERVE_MS`` as lapsed)."""
+        if self._due(now, h.written, self.ctx.config.lock_queue_timeout_ms):
+            return True
+        return h.reserved > h.position and not 0 <= now - h.written < RESERVE_MS // 2
+
+    def _forget_expired(self, now: int) -> None:
+        if len(self._sent) > 100_000:
+            self._sent = {h: r for h, r in self._sent.items() if r[8] > now}
 
     def _lock(
         self, mine: list[Queue], now: int, heads: dict[Queue, int], budget: int
     ) -> dict[Queue, tuple[int, int]]:
-        """Take or refresh the access lock of ``mine`` and reserve the ranges to hand out,
-        in one compare-and-set of the lock rows; returns {queue: (start, end)} of the
-        queues this client holds. The owner starts where its deliveries are recorded
-        (``offsets.delivered_offset``: a range reserved by a pull killed before recording
-        is handed out again); a new owner at the acknowledged offset."""
+        """Take, extend or refresh the access lock of ``mine`` (and give back what queues
+        no longer assigned reserved), in one compare-and-set of the lock rows; returns
+        {queue: (start, end)} of the range to hand out from each queue this client holds.
+        A reservation grows to the queue's head, at most ``WINDOW`` batches ahead. The owner
+        starts where it handed out last (from the log when this client has no memory of
+        the queue: a range reserved by a pull killed before recording is handed out again);
+        a new owner at the acknowledged offset."""
         engine = self.ctx.engine
         cfg = self.ctx.config
-        result: dict[Queue, tuple[int, int]] = {}
-        taken_over: dict[Queue, int] = {}
+        me = self.client_id
+        window = max(budget, 1) * WINDOW
+        plans: dict[Queue, _Plan] = {}
+        taken: dict[Queue, int] = {}
+        mine_set = set(mine)
 
         def attempt() -> None:
-            result.clear()
-            taken_over.clear()
+            plans.clear()
+            taken.clear()
             locks = read_locks(self.ctx, self.group)
-            positions = read_positions(self.ctx, self.group)
+            unknown = [q for q in mine if q not in self._held or (locks.get(q) or _NOBODY).owner != me]
+            derived = positions(self.ctx, self.group, unknown) if unknown else {}
             changes = []
-            ranges: dict[Queue, tuple[int, int]] = {}
             left = budget
             for q in mine:
-                acked, recorded = positions.get(q, (0, None))
-                recorded = acked if recorded is None else recorded
                 entry = locks.get(q)
-                reserved = (
-                    entry.delivered_offset if entry and entry.delivered_offset is not None else recorded
-                )
-                verdict, new = decide_lock(
-                    entry,
-                    self.client_id,
-                    now,
-                    reserved,
-                    acked,
-                    timeout_ms=cfg.lock_queue_timeout_ms,
-                    max_no_change=cfg.max_deliver_offset_no_change_times,
-                )
-                if verdict != "refused":
-                    start = acked if verdict == "acquired" else recorded
-                    end = max(start, min(heads.get(q, 0), start + max(left, 0)))
-                    left -= end - start
-                    ranges[q] = (start, end)
-                    new = replace(new, last_delivered_offset=end, delivered_offset=end)
-                    if verdict == "acquired" and entry is not None:
-                        taken_over[q] = acked
-                changes.append((q, entry, new))
+                h = self._held.get(q)
+                if h is not None and entry is not None and entry.owner == me:
+                    verdict, start = "held", h.position
+                    reserved = max(
+                        start, entry.delivered_offset if entry.delivered_offset is not None else start
+                    )
+                    count = entry.no_change_count
+                else:
+                    acked, delivered = derived.get(q, (0, 0))
+                    seen = delivered  # an owner's reservation counts while it is recent
+                    if entry is not None and entry.delivered_offset is not None:
+                        if entry.owner == me or now - entry.last_access_ts < RESERVE_MS:
+                            seen = max(delivered, entry.delivered_offset)
+                    verdict, new = decide_lock(
+                        entry,
+                        me,
+                        now,
+                        seen,
+                        acked,
+                        timeout_ms=cfg.lock_queue_timeout_ms,
+                        max_no_change=cfg.max_deliver_offset_no_change_times,
+                    )
+                    if verdict == "refused":
+                        changes.append((q, entry, new))
+                        continue
+                    if verdict == "acquired":
+                        start = reserved = acked
+                        if entry is not None:
+                            taken[q] = acked
+                    else:  # the owner by the table, new to this object (restarted)
+                        start, reserved = delivered, max(seen, delivered)
+                    count = new.no_change_count
+                end = min(start + max(left, 0), reserved)
+                grown = reserved
+                if start + left > reserved and heads.get(q, 0) > reserved:
+                    grown = min(heads[q], start + window)
+                    end = min(start + left, grown)
+                end = max(end, start)
+                left -= end - start
+                write = verdict != "held" or grown != reserved or h is None or self._stale(h, now)
+                if write:
+                    changes.append((q, entry, LockEntry(me, now, grown, count, grown)))
+                plans[q] = _Plan(start, end, grown, write)
+            changes += self._give_back(locks, set(self._held) - mine_set, now)
             write_locks(self.ctx, self.group, changes)
-            mine_now = read_locks(self.ctx, self.group)
-            for q, (start, end) in ranges.items():
-                got = mine_now.get(q)
-                if (
-                    got is not None
-                    and got.owner == self.client_id
-                    and got.last_access_ts == now
-                    and got.delivered_offset == end
-                ):
-                    result[q] = (start, end)
+            if any(p.write for p in plans.values()):
+                after = read_locks(self.ctx, self.group)
+                for q, p in list(plans.items()):
+                    got = after.get(q)
+                    if p.write and not (
+                        got is not None
+                        and got.owner == me
+                        and got.last_access_ts == now
+                        and got.delivered_offset == p.reserved
+                    ):
+                        del plans[q]
 
-        if any(q not in read_locks(self.ctx, self.group) for q in mine):
-            ensure_lock_rows(self.ctx, self.group, mine)
+        if any(q not in self._held for q in mine):
+            existing = read_locks(self.ctx, self.group)
+            if any(q not in existing for q in mine):
+                ensure_lock_rows(self.ctx, self.group, mine)
         engine.commit(attempt, what="queue_lock")
-        taken_over = {q: s for q, s in taken_over.items() if q in result}
-        self._taken_over = set(taken_over)
-        if taken_over:
-            # the previous owner's in-flight messages are handed out again from the acked offset
-            revoke(self.ctx, self.group, taken_over, self.client_id)
-        return result
+        for q in list(self._held):
+            if q not in plans:
+                del self._held[q]
+        for q, p in plans.items():
+            h = self._held.get(q)
+            self._held[q] = _Held(p.start, p.reserved, now if p.write or h is None else h.written)
+        self._taken = {q: s for q, s in taken.items() if q in plans}
+        return {q: (p.start, p.end) for q, p in plans.items()}
 
-    def _read(self, takes: list[tuple[str, int, int, int]], now: int) -> list[_Handout]:
+    def _give_back(
+        self, locks: dict[Queue, LockEntry | None], queues: set[Queue], now: int
+    ) -> list[tuple[Queue, LockEntry | None, LockEntry]]:
+        """Lock changes that shrink this client's reservations of ``queues`` to what it
+        handed out (queues it no longer pulls: the next owner may then take them once
+        everything is acked)."""
+        out: list[tuple[Queue, LockEntry | None, LockEntry]] = []
+        for q in sorted(queues):
+            h, entry = self._held.get(q), locks.get(q)
+            if h is None or entry is None or entry.owner != self.client_id:
+                continue
+            if entry.delivered_offset is not None and entry.delivered_offset > h.position:
+                back = replace(
+                    entry, last_access_ts=now, last_delivered_offset=h.position, delivered_offset=h.position
+                )
+                out.append((q, entry, back))
+        return out
+
+    _taken: dict[Queue, int] = {}  # noqa: RUF012 - set per pull by _lock
+
+    def _takeover_rows(self, now: int) -> list[tuple]:
+        """Log rows of the queues just taken over: the previous owners' messages in flight
+        are revoked (handed out again from the acknowledged offset) and a ``TAKEN`` row
+        marks where this owner starts (rows delivered before it no longer count)."""
+        taken, self._taken = self._taken, {}
+        if not taken:
+            return []
+        cond = (F.col("consumer_group") == self.group) & queues_column(taken)
+        rows = [ended(r, REVOKED) for r in open_rows(self.ctx, cond) if r[1] != self.client_id]
+        for (t, q), start in sorted(taken.items()):
+            rows.append((self.group, self.client_id, t, q, start - 1, None, _handle(), now, None, TAKEN))
+        return rows
+
+    def _read(
+        self, ranges: list[tuple[str, int, int, int]], now: int, matches: Column, prefix: str
+    ) -> list[_Handout]:
+        """The messages of ``ranges`` the group takes (matching its subscriptions, not a
+        duplicate by key), with their bodies: the index first, then the bodies by their
+        batch positions (a join to the handful of keys; file statistics prune the read).
+        Receipt handles are ``prefix`` and the message's place in the batch, so the
+        handles of one pull form one range of the log."""
         wh = self.ctx.warehouse
-        matches = subscriptions_filter(self.ctx.catalog.subscriptions(self.group), default=True)
-        cq = wh.read("consume_queue").where(queue_ranges(takes))
+        cq = wh.read("consume_queue").where(queue_ranges(ranges))
         cq = cq.withColumn("matched", matches).where(F.col("matched"))
         # idempotent consumption: a key the group consumed within its window is skipped
         # (treated as acknowledged: never in flight, the acked offset passes it)
         cq = dedup.mark(
             wh, cq.withColumn("consumer_group", F.lit(self.group)), {self.group: self._cfg}, now
         ).where(~F.col("dup"))
-        index = cq.select("cl_date", "cl_batch_id").distinct().collect()
+        index = cq.select(*_INDEX_COLUMNS).toArrow().to_pylist()
         if not index:
             return []
-        bodies = read_bodies(wh, (r["cl_date"] for r in index), (r["cl_batch_id"] for r in index))
-        rows = join_bodies(
-            cq.drop("properties", "born_ts"), bodies, ["body", "born_ts", "flag", "sys_flag", "properties"]
+        keys = pa.table(
+            {
+                "k_batch": pa.array([r["cl_batch_id"] for r in index], pa.int64()),
+                "k_pos": pa.array([r["cl_batch_pos"] for r in index], pa.int64()),
+                "k_id": pa.array([r["msg_id"] for r in index], pa.string()),
+            }
         )
-        out = []
-        for r in rows.collect():
-            d = r.asDict()
-            msg = PulledMessage(**stored_fields(d), receipt_handle=secrets.token_hex(12))
-            out.append(_Handout(msg, (d["topic"], d["queue_id"]), d["msg_id"], d["reconsume_times"] or 0))
-        return out
-
-    def _record(self, messages: list[_Handout], now: int) -> None:
-        invisible = now + self._cfg.invisible_time_ms
-        rows = [
-            (
-                self.group,
-                self.client_id,
-                m.topic_queue[0],
-                m.topic_queue[1],
-                m.message.queue_offset,
-                m.stored_id,
-                m.message.receipt_handle,
-                now,
-                invisible,
-                "INFLIGHT",
+        places = keys.column("k_pos").to_pylist()
+        bodies = (
+            read_bodies(wh, (r["cl_date"] for r in index), (r["cl_batch_id"] for r in index))
+            .where(F.col("batch_pos").between(min(places), max(places)))
+            .join(
+                self.ctx.engine.spark.createDataFrame(keys),
+                (F.col("batch_id") == F.col("k_batch"))
+                & (F.col("batch_pos") == F.col("k_pos"))
+                & (F.col("msg_id") == F.col("k_id")),
             )
-            for m in messages
-        ]
-        df = self.ctx.engine.spark.createDataFrame(
-            rows,
-            "consumer_group string, client_id string, topic string, queue_id int, queue_offset bigint, "
-            "msg_id string, receipt_handle string, delivered_ts bigint, invisible_until bigint, state string",
+            .select("batch_id", "batch_pos", "msg_id", *_BODY_COLUMNS)
+            .toArrow()
+            .to_pylist()
         )
-        self.ctx.engine.commit(lambda: self.ctx.warehouse.append("deliveries", df), what="deliveries")
+        found = {(b["batch_id"], b["batch_pos"], b["msg_id"]): b for b in bodies}
+        out: list[_Handout] = []
+        for r in index:
+            b = found.get((r["cl_batch_id"], r["cl_batch_pos"], r["msg_id"]))
+            if b is None:  # its body is gone (retention): as the join of the engine jobs
+                continue
+            r.update((c, b[c]) for c in _BODY_COLUMNS)
+            handle = f"{prefix}{len(out):06x}"
+            msg = PulledMessage(**stored_fields(r), receipt_handle=handle)
+            out.append(_Handout(msg, (r["topic"], r["queue_id"]), r["msg_id"]))
+        return out
 
     # --- acknowledging ------------------------------------------------------------------------
     def ack(self, handles: Iterable[str], now: int | None = None) -> int:
@@ -375,11 +587,39 @@ class PullConsumer:
         if not handles:
             return 0
         self._keep_alive(now)
-        found = end_deliveries(self.ctx, self.group, handles)
+        found = self._in_flight(handles, now)
+        if found:
+            append_log(self.ctx, [ended(r, ACKED) for r in found])
         if self._cfg.dedup_key and found:
-            self._record_keys(found, now)
-        set_positions(self.ctx, self.group, {}, now, queues={(r["topic"], r["queue_id"]) for r in found})
+            self._record_keys([_as_dict(r) for r in found], now)
+        for h in handles:
+            self._sent.pop(h, None)
         return len(found)
+
+    def _in_flight(self, handles: list[str], now: int) -> list[tuple]:
+        """The INFLIGHT rows of ``handles`` that are still in flight. This client's own
+        handles need no read while they are certainly in flight: not past their invisible
+        time, and the queue's lock written by this client recently enough that no other
+        client can have taken it (a takeover by the no-change rule needs everything acked,
+        one by timeout a silence of ``lock_queue_timeout_ms``)."""
+        sure, unsure = [], []
+        for h in handles:
+            row = self._sent.get(h)
+            held = self._held.get((row[2], row[3])) if row else None
+            if (
+                row is not None
+                and held is not None
+                and now < row[8]
+                and 0 <= now - held.written < self.ctx.config.lock_queue_timeout_ms // 2
+            ):
+                sure.append(row)
+            else:
+                unsure.append(h)
+        if unsure:
+            wanted = set(unsure)
+            cond = (F.col("consumer_group") == self.group) & handles_column(unsure)
+            sure += [r for r in open_rows(self.ctx, cond) if r[6] in wanted]
+        return sure
 
     def _record_keys(self, acked: list[dict[str, Any]], now: int) -> None:
         """Keys of acknowledged messages (docs/behaviour.md §7), from their consume_queue rows."""
@@ -401,24 +641,43 @@ class PullConsumer:
         if delay_level is not None and (isinstance(delay_level, bool) or not isinstance(delay_level, int)):
             raise ConfigError(f"delay_level={delay_level!r} must be an integer or None")
         self._keep_alive(now)
-        values = ", ".join(f"({sql_str(h)})" for h in handles)
-        rows = read_deliveries(
-            self.ctx,
-            f"consumer_group = {sql_str(self.group)} AND receipt_handle IN "
-            f"(SELECT receipt_handle FROM VALUES {values} AS v(receipt_handle))",
-        )
-        send_back(self.ctx, rows, delay_level or 0, "nack")
-        found = end_deliveries(self.ctx, self.group, [r["receipt_handle"] for r in rows])
-        set_positions(self.ctx, self.group, {}, now, queues={(r["topic"], r["queue_id"]) for r in found})
+        found = self._in_flight(handles, now)
+        send_back(self.ctx, [_as_dict(r) for r in found], delay_level or 0, "nack")
+        if found:
+            append_log(self.ctx, [ended(r, NACKED) for r in found])
+        for h in handles:
+            self._sent.pop(h, None)
         return len(found)
 
 
-@dataclass(frozen=True)
+_POLL_S = 0.05
+_INDEX_COLUMNS = (
+    "topic",
+    "queue_id",
+    "queue_offset",
+    "msg_id",
+    "tags",
+    "keys",
+    "store_ts",
+    "reconsume_times",
+    "cl_date",
+    "cl_batch_id",
+    "cl_batch_pos",
+)
+_BODY_COLUMNS = ("body", "born_ts", "flag", "sys_flag", "properties")
+
+
+@dataclass
 class _Handout:
     message: PulledMessage
     topic_queue: Queue
     stored_id: str
-    reconsume_times: int
+    row: tuple = field(default=())
+
+
+def _handle() -> str:
+    """A receipt handle for a log row nobody acks (PASSED, TAKEN)."""
+    return secrets.token_hex(14)
 
 
 def _at_offsets(rows: Iterable[dict[str, Any]]):
@@ -426,22 +685,25 @@ def _at_offsets(rows: Iterable[dict[str, Any]]):
     return queue_offsets((r["topic"], r["queue_id"], r["queue_offset"]) for r in rows)
 
 
+_HEX = re.compile("[0-9a-f]+")
+
+
 def _handles(handles: Iterable[str]) -> list[str]:
     if isinstance(handles, str):
         handles = [handles]
     out = []
     for h in handles:
-        if not isinstance(h, str) or not h or not all(c in "0123456789abcdef" for c in h):
+        if not isinstance(h, str) or not _HEX.fullmatch(h):
             raise ConfigError(f"{h!r} is not a receipt handle (hex text returned by pull)")
         out.append(h)
     return sorted(set(out))
 
 
 # --- shared reads and writes ----------------------------------------------------------------
-def group_queues(ctx: Context, group: str) -> list[Queue]:
+def group_queues(ctx: Context, group: str, subs: Sequence[Any] | None = None) -> list[Queue]:
     """Every queue of every topic the group subscribes to (its retry topic included)."""
     out = []
-    for sub in ctx.catalog.subscriptions(group):
+    for sub in ctx.catalog.subscriptions(group) if subs is None else subs:
         topic = sub.topic
         try:
             n = ctx.catalog.topic_queues(topic)
@@ -452,18 +714,36 @@ def group_queues(ctx: Context, group: str) -> list[Queue]:
 
 
 def live_clients(ctx: Context, group: str, now: int) -> list[str]:
-    rows = ctx.engine.rows(
-        f"SELECT client_id FROM {ctx.warehouse.ref('clients')} WHERE consumer_group = {sql_str(group)} "
-        f"AND last_seen_ts >= {sql_long(now - ctx.config.client_timeout_ms)}"
+    rows = (
+        ctx.warehouse.read("clients")
+        .where(
+            (F.col("consumer_group") == group)
+            & (F.col("last_seen_ts") >= F.lit(now - ctx.config.client_timeout_ms))
+        )
+        .select("client_id")
+        .collect()
     )
-    return sorted(r["client_id"] for r in rows)
+    return sorted({r["client_id"] for r in rows})
+
+
+_LOCK_COLUMNS = (
+    "topic",
+    "queue_id",
+    "owner",
+    "last_access_ts",
+    "last_delivered_offset",
+    "no_change_count",
+    "delivered_offset",
+)
 
 
 def read_locks(ctx: Context, group: str) -> dict[Queue, LockEntry | None]:
     """Lock rows of the group; a queue whose row has no owner maps to None."""
-    rows = ctx.engine.rows(
-        f"SELECT topic, queue_id, owner, last_access_ts, last_delivered_offset, no_change_count, "
-        f"delivered_offset FROM {ctx.warehouse.ref('queue_lock')} WHERE consumer_group = {sql_str(group)}"
+    rows = (
+        ctx.warehouse.read("queue_lock")
+        .where(F.col("consumer_group") == group)
+        .select(*_LOCK_COLUMNS)
+        .collect()
     )
     return {
         (r["topic"], r["queue_id"]): None
@@ -525,142 +805,215 @@ def write_locks(ctx: Context, group: str, changes: list[tuple[Queue, LockEntry |
     )
 
 
-def read_positions(ctx: Context, group: str) -> dict[Queue, tuple[int, int | None]]:
-    """Per queue: (acknowledged offset, delivered offset or None)."""
-    rows = ctx.engine.rows(
-        f"SELECT topic, queue_id, next_offset, delivered_offset FROM {ctx.warehouse.ref('offsets')} "
-        f"WHERE consumer_group = {sql_str(group)} AND client_id = ''"
+def read_positions(ctx: Context, groups: Iterable[str]) -> dict[tuple[str, str, int], tuple[int, int | None]]:
+    """The stored positions, per (group, topic, queue): (acknowledged offset, delivered
+    offset or None)."""
+    names = sorted(set(groups))
+    if not names:
+        return {}
+    rows = (
+        ctx.warehouse.read("offsets")
+        .where(F.col("consumer_group").isin(names) & (F.col("client_id") == ""))
+        .select("consumer_group", "topic", "queue_id", "next_offset", "delivered_offset")
+        .collect()
     )
-    return {(r["topic"], r["queue_id"]): (r["next_offset"] or 0, r["delivered_offset"]) for r in rows}
-
-
-def read_deliveries(ctx: Context, where: str) -> list[dict[str, Any]]:
-    return [
-        r.asDict() for r in ctx.engine.rows(f"SELECT * FROM {ctx.warehouse.ref('deliveries')} WHERE {where}")
-    ]
-
-
-def end_deliveries(ctx: Context, group: str, handles: list[str]) -> list[dict[str, Any]]:
-    """Remove deliveries from the in-flight set; returns the rows that were there. (A
-    MERGE … DELETE joined to the handles: Sail evaluates a long ``IN`` list row by row.)"""
-    if not handles:
-        return []
-    values = ", ".join(f"({sql_str(h)})" for h in handles)
-    source = f"(SELECT * FROM VALUES {values} AS v(receipt_handle))"
-    ref = ctx.warehouse.ref("deliveries")
-    delete = (
-        f"MERGE INTO {ref} t USING {source} s ON t.receipt_handle = s.receipt_handle "
-        f"AND t.consumer_group = {sql_str(group)} WHEN MATCHED THEN DELETE"
-    )
-    found: list[dict[str, Any]] = []
-
-    def attempt() -> None:
-        found[:] = [
-            r.asDict()
-            for r in ctx.engine.rows(
-                f"SELECT d.* FROM {ref} d JOIN {source} s ON d.receipt_handle = s.receipt_handle "
-                f"WHERE d.consumer_group = {sql_str(group)}"
-            )
-        ]
-        if found:
-            ctx.engine.execute(delete)
-
-    remaining = (
-        f"SELECT count(*) AS n FROM {ref} d JOIN {source} s ON d.receipt_handle = s.receipt_handle "
-        f"WHERE d.consumer_group = {sql_str(group)}"
-    )
-    ctx.engine.commit(attempt, what="deliveries")
-    _until_gone(ctx, delete, remaining, f"deliveries of {group!r}")
-    return found
-
-
-def _until_gone(ctx: Context, delete: str, remaining: str, what: str) -> None:
-    """Read back after a delete, and delete again until ``remaining`` counts nothing.
-
-    Sail can run a DML statement on an older snapshot of the table than the read just
-    before it (seen with several processes writing; docs/engines.md): rows appended
-    since are then not matched and nothing is committed, with no error."""
-    for pause in _backoff(ctx):
-        if not ctx.engine.rows(remaining)[0]["n"]:
-            return
-        time.sleep(pause)
-        ctx.engine.commit(lambda: ctx.engine.execute(delete), what="deliveries")
-        ctx.engine.stats.stale_dml_repeats += 1
-    if ctx.engine.rows(remaining)[0]["n"]:
-        raise CommitConflict(f"{what} could not be removed after repeated attempts")
-
-
-def _backoff(ctx: Context):
-    """Pauses (s) between read-back checks: the engine's commit retry budget."""
-    base = max(ctx.config.commit_backoff_ms, 10) / 1000.0
-    return [base * (k + 1) for k in range(max(ctx.config.commit_retries, 1) + 1)]
-
-
-def revoke(ctx: Context, group: str, queues: dict[Queue, int], new_owner: str) -> None:
-    """After a takeover: the previous owner's in-flight messages of ``queues`` leave the
-    in-flight set (the new owner hands them out again from the acknowledged offset)."""
-    where = (
-        f"WHERE consumer_group = {sql_str(group)} AND client_id <> {sql_str(new_owner)} "
-        f"AND {sql_queues(queues)}"
-    )
-    ref = ctx.warehouse.ref("deliveries")
-    statement = f"DELETE FROM {ref} {where}"
-    ctx.engine.commit(lambda: ctx.engine.execute(statement), what="deliveries")
-    remaining = f"SELECT count(*) AS n FROM {ref} {where}"
-    _until_gone(ctx, statement, remaining, f"revoked deliveries of {group!r}")
-
-
-def set_positions(
-    ctx: Context,
-    group: str,
-    delivered: dict[Queue, int],
-    now: int,
-    queues: set[Queue] | None = None,
-    restart: set[Queue] | None = None,
-) -> None:
-    """Store the recorded-delivered offsets given (only the queue's owner, right after
-    recording its deliveries) and, for those queues and ``queues``, move the acknowledged
-    offset forward to the lowest offset still in flight (else the delivered one); an ack
-    never writes the delivered offset, so a late ack of a former owner cannot move it.
-    The delivered offset only moves forward, except for the ``restart`` queues (just taken
-    over: the new owner restarts at the acknowledged offset), so a delayed write of a
-    client that lost the queue cannot move it back."""
-    targets = set(delivered) | set(queues or ())
-    if not targets:
-        return
-    inflight: defaultdict[tuple[str, int], int | None] = defaultdict(lambda: None)
-    for r in ctx.engine.rows(
-        f"SELECT topic, queue_id, min(queue_offset) AS lo FROM {ctx.warehouse.ref('deliveries')} "
-        f"WHERE consumer_group = {sql_str(group)} AND {sql_queues(targets)} GROUP BY topic, queue_id"
-    ):
-        inflight[(r["topic"], r["queue_id"])] = r["lo"]
-    positions = read_positions(ctx, group)
-    merge = OffsetsMerge(
-        ("next_offset", "delivered_offset", "set_delivered", "restart"),
-        now,
-        extra={"set_delivered": "boolean", "restart": "boolean"},
-    )
-    for q in sorted(targets):
-        acked, old_delivered = positions.get(q, (0, None))
-        d = delivered.get(q, old_delivered if old_delivered is not None else acked)
-        lo = inflight[q]
-        merge.add(
-            group,
-            q[0],
-            q[1],
-            next_offset=d if lo is None else min(lo, d),
-            delivered_offset=d,
-            set_delivered=q in delivered,
-            restart=q in (restart or ()),
-        )
-    update = {
-        "next_offset": forward("next_offset"),
-        "delivered_offset": "CASE WHEN NOT s.set_delivered THEN t.delivered_offset "
-        "WHEN s.restart THEN s.delivered_offset ELSE greatest(coalesce(t.delivered_offset, 0), "
-        "s.delivered_offset) END",
+    return {
+        (r["consumer_group"], r["topic"], r["queue_id"]): (r["next_offset"] or 0, r["delivered_offset"])
+        for r in rows
     }
-    insert = {"next_offset": source("next_offset"), "delivered_offset": source("delivered_offset")}
-    ctx.engine.commit(partial(merge.execute, ctx.warehouse, update, insert), what="offsets")
+
+
+# --- the deliveries log ---------------------------------------------------------------------
+def append_log(ctx: Context, rows: list[tuple]) -> None:
+    """Append rows (in the table's column order) to the deliveries log: a blind append,
+    which never conflicts with another client's."""
+    columns = list(zip(*rows, strict=True))
+    table = pa.Table.from_arrays(
+        [pa.array(c, type=t) for c, t in zip(columns, _ARROW_LOG.types, strict=True)], schema=_ARROW_LOG
+    )
+    df = ctx.engine.spark.createDataFrame(table)
+    ctx.engine.commit(lambda: ctx.warehouse.append("deliveries", df), what="deliveries")
+
+
+def ended(row: tuple, state: str) -> tuple:
+    """The row that ends the delivery ``row`` (an INFLIGHT row): same handle, client,
+    queue position and delivery time."""
+    return (*row[:8], None, state)
+
+
+def _as_dict(row: tuple) -> dict[str, Any]:
+    return dict(zip(_LOG_SCHEMA.fieldNames(), row, strict=True))
+
+
+def queues_column(queues: Iterable[Queue]) -> Column:
+    return any_of((F.col("topic") == t) & (F.col("queue_id") == q) for t, q in sorted(queues))
+
+
+def handles_column(handles: Iterable[str]) -> Column:
+    """Log rows whose handle is within the ranges the handles form (one per pull: a
+    pull's handles share a prefix), a predicate file statistics can prune by."""
+    by_prefix: dict[str, list[str]] = defaultdict(list)
+    for h in sorted(handles):
+        by_prefix[h[:-6]].append(h)
+    if len(by_prefix) > 64:
+        hs = sorted(handles)
+        return F.col("receipt_handle").between(hs[0], hs[-1])
+    return any_of(F.col("receipt_handle").between(v[0], v[-1]) for v in by_prefix.values())
+
+
+def open_rows(ctx: Context, cond: Column, sent_only: Column | None = None) -> list[tuple]:
+    """INFLIGHT rows matching ``cond`` (and ``sent_only``) that no row has ended yet."""
+    log = ctx.warehouse.read("deliveries").where(cond)
+    sent = log.where(F.col("state") == INFLIGHT)
+    if sent_only is not None:
+        sent = sent.where(sent_only)
+    over = log.where(F.col("state").isin(*ENDED)).select(F.col("receipt_handle").alias("_ended"))
+    rows = (
+        sent.join(over, F.col("receipt_handle") == F.col("_ended"), "left_anti")
+        .select(*_LOG_SCHEMA.fieldNames())
+        .collect()
+    )
+    return [tuple(r) for r in rows]
+
+
+@dataclass
+class _QueueLog:
+    """One queue's rows in the log, summed up."""
+
+    taken_ts: int | None = None  # the latest TAKEN row: rows delivered before it are old
+    taken_handle: str | None = None
+    inflight_lo: int | None = None  # lowest offset in flight (any epoch)
+    due: int | None = None  # earliest invisible time of those in flight
+    last: int | None = None  # highest offset handed out or passed since the latest TAKEN
+    old_hi: int | None = None  # highest offset of rows older than the latest TAKEN
+    lowest: int | None = None  # lowest offset of any row
+
+
+def _summary(ctx: Context, group: str | None = None, queues: Iterable[Queue] | None = None) -> dict:
+    """{(group, topic, queue): _QueueLog} of the log (one statement)."""
+    where = []
+    if group is not None:
+        where.append(f"consumer_group = {sql_str(group)}")
+    if queues is not None:
+        where.append(sql_queues(queues))
+    ended_states = ", ".join(sql_str(s) for s in ENDED)
+    statement = (
+        "SELECT consumer_group, topic, queue_id, ts, cls, min(off) AS lo, max(off) AS hi, "
+        "min(due) AS due, max(receipt_handle) AS handle FROM (SELECT consumer_group, topic, queue_id, "
+        "receipt_handle, min(delivered_ts) AS ts, min(queue_offset) AS off, "
+        f"min(CASE WHEN state = {sql_str(INFLIGHT)} THEN invisible_until END) AS due, "
+        f"CASE WHEN max(CASE WHEN state = {sql_str(TAKEN)} THEN 1 ELSE 0 END) = 1 THEN 'T' "
+        f"WHEN max(CASE WHEN state = {sql_str(REVOKED)} THEN 1 ELSE 0 END) = 1 THEN 'R' "
+        f"WHEN max(CASE WHEN state IN ({ended_states}) THEN 1 ELSE 0 END) = 1 THEN 'D' "
+        f"WHEN max(CASE WHEN state = {sql_str(INFLIGHT)} THEN 1 ELSE 0 END) = 1 THEN 'I' "
+        f"ELSE 'D' END AS cls FROM {ctx.warehouse.ref('deliveries')}"
+        + (f" WHERE {' AND '.join(where)}" if where else "")
+        + " GROUP BY consumer_group, topic, queue_id, receipt_handle) h "
+        "GROUP BY consumer_group, topic, queue_id, ts, cls"
+    )
+    rows = ctx.engine.rows(statement)
+    out: dict[tuple[str, str, int], _QueueLog] = defaultdict(_QueueLog)
+    for r in rows:
+        if r["cls"] == "T":
+            s = out[(r["consumer_group"], r["topic"], r["queue_id"])]
+            if s.taken_ts is None or r["ts"] > s.taken_ts:
+                s.taken_ts, s.taken_handle = r["ts"], r["handle"]
+    for r in rows:
+        s = out[(r["consumer_group"], r["topic"], r["queue_id"])]
+        s.lowest = r["lo"] if s.lowest is None else min(s.lowest, r["lo"])
+        if r["cls"] == "I":
+            s.inflight_lo = r["lo"] if s.inflight_lo is None else min(s.inflight_lo, r["lo"])
+            s.due = r["due"] if s.due is None else min(s.due, r["due"])
+        if s.taken_ts is not None and r["ts"] < s.taken_ts:
+            s.old_hi = r["hi"] if s.old_hi is None else max(s.old_hi, r["hi"])
+        elif r["cls"] != "R":
+            s.last = r["hi"] if s.last is None else max(s.last, r["hi"])
+    return dict(out)
+
+
+def _position(s: _QueueLog | None, stored: tuple[int, int | None] | None) -> tuple[int, int]:
+    """(acknowledged, delivered) of one queue: its log summary on top of its stored row."""
+    acked_s, delivered_s = stored or (0, None)
+    base = delivered_s if delivered_s is not None else acked_s
+    if s is None:
+        return acked_s, base
+    if s.taken_ts is not None:  # a takeover restarted the queue where its TAKEN row says
+        base = 0
+    delivered = base if s.last is None else max(base, s.last + 1)
+    acked = delivered if s.inflight_lo is None else min(s.inflight_lo, delivered)
+    return acked, delivered
+
+
+def positions(
+    ctx: Context, group: str, queues: Iterable[Queue] | None = None
+) -> dict[Queue, tuple[int, int]]:
+    """Per queue of ``group`` (only ``queues`` if given): (acknowledged offset, delivered
+    offset) now — the log read first, then the stored offsets (the fold writes offsets
+    before it deletes log rows, so this order never misses a position)."""
+    wanted = None if queues is None else sorted(set(queues))
+    logs = _summary(ctx, group, wanted)
+    stored = read_positions(ctx, [group])
+    keys = {(t, q) for g, t, q in logs} | {(t, q) for g, t, q in stored if g == group}
+    if wanted is not None:
+        keys = set(wanted)
+    return {k: _position(logs.get((group, *k)), stored.get((group, *k))) for k in sorted(keys)}
+
+
+def fold(ctx: Context, now: int, logs: dict | None = None) -> int:
+    """Fold the deliveries log into ``offsets`` (next and delivered offsets; a takeover's
+    restart included), then delete the rows below each queue's acknowledged offset (all
+    ended). Returns the rows' queues folded. A delete that meets a concurrent append is
+    left to the next fold."""
+    logs = _summary(ctx) if logs is None else logs
+    if not logs:
+        return 0
+    stored = read_positions(ctx, {g for g, _, _ in logs})
+    by_group: dict[str, list[tuple[str, int, _QueueLog]]] = defaultdict(list)
+    for (g, t, q), s in sorted(logs.items()):
+        by_group[g].append((t, q, s))
+    for group, items in by_group.items():
+        merge = OffsetsMerge(
+            ("next_offset", "delivered_offset", "restart"), now, extra={"restart": "boolean"}
+        )
+        drops = []
+        for t, q, s in items:
+            old = stored.get((group, t, q))
+            acked, delivered = _position(s, old)
+            if old is None or old[0] != acked or old[1] != delivered or s.taken_ts is not None:
+                merge.add(
+                    group, t, q, next_offset=acked, delivered_offset=delivered, restart=s.taken_ts is not None
+                )
+            if s.lowest is None or s.lowest >= acked:
+                continue  # nothing ended below the acknowledged offset yet
+            keep = ""
+            if s.taken_handle is not None and s.old_hi is not None and s.old_hi >= acked:
+                keep = f" AND receipt_handle <> {sql_str(s.taken_handle)}"  # older rows still count
+            at = f"topic = {sql_str(t)} AND queue_id = {int(q)}"
+            drops.append(f"({at} AND queue_offset < {sql_long(acked)}{keep})")
+        update = {
+            "next_offset": forward("next_offset"),
+            "delivered_offset": "CASE WHEN s.restart THEN s.delivered_offset "
+            "ELSE greatest(coalesce(t.delivered_offset, 0), s.delivered_offset) END",
+        }
+        insert = {"next_offset": source("next_offset"), "delivered_offset": source("delivered_offset")}
+        if merge.rows:
+            ctx.engine.commit(partial(merge.execute, ctx.warehouse, update, insert), what="offsets")
+        faults.point("pull_expiry.after_offsets_commit")
+        if not drops:
+            continue
+        statement = (
+            f"DELETE FROM {ctx.warehouse.ref('deliveries')} WHERE consumer_group = {sql_str(group)} "
+            f"AND ({' OR '.join(drops)})"
+        )
+        for pause in (0.02, 0.05, 0.1, 0.0):  # clients keep appending: a few tries, then the next fold
+            try:
+                ctx.engine.execute(statement)
+                break
+            except Exception as e:
+                if not is_commit_conflict(e):
+                    raise
+                time.sleep(pause)
+    return len(logs)
 
 
 def send_back(ctx: Context, rows: list[dict[str, Any]], level: int, why: str) -> None:
@@ -699,23 +1052,26 @@ def send_back(ctx: Context, rows: list[dict[str, Any]], level: int, why: str) ->
 
 
 def expire(ctx: Context, now: int, *, fence=None) -> int:
-    """Deliveries not acked within their invisible time: RECONSUME_LATER (retry / DLQ
-    path), then out of the in-flight set. Returns how many."""
-    rows = read_deliveries(ctx, f"invisible_until <= {sql_long(now)}")
-    if not rows:
+    """The tick's ``pull_expiry`` step. Deliveries not acked within their invisible time:
+    RECONSUME_LATER (retry / DLQ path), then ended in the log; then the log is folded into
+    ``offsets`` (:func:`fold`). Returns how many expired. An empty log costs one read."""
+    logs = _summary(ctx)
+    if not logs:
         return 0
+    n = 0
+    if any(s.due is not None and s.due <= now for s in logs.values()):
+        rows = open_rows(ctx, F.lit(True), F.col("invisible_until") <= F.lit(now))
+        if rows:
+            if fence:
+                fence()
+            send_back(ctx, [_as_dict(r) for r in rows], 0, "not acked within the invisible time")
+            faults.point("pull_expiry.after_sendback_commit")
+            append_log(ctx, [ended(r, EXPIRED) for r in rows])
+            n = len(rows)
+            logs = _summary(ctx)
     if fence:
         fence()
-    send_back(ctx, rows, 0, "not acked within the invisible time")
-    faults.point("pull_expiry.after_sendback_commit")
-    by_group: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        by_group[r["consumer_group"]].append(r)
-    n = 0
-    for group, items in sorted(by_group.items()):
-        found = end_deliveries(ctx, group, [r["receipt_handle"] for r in items])
-        set_positions(ctx, group, {}, now, queues={(r["topic"], r["queue_id"]) for r in found})
-        n += len(found)
+    fold(ctx, now, logs)
     return n
 
 
@@ -727,12 +1083,9 @@ def status(ctx: Context, now: int) -> list[dict[str, Any]]:
         f"SELECT consumer_group, client_id, last_seen_ts FROM {wh.ref('clients')} "
         f"WHERE last_seen_ts >= {sql_long(now - ctx.config.client_timeout_ms)} ORDER BY 1, 2"
     )
-    inflight = {
-        (r["consumer_group"], r["client_id"]): r["n"]
-        for r in ctx.engine.rows(
-            f"SELECT consumer_group, client_id, count(*) AS n FROM {wh.ref('deliveries')} GROUP BY 1, 2"
-        )
-    }
+    inflight: dict[tuple[str, str], int] = defaultdict(int)
+    for r in open_rows(ctx, F.lit(True)):
+        inflight[(r[0], r[1])] += 1
     owners: dict[tuple[str, str], list[Queue]] = defaultdict(list)
     for r in ctx.engine.rows(
         f"SELECT consumer_group, owner, topic, queue_id FROM {wh.ref('queue_lock')} WHERE owner IS NOT NULL"

@@ -63,6 +63,7 @@ POINTS = [
     "check.after_output_commit",
     "check.after_progress_commit",
     "pull_expiry.after_sendback_commit",
+    "pull_expiry.after_offsets_commit",
     "retain.after_index_commit",
 ]
 HOLD_TOPICS = (SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC)

@@ -6,7 +6,7 @@ import pytest
 
 from deltamq import Message
 from deltamq.errors import ConfigError
-from deltamq.pull import LockEntry, allocate_averagely, decide_lock
+from deltamq.pull import RESERVE_MS, LockEntry, allocate_averagely, decide_lock, positions
 
 SECOND = 1_000
 
@@ -113,9 +113,12 @@ def test_no_queue_changes_hands_until_the_owner_acked(pulled, clock, broker):
         assert "q0m0" not in bodies(got) and "q0m1" not in bodies(got)
         assert all(m.queue_id != 0 for m in got)
     a.ack([m.receipt_handle for m in first], now=t + 10)
+    # a reserved queue 0 up to its head at its pull; the reservation lapses RESERVE_MS
+    # after a's last lock write (a pulls no more: it does not give it back itself)
+    later = t + RESERVE_MS
     got = []
     for k in range(4):  # all acked: after max_deliver_offset_no_change_times refusals it moves
-        got += c.pull(10, now=t + 11 + k)
+        got += c.pull(10, now=later + k)
     assert [b for b in bodies(got) if b.startswith("q0")] == ["q0m2", "q0m3", "q0m4"]  # from the acked offset
 
 
@@ -130,6 +133,9 @@ def test_owner_timeout_hands_the_queue_over_from_the_acked_offset(pulled, clock,
     taken = b.pull(2, now=later)
     assert bodies(taken) == ["q0m1", "q0m2"]  # from the acked offset, a's in-flight ones again
     assert a.ack([got[1].receipt_handle], now=later) == 0  # revoked by the takeover
+    # the log says where queue 0 stands; the tick's pull_expiry step folds it into offsets
+    assert positions(broker.context, "workers", [("orders", 0)]) == {("orders", 0): (1, 3)}
+    broker.tick(later)
     offsets = broker.sql(
         "SELECT next_offset, delivered_offset FROM offsets WHERE consumer_group = 'workers' "
         "AND topic = 'orders' AND queue_id = 0"
@@ -144,10 +150,7 @@ def test_out_of_order_acks_move_the_acked_offset_to_the_lowest_unacked(pulled, c
     assert [m.queue_offset for m in got] == [0, 1, 2, 3, 4]
 
     def acked():
-        return broker.sql(
-            "SELECT next_offset FROM offsets WHERE consumer_group = 'workers' AND topic = 'orders' "
-            "AND queue_id = 0"
-        ).collect()[0]["next_offset"]
+        return positions(broker.context, "workers", [("orders", 0)])[("orders", 0)][0]
 
     assert a.ack([got[3].receipt_handle, got[1].receipt_handle], now=t) == 2
     assert acked() == 0
@@ -156,6 +159,15 @@ def test_out_of_order_acks_move_the_acked_offset_to_the_lowest_unacked(pulled, c
     assert a.ack([got[2].receipt_handle, got[4].receipt_handle, got[2].receipt_handle], now=t) == 2
     assert acked() == 5
     assert a.ack([got[2].receipt_handle], now=t) == 0  # already acked
+    # the tick folds the log into offsets and deletes the rows below the acked offset
+    broker.tick(t + 1)
+    stored = broker.sql(
+        "SELECT next_offset, delivered_offset FROM offsets WHERE consumer_group = 'workers' "
+        "AND topic = 'orders' AND queue_id = 0"
+    ).collect()
+    assert [(r["next_offset"], r["delivered_offset"]) for r in stored] == [(5, 5)]
+    assert broker.sql("SELECT count(*) AS n FROM deliveries WHERE queue_id = 0").collect()[0]["n"] == 0
+    assert acked() == 5
 
 
 def test_invisible_time_expiry_and_nack_take_the_retry_path(pulled, clock, broker):
@@ -217,9 +229,18 @@ print("WON" if held else "LOST", flush=True)
 """
 
 
-def _race(script: str, wh, clients: list[str], go, *args: str, env: dict[str, str] | None = None):
+def _race(
+    script: str,
+    wh,
+    clients: list[str],
+    go,
+    *args: str,
+    env: dict[str, str] | None = None,
+    per_client: dict[str, list[str]] | None = None,
+):
     """Start one process per client running ``script`` (argv: warehouse, client, go file,
-    *args), wait for each one's READY, let them go at once; returns their stdout by client."""
+    *args, then the client's own ``per_client`` args), wait for each one's READY, let them
+    go at once; returns their stdout by client."""
     import os
     import subprocess
     import sys
@@ -229,7 +250,7 @@ def _race(script: str, wh, clients: list[str], go, *args: str, env: dict[str, st
     env.pop("SPARK_CONNECT_MODE_ENABLED", None)
     procs = {
         c: subprocess.Popen(
-            [sys.executable, "-c", script, str(wh), c, str(go), *args],
+            [sys.executable, "-c", script, str(wh), c, str(go), *args, *(per_client or {}).get(c, [])],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -243,7 +264,7 @@ def _race(script: str, wh, clients: list[str], go, *args: str, env: dict[str, st
     go.write_text("go")
     outcomes = {}
     for c, p in procs.items():
-        out, err = p.communicate(timeout=300)
+        out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-2000:]
         outcomes[c] = out.strip()
     return outcomes
@@ -272,47 +293,72 @@ _WORKER = """
 import json, os, sys, time
 from deltamq import Broker
 wh, me, go = sys.argv[1], sys.argv[2], sys.argv[3]
+batch, delay, stop = int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
 broker = Broker.open(wh)
 consumer = broker.pull_consumer("workers", me)
 broker.engine.rows("SELECT 1")
 print("READY", flush=True)
 while not os.path.exists(go):
     time.sleep(0.005)
-got, empty = [], 0
-while empty < 6:
-    msgs = consumer.pull(25)
+time.sleep(delay)
+got, empty, pulls = [], 0, 0
+while empty < 8 and (stop == 0 or pulls < stop):
+    msgs = consumer.pull(batch)
+    pulls += 1
     if not msgs:
         empty += 1
-        time.sleep(0.2)
+        time.sleep(0.25)
         continue
     empty = 0
     assert consumer.ack([m.receipt_handle for m in msgs]) == len(msgs)
-    got += [m.body.decode() for m in msgs]
+    got += [[m.body.decode(), m.queue_id, m.queue_offset] for m in msgs]
+if stop:
+    consumer.close()  # gives its reservations back: the others take its queues at once
 print(json.dumps(got), flush=True)
 """
 
 
 @pytest.mark.slow
 def test_three_client_processes_pull_and_ack_everything_once(pulled, clock, tmp_path):
-    """Real clocks, three processes rebalancing 4 queues among themselves while pulling and
-    acking: every message handed out exactly once, every acked offset at the queue's end,
+    """Real clocks, client processes rebalancing 4 queues among themselves while pulling and
+    acking in batches (each pull reserves ahead in the lock row and appends to the log):
+    w0 and w1 start together, w2 joins half a second later (the others give back what they
+    reserved on its queues), w1 leaves after a few pulls (close). Every message handed out
+    exactly once, every acked offset at the queue's end once the tick folded the log,
     nothing left in flight."""
     import json
 
     p = pulled.producer("p")
+    per_queue = 400
     for q in range(4):
-        p.send_batch([Message("orders", f"q{q}n{i}") for i in range(60)], selector=lambda n, m, a: a, arg=q)
+        p.send_batch(
+            [Message("orders", f"q{q}n{i}") for i in range(per_queue)], selector=lambda n, m, a: a, arg=q
+        )
     pulled.tick(clock.now_ms())
-    outcomes = _race(_WORKER, tmp_path / "wh", ["w0", "w1", "w2"], tmp_path / "go")
-    got = [b for out in outcomes.values() for b in json.loads(out.splitlines()[-1])]
+    outcomes = _race(
+        _WORKER,
+        tmp_path / "wh",
+        ["w0", "w1", "w2"],
+        tmp_path / "go",
+        "20",
+        per_client={"w0": ["0", "0"], "w1": ["0", "6"], "w2": ["0.5", "0"]},
+    )
+    got = {c: json.loads(out.splitlines()[-1]) for c, out in outcomes.items()}
+    handed = [tuple(m) for msgs in got.values() for m in msgs]
     expected = {f"q{q}m{i}" for q in range(4) for i in range(5)} | {
-        f"q{q}n{i}" for q in range(4) for i in range(60)
+        f"q{q}n{i}" for q in range(4) for i in range(per_queue)
     }
-    assert sorted(got) == sorted(expected)  # each once
+    assert sorted(b for b, _, _ in handed) == sorted(expected)  # each once
+    assert len({(q, o) for _, q, o in handed}) == len(handed)
+    assert all(got.values()), {c: len(v) for c, v in got.items()}  # each client got its share
+    assert positions(pulled.context, "workers", [("orders", q) for q in range(4)]) == {
+        ("orders", q): (per_queue + 5, per_queue + 5) for q in range(4)
+    }
+    pulled.tick(clock.now_ms() + 1)  # the pull_expiry step folds the log into offsets
     acked = pulled.sql(
         "SELECT queue_id, next_offset FROM offsets WHERE consumer_group = 'workers' AND topic = 'orders'"
     ).collect()
-    assert {r["queue_id"]: r["next_offset"] for r in acked} == {q: 65 for q in range(4)}
+    assert {r["queue_id"]: r["next_offset"] for r in acked} == {q: per_queue + 5 for q in range(4)}
     assert pulled.sql("SELECT count(*) AS n FROM deliveries").collect()[0]["n"] == 0
 
 
