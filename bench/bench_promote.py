@@ -2,13 +2,17 @@
 
 (a) Tick cost when nothing is due, with 1M held messages (half level-18 delays, half
     timers due in 1..30 days) vs. with 10k held. Flat is the goal.
-(b) Lateness with the real clock: 100k timer messages due across one minute, the
-    broker running ``deltamq tick --loop --interval 1`` in another process. Lateness =
-    end of the tick that made a message visible in its real topic − its due time.
+(b) Lateness with the real clock: timers due across one minute, the broker running
+    ``deltamq tick --loop --interval 1`` in another process, a push group with default
+    settings. Lateness = the wall time the listener was called with a message − its due
+    time (:func:`lateness`); with ``--lateness-only``, the default loop and the
+    interval-only loop (``--no-wake``) one after the other (:func:`lateness_both`).
 
-Writes bench/results/promote-<timestamp>.json. A benchmark, not a test.
+Writes bench/results/promote-<timestamp>.json (lateness-<timestamp>.json with
+``--lateness-only``). A benchmark, not a test.
 
     python bench/bench_promote.py [--held 1000000] [--lateness 100000]
+    python bench/bench_promote.py --lateness-only [--lateness 10000]
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ from pathlib import Path
 from deltamq import Broker, FakeClock
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
 DAY = 86_400_000
+
+import bench_listeners  # noqa: E402
 
 
 def held_tick_cost(root: Path, held: int) -> dict:
@@ -61,23 +68,56 @@ def held_tick_cost(root: Path, held: int) -> dict:
     return {"held": held, "idle_tick_s": times, "median_s": statistics.median(times)}
 
 
-def lateness(root: Path, n: int, wake: bool = True) -> dict:
-    """Delayed messages due across a minute, `deltamq tick --loop --interval 1` (waking at
-    due times unless ``wake`` is False): how late each became visible."""
+def _percentiles(values: list[float]) -> tuple[int, int, int]:
+    v = sorted(values)
+    return round(v[len(v) // 2]), round(v[int(len(v) * 0.99)]), round(v[-1])
+
+
+def lateness(
+    root: Path,
+    n: int = 10_000,
+    wake: bool = True,
+    *,
+    spread_s: float = 60.0,
+    interval_s: float = 1.0,
+    run_s: float = 95.0,
+    keep: bool = False,
+) -> dict:
+    """Timers due evenly across ``spread_s`` (from 20 s after sending), consumed by a push
+    group with default settings while ``deltamq tick --loop --interval <interval_s>``
+    runs in another process for ``run_s`` (waking at due times unless ``wake`` is
+    False). Lateness is measured at the listener: the wall time it was called with a
+    message minus the message's due time (``bench_listeners.record_due``). Also given:
+    ``visible_*``, from the due time to the end of the tick that promoted it (the figure
+    measured before the listener was).
+
+    Returns ``lateness_ms_p50`` / ``_p99`` / ``_max`` (at the listener), ``visible_ms_*``,
+    messages, delivered (distinct), duplicates, ticks and the median busy tick. ``keep``:
+    leave the warehouse (``<root>/lateness``) and the listener's log for a look."""
     wh = root / "lateness"
     shutil.rmtree(wh, ignore_errors=True)
+    log = root / "lateness-listener.log"
+    for old in root.glob(f"{log.name}.*"):
+        old.unlink()
     b = Broker.open(wh)
     b.create_topic("t")
+    b.create_group("g", "bench_listeners:record_due", consume_from="FIRST_OFFSET")
+    b.subscribe("g", "t")
     spark = b.engine.spark
-    start = int(time.time() * 1000) + 20_000  # due from 20 s from now, across one minute
+    start = int(time.time() * 1000) + 20_000  # due from 20 s from now
+    spread_ms = int(spread_s * 1000)
+    due = f"CAST({start} + (id * {spread_ms}) DIV {n} AS BIGINT)"
     b.producer("p").send_dataframe(
         spark.range(n).selectExpr(
             "'t' AS topic",
             "CAST(id AS STRING) AS body",
-            f"CAST({start} + (id * 60000) DIV {n} AS BIGINT) AS deliver_at_ms",
+            f"{due} AS deliver_at_ms",
+            f"map('{bench_listeners.DUE_PROP}', CAST({due} AS STRING)) AS properties",
         )
     )
     env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_MODE_ENABLED"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH", "")) if p)
+    env[bench_listeners.DUE_LOG_ENV] = str(log)
     loop = subprocess.run(
         [
             sys.executable,
@@ -86,9 +126,9 @@ def lateness(root: Path, n: int, wake: bool = True) -> dict:
             "tick",
             "--loop",
             "--interval",
-            "1",
+            str(interval_s),
             "--for",
-            "95",
+            str(run_s),
             *([] if wake else ["--no-wake"]),
             "--warehouse",
             str(wh),
@@ -98,6 +138,13 @@ def lateness(root: Path, n: int, wake: bool = True) -> dict:
         env=env,
     )
     assert loop.returncode == 0, loop.stderr[-2000:]
+    calls: dict[str, float] = {}
+    late: list[float] = []
+    for part in root.glob(f"{log.name}.*"):
+        for line in part.read_text().splitlines():
+            wall, due_ms, msg_id = line.split()
+            late.append(float(wall) - int(due_ms))
+            calls[msg_id] = calls.get(msg_id, 0) + 1
     runs = b.sql("SELECT tick_id, now_ts, job, rows_out, end_ts FROM job_runs ORDER BY now_ts").collect()
     ticks: dict[str, dict] = {}
     for r in runs:
@@ -106,26 +153,38 @@ def lateness(root: Path, n: int, wake: bool = True) -> dict:
         if r["job"] == "promote":
             t["promoted"] = r["rows_out"]
     ordered = sorted(ticks.values(), key=lambda t: t["now"])
-    promoted = sum(t["promoted"] for t in ordered)
-    dues = [start + (i * 60000) // n for i in range(n)]
-    late = []
+    visible = []
     j = 0
-    for d in dues:  # the first tick whose now reached d made it visible
+    for d in (start + (i * spread_ms) // n for i in range(n)):  # the first tick whose now reached d
         while ordered[j]["now"] < d:
             j += 1
-        late.append(ordered[j]["visible"] - d)
-    late.sort()
+        visible.append(ordered[j]["visible"] - d)
     tick_s = [(t["visible"] - t["now"]) / 1000 for t in ordered if t["promoted"]]
-    shutil.rmtree(wh, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(wh, ignore_errors=True)
+    p50, p99, worst = _percentiles(late)
+    v50, v99, vmax = _percentiles(visible)
     return {
         "messages": n,
-        "promoted": promoted,
+        "wake_at_due": wake,
+        "delivered": len(calls),
+        "duplicates": sum(c - 1 for c in calls.values()),
+        "promoted": sum(t["promoted"] for t in ordered),
         "ticks": len(ordered),
-        "lateness_ms_p50": late[len(late) // 2],
-        "lateness_ms_p99": late[int(len(late) * 0.99)],
-        "lateness_ms_max": late[-1],
-        "busy_tick_s_median": statistics.median(tick_s) if tick_s else None,
+        "lateness_ms_p50": p50,
+        "lateness_ms_p99": p99,
+        "lateness_ms_max": worst,
+        "visible_ms_p50": v50,
+        "visible_ms_p99": v99,
+        "visible_ms_max": vmax,
+        "busy_tick_s_median": round(statistics.median(tick_s), 3) if tick_s else None,
     }
+
+
+def lateness_both(root: Path, n: int = 10_000) -> dict:
+    """:func:`lateness` of the default loop (waking at due times) and of the interval-only
+    loop (``--no-wake``), one after the other."""
+    return {"wake_at_due": lateness(root, n, wake=True), "interval_only": lateness(root, n, wake=False)}
 
 
 def main() -> None:
@@ -133,10 +192,24 @@ def main() -> None:
     ap.add_argument("--held", type=int, default=1_000_000)
     ap.add_argument("--small", type=int, default=10_000)
     ap.add_argument("--lateness", type=int, default=100_000)
+    ap.add_argument("--lateness-only", action="store_true", help="only lateness, waking and interval-only")
     ap.add_argument("--dir", default="/tmp/deltamq-bench-promote")
     args = ap.parse_args()
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
+    if args.lateness_only:
+        both = lateness_both(root, args.lateness)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        doc = {
+            "bench": "bench_promote.lateness",
+            "measured_at": "listener",
+            "messages": args.lateness,
+            "spread_s": 60,
+            "interval_s": 1,
+        } | both
+        (HERE / "results" / f"lateness-{stamp}.json").write_text(json.dumps(doc, indent=2) + "\n")
+        print(json.dumps(doc, indent=2))
+        return
     small = held_tick_cost(root, args.small)
     print(json.dumps(small), flush=True)
     big = held_tick_cost(root, args.held)

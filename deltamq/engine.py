@@ -467,14 +467,20 @@ def _quiet_late_releases() -> None:
     It._deltamq_quiet_del = True  # type: ignore[attr-defined]
 
 
+_DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
+
+
 def _connect(url: str) -> SparkSession:
     from pyspark.sql import SparkSession
 
     _quiet_late_releases()
     try:
         # create(): a session of our own, so temp views of one Broker never clash
-        # with another's in the same process.
-        return SparkSession.builder.remote(url).create()
+        # with another's in the same process. DataFrame debugging off: with it, PySpark
+        # walks the stack and tries to import IPython on every Column function call (a
+        # busy tick's jobs make hundreds: ~40 ms of client CPU a tick), only to add the
+        # call site to engine error messages.
+        return SparkSession.builder.remote(url).config(_DEBUGGING, "false").create()
     except Exception as e:
         raise EngineError(f"cannot connect to Spark Connect endpoint {url}: {e}") from e
 

@@ -152,7 +152,9 @@ def _ticks(ctx: Context, since: int | None, until: int | None) -> list[dict[str,
 
     columns = [
         "now_ts",
-        rows_out(("dispatch", "redispatch"), "indexed"),
+        # promote indexes its copies itself in a tick (details['indexed'])
+        "sum(CASE WHEN job IN ('dispatch', 'redispatch') THEN coalesce(rows_out, 0) "
+        "WHEN job = 'promote' THEN coalesce(details['indexed'], 0) ELSE 0 END) AS indexed",
         *(deliver(k) for k in DELIVER_COUNTS),
         "max(CASE WHEN job = 'deliver' THEN details['backlog'] END) AS backlog",
         rows_out(("pull_expiry",), "expired"),

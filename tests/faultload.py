@@ -53,6 +53,7 @@ POINTS = [
     "dispatch.after_progress_commit",
     "promote.before_output_commit",
     "promote.after_output_commit",
+    "promote.after_index_commit",
     "promote.after_progress_commit",
     "deliver.after_attempt_commit",
     "deliver.after_listener",

@@ -300,3 +300,95 @@ def test_status_shows_levels_and_timers(orders, clock):
     orders.tick(t0 + 10_000)
     level3 = orders.status()["levels"][2]
     assert (level3["pending"], level3["offset"]) == (0, 2)
+
+
+def _hint_matches_the_index(broker) -> None:
+    """Dispatch's hint (%DISPATCH% rows) names every queue's next offset as the index has it."""
+    heads = {
+        (r["topic"], r["queue_id"]): r["next_offset"]
+        for r in broker.sql(
+            "SELECT topic, queue_id, next_offset FROM offsets WHERE consumer_group = '%DISPATCH%' "
+            "AND queue_id >= 0"
+        ).collect()
+    }
+    counts = {
+        (r["topic"], r["queue_id"]): r["n"]
+        for r in broker.sql(
+            "SELECT topic, queue_id, count(*) AS n FROM consume_queue GROUP BY 1, 2"
+        ).collect()
+    }
+    assert heads == counts
+
+
+def test_a_tick_indexes_the_copies_in_the_promote_pass_as_dispatch_would(orders, clock):
+    from deltamq.dq.conservation import check_dispatch
+    from deltamq.jobs import dispatch
+    from deltamq.tables import deltalog
+
+    t0 = clock.now_ms()
+    p = orders.producer("p")
+    p.send_batch([Message("orders", f"plain{i}") for i in range(6)])
+    p.send_batch(
+        [Message("orders", f"d{i}", delay_level=1) for i in range(5)]
+        + [Message("orders", f"t{i}", delay=timedelta(seconds=1)) for i in range(5)]
+    )
+    orders.tick(t0)
+    result = orders.tick(t0 + 1000)
+    promoted = result.job("promote")
+    assert promoted.rows_out == promoted.details["indexed"] == 10
+    assert "redispatch" not in [j.job for j in result.jobs]  # no second dispatch
+    wh = orders.warehouse
+    report = check_dispatch(wh)
+    assert report.ok, report.describe()
+    # the index rows carry the copies' commit_log version, as dispatch's do, and the hint
+    # moved with promote's progress: dispatch finds nothing left to index
+    copies = orders.sql(
+        "SELECT cl_version, count(*) AS n FROM consume_queue WHERE topic = 'orders' AND cl_version = "
+        "(SELECT max(cl_version) FROM consume_queue) GROUP BY 1"
+    ).collect()
+    assert [(r["cl_version"], r["n"]) for r in copies] == [
+        (deltalog.latest_version(wh.storage, wh.uri("commit_log")), 10)
+    ]
+    _hint_matches_the_index(orders)
+    assert dispatch.run(wh, t0 + 1000).rows_out == 0
+    assert sorted(_visible(orders)) == sorted(
+        [f"plain{i}" for i in range(6)] + [f"d{i}" for i in range(5)] + [f"t{i}" for i in range(5)]
+    )
+
+
+def test_a_commit_between_dispatch_and_the_copies_leaves_their_index_to_dispatch(orders, clock, monkeypatch):
+    from deltamq import faults
+    from deltamq.dq.conservation import check_dispatch
+
+    t0 = clock.now_ms()
+    p = orders.producer("p")
+    p.send_batch([Message("orders", f"d{i}", delay_level=1) for i in range(5)])
+    orders.tick(t0)
+    real_point = faults.point
+
+    def point(name: str) -> None:  # a producer commits after dispatch, before promote's copies
+        if name == "promote.before_output_commit":
+            p.send(Message("orders", "between"))
+        real_point(name)
+
+    monkeypatch.setattr(faults, "point", point)
+    result = orders.tick(t0 + 1000)
+    monkeypatch.undo()
+    assert result.job("promote").rows_out == 5 and result.job("promote").details["indexed"] == 0
+    assert result.job("redispatch").rows_out == 6  # the producer's message, then the copies
+    report = check_dispatch(orders.warehouse)
+    assert report.ok, report.describe()
+    _hint_matches_the_index(orders)
+    assert sorted(_visible(orders)) == sorted(["between"] + [f"d{i}" for i in range(5)])
+
+
+def test_promote_alone_leaves_the_index_to_dispatch(orders, clock):
+    from deltamq.jobs import dispatch, promote
+
+    t0 = clock.now_ms()
+    orders.producer("p").send_batch([Message("orders", f"d{i}", delay_level=1) for i in range(3)])
+    dispatch.run(orders.warehouse, t0)
+    r = promote.run(orders.warehouse, t0 + 1000)  # no index_fence: dispatch's lease is not ours
+    assert r.rows_out == 3 and r.indexed == 0 and _visible(orders) == []
+    assert dispatch.run(orders.warehouse, t0 + 1000).rows_out == 3
+    assert sorted(_visible(orders)) == ["d0", "d1", "d2"]

@@ -52,3 +52,18 @@ def test_next_due_sees_levels_timers_and_suspended_queues(broker, clock):
     dispatch.run(broker.warehouse, t0)
     assert wake.next_due(ctx, t0) == t0 + 30_000
     assert wake.next_due(ctx, t0 + 30_000) == t0 + 3 * 3_600_000  # past the head: the timer
+
+
+def test_a_loop_busy_promoting_ticks_again_without_reading_the_next_due_time():
+    """With work falling due densely (a promote pass handling more per ms than the tick's
+    length), the next tick starts at once; a sparse pass lets the loop read the due time."""
+    from deltamq.orchestration.tick import JobRun, TickResult, _due_meanwhile
+
+    def ticked(now: int, promoted: int) -> TickResult:
+        return TickResult("t", now, "me", (JobRun(job="promote", status="OK", rows_in=promoted),))
+
+    now = 1_000_000
+    assert _due_meanwhile(ticked(now, 67), now - 400, now + 400)  # 10 000 across a minute
+    assert not _due_meanwhile(ticked(now, 1), now - 10_000, now + 300)  # one now and then
+    assert not _due_meanwhile(ticked(now, 0), now - 400, now + 400)  # nothing due
+    assert not _due_meanwhile(ticked(now, 67), None, now + 400)  # the first tick

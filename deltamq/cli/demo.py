@@ -69,7 +69,8 @@ def _describe(result) -> str:
             )
             parts.append(f"dispatch indexed {run.rows_out} ({routes})")
         elif run.job == "promote" and run.rows_out:
-            parts.append(f"promote re-stored {run.rows_out} due message(s) in their real topic")
+            indexed = " and indexed them" if run.details.get("indexed") else ""
+            parts.append(f"promote re-stored {run.rows_out} due message(s) in their real topic{indexed}")
         elif run.job == "redispatch":
             parts.append(f"dispatch indexed those {run.rows_out} in the same tick")
         elif run.job == "check_transactions" and run.details.get("check"):

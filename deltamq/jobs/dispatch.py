@@ -24,7 +24,7 @@ their real topic and queue in ``REAL_TOPIC`` / ``REAL_QID``.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pyspark.sql import Column, DataFrame, Window
@@ -74,6 +74,7 @@ class DispatchResult:
     routes: dict[str, int]
     queues: dict[tuple[str, int], int]
     duplicate_commits: int = 0  # committed messages of already committed transactions, not indexed
+    heads: dict[tuple[str, int], int] = field(default_factory=dict)  # every queue's next offset after
 
     @property
     def details(self) -> dict[str, int]:
@@ -296,6 +297,25 @@ def plan_dispatch(rows: DataFrame, heads: DataFrame, levels: list[tuple[int, int
 
 
 # --- running ------------------------------------------------------------------------------
+def heads_frame(wh: Warehouse, heads: dict[tuple[str, int], int]) -> DataFrame:
+    """Queue heads (next offset per (topic, queue)) as the frame :func:`plan_dispatch` takes."""
+    return wh.engine.spark.createDataFrame([(t, q, o) for (t, q), o in sorted(heads.items())], _HEADS_SCHEMA)
+
+
+def merge_index(wh: Warehouse, view: str, first_version: int, last_version: int) -> None:
+    """The index commit: the rows of ``view`` (a :func:`plan_dispatch` plan of the commits
+    ``first_version..last_version``) into ``consume_queue``. Insert-only MERGE keyed on
+    msg_id within this version range: a dispatcher that raced us (a lease violation)
+    conflicts or finds the rows present. The caller commits (``engine.commit``)."""
+    cols = ", ".join(TABLES["consume_queue"].columns)
+    wh.engine.execute(
+        f"MERGE INTO {wh.ref('consume_queue')} t USING (SELECT {cols} FROM {view}) s "
+        f"ON t.cl_version >= {sql_long(first_version)} "
+        f"AND t.cl_version <= {sql_long(last_version)} "
+        "AND t.msg_id = s.msg_id WHEN NOT MATCHED THEN INSERT *"
+    )
+
+
 def run(wh: Warehouse, now: int, *, fence=None) -> DispatchResult:
     """Index every commit_log row committed since the last run.
 
@@ -320,6 +340,7 @@ def run(wh: Warehouse, now: int, *, fence=None) -> DispatchResult:
                 rows_out=0,
                 routes={},
                 queues=dict(state.stale),
+                heads=dict(state.heads),
             )
         to_version = commits[-1].version
         rows = read_new_rows(wh, commits)
@@ -329,10 +350,7 @@ def run(wh: Warehouse, now: int, *, fence=None) -> DispatchResult:
         if rows is not None and may_hold_commits(commits):
             rows, dropped = drop_duplicate_commits(wh, rows)
         if rows is not None:
-            heads = engine.spark.createDataFrame(
-                [(t, q, o) for (t, q), o in sorted(state.heads.items())], _HEADS_SCHEMA
-            )
-            plan = plan_dispatch(rows, heads, wh.levels())
+            plan = plan_dispatch(rows, heads_frame(wh, state.heads), wh.levels())
             plan.createOrReplaceTempView(_SRC_VIEW)
             summary = engine.rows(
                 f"SELECT topic, queue_id, route, count(*) AS n, max(queue_offset) AS hi "
@@ -347,15 +365,7 @@ def run(wh: Warehouse, now: int, *, fence=None) -> DispatchResult:
         if n:
             if fence:
                 fence()
-            cols = ", ".join(TABLES["consume_queue"].columns)
-            # Insert-only MERGE keyed on msg_id within this version range: a dispatcher
-            # that raced us (a lease violation) conflicts or finds the rows present.
-            engine.execute(
-                f"MERGE INTO {wh.ref('consume_queue')} t USING (SELECT {cols} FROM {_SRC_VIEW}) s "
-                f"ON t.cl_version >= {sql_long(commits[0].version)} "
-                f"AND t.cl_version <= {sql_long(to_version)} "
-                "AND t.msg_id = s.msg_id WHEN NOT MATCHED THEN INSERT *"
-            )
+            merge_index(wh, _SRC_VIEW, commits[0].version, to_version)
         faults.point("dispatch.after_index_commit")
         return DispatchResult(
             from_version=state.version,
@@ -366,6 +376,7 @@ def run(wh: Warehouse, now: int, *, fence=None) -> DispatchResult:
             routes=routes,
             queues=queues,
             duplicate_commits=dropped,
+            heads=state.heads | queues,
         )
 
     result = engine.commit(index, what=JOB)

@@ -27,17 +27,28 @@ point re-runs to the same result with nothing lost or written twice.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import date
 from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from deltamq import faults, ids
-from deltamq.constants import PROMOTE_GROUP, SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, Prop
+from deltamq.constants import (
+    DISPATCH_GROUP,
+    PROMOTE_GROUP,
+    SCHEDULE_TOPIC,
+    TIMER_TOPIC,
+    TRANS_HALF_TOPIC,
+    Prop,
+)
+from deltamq.jobs import dispatch
 from deltamq.jobs.dispatch import TIMER_SLOT_MS
+from deltamq.tables import deltalog
 from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns, restored_message, stored_ids
-from deltamq.tables.offsets import ProgressRow, advance_offsets
+from deltamq.tables.offsets import DispatchState, ProgressRow, advance_offsets, load_dispatch_state
 from deltamq.tables.ranges import any_of, merge_ranges
 from deltamq.tables.sqltext import sql_long, sql_str
 
@@ -45,7 +56,7 @@ if TYPE_CHECKING:
     from deltamq.tables.warehouse import Warehouse
 
 JOB = "promote"
-_DUE_VIEW = "dmq_promote_due"
+_INDEX_VIEW = "dmq_promote_index"
 _REMOVED_PROPS = (Prop.DELAY, Prop.REAL_TOPIC, Prop.REAL_QID, Prop.TIMER_DELIVER_MS)
 
 
@@ -66,6 +77,7 @@ class PromoteResult:
     timers: int
     skipped_half: int
     already_stored: int
+    indexed: int = 0  # copies indexed by this pass (the rest wait for dispatch)
 
     @property
     def details(self) -> dict[str, int]:
@@ -74,6 +86,7 @@ class PromoteResult:
             "timers": self.timers,
             "skipped_half": self.skipped_half,
             "already_stored": self.already_stored,
+            "indexed": self.indexed,
         }
 
 
@@ -181,8 +194,112 @@ def plan_messages(due: DataFrame, bodies: DataFrame) -> DataFrame:
 
 
 # --- running ------------------------------------------------------------------------------
-def run(wh: Warehouse, now: int, *, fence=None) -> PromoteResult:
-    """Promote everything due at ``now``; outputs first, offsets last."""
+DispatchHint = tuple[int, dict[tuple[str, int], int]]
+"""What dispatch's hint becomes when promote indexed its copies: the commit_log version
+reached and the next offset of each queue the hint must carry."""
+
+
+@dataclass
+class _DueSummary:
+    """What the due entries of a pass come to (one statement: :func:`_summary_sql`)."""
+
+    n_in: int = 0
+    skipped: int = 0
+    timers: int = 0
+    by_level: dict[int, int] = field(default_factory=dict)
+    new_levels: dict[int, int] = field(default_factory=dict)  # schedule queue id -> next offset
+    timer_hi: int | None = None
+    keys: set[tuple[int, date, int]] = field(default_factory=set)  # (cl_batch_id, cl_date, due_ts)
+    by_queue: dict[tuple[str, int], int] = field(default_factory=dict)  # real queue -> copies
+    queues_known: bool = True  # every copy's real queue parsed
+
+
+def _summary(wh: Warehouse, state: PromoteState, due: DataFrame) -> DataFrame:
+    """The due entries grouped by what the pass needs (counts and offsets per source queue,
+    the bodies' keys, the copies per real queue), and a row with the timer queue's last
+    offset (``topic`` NULL): one statement."""
+    props = F.col("properties")
+    keys = ["topic", "queue_id", "skip", "real_topic", "real_qid", "cl_batch_id", "cl_date", "due_ts"]
+    grouped = (
+        due.select(
+            *keys[:3],
+            props.getItem(Prop.REAL_TOPIC).alias("real_topic"),
+            props.getItem(Prop.REAL_QID).alias("real_qid"),
+            *keys[5:],
+            "queue_offset",
+        )
+        .groupBy(*[F.col(k) for k in keys])  # columns, not names: no schema round trip
+        .agg(F.count(F.lit(1)).alias("n"), F.max("queue_offset").alias("hi"))
+    )
+    types = ["string", "int", "boolean", "string", "string", "bigint", "date", "bigint", "bigint"]
+    timer_hi = (
+        wh.read("consume_queue")
+        .where(
+            (F.col("topic") == F.lit(TIMER_TOPIC)) & (F.col("queue_offset") >= F.lit(state.timer_next_offset))
+        )
+        .agg(F.max("queue_offset").alias("hi"))
+        .select(*[F.lit(None).cast(t).alias(c) for c, t in zip([*keys, "n"], types, strict=True)], "hi")
+    )
+    return grouped.unionByName(timer_hi)
+
+
+def _summarise(rows) -> _DueSummary:
+    s = _DueSummary()
+    for r in rows:
+        if r["topic"] is None:  # the timer queue's last offset
+            s.timer_hi = r["hi"]
+            continue
+        n = r["n"]
+        s.n_in += n
+        if r["topic"] == SCHEDULE_TOPIC:
+            level = r["queue_id"] + 1
+            s.by_level[level] = s.by_level.get(level, 0) + n
+            s.new_levels[r["queue_id"]] = max(s.new_levels.get(r["queue_id"], 0), r["hi"] + 1)
+        else:
+            s.timers += n
+        if r["skip"]:
+            s.skipped += n
+            continue
+        s.keys.add((r["cl_batch_id"], r["cl_date"], r["due_ts"]))
+        try:
+            queue = (r["real_topic"], int(r["real_qid"]))
+        except (TypeError, ValueError):
+            s.queues_known = False
+            continue
+        s.by_queue[queue] = s.by_queue.get(queue, 0) + n
+    return s
+
+
+def _copy_id(due: DataFrame) -> DataFrame:
+    """The msg ids :func:`plan_messages` gives the copies of ``due``'s entries (no bodies read)."""
+    batch = ids.engine_batch_id_col(F.col("due_ts"), F.col("kind"))
+    pos = F.col("queue_offset").bitwiseAND(F.lit(0xFFFFFFFF))
+    return due.where(~F.col("skip")).select(ids.msg_id_col(batch, pos).alias("msg_id"))
+
+
+def run(
+    wh: Warehouse,
+    now: int,
+    *,
+    fence=None,
+    index_fence=None,
+    dispatched: DispatchState | None = None,
+    later: Callable[[Callable[[], None]], None] | None = None,
+) -> PromoteResult:
+    """Promote everything due at ``now``; outputs first, offsets last.
+
+    ``fence`` is called before the output commit (lease check). ``index_fence`` is given
+    by a caller that holds dispatch's lease too (a tick) and checks both leases: promote
+    then indexes its copies in ``consume_queue`` itself, as dispatch would
+    (:func:`index_copies`), so no second dispatch is needed, and ``index_fence`` replaces
+    ``fence`` before the output commit. Without it the copies wait for the next dispatch.
+    ``dispatched``: where dispatch stands, when the caller knows it (the dispatch step of
+    the same tick, under the same lease); otherwise it is read. ``later``: when promote
+    indexed its copies, its progress commit is handed to ``later`` for the caller to run
+    after its other steps (a tick: after deliver), so the copies reach their listeners
+    one commit sooner. Outputs are committed by then; a progress commit that never runs
+    (a kill, a failed step) only makes the next pass find its copies already stored.
+    """
     engine = wh.engine
     spark = engine.spark
     levels = wh.levels()
@@ -192,60 +309,128 @@ def run(wh: Warehouse, now: int, *, fence=None) -> PromoteResult:
         [(q, o) for q, o in sorted(state.level_offsets.items())], "queue_id int, next_offset bigint"
     )
     due = plan_due(candidates, base)
-    due.createOrReplaceTempView(_DUE_VIEW)
-    summary = engine.rows(
-        f"SELECT topic, queue_id, count(*) AS n, sum(CASE WHEN skip THEN 1 ELSE 0 END) AS skipped, "
-        f"max(queue_offset) AS hi FROM {_DUE_VIEW} GROUP BY topic, queue_id"
-    )
-    timer_hi = engine.rows(
-        f"SELECT max(queue_offset) AS hi FROM {wh.ref('consume_queue')} "
-        f"WHERE topic = {sql_str(TIMER_TOPIC)} AND queue_offset >= {sql_long(state.timer_next_offset)}"
-    )[0]["hi"]
-    n_in = sum(r["n"] for r in summary)
-    skipped = sum(r["skipped"] for r in summary)
-    by_level = {r["queue_id"] + 1: r["n"] for r in summary if r["topic"] == SCHEDULE_TOPIC}
-    timers = sum(r["n"] for r in summary if r["topic"] == TIMER_TOPIC)
-    written = already = 0
-    if n_in - skipped > 0:
+    s = _summarise(_summary(wh, state, due).collect())
+    written = already = indexed = 0
+    hint: DispatchHint | None = None
+    to_write = s.n_in - s.skipped
+    if to_write > 0:
         # Bodies and already-stored ids are looked up by narrow batch-id ranges (store
         # times of the entries, and their due times), so the reads follow what falls due.
-        keys = engine.rows(f"SELECT DISTINCT cl_batch_id, cl_date, due_ts FROM {_DUE_VIEW} WHERE NOT skip")
-        bodies = read_bodies(wh, (r["cl_date"] for r in keys), (r["cl_batch_id"] for r in keys))
-        messages = plan_messages(spark.table(_DUE_VIEW), bodies)
-        stored = stored_ids(wh, merge_ranges([r["due_ts"] for r in keys], gap=60_000))
-        fresh = messages.join(stored, "msg_id", "left_anti")
-        fresh.createOrReplaceTempView("dmq_promote_out")
-        written = engine.rows("SELECT count(*) AS n FROM dmq_promote_out")[0]["n"]
-        already = n_in - skipped - written
+        bodies = read_bodies(wh, (k[1] for k in s.keys), (k[0] for k in s.keys))
+        messages = plan_messages(due, bodies)
+        stored = stored_ids(wh, merge_ranges([k[2] for k in s.keys], gap=60_000))
+        # copies a pass killed before its progress commit left behind (ids are derived)
+        already = _copy_id(due).join(stored, "msg_id", "left_semi").count()
+        written = to_write - already
         faults.point("promote.before_output_commit")
         if written:
-            if fence:
-                fence()
-            out = spark.table("dmq_promote_out")
+            # with index_fence (both leases) checked here, the index commit that follows at
+            # once needs no second check: its MERGE finds rows a racing dispatcher wrote
+            check = index_fence or fence
+            if check:
+                check()
+            out = messages if not already else messages.join(stored, "msg_id", "left_anti")
             engine.commit(lambda: wh.append("commit_log", out), what=JOB)
         faults.point("promote.after_output_commit")
-    new_levels = {r["queue_id"]: r["hi"] + 1 for r in summary if r["topic"] == SCHEDULE_TOPIC and r["n"]}
-    timer_next = state.timer_next_offset if timer_hi is None else timer_hi + 1
+        if written and not already and index_fence is not None and s.queues_known:
+            known = iter([dispatched])  # a retry after a conflict reads dispatch's state again
+            indexed, hint = engine.commit(
+                lambda: index_copies(wh, levels, written, s.by_queue, next(known, None)), what="dispatch"
+            )
+    timer_next = state.timer_next_offset if s.timer_hi is None else s.timer_hi + 1
     # Nothing handled and no new timers: commit nothing (an idle tick stays idle). The
     # watermark may lag; the next window (watermark, now] still covers what it missed.
-    if new_levels or timer_next != state.timer_next_offset or timers:
-        engine.commit(lambda: write_progress(wh, new_levels, now, timer_next, now), what="offsets")
-    faults.point("promote.after_progress_commit")
+    if s.new_levels or timer_next != state.timer_next_offset or s.timers:
+
+        def progress() -> None:
+            engine.commit(
+                lambda: write_progress(wh, s.new_levels, now, timer_next, now, dispatch_hint=hint),
+                what="offsets",
+            )
+            faults.point("promote.after_progress_commit")
+
+        if later is not None and indexed:
+            later(progress)  # the copies are visible: hand them over first
+        else:
+            progress()
+    else:
+        faults.point("promote.after_progress_commit")
     return PromoteResult(
-        rows_in=n_in,
+        rows_in=s.n_in,
         rows_out=written,
-        by_level=by_level,
-        timers=timers,
-        skipped_half=skipped,
+        by_level=s.by_level,
+        timers=s.timers,
+        skipped_half=s.skipped,
         already_stored=already,
+        indexed=indexed,
     )
 
 
-def write_progress(wh: Warehouse, levels: dict[int, int], watermark: int, timer_next: int, now: int) -> None:
-    """Per-level next offsets; the timer queue offset seen and the due watermark."""
+def index_copies(
+    wh: Warehouse,
+    levels: list[tuple[int, int]],
+    written: int,
+    by_queue: dict[tuple[str, int], int],
+    state: DispatchState | None = None,
+) -> tuple[int, DispatchHint | None]:
+    """Index the copies promote just appended, when their commit is the only one dispatch
+    has not indexed: the rows are then exactly those dispatch would write (the same plan,
+    :func:`dispatch.plan_dispatch`, over the same commit after the same heads), and the
+    index row carries the commit's version (``cl_version``) as dispatch's own do, so
+    dispatch's state (``load_dispatch_state``) counts them as indexed and never indexes
+    them again. Otherwise (a producer's commit came between, a rewrite, committed
+    transactional messages to de-duplicate) nothing is done and dispatch indexes them.
+
+    A copy is indexed in its real topic and queue: its DELAY / timer properties are gone,
+    and it is no half message (those go to the half topic when first dispatched, never
+    to a schedule queue), so it takes the plain route and the heads of its queues move by
+    ``by_queue``. Returns (rows indexed, dispatch's new hint to write with promote's
+    progress); the hint also carries heads the old hint lacked (``stale``). ``state``:
+    dispatch's, when known (else read).
+    """
+    state = state or load_dispatch_state(wh)
+    commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), state.version, 2)
+    if len(commits) != 1 or not _only_copies(commits[0], written) or dispatch.may_hold_commits(commits):
+        return 0, None
+    version = commits[0].version
+    rows = dispatch.read_new_rows(wh, commits)
+    if rows is None:
+        return 0, None
+    plan = dispatch.plan_dispatch(rows, dispatch.heads_frame(wh, state.heads), levels)
+    plan.createOrReplaceTempView(_INDEX_VIEW)
+    dispatch.merge_index(wh, _INDEX_VIEW, version, version)
+    faults.point("promote.after_index_commit")
+    heads = dict(state.stale) | {q: state.heads.get(q, 0) + n for q, n in by_queue.items()}
+    return written, (version, heads)
+
+
+def _only_copies(commit: deltalog.Commit, written: int) -> bool:
+    """A blind append of exactly ``written`` rows (file statistics), as promote's is."""
+    counts = [f.num_records for f in commit.files]
+    return not commit.rewrite and bool(counts) and None not in counts and sum(counts) == written  # type: ignore[arg-type]
+
+
+def write_progress(
+    wh: Warehouse,
+    levels: dict[int, int],
+    watermark: int,
+    timer_next: int,
+    now: int,
+    *,
+    dispatch_hint: DispatchHint | None = None,
+) -> None:
+    """Per-level next offsets; the timer queue offset seen and the due watermark; and,
+    when promote indexed its copies, dispatch's hint (version reached, queue heads) in
+    the same commit."""
     rows: list[ProgressRow] = [(SCHEDULE_TOPIC, q, o, None) for q, o in sorted(levels.items())]
     rows.append((TIMER_TOPIC, 0, timer_next, watermark))
-    advance_offsets(wh, PROMOTE_GROUP, rows, now)
+    also: dict[str, list[ProgressRow]] = {}
+    if dispatch_hint is not None:
+        version, heads = dispatch_hint
+        also[DISPATCH_GROUP] = [("", -1, None, version)] + [
+            (t, q, o, None) for (t, q), o in sorted(heads.items())
+        ]
+    advance_offsets(wh, PROMOTE_GROUP, rows, now, also=also)
 
 
 def pending(wh: Warehouse) -> dict[str, list[dict]]:

@@ -15,7 +15,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ from deltamq.errors import ClockError, LeaseHeld
 from deltamq.jobs import check_transactions, deliver, dispatch, promote, retain, wake
 from deltamq.orchestration.leases import Leases, wall_ms
 from deltamq.tables.integrity import diagnose
+from deltamq.tables.offsets import DispatchState
 
 if TYPE_CHECKING:
     from deltamq.context import Context
@@ -144,16 +145,32 @@ def _dispatch(runner: TickRunner, now: int, fence: Callable[[], None], runs: lis
 
 
 def _promote(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
-    r = promote.run(runner.ctx.warehouse, now, fence=fence)
+    index_fence = dispatched = None
+    if "dispatch" in runner.jobs:  # dispatch's lease is ours too: promote indexes its copies
+        runner.leases.renew_due(["dispatch"])
+        index_fence = lambda: runner.leases.check(["promote", "dispatch"])  # noqa: E731
+        done = next((r.result for r in runs if r.job == "dispatch" and r.status == "OK"), None)
+        if done is not None:  # where this tick's dispatch left the index (the hint is written)
+            dispatched = DispatchState(done.to_version, done.heads)
+    r = promote.run(
+        runner.ctx.warehouse,
+        now,
+        fence=fence,
+        index_fence=index_fence,
+        dispatched=dispatched,
+        later=lambda commit: runner.later.append(("promote", commit)),
+    )
     return JobRun(
         job="promote", status="OK", rows_in=r.rows_in, rows_out=r.rows_out, details=r.details, result=r
     )
 
 
 def _redispatch(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun | None:
-    """Dispatch again only if promote wrote: a message due at ``now`` is then visible in
-    its real topic in this same tick."""
-    if not any(r.job == "promote" and r.rows_out for r in runs):
+    """Dispatch again only if promote wrote copies it did not index itself (or found
+    copies of a killed pass): a message due at ``now`` is then visible in its real topic
+    in this same tick."""
+    promoted = [r.result for r in runs if r.job == "promote" and r.result is not None]
+    if not any(p.rows_out > p.indexed or p.already_stored for p in promoted):
         return None
     r = dispatch.run(runner.ctx.warehouse, now, fence=fence)
     return JobRun(
@@ -251,7 +268,7 @@ _CHECK_SKIPS = {
     "dispatch_behind": "waiting for dispatch to index the last pass's copies",
 }
 _NOTHING_TO_DO = {
-    "redispatch": "promote wrote nothing: nothing to dispatch again",
+    "redispatch": "promote wrote nothing it did not index: nothing to dispatch again",
     "sink": "no group is a sink (Broker.sink_to_table)",
 }
 
@@ -295,6 +312,7 @@ class TickRunner:
         self.sequence = sequence
         self.jobs = tuple(dict.fromkeys(lease for _, lease, _ in sequence))
         self.leases = Leases(ctx.warehouse, holder)
+        self.later: list[tuple[str, Callable[[], None]]] = []  # (step, commit) for the tick's end
         self.last_now: int | None = None
         self._stop = threading.Event()
 
@@ -330,6 +348,7 @@ class TickRunner:
         tick_id = f"{now_ms:013d}-{self.holder.rsplit(':', 1)[-1]}"
         runs: list[JobRun] = []
         failed: BaseException | None = None
+        self.later = []
         for name, lease, fn in self.sequence:
             start = wall_ms()
             if failed is not None:
@@ -360,12 +379,32 @@ class TickRunner:
                         error="".join(traceback.format_exception_only(type(e), e)).strip(),
                     )
                 )
+        if failed is None:
+            failed = self._run_later(runs)
         self.last_now = now_ms
         result = TickResult(tick_id, now_ms, self.holder, tuple(runs))
         self._record(result)
         if failed is not None:
             raise failed
         return result
+
+    def _run_later(self, runs: list[JobRun]) -> BaseException | None:
+        """Run the commits steps left for after the others (``self.later``: promote's
+        progress, once its copies are indexed, so deliver hands them over sooner); their
+        time goes in the step's ``details`` (``later_ms``), a failure in a FAILED row."""
+        for name, commit in self.later:
+            start = wall_ms()
+            try:
+                commit()
+            except Exception as raised:  # noqa: BLE001 - recorded, then re-raised by tick()
+                e = diagnose(self.ctx.warehouse, raised)
+                error = "".join(traceback.format_exception_only(type(e), e)).strip()
+                runs.append(JobRun(job=name, status="FAILED", start_ts=start, end_ts=wall_ms(), error=error))
+                return e
+            for i, run in enumerate(runs):
+                if run.job == name:
+                    runs[i] = replace(run, details={**run.details, "later_ms": wall_ms() - start})
+        return None
 
     def _record(self, result: TickResult) -> None:
         spark = self.ctx.engine.spark
@@ -447,6 +486,7 @@ class TickRunner:
 
         deadline = None if for_s is None else seconds() + for_s
         n = 0
+        previous: int | None = None  # the last tick's now
         while not self._stop.is_set():
             started = seconds()
             due: int | None = None
@@ -455,7 +495,12 @@ class TickRunner:
                 if on_tick:
                     on_tick(result)
                 if wake_at_due:
-                    due = wake.next_due(self.ctx, result.now)
+                    ended = clock.now_ms()
+                    if not virtual and _due_meanwhile(result, previous, ended):
+                        due = ended  # more fell due while this tick ran: tick again now
+                    else:
+                        due = wake.next_due(self.ctx, result.now)
+                previous = result.now
             except LeaseHeld as e:  # another runner ticks: wait for its lease to end
                 log.warning("waiting: %s", e)
                 if on_wait:
@@ -482,6 +527,17 @@ class TickRunner:
             sleep(seconds)
         elif seconds > 0:
             self._stop.wait(seconds)
+
+
+def _due_meanwhile(result: TickResult, previous: int | None, ended: int) -> bool:
+    """Whether held work most likely fell due while ``result``'s tick ran: its promote pass
+    handled entries at a rate (per ms since the previous tick's now) that puts at least one
+    in the time the tick took. The loop then ticks again at once, without reading the next
+    due time (a statement or three), as a loop with work falling due all the time would."""
+    handled = sum(j.rows_in for j in result.jobs if j.job == "promote")
+    if not handled or previous is None or result.now <= previous or ended <= result.now:
+        return False
+    return handled * (ended - result.now) >= result.now - previous
 
 
 def _stamped(run: JobRun, start: int) -> JobRun:

@@ -111,19 +111,21 @@ def advance_offsets(
     client_id: str = "",
     *,
     attempt_ts: int | None | object = KEEP,
+    also: Mapping[str, Sequence[ProgressRow]] | None = None,
 ) -> None:
     """MERGE rows into ``offsets`` for ``group``; values only ever move forward.
 
     Self-contained (``greatest(t.x, s.x)`` inside the MERGE), so a re-run or a racing
     stale writer can never move an offset back. ``attempt_ts`` (an epoch ms, or None to
-    clear it) marks or ends a job's pass in progress on every row given.
+    clear it) marks or ends a job's pass in progress on every row given. ``also``: rows
+    of other groups (client ``""``) moved in the same MERGE, so in the same commit.
     """
     merge = OffsetsMerge(("next_offset", "progress_version", "attempt_ts"), now)
     attempt = attempt_ts if isinstance(attempt_ts, int) else None
-    for topic, qid, nxt, progress in rows:
-        merge.add(
-            group, topic, qid, client_id, next_offset=nxt, progress_version=progress, attempt_ts=attempt
-        )
+    batches = [(group, client_id, rows)] + [(g, "", more) for g, more in (also or {}).items()]
+    for g, client, group_rows in batches:
+        for topic, qid, nxt, progress in group_rows:
+            merge.add(g, topic, qid, client, next_offset=nxt, progress_version=progress, attempt_ts=attempt)
     update = {
         "next_offset": forward_unless_null("next_offset"),
         "progress_version": forward_unless_null("progress_version", -1),
