@@ -90,6 +90,21 @@ class PromoteResult:
         }
 
 
+@dataclass
+class Memory:
+    """What a runner's promote remembers between passes: the state its last pass left
+    committed, so the next pass need not read it. Offsets only move forward, so the
+    table holds this state or a later one (another runner's pass); a pass starting from
+    an earlier state only finds those entries' copies already stored. Forgotten when a
+    pass starts, remembered again once its progress is committed."""
+
+    state: PromoteState | None = None
+
+    def take(self) -> PromoteState | None:
+        known, self.state = self.state, None
+        return known
+
+
 def load_state(wh: Warehouse) -> PromoteState:
     rows = wh.engine.rows(
         f"SELECT topic, queue_id, next_offset, progress_version FROM {wh.ref('offsets')} "
@@ -285,6 +300,7 @@ def run(
     index_fence=None,
     dispatched: DispatchState | None = None,
     later: Callable[[Callable[[], None]], None] | None = None,
+    memory: Memory | None = None,
 ) -> PromoteResult:
     """Promote everything due at ``now``; outputs first, offsets last.
 
@@ -299,11 +315,12 @@ def run(
     after its other steps (a tick: after deliver), so the copies reach their listeners
     one commit sooner. Outputs are committed by then; a progress commit that never runs
     (a kill, a failed step) only makes the next pass find its copies already stored.
+    ``memory``: the state the runner's last pass left committed (:class:`Memory`).
     """
     engine = wh.engine
     spark = engine.spark
     levels = wh.levels()
-    state = load_state(wh)
+    state = (memory.take() if memory is not None else None) or load_state(wh)
     candidates = read_candidates(wh, state, levels, now)
     base = spark.createDataFrame(
         [(q, o) for q, o in sorted(state.level_offsets.items())], "queue_id int, next_offset bigint"
@@ -333,9 +350,9 @@ def run(
             engine.commit(lambda: wh.append("commit_log", out), what=JOB)
         faults.point("promote.after_output_commit")
         if written and not already and index_fence is not None and s.queues_known:
-            known = iter([dispatched])  # a retry after a conflict reads dispatch's state again
+            first = iter([dispatched])  # a retry after a conflict reads dispatch's state again
             indexed, hint = engine.commit(
-                lambda: index_copies(wh, levels, written, s.by_queue, next(known, None)), what="dispatch"
+                lambda: index_copies(wh, levels, written, s.by_queue, next(first, None)), what="dispatch"
             )
     timer_next = state.timer_next_offset if s.timer_hi is None else s.timer_hi + 1
     # Nothing handled and no new timers: commit nothing (an idle tick stays idle). The
@@ -347,6 +364,13 @@ def run(
                 lambda: write_progress(wh, s.new_levels, now, timer_next, now, dispatch_hint=hint),
                 what="offsets",
             )
+            if memory is not None:  # values only move forward, as in the MERGE
+                levels_after = dict(state.level_offsets)
+                for q, o in s.new_levels.items():
+                    levels_after[q] = max(levels_after.get(q, 0), o)
+                memory.state = PromoteState(
+                    levels_after, max(state.timer_watermark, now), max(state.timer_next_offset, timer_next)
+                )
             faults.point("promote.after_progress_commit")
 
         if later is not None and indexed:
@@ -354,6 +378,8 @@ def run(
         else:
             progress()
     else:
+        if memory is not None:
+            memory.state = state
         faults.point("promote.after_progress_commit")
     return PromoteResult(
         rows_in=s.n_in,

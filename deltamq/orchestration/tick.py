@@ -159,6 +159,7 @@ def _promote(runner: TickRunner, now: int, fence: Callable[[], None], runs: list
         index_fence=index_fence,
         dispatched=dispatched,
         later=lambda commit: runner.later.append(("promote", commit)),
+        memory=runner.promote_memory,
     )
     return JobRun(
         job="promote", status="OK", rows_in=r.rows_in, rows_out=r.rows_out, details=r.details, result=r
@@ -298,7 +299,7 @@ def job_sequence(job: str) -> tuple[tuple[str, str, JobFn], ...]:
 class TickRunner:
     """Runs ticks on one warehouse (its :class:`Context`), holding the job leases between
     ticks and what the jobs remember from one tick to the next (retain's last pass, the
-    size of the messages deliver handed over)."""
+    size of the messages deliver handed over, promote's state)."""
 
     def __init__(
         self,
@@ -308,6 +309,7 @@ class TickRunner:
     ) -> None:
         self.ctx = ctx
         self.retain_memory = retain.Memory()
+        self.promote_memory = promote.Memory()
         self.deliver_memory = deliver.Memory()
         self.sequence = sequence
         self.jobs = tuple(dict.fromkeys(lease for _, lease, _ in sequence))
