@@ -11,14 +11,18 @@ messages, each with a ``receipt_handle``; ``consumer.ack(handles)`` /
   evenly (RocketMQ's rebalanceByTopic with AllocateMessageQueueAveragely): a client
   pulls only its share.
 - **Access lock** (DeFiBus's ConsumeQueueAccessLockManager, ``queue_lock``). The owner
-  writes its lock row when it takes the queue, when it reserves further offsets, and when
-  a quarter of ``lock_queue_timeout_ms`` has passed since its last write (its last
-  access). The row's delivered offset is the end of the range the owner reserved: a pull
-  reserves up to the queue's head, at most ten batches ahead, before it hands anything
-  out, so pulls inside the reservation write no lock row. Anyone else is refused while
-  the owner holds the queue; each refused attempt compares the queue's delivered offset
-  with the one last seen (unchanged → the no-change counter goes up; changed → saved,
-  counter reset); the owner's writes never touch the counter. A non-owner takes the queue
+  writes its lock row when it takes the queue, when it reserves further offsets, when a
+  quarter of ``lock_queue_timeout_ms`` has passed since its last write (its last access),
+  and before it hands out from a reservation older than half of ``RESERVE_MS``. The row's
+  delivered offset is the end of the range the owner reserved: a pull reserves up to the
+  queue's head, at most ``WINDOW`` batches ahead, before it hands anything out, so pulls
+  inside the reservation write no lock row. Other clients count a reservation for
+  ``RESERVE_MS`` after the owner's last write, then what was handed out (a pull that
+  took longer than half of it reads its lock back before returning: the fence). Anyone
+  else is refused while the owner holds the queue; each refused attempt compares the
+  queue's delivered offset with the one last seen (unchanged → the no-change counter
+  goes up; changed → saved, counter reset); the owner's writes never touch the counter.
+  A non-owner takes the queue
   only when the owner timed out (``lock_queue_timeout_ms``) or everything delivered was
   acknowledged (the reservation is all handed out and acked) and the counter reached
   ``max_deliver_offset_no_change_times``; it then starts at the acknowledged offset. A
@@ -65,7 +69,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql import Column
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from deltamq import dedup, faults
@@ -861,19 +865,18 @@ def handles_column(handles: Iterable[str]) -> Column:
     return any_of(F.col("receipt_handle").between(v[0], v[-1]) for v in by_prefix.values())
 
 
-def open_rows(ctx: Context, cond: Column, sent_only: Column | None = None) -> list[tuple]:
-    """INFLIGHT rows matching ``cond`` (and ``sent_only``) that no row has ended yet."""
+def _open(ctx: Context, cond: Column, sent_only: Column | None = None) -> DataFrame:
     log = ctx.warehouse.read("deliveries").where(cond)
     sent = log.where(F.col("state") == INFLIGHT)
     if sent_only is not None:
         sent = sent.where(sent_only)
     over = log.where(F.col("state").isin(*ENDED)).select(F.col("receipt_handle").alias("_ended"))
-    rows = (
-        sent.join(over, F.col("receipt_handle") == F.col("_ended"), "left_anti")
-        .select(*_LOG_SCHEMA.fieldNames())
-        .collect()
-    )
-    return [tuple(r) for r in rows]
+    return sent.join(over, F.col("receipt_handle") == F.col("_ended"), "left_anti")
+
+
+def open_rows(ctx: Context, cond: Column, sent_only: Column | None = None) -> list[tuple]:
+    """INFLIGHT rows matching ``cond`` (and ``sent_only``) that no row has ended yet."""
+    return [tuple(r) for r in _open(ctx, cond, sent_only).select(*_LOG_SCHEMA.fieldNames()).collect()]
 
 
 @dataclass
@@ -968,43 +971,32 @@ def fold(ctx: Context, now: int, logs: dict | None = None) -> int:
     if not logs:
         return 0
     stored = read_positions(ctx, {g for g, _, _ in logs})
-    by_group: dict[str, list[tuple[str, int, _QueueLog]]] = defaultdict(list)
-    for (g, t, q), s in sorted(logs.items()):
-        by_group[g].append((t, q, s))
-    for group, items in by_group.items():
-        merge = OffsetsMerge(
-            ("next_offset", "delivered_offset", "restart"), now, extra={"restart": "boolean"}
-        )
-        drops = []
-        for t, q, s in items:
-            old = stored.get((group, t, q))
-            acked, delivered = _position(s, old)
-            if old is None or old[0] != acked or old[1] != delivered or s.taken_ts is not None:
-                merge.add(
-                    group, t, q, next_offset=acked, delivered_offset=delivered, restart=s.taken_ts is not None
-                )
-            if s.lowest is None or s.lowest >= acked:
-                continue  # nothing ended below the acknowledged offset yet
-            keep = ""
-            if s.taken_handle is not None and s.old_hi is not None and s.old_hi >= acked:
-                keep = f" AND receipt_handle <> {sql_str(s.taken_handle)}"  # older rows still count
-            at = f"topic = {sql_str(t)} AND queue_id = {int(q)}"
-            drops.append(f"({at} AND queue_offset < {sql_long(acked)}{keep})")
-        update = {
-            "next_offset": forward("next_offset"),
-            "delivered_offset": "CASE WHEN s.restart THEN s.delivered_offset "
-            "ELSE greatest(coalesce(t.delivered_offset, 0), s.delivered_offset) END",
-        }
-        insert = {"next_offset": source("next_offset"), "delivered_offset": source("delivered_offset")}
-        if merge.rows:
-            ctx.engine.commit(partial(merge.execute, ctx.warehouse, update, insert), what="offsets")
-        faults.point("pull_expiry.after_offsets_commit")
-        if not drops:
-            continue
-        statement = (
-            f"DELETE FROM {ctx.warehouse.ref('deliveries')} WHERE consumer_group = {sql_str(group)} "
-            f"AND ({' OR '.join(drops)})"
-        )
+    merge = OffsetsMerge(("next_offset", "delivered_offset", "restart"), now, extra={"restart": "boolean"})
+    drops = []
+    for (group, t, q), s in sorted(logs.items()):
+        old = stored.get((group, t, q))
+        acked, delivered = _position(s, old)
+        if old is None or old[0] != acked or old[1] != delivered or s.taken_ts is not None:
+            restart = s.taken_ts is not None
+            merge.add(group, t, q, next_offset=acked, delivered_offset=delivered, restart=restart)
+        if s.lowest is None or s.lowest >= acked:
+            continue  # nothing ended below the acknowledged offset yet
+        keep = ""
+        if s.taken_handle is not None and s.old_hi is not None and s.old_hi >= acked:
+            keep = f" AND receipt_handle <> {sql_str(s.taken_handle)}"  # older rows still count
+        at = f"consumer_group = {sql_str(group)} AND topic = {sql_str(t)} AND queue_id = {int(q)}"
+        drops.append(f"({at} AND queue_offset < {sql_long(acked)}{keep})")
+    update = {
+        "next_offset": forward("next_offset"),
+        "delivered_offset": "CASE WHEN s.restart THEN s.delivered_offset "
+        "ELSE greatest(coalesce(t.delivered_offset, 0), s.delivered_offset) END",
+    }
+    insert = {"next_offset": source("next_offset"), "delivered_offset": source("delivered_offset")}
+    if merge.rows:
+        ctx.engine.commit(partial(merge.execute, ctx.warehouse, update, insert), what="offsets")
+    faults.point("pull_expiry.after_offsets_commit")
+    if drops:
+        statement = f"DELETE FROM {ctx.warehouse.ref('deliveries')} WHERE {' OR '.join(drops)}"
         for pause in (0.02, 0.05, 0.1, 0.0):  # clients keep appending: a few tries, then the next fold
             try:
                 ctx.engine.execute(statement)
@@ -1083,9 +1075,10 @@ def status(ctx: Context, now: int) -> list[dict[str, Any]]:
         f"SELECT consumer_group, client_id, last_seen_ts FROM {wh.ref('clients')} "
         f"WHERE last_seen_ts >= {sql_long(now - ctx.config.client_timeout_ms)} ORDER BY 1, 2"
     )
-    inflight: dict[tuple[str, str], int] = defaultdict(int)
-    for r in open_rows(ctx, F.lit(True)):
-        inflight[(r[0], r[1])] += 1
+    inflight = {
+        (r["consumer_group"], r["client_id"]): r["count"]
+        for r in _open(ctx, F.lit(True)).groupBy("consumer_group", "client_id").count().collect()
+    }
     owners: dict[tuple[str, str], list[Queue]] = defaultdict(list)
     for r in ctx.engine.rows(
         f"SELECT consumer_group, owner, topic, queue_id FROM {wh.ref('queue_lock')} WHERE owner IS NOT NULL"

@@ -201,6 +201,21 @@ def test_invisible_time_expiry_and_nack_take_the_retry_path(pulled, clock, broke
         a.ack(["nope!"])
 
 
+def test_a_long_poll_returns_at_once_when_something_is_there_and_waits_when_not(pulled, clock):
+    import time
+
+    a = pulled.pull_consumer("workers", "a")
+    started = time.monotonic()
+    got = a.pull(100, wait_ms=5_000)
+    assert len(got) == 20 and time.monotonic() - started < 5.0
+    a.ack([m.receipt_handle for m in got])
+    started = time.monotonic()
+    assert a.pull(100, wait_ms=300) == []
+    assert time.monotonic() - started >= 0.3
+    with pytest.raises(ConfigError, match="wait_ms"):
+        a.pull(1, wait_ms=-1)
+
+
 def test_pull_consumer_refuses_push_and_broadcast_groups(broker):
     broker.create_group("pushy", lambda msgs, ctx: None)
     with pytest.raises(ConfigError, match="push listener"):
