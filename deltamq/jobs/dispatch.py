@@ -58,6 +58,8 @@ TIMER_SLOT_MS = 3_600_000  # the timer index is partitioned by due hour
 ROUTES = ("plain", "schedule", "timer", "half")
 _SRC_VIEW = "dmq_dispatch_src"
 _HEADS_SCHEMA = "topic string, queue_id int, next_offset bigint"
+# the route of an index row, by the topic it was indexed under (plan_dispatch's routes)
+_ROUTE_OF_TOPIC = {TRANS_HALF_TOPIC: "half", TIMER_TOPIC: "timer", SCHEDULE_TOPIC: "schedule"}
 # commit_log columns stored inside the Parquet files (partition columns are not).
 _FILE_SCHEMA = T.StructType(
     [f for f in TABLES["commit_log"].columns_at(SCHEMA_VERSION).fields if f.name != "store_date"]
@@ -352,20 +354,22 @@ def run(wh: Warehouse, now: int, *, fence=None) -> DispatchResult:
         if rows is not None:
             plan = plan_dispatch(rows, heads_frame(wh, state.heads), wh.levels())
             plan.createOrReplaceTempView(_SRC_VIEW)
-            summary = engine.rows(
-                f"SELECT topic, queue_id, route, count(*) AS n, max(queue_offset) AS hi "
-                f"FROM {_SRC_VIEW} GROUP BY topic, queue_id, route"
-            )
-            for r in summary:
-                routes[r["route"]] = routes.get(r["route"], 0) + r["n"]
-                key = (r["topic"], r["queue_id"])
-                queues[key] = max(queues.get(key, 0), r["hi"] + 1)
-                n += r["n"]
         faults.point("dispatch.before_index_commit")
-        if n:
+        if rows is not None:
             if fence:
                 fence()
             merge_index(wh, _SRC_VIEW, commits[0].version, to_version)
+            # What was indexed, read back from the index (a few columns of the new files)
+            # rather than by evaluating the plan a second time.
+            for r in engine.rows(
+                f"SELECT topic, queue_id, count(*) AS n, max(queue_offset) AS hi "
+                f"FROM {wh.ref('consume_queue')} WHERE cl_version >= {sql_long(commits[0].version)} "
+                f"AND cl_version <= {sql_long(to_version)} GROUP BY topic, queue_id"
+            ):
+                route = _ROUTE_OF_TOPIC.get(r["topic"], "plain")
+                routes[route] = routes.get(route, 0) + r["n"]
+                queues[(r["topic"], r["queue_id"])] = r["hi"] + 1
+                n += r["n"]
         faults.point("dispatch.after_index_commit")
         return DispatchResult(
             from_version=state.version,
