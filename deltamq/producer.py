@@ -398,9 +398,7 @@ _REFUSED = "deltamq refused a row: "
 def _row_problem(queues: dict[str, int], now: int, config: BrokerConfig, transactional: bool) -> Column:
     """Per row of a checked send_dataframe input: which send rule it breaks (a text), or
     null. The same rules as ``_validate_dataframe``, as one expression."""
-    nq = F.element_at(
-        F.create_map(*[x for t, q in queues.items() for x in (F.lit(t), F.lit(q))]), F.col("topic")
-    )
+    nq = F.element_at(_queue_map(queues), F.col("topic"))
     timer_text = F.col("properties").getItem(Prop.TIMER_DELIVER_MS)
     due = _timer_col()
     delayed = (F.coalesce(F.col("delay_level"), F.lit(0)) > 0) | due.isNotNull()
@@ -418,6 +416,12 @@ def _row_problem(queues: dict[str, int], now: int, config: BrokerConfig, transac
             (F.col("queue_id") < 0) | (F.col("queue_id") >= nq), F.lit("queue_id outside the topic's queues")
         )
     )
+
+
+def _queue_map(queues: dict[str, int]) -> Column:
+    """``topic -> number of queues`` as a map literal, typed even when no topic is
+    writable (an untyped empty map cannot be looked up by a string)."""
+    return F.create_map(*[x for t, q in queues.items() for x in (F.lit(t), F.lit(q))]).cast("map<string,int>")
 
 
 def _timer_col() -> Column:
@@ -458,8 +462,7 @@ def plan_send_dataframe(
     pos = F.when(
         (row < F.lit(1 << 22)) & (part < F.lit(1 << 10)), F.shiftleft(part, 22).bitwiseOR(row)
     ).otherwise(mid.bitwiseOR(F.lit(1 << 62)))
-    qmap = F.create_map(*[x for t, q in queues.items() for x in (F.lit(t), F.lit(q))])
-    nq = F.element_at(qmap, F.col("topic"))
+    nq = F.element_at(_queue_map(queues), F.col("topic"))
     if queue_key is not None:
         chosen: Column = F.pmod(F.crc32(F.col(queue_key).cast("string").cast("binary")), nq)
     else:
