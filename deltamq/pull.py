@@ -884,12 +884,12 @@ class _QueueLog:
     """One queue's rows in the log, summed up."""
 
     taken_ts: int | None = None  # the latest TAKEN row: rows delivered before it are old
-    taken_handle: str | None = None
     inflight_lo: int | None = None  # lowest offset in flight (any epoch)
     due: int | None = None  # earliest invisible time of those in flight
     last: int | None = None  # highest offset handed out or passed since the latest TAKEN
     old_hi: int | None = None  # highest offset of rows older than the latest TAKEN
     lowest: int | None = None  # lowest offset of any row
+    seen_ts: int | None = None  # the latest delivery time read (later rows came after the read)
 
 
 def _summary(ctx: Context, group: str | None = None, queues: Iterable[Queue] | None = None) -> dict:
@@ -902,7 +902,7 @@ def _summary(ctx: Context, group: str | None = None, queues: Iterable[Queue] | N
     ended_states = ", ".join(sql_str(s) for s in ENDED)
     statement = (
         "SELECT consumer_group, topic, queue_id, ts, cls, min(off) AS lo, max(off) AS hi, "
-        "min(due) AS due, max(receipt_handle) AS handle FROM (SELECT consumer_group, topic, queue_id, "
+        "min(due) AS due FROM (SELECT consumer_group, topic, queue_id, "
         "receipt_handle, min(delivered_ts) AS ts, min(queue_offset) AS off, "
         f"min(CASE WHEN state = {sql_str(INFLIGHT)} THEN invisible_until END) AS due, "
         f"CASE WHEN max(CASE WHEN state = {sql_str(TAKEN)} THEN 1 ELSE 0 END) = 1 THEN 'T' "
@@ -920,10 +920,11 @@ def _summary(ctx: Context, group: str | None = None, queues: Iterable[Queue] | N
         if r["cls"] == "T":
             s = out[(r["consumer_group"], r["topic"], r["queue_id"])]
             if s.taken_ts is None or r["ts"] > s.taken_ts:
-                s.taken_ts, s.taken_handle = r["ts"], r["handle"]
+                s.taken_ts = r["ts"]
     for r in rows:
         s = out[(r["consumer_group"], r["topic"], r["queue_id"])]
         s.lowest = r["lo"] if s.lowest is None else min(s.lowest, r["lo"])
+        s.seen_ts = r["ts"] if s.seen_ts is None else max(s.seen_ts, r["ts"])
         if r["cls"] == "I":
             s.inflight_lo = r["lo"] if s.inflight_lo is None else min(s.inflight_lo, r["lo"])
             s.due = r["due"] if s.due is None else min(s.due, r["due"])
@@ -981,9 +982,14 @@ def fold(ctx: Context, now: int, logs: dict | None = None) -> int:
             merge.add(group, t, q, next_offset=acked, delivered_offset=delivered, restart=restart)
         if s.lowest is None or s.lowest >= acked:
             continue  # nothing ended below the acknowledged offset yet
-        keep = ""
-        if s.taken_handle is not None and s.old_hi is not None and s.old_hi >= acked:
-            keep = f" AND receipt_handle <> {sql_str(s.taken_handle)}"  # older rows still count
+        # A takeover appended after the log was read leaves a TAKEN row just below the
+        # acknowledged offset: it is the new owner's start and stays.
+        keep = f" AND NOT (state = {sql_str(TAKEN)} AND delivered_ts > {sql_long(s.seen_ts or 0)})"
+        if s.taken_ts is not None and s.old_hi is not None and s.old_hi >= acked:
+            # the previous owners' rows above the acknowledged offset still count until the
+            # new owner's acks pass them: only their rows go (the TAKEN row and the new
+            # owner's rows after it say where the queue restarted)
+            keep = f" AND delivered_ts < {sql_long(s.taken_ts)}"
         at = f"consumer_group = {sql_str(group)} AND topic = {sql_str(t)} AND queue_id = {int(q)}"
         drops.append(f"({at} AND queue_offset < {sql_long(acked)}{keep})")
     update = {

@@ -419,3 +419,24 @@ def test_a_runner_remembers_promote_state_and_an_older_memory_writes_nothing_twi
     report = check_dispatch(orders.warehouse)
     assert report.ok, report.describe()
     assert sorted(_visible(orders)) == sorted([f"a{i}" for i in range(4)] + [f"b{i}" for i in range(3)])
+
+
+def test_a_runner_forgets_promote_state_once_another_runner_held_the_lease(orders, clock):
+    from helpers import recorded_sql
+
+    from deltamq.orchestration.tick import TickRunner
+
+    t0 = clock.now_ms()
+    orders.producer("p").send_batch([Message("orders", f"a{i}", delay_level=1) for i in range(4)])
+    orders.tick(t0)
+    orders.tick(t0 + 1000)  # promotes: the runner remembers the state it committed
+    orders.runner.release()
+    other = TickRunner(orders.context, holder="other")
+    other.tick(t0 + 2000)  # the leases at a new epoch: promote may have moved meanwhile
+    other.release()
+    with recorded_sql() as statements:
+        orders.tick(t0 + 3000)
+    assert any("'%PROMOTE%'" in s for s in statements)  # read again, not remembered
+    with recorded_sql() as statements:
+        orders.tick(t0 + 4000)
+    assert not any("'%PROMOTE%'" in s for s in statements)  # its own lease since: remembered

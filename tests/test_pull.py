@@ -387,3 +387,43 @@ def test_status_shows_the_rebalance_and_the_locks(pulled, clock, broker):
     assert clients["b"]["assigned"] == [("orders", 2), ("orders", 3)]
     assert clients["a"]["locked"] == [("%RETRY%workers", 0), ("orders", 0), ("orders", 1)]
     assert clients["a"]["in_flight"] == len(got) == 2 and clients["b"]["locked"] == []
+
+
+def test_a_fold_after_a_takeover_keeps_the_new_owners_acked_position(pulled, clock, broker):
+    """a times out with q0m0..q0m3 in flight; b takes queue 0 over and acks q0m0, q0m1.
+    The fold must not forget b's epoch while a's revoked rows above it remain: a third
+    client taking over from b starts at q0m2, never at the acked q0m0 again."""
+    t = clock.now_ms()
+    a = broker.pull_consumer("workers", "a")
+    assert bodies(a.pull(4, now=t)) == ["q0m0", "q0m1", "q0m2", "q0m3"]
+    b = broker.pull_consumer("workers", "b")
+    later = t + broker.config.client_timeout_ms + 1
+    taken = [m for m in b.pull(2, now=later) if m.queue_id == 0]
+    assert bodies(taken) == ["q0m0", "q0m1"]
+    assert b.ack([m.receipt_handle for m in taken], now=later) == 2
+    for k in range(2):  # the first fold deletes the rows below the acked offset, the next reads what is left
+        broker.tick(later + 1 + k)
+        assert positions(broker.context, "workers", [("orders", 0)]) == {("orders", 0): (2, 2)}
+    c = broker.pull_consumer("workers", "c")
+    much_later = later + broker.config.client_timeout_ms + 10
+    again = [m for m in c.pull(10, now=much_later) if m.queue_id == 0]
+    assert bodies(again) == ["q0m2", "q0m3", "q0m4"]
+
+
+def test_a_fold_keeps_a_takeover_that_came_after_it_read_the_log(pulled, clock, broker):
+    """The fold reads the log, then deletes the rows below the acknowledged offset: a
+    takeover appended in between (its TAKEN row sits just below that offset) survives."""
+    from deltamq import pull
+
+    t = clock.now_ms()
+    a = broker.pull_consumer("workers", "a")
+    got = [m for m in a.pull(4, now=t) if m.queue_id == 0]
+    assert a.ack([got[0].receipt_handle, got[1].receipt_handle], now=t) == 2  # acked: 2; q0m2, q0m3 in flight
+    logs = pull._summary(broker.context)  # what the fold read
+    b = broker.pull_consumer("workers", "b")
+    later = t + broker.config.client_timeout_ms + 1
+    assert bodies([m for m in b.pull(1, now=later) if m.queue_id == 0]) == ["q0m2"]  # TAKEN at offset 1
+    pull.fold(broker.context, later, logs)
+    assert positions(broker.context, "workers", [("orders", 0)]) == {("orders", 0): (2, 3)}
+    rest = [m for m in b.pull(10, now=later + 1) if m.queue_id == 0]
+    assert bodies(rest) == ["q0m3", "q0m4"]  # a's q0m3 again (revoked), then the new one

@@ -24,7 +24,7 @@ from deltamq.clock import ms_to_iso, to_ms
 from deltamq.constants import JOB_NAMES, JOB_STEPS, MAX_ERROR_CHARS
 from deltamq.errors import ClockError, LeaseHeld
 from deltamq.jobs import check_transactions, deliver, dispatch, promote, retain, wake
-from deltamq.orchestration.leases import Leases, wall_ms
+from deltamq.orchestration.leases import Lease, Leases, wall_ms
 from deltamq.tables.integrity import diagnose
 from deltamq.tables.offsets import DispatchState
 
@@ -316,6 +316,7 @@ class TickRunner:
         self.leases = Leases(ctx.warehouse, holder)
         self.later: list[tuple[str, Callable[[], None]]] = []  # (step, commit) for the tick's end
         self.last_now: int | None = None
+        self._epochs: dict[str, int] = {}  # the epoch of each lease at the last tick
         self._stop = threading.Event()
 
     @property
@@ -337,6 +338,7 @@ class TickRunner:
         self.ctx.engine.recycle_if_large()
         first = self.last_now is None
         held = self.leases.acquire(self.jobs, last_now=now_ms)
+        self._forget_if_fenced(held)
         if first:
             lease_now = max(
                 (lease.last_now for lease in held.values() if lease.last_now is not None), default=None
@@ -389,6 +391,16 @@ class TickRunner:
         if failed is not None:
             raise failed
         return result
+
+    def _forget_if_fenced(self, held: dict[str, Lease]) -> None:
+        """A lease taken at a new epoch means another runner may have run that job since
+        this one last did (or this one's lease lapsed): what the job remembered is dropped
+        and read again from the tables (promote's positions could otherwise stay behind
+        entries retention has since deleted)."""
+        epochs = {job: lease.epoch for job, lease in held.items()}
+        if "promote" in epochs and self._epochs.get("promote") != epochs["promote"]:
+            self.promote_memory = promote.Memory()
+        self._epochs = epochs
 
     def _run_later(self, runs: list[JobRun]) -> BaseException | None:
         """Run the commits steps left for after the others (``self.later``: promote's
