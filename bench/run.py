@@ -296,7 +296,8 @@ def history(root: Path, step: int, steps: int, busy: int = 1000, samples: int = 
 
 
 def _x(value: float, target: float) -> str:
-    """A figure as a multiple of its target (higher is better)."""
+    """A figure as a share of its target, 1 × or more when met (an at-most target is
+    given the other way round: target first)."""
     return f"{value / target:.2f} ×"
 
 
@@ -456,7 +457,7 @@ def _table(result: dict) -> str:
     lines = [
         f"`python bench/run.py {args}` — {result['at'][:10]}, `results/{result['file']}`",
         "",
-        "| measure | result | target | result / target |",
+        "| measure | result | target | share of target (≥ 1 × met) |",
         "|---|---:|---:|---:|",
         *[f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows],
     ]
