@@ -253,3 +253,28 @@ def test_plan_dispatch_routes_and_numbers(spark):
     assert (out["m6"]["topic"], out["m6"]["route"]) == (TRANS_HALF_TOPIC, "half")
     assert out["m6"]["born_ts"] == 2990  # check-back ages come from the index
     assert out["m1"]["tags_hash"] is not None and out["m2"]["tags_hash"] is None
+
+
+def test_heads_a_killed_pass_left_out_of_the_hint_are_kept_by_the_next_pass(broker, clock, monkeypatch):
+    """A pass killed between its index commit and its hint: the next pass finds those
+    rows in the index tail and, indexing something new, writes them into the hint with
+    its own, so a third pass never gives their offsets out again."""
+    broker.create_topic("two", queues=2)
+    p = broker.producer("p")
+    wh, t = broker.warehouse, clock.now_ms()
+
+    def send(body: str, q: int) -> None:
+        p.send_batch([Message("two", body)], selector=lambda n, m, a: a, arg=q)
+
+    send("a", 0)
+    with monkeypatch.context() as m:  # the hint's commit never happens
+        m.setattr(dispatch, "write_progress", lambda *a, **k: None)
+        dispatch.run(wh, t)
+    send("b", 1)
+    dispatch.run(wh, t + 1)  # the index tail (queue 0) and a new commit (queue 1)
+    send("c", 0)
+    dispatch.run(wh, t + 2)
+    rows = broker.sql("SELECT queue_id, queue_offset FROM consume_queue WHERE topic = 'two'").collect()
+    assert sorted((r["queue_id"], r["queue_offset"]) for r in rows) == [(0, 0), (0, 1), (1, 0)]
+    report = check_dispatch(wh)
+    assert report.ok, report.describe()

@@ -347,7 +347,10 @@ def run(wh: Warehouse, now: int, *, fence=None) -> DispatchResult:
         to_version = commits[-1].version
         rows = read_new_rows(wh, commits)
         routes: dict[str, int] = {}
-        queues: dict[tuple[str, int], int] = {}
+        # heads an earlier pass indexed but its hint never recorded (killed between its
+        # index and progress commits): the hint written below moves its version past them,
+        # so they must go with it
+        queues: dict[tuple[str, int], int] = dict(state.stale)
         n = dropped = 0
         if rows is not None and may_hold_commits(commits):
             rows, dropped = drop_duplicate_commits(wh, rows)
@@ -368,7 +371,8 @@ def run(wh: Warehouse, now: int, *, fence=None) -> DispatchResult:
             ):
                 route = _ROUTE_OF_TOPIC.get(r["topic"], "plain")
                 routes[route] = routes.get(route, 0) + r["n"]
-                queues[(r["topic"], r["queue_id"])] = r["hi"] + 1
+                key = (r["topic"], r["queue_id"])
+                queues[key] = max(queues.get(key, 0), r["hi"] + 1)
                 n += r["n"]
         faults.point("dispatch.after_index_commit")
         return DispatchResult(
