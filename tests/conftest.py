@@ -350,3 +350,25 @@ def cluster(s3_server, tmp_path_factory):
     probe = lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() is None  # noqa: E731
     with running(command, env=env, ready=probe, what="Sail local-cluster") as proc:
         yield SimpleNamespace(url=f"sc://127.0.0.1:{port}", pid=proc.pid, listener_log=log)
+        _release_results_while_up()
+
+
+def _release_results_while_up() -> None:
+    """Before a Spark Connect server stops: results of finished tests that the garbage
+    collector has not reached yet are released now, and the releases in flight are
+    waited for. pyspark retries a release against a server that is gone for about ten
+    minutes, and the last session's close waits for it (docs/engines.md)."""
+    import gc
+
+    from pyspark.sql.connect.client.reattach import ExecutePlanResponseReattachableIterator
+
+    gc.collect()
+    ExecutePlanResponseReattachableIterator.shutdown()
+    # anything finalised from here on must not start a release the server cannot answer
+    ExecutePlanResponseReattachableIterator._get_or_create_release_thread_pool = classmethod(  # type: ignore[method-assign]
+        _no_release_pool
+    )
+
+
+def _no_release_pool(cls):
+    raise RuntimeError("the test server has stopped: no release of results")
