@@ -177,6 +177,7 @@ def test_access_denied_is_named(s3_with_auth):
         Broker.open("s3://locked/wh", config=config)
 
 
+@pytest.mark.slow  # ~9 s: the credential chain's own time-outs
 def test_no_credentials_at_all_is_named(s3_server):
     """No keys anywhere: the client falls back to the instance metadata service, which
     here is a closed port on 127.0.0.1 (never a real address)."""
