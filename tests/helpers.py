@@ -70,3 +70,22 @@ def recorded_sql() -> Iterator[list[str]]:
         yield statements
     finally:
         SQL_RECORDERS.remove(hook)
+
+
+def hint_matches_the_index(broker: Broker, why: object = None) -> None:
+    """Dispatch's hint (``%DISPATCH%`` rows) names every queue's next offset as the index
+    has it (``why``: what the assertion message says, e.g. a crash round)."""
+    heads = {
+        (r["topic"], r["queue_id"]): r["next_offset"]
+        for r in broker.sql(
+            "SELECT topic, queue_id, next_offset FROM offsets WHERE consumer_group = '%DISPATCH%' "
+            "AND queue_id >= 0"
+        ).collect()
+    }
+    counts = {
+        (r["topic"], r["queue_id"]): r["n"]
+        for r in broker.sql(
+            "SELECT topic, queue_id, count(*) AS n FROM consume_queue GROUP BY 1, 2"
+        ).collect()
+    }
+    assert heads == counts, why

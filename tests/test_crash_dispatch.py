@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from crash import CrashRounds
+from helpers import hint_matches_the_index
 
 from deltamq import Message
 from deltamq.constants import Prop
@@ -43,20 +44,7 @@ def _check(broker, expected: int) -> None:
     report = check_dispatch(broker.warehouse)
     assert report.ok, report.describe()
     assert report.stored == report.indexed == expected
-    heads = {
-        (r["topic"], r["queue_id"]): r["next_offset"]
-        for r in broker.sql(
-            "SELECT topic, queue_id, next_offset FROM offsets WHERE consumer_group = '%DISPATCH%' "
-            "AND queue_id >= 0"
-        ).collect()
-    }
-    counts = {
-        (r["topic"], r["queue_id"]): r["n"]
-        for r in broker.sql(
-            "SELECT topic, queue_id, count(*) AS n FROM consume_queue GROUP BY 1, 2"
-        ).collect()
-    }
-    assert heads == counts
+    hint_matches_the_index(broker)
 
 
 @pytest.mark.parametrize("store", ["local", "s3"], indirect=True)

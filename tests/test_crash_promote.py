@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 from crash import CrashRounds
+from helpers import hint_matches_the_index
 
 from deltamq import Message
 from deltamq.dq.conservation import check_dispatch
@@ -82,18 +83,5 @@ def test_promote_indexing_its_copies_in_a_tick_survives_kills(broker, clock, tmp
             "WHERE topic = 'orders'"
         ).collect()[0]
         assert real["n"] == real["uniq"] == sent, (round_no, real)
-        heads = {
-            (r["topic"], r["queue_id"]): r["next_offset"]
-            for r in broker.sql(
-                "SELECT topic, queue_id, next_offset FROM offsets WHERE consumer_group = '%DISPATCH%' "
-                "AND queue_id >= 0"
-            ).collect()
-        }
-        counts = {
-            (r["topic"], r["queue_id"]): r["n"]
-            for r in broker.sql(
-                "SELECT topic, queue_id, count(*) AS n FROM consume_queue GROUP BY 1, 2"
-            ).collect()
-        }
-        assert heads == counts, round_no
+        hint_matches_the_index(broker, round_no)
     assert crashes.kills >= 7

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 from conftest import table_versions
+from helpers import hint_matches_the_index
 
 from deltamq import Broker, Message
 from deltamq.config import parse_levels
@@ -302,24 +303,6 @@ def test_status_shows_levels_and_timers(orders, clock):
     assert (level3["pending"], level3["offset"]) == (0, 2)
 
 
-def _hint_matches_the_index(broker) -> None:
-    """Dispatch's hint (%DISPATCH% rows) names every queue's next offset as the index has it."""
-    heads = {
-        (r["topic"], r["queue_id"]): r["next_offset"]
-        for r in broker.sql(
-            "SELECT topic, queue_id, next_offset FROM offsets WHERE consumer_group = '%DISPATCH%' "
-            "AND queue_id >= 0"
-        ).collect()
-    }
-    counts = {
-        (r["topic"], r["queue_id"]): r["n"]
-        for r in broker.sql(
-            "SELECT topic, queue_id, count(*) AS n FROM consume_queue GROUP BY 1, 2"
-        ).collect()
-    }
-    assert heads == counts
-
-
 def test_a_tick_indexes_the_copies_in_the_promote_pass_as_dispatch_would(orders, clock):
     from deltamq.dq.conservation import check_dispatch
     from deltamq.jobs import dispatch
@@ -349,7 +332,7 @@ def test_a_tick_indexes_the_copies_in_the_promote_pass_as_dispatch_would(orders,
     assert [(r["cl_version"], r["n"]) for r in copies] == [
         (deltalog.latest_version(wh.storage, wh.uri("commit_log")), 10)
     ]
-    _hint_matches_the_index(orders)
+    hint_matches_the_index(orders)
     assert dispatch.run(wh, t0 + 1000).rows_out == 0
     assert sorted(_visible(orders)) == sorted(
         [f"plain{i}" for i in range(6)] + [f"d{i}" for i in range(5)] + [f"t{i}" for i in range(5)]
@@ -378,7 +361,7 @@ def test_a_commit_between_dispatch_and_the_copies_leaves_their_index_to_dispatch
     assert result.job("redispatch").rows_out == 6  # the producer's message, then the copies
     report = check_dispatch(orders.warehouse)
     assert report.ok, report.describe()
-    _hint_matches_the_index(orders)
+    hint_matches_the_index(orders)
     assert sorted(_visible(orders)) == sorted(["between"] + [f"d{i}" for i in range(5)])
 
 
