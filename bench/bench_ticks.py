@@ -32,7 +32,8 @@ from pathlib import Path
 from deltalake import DeltaTable
 
 from deltamq import Broker, FakeClock, Message
-from deltamq.engine import Engine, resident_mb
+from deltamq.engine import Engine
+from deltamq.sail import resident_mb
 
 HERE = Path(__file__).parent
 TABLES = (

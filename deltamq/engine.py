@@ -4,11 +4,18 @@ Three modes (docs/design.md, "Engine"):
 
 * ``embedded`` (default): a Sail server (``pysail``) in a child process, on 127.0.0.1
   at a free port, shared by every Broker of the process, replaced when its memory
-  grows past ``embedded_max_rss_mb`` and stopped at exit (or when the process dies);
+  grows past ``embedded_max_rss_mb`` and stopped at exit (deltamq/sail.py);
 * ``remote``: any Spark Connect endpoint, ``sc://host:port`` (argument or
-  ``DELTAMQ_SPARK_REMOTE``);
-* ``classic``: the active SparkSession (e.g. under ``spark-submit``) with delta-spark
-  configured.
+  ``DELTAMQ_SPARK_REMOTE``): a Sail server or cluster, or Apache Spark's own Connect
+  server with Delta;
+* ``classic``: an in-process Apache Spark session with delta-spark (``spark-submit``,
+  a notebook): each Engine works in a session of its own (``newSession()``: its own
+  temp views and SQL settings over the shared SparkContext).
+
+Two flavours of engine sit behind those modes, told apart when the engine opens:
+``sail`` and ``spark`` (Apache Spark with Delta). They differ in how S3 paths are
+spelled (Hadoop's ``s3a://``), how a lost commit race is reported, and which
+maintenance statements exist (docs/engines.md).
 
 Every SQL statement goes through :meth:`Engine.sql`, which can record it (the Apache
 Spark guard parses every recorded statement with Spark's own parser), and every
@@ -21,22 +28,18 @@ Engine gaps and their workarounds are listed in docs/engines.md.
 
 from __future__ import annotations
 
-import atexit
-import json
 import logging
 import os
 import random
-import select
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
-from deltamq.errors import CommitConflict, EngineError
+from deltamq import sail
+from deltamq.errors import CommitConflict, EngineError, UnsafeStorage
+from deltamq.spark_connect import connect
+from deltamq.spark_setup import DELTA_CATALOG, DELTA_EXTENSION, DELTA_PACKAGE, SESSION_TUNING
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row, SparkSession
@@ -46,165 +49,108 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
-_START_TIMEOUT_S = 120.0
+Flavor = Literal["sail", "spark"]
 
-# Texts by which engines report that another writer committed first.
-_CONFLICT_MARKERS = (
-    "Failed to commit transaction",  # Sail (delta-rs style)
-    "ConcurrentAppendException",
-    "ConcurrentDeleteReadException",
-    "ConcurrentDeleteDeleteException",
-    "ConcurrentTransactionException",
-    "ConcurrentModificationException",
-    "MetadataChangedException",
-    "ProtocolChangedException",
-    "DELTA_CONCURRENT",
+# --- lost commit races, recognised by type ------------------------------------------------
+# Delta (classic PySpark raises io.delta.exceptions.*; over Spark Connect the Java class
+# arrives as the error's reason and its error class as the condition).
+DELTA_CONFLICT_CLASSES = frozenset(
+    f"io.delta.exceptions.{name}"
+    for name in (
+        "ConcurrentAppendException",
+        "ConcurrentDeleteReadException",
+        "ConcurrentDeleteDeleteException",
+        "ConcurrentTransactionException",
+        "ConcurrentWriteException",
+        "DeltaConcurrentModificationException",
+        "MetadataChangedException",
+        "ProtocolChangedException",
+    )
+)
+DELTA_CONFLICT_CONDITIONS = frozenset(
+    {
+        "DELTA_CONCURRENT_APPEND",
+        "DELTA_CONCURRENT_DELETE_READ",
+        "DELTA_CONCURRENT_DELETE_DELETE",
+        "DELTA_CONCURRENT_TRANSACTION",
+        "DELTA_CONCURRENT_WRITE",
+        "DELTA_METADATA_CHANGED",
+        "DELTA_PROTOCOL_CHANGED",
+    }
+)
+# Sail reports a lost race by text only (no class, no condition).
+SAIL_CONFLICT_TEXTS = (
+    "Failed to commit transaction",
+    # a snapshot read racing another writer's commit/checkpoint (seen at the 10-commit
+    # checkpoint): it fails before our commit, so re-planning is safe
+    "Missing commit file",
     "version already exists",
     "Version already exists",
-    # Sail: a snapshot read racing another writer's commit/checkpoint (seen at the
-    # 10-commit checkpoint). A failed read before our commit: safe to re-plan.
-    "Missing commit file",
 )
 
-_DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
-_DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 
-# Hooks that receive every SQL statement the engine runs (the Spark guard uses one).
-SQL_RECORDERS: list[Callable[[str], None]] = []
+def _condition(exc: BaseException) -> str:
+    get = getattr(exc, "getCondition", None) or getattr(exc, "getErrorClass", None)
+    try:
+        value = get() if callable(get) else None
+    except Exception:  # noqa: BLE001 - an exception that cannot say
+        value = None
+    return (value or "").split(".", 1)[0]
+
+
+def _java_classes(exc: BaseException) -> set[str]:
+    """The Java exception classes an error carries: classic PySpark's captured
+    exceptions (``delta.exceptions``) and py4j errors name theirs; a Spark Connect
+    error starts with ``(java.class.Name) message``."""
+    names: set[str] = set()
+    for klass in type(exc).__mro__:
+        if klass.__module__.startswith("delta.exceptions"):
+            names.add(f"io.delta.exceptions.{klass.__name__}")
+    text = str(exc)
+    if text.startswith("("):
+        names.add(text[1:].split(")", 1)[0])
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        try:
+            names.add(java.getClass().getName())
+        except Exception:  # noqa: BLE001 - the JVM is gone
+            pass
+    return names
 
 
 def is_commit_conflict(exc: BaseException) -> bool:
-    """True when ``exc`` says another writer's commit landed first."""
-    text = f"{type(exc).__name__}: {exc}"
-    return any(marker in text for marker in _CONFLICT_MARKERS)
+    """True when ``exc`` says another writer's commit landed first: a Delta conflict
+    exception (classic or over Spark Connect, by class or error condition), or Sail's
+    failed commit. Looks through ``__cause__`` chains."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if _condition(e) in DELTA_CONFLICT_CONDITIONS or _java_classes(e) & DELTA_CONFLICT_CLASSES:
+            return True
+        text = str(e)
+        if any(marker in text for marker in SAIL_CONFLICT_TEXTS):
+            return True
+        # a py4j error whose Delta class was not converted names it in its text
+        if any(name in text for name in DELTA_CONFLICT_CLASSES):
+            return True
+        e = e.__cause__
+    return False
 
 
-class _EmbeddedServer:
-    """The process's Sail Spark Connect server, run in a child process
-    (deltamq/_sail_child.py), started on first use and replaced by :meth:`recycle`.
+# docs/engines.md, "S3 commit safety on Apache Spark"
+S3_ON_SPARK_REFUSED = (
+    "{location}: a deltamq warehouse on S3 cannot be written by Apache Spark with Delta. Delta-Spark "
+    "commits to S3 with a check-then-PUT that is atomic only inside one driver JVM "
+    "(spark.delta.logStore.s3a.impl=S3SingleDriverLogStore), while deltamq's other writers (Sail, the "
+    "Spark-free producer, retention and compaction through delta-rs) commit with conditional PUTs; "
+    "together they can overwrite each other's commits. Open this warehouse with the Sail engine "
+    "(engine='embedded', or remote= a Sail server), or keep a warehouse for Apache Spark on a store "
+    "whose commits are atomic for every writer (a local or HDFS path, ADLS, GCS)"
+)
 
-    Sail holds on to ~0.1 MB for every operation it executes and frees it only when its
-    process ends (docs/engines.md), so a long-lived broker must be able to swap the
-    server for a fresh one: every embedded Engine notices the new ``generation`` and
-    reconnects on its next use of ``spark``.
-    """
-
-    _lock = threading.RLock()
-    _proc: subprocess.Popen | None = None
-    _url: str | None = None
-    generation = 0
-    recycles = 0
-    sessions: list = []
-    _atexit = False
-    # environment the server runs with beyond this process's: the object-store settings
-    # of the warehouse whose engine used it last (deltamq/storage.py)
-    env: dict[str, str] = {}
-
-    @classmethod
-    def require_env(cls, env: dict[str, str]) -> None:
-        """Make sure the server runs with exactly ``env`` beyond the process's environment,
-        replacing a running one that has other settings. One server serves one set of
-        object-store settings at a time: engines of warehouses with other settings swap
-        it back on their next use (about a second each time)."""
-        with cls._lock:
-            if cls.env == env:
-                return
-            cls.env = dict(env)
-            if cls._proc is not None and cls._proc.poll() is None:
-                cls.recycle("a warehouse needs other object-store settings")
-
-    @classmethod
-    def url(cls) -> str:
-        with cls._lock:
-            if cls._url is None or cls._proc is None or cls._proc.poll() is not None:
-                if cls._proc is not None:
-                    log.warning("embedded Sail server (pid %s) is gone; starting another", cls._proc.pid)
-                cls._start()
-            assert cls._url is not None
-            return cls._url
-
-    @classmethod
-    def alive(cls) -> bool:
-        return cls._proc is not None and cls._proc.poll() is None
-
-    @classmethod
-    def _start(cls) -> None:
-        env = dict(os.environ) | cls.env
-        env.setdefault("RUST_LOG", "error")
-        proc = subprocess.Popen(
-            [sys.executable, "-I", str(Path(__file__).with_name("_sail_child.py")), str(os.getpid())],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-        )
-        try:
-            assert proc.stdin is not None and proc.stdout is not None
-            setup = {"sys_path": [p for p in sys.path if isinstance(p, str)]}
-            proc.stdin.write(json.dumps(setup).encode() + b"\n")
-            proc.stdin.flush()
-            ready, _, _ = select.select([proc.stdout], [], [], _START_TIMEOUT_S)
-            line = proc.stdout.readline().decode().split() if ready else []
-            if len(line) != 3 or line[0] != "LISTENING":
-                raise EngineError(
-                    f"the embedded Sail server did not start within {_START_TIMEOUT_S:.0f}s "
-                    f"(exit code {proc.poll()}, said {line!r}); is pysail installed?"
-                )
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        cls._proc, cls._url = proc, f"sc://{line[1]}:{line[2]}"
-        cls.generation += 1
-        if not cls._atexit:
-            atexit.register(cls.stop)
-            cls._atexit = True
-        log.info("embedded Sail server (pid %s) listening on %s", proc.pid, cls._url)
-
-    @classmethod
-    def rss_mb(cls) -> float | None:
-        """The server process's resident memory in MiB (None: not running or unknown)."""
-        proc = cls._proc
-        if proc is None or proc.poll() is not None:
-            return None
-        return resident_mb(proc.pid)
-
-    @classmethod
-    def recycle(cls, reason: str) -> None:
-        """Replace the server by a fresh one; engines reconnect on next use."""
-        with cls._lock:
-            log.info("replacing the embedded Sail server: %s", reason)
-            cls.stop()
-            cls._start()
-            cls.recycles += 1
-
-    @classmethod
-    def stop(cls) -> None:
-        with cls._lock:
-            proc, cls._proc, cls._url = cls._proc, None, None
-            # Close our clients while the server still answers: a client finishes its
-            # pending ReleaseExecute calls then; against a dead server they would be
-            # retried for minutes, holding up the process's exit.
-            sessions, cls.sessions = cls.sessions, []
-            for spark in sessions:
-                try:
-                    spark.client.close()
-                except Exception:  # noqa: BLE001 - already closed
-                    pass
-            if proc is None:
-                return
-            try:
-                if proc.stdin is not None:
-                    proc.stdin.close()
-                proc.wait(timeout=5)
-            except Exception:  # noqa: BLE001 - it would not stop: make it
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
-
-    @classmethod
-    def running(cls) -> bool:
-        return cls._url is not None and cls.alive()
+# Hooks that receive every SQL statement the engine runs (the Spark guard uses one).
+SQL_RECORDERS: list[Callable[[str], None]] = []
 
 
 @dataclass
@@ -221,25 +167,32 @@ class EngineStats:
 class Engine:
     """A SparkSession plus the helpers every deltamq module uses to touch tables."""
 
-    def __init__(self, spark: SparkSession, mode: str, config: BrokerConfig) -> None:
+    def __init__(self, spark: SparkSession, mode: str, config: BrokerConfig, flavor: Flavor = "sail") -> None:
         self._spark = spark
-        self._generation = _EmbeddedServer.generation
+        self._generation = sail.EmbeddedServer.generation
         self.mode = mode
+        self.flavor: Flavor = flavor
         self.config = config
         self.stats = EngineStats()
         # the server environment this engine's warehouse needs (None: any; embedded only)
         self._server_env: dict[str, str] | None = None
 
     @property
+    def hadoop_paths(self) -> bool:
+        """Apache Spark reads S3 through Hadoop's ``s3a://``; Sail reads ``s3://``."""
+        return self.flavor == "spark"
+
+    @property
     def spark(self) -> SparkSession:
         """The session; an embedded engine reconnects here after the server was
         replaced (:meth:`recycle_if_large`) or found dead."""
         if self.mode == "embedded":
-            if self._server_env is not None and _EmbeddedServer.env != self._server_env:
-                _EmbeddedServer.require_env(self._server_env)
-            if self._generation != _EmbeddedServer.generation or not _EmbeddedServer.alive():
-                self._spark = _embedded_session()
-                self._generation = _EmbeddedServer.generation
+            server = sail.EmbeddedServer
+            if self._server_env is not None and server.env != self._server_env:
+                server.require_env(self._server_env)
+            if self._generation != server.generation or not server.alive():
+                self._spark = sail.embedded_session()
+                self._generation = server.generation
         return self._spark
 
     def recycle_if_large(self) -> bool:
@@ -250,32 +203,34 @@ class Engine:
         limit = self.config.embedded_max_rss_mb
         if self.mode != "embedded" or limit <= 0:
             return False
-        rss = _EmbeddedServer.rss_mb()
+        rss = sail.EmbeddedServer.rss_mb()
         if rss is None or rss <= limit:
             return False
-        _EmbeddedServer.recycle(f"its memory {rss:.0f} MiB is over embedded_max_rss_mb={limit}")
+        sail.EmbeddedServer.recycle(f"its memory {rss:.0f} MiB is over embedded_max_rss_mb={limit}")
         return True
 
     @staticmethod
     def embedded_rss_mb() -> float | None:
         """The embedded server process's resident memory in MiB, if it runs."""
-        return _EmbeddedServer.rss_mb()
+        return sail.EmbeddedServer.rss_mb()
 
     @staticmethod
     def embedded_recycles() -> int:
         """How many times this process replaced its embedded server."""
-        return _EmbeddedServer.recycles
+        return sail.EmbeddedServer.recycles
 
     def prepare_storage(self, storage: Storage) -> None:
         """Give the engine what ``storage`` needs: the embedded server its environment
         (Sail reads the standard AWS_* / AZURE_* / GOOGLE_* variables), a classic session
-        its ``spark.hadoop.fs.s3a.*`` settings. A remote server is configured where it
-        runs (docs/storage.md)."""
+        its ``fs.s3a.*`` settings. A remote server is configured where it runs
+        (docs/storage.md). Refuses what could lose a commit: Apache Spark on S3."""
+        if self.flavor == "spark" and storage.kind == "s3":
+            raise UnsafeStorage(S3_ON_SPARK_REFUSED.format(location=storage.location))
         if self.mode == "embedded":
             env = storage.engine_env()
             if env:
                 self._server_env = env
-                _EmbeddedServer.require_env(env)
+                sail.EmbeddedServer.require_env(env)
         elif self.mode == "classic":
             # at run time Hadoop reads fs.s3a.* from the context's configuration; the
             # spark.hadoop.* spelling only takes effect at start-up (--conf)
@@ -286,20 +241,18 @@ class Engine:
     # --- construction -------------------------------------------------------------
     @classmethod
     def open(cls, config: BrokerConfig, spark: SparkSession | None = None) -> Engine:
-        """Yield an Engine for ``config.engine`` (or wrap the ``spark`` given)."""
-        if spark is not None:
-            mode = "classic" if _is_classic(spark) else "remote"
-            if mode == "classic":
-                _check_classic_delta(spark)
-            return cls(spark, mode, config)
-        if config.engine == "classic":
+        """Yield an Engine for ``config.engine`` (or over the ``spark`` given: a classic
+        session is forked with ``newSession()`` so that each Engine has its own views)."""
+        if spark is None and config.engine == "classic":
             from pyspark.sql import SparkSession
 
-            active = SparkSession.getActiveSession()
-            if active is None:
-                active = SparkSession.builder.getOrCreate()
-            _check_classic_delta(active)
-            return cls(active, "classic", config)
+            spark = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+        if spark is not None:
+            if _is_classic(spark):
+                _check_classic_delta(spark)
+                return cls(_own_session(spark.newSession(), "spark"), "classic", config, "spark")
+            flavor = _flavor_of(spark)
+            return cls(_own_session(spark, flavor), "remote", config, flavor)
         if config.engine == "remote":
             url = config.remote or os.environ.get("DELTAMQ_SPARK_REMOTE")
             if not url:
@@ -307,17 +260,19 @@ class Engine:
                     "engine 'remote' needs a Spark Connect URL: pass remote='sc://host:port' "
                     "or set DELTAMQ_SPARK_REMOTE"
                 )
-            return cls(_connect(url), "remote", config)
-        return cls(_embedded_session(), "embedded", config)
+            spark = connect(url)
+            flavor = _flavor_of(spark)
+            return cls(_own_session(spark, flavor), "remote", config, flavor)
+        return cls(sail.embedded_session(), "embedded", config, "sail")
 
     @staticmethod
     def shutdown_embedded() -> None:
         """Stop the process's embedded Sail server (it starts again on next use)."""
-        _EmbeddedServer.stop()
+        sail.EmbeddedServer.stop()
 
     @staticmethod
     def embedded_running() -> bool:
-        return _EmbeddedServer.running()
+        return sail.EmbeddedServer.running()
 
     def close(self) -> None:
         """Forget this engine. The Spark session is deliberately left open.
@@ -397,94 +352,6 @@ class Engine:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-def resident_mb(pid: int | str = "self") -> float | None:
-    """A process's resident memory in MiB (None: unknown, e.g. not Linux, which then
-    never replaces its embedded server by size)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        return None
-    return None
-
-
-def _embedded_session() -> SparkSession:
-    from pyspark.sql.connect.client.retries import DefaultPolicy
-
-    with _EmbeddedServer._lock:
-        spark = _connect(_EmbeddedServer.url())
-        _EmbeddedServer.sessions.append(spark)
-    # A local server that stops answering is gone, not busy: give up in ~5 s rather than
-    # the client's default ~10 minutes of retries (per query and per ReleaseExecute).
-    spark.client.set_retry_policies([DefaultPolicy(max_retries=5, max_backoff=2000)])  # type: ignore[operator]
-    _adopt_as_default(spark)
-    # Our own server: render times in UTC like the epoch-ms columns (session-local).
-    spark.conf.set("spark.sql.session.timeZone", "UTC")
-    return spark
-
-
-def _adopt_as_default(spark: SparkSession) -> None:
-    """After the embedded server was replaced, the process's default and this thread's
-    active Connect session are closed ones: code that finds its session by
-    ``SparkSession.builder.getOrCreate()`` (Great Expectations) would try to create one
-    without a URL. Make ``spark`` both, where they are unusable."""
-    from pyspark.sql.connect.session import SparkSession as ConnectSession
-
-    with ConnectSession._lock:
-        if ConnectSession._get_default_session() is None:
-            ConnectSession._default_session = spark  # type: ignore[assignment]
-    if ConnectSession.getActiveSession() is None:
-        ConnectSession._active_session.session = spark
-
-
-def _quiet_late_releases() -> None:
-    """pyspark 4.0's Spark Connect result iterator releases its results on the server from
-    ``__del__``, through a thread pool shared by every session of the process; closing any
-    session shuts that pool down. An unfinished iterator that the garbage collector reaches
-    while a close is under way raises ``RuntimeError: cannot schedule new futures after
-    shutdown`` from ``__del__``, wherever the collector happened to run — in a test run,
-    inside the parser pytest uses to show a failure, which CPython 3.11.7 then reports as
-    ``SystemError: AST constructor recursion depth mismatch`` and the run ends
-    (docs/engines.md). The release is only a courtesy (a closed session's results go with
-    it), so that error is dropped here."""
-    try:
-        from pyspark.sql.connect.client.reattach import ExecutePlanResponseReattachableIterator as It
-    except ImportError:  # pragma: no cover - classic PySpark without Connect
-        return
-    if getattr(It, "_deltamq_quiet_del", False):
-        return
-    original = It.__del__
-
-    def __del__(self) -> None:  # noqa: N807 - replaces the class's finaliser
-        try:
-            original(self)
-        except RuntimeError:
-            pass
-
-    It.__del__ = __del__  # type: ignore[method-assign]
-    It._deltamq_quiet_del = True  # type: ignore[attr-defined]
-
-
-_DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
-
-
-def _connect(url: str) -> SparkSession:
-    from pyspark.sql import SparkSession
-
-    _quiet_late_releases()
-    try:
-        # create(): a session of our own, so temp views of one Broker never clash
-        # with another's in the same process. DataFrame debugging off: with it, PySpark
-        # walks the stack and tries to import IPython on every Column function call (a
-        # busy tick's jobs make hundreds: ~40 ms of client CPU a tick), only to add the
-        # call site to engine error messages.
-        return SparkSession.builder.remote(url).config(_DEBUGGING, "false").create()
-    except Exception as e:
-        raise EngineError(f"cannot connect to Spark Connect endpoint {url}: {e}") from e
-
-
 def _is_classic(spark: SparkSession) -> bool:
     try:
         from pyspark.sql.connect.session import SparkSession as ConnectSession
@@ -493,19 +360,43 @@ def _is_classic(spark: SparkSession) -> bool:
     return not isinstance(spark, ConnectSession)
 
 
-def _check_classic_delta(spark: SparkSession) -> None:
+def _own_session(spark: SparkSession, flavor: Flavor) -> SparkSession:
+    """deltamq's session settings, wherever the session came from: epoch-ms columns are
+    rendered and cut into days in UTC; on Apache Spark, Delta's snapshot state in few
+    partitions (spark_setup.SESSION_TUNING)."""
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    if flavor == "spark":
+        for key, value in SESSION_TUNING.items():
+            spark.conf.set(key, value)
+    return spark
+
+
+def _flavor_of(spark: SparkSession) -> Flavor:
+    """``spark`` when the endpoint is Apache Spark (its ``version()`` is "4.0.5 <commit>"),
+    ``sail`` for Sail (its own version alone). Apache Spark must have Delta loaded."""
+    try:
+        version = str(spark.sql("SELECT version() AS v").collect()[0][0])
+    except Exception as e:  # noqa: BLE001 - the endpoint does not answer
+        raise EngineError(f"the Spark Connect endpoint did not answer SELECT version(): {e}") from e
+    if len(version.split()) < 2:
+        return "sail"
+    _check_classic_delta(spark, what=f"the Spark Connect server (Apache Spark {version.split()[0]})")
+    return "spark"
+
+
+def _check_classic_delta(spark: SparkSession, what: str = "the active Spark session") -> None:
     conf = spark.conf
     ext = conf.get("spark.sql.extensions", "") or ""
     catalog = conf.get("spark.sql.catalog.spark_catalog", "") or ""
     missing = []
-    if _DELTA_EXTENSION not in ext:
-        missing.append(f"spark.sql.extensions={_DELTA_EXTENSION}")
-    if catalog != _DELTA_CATALOG:
-        missing.append(f"spark.sql.catalog.spark_catalog={_DELTA_CATALOG}")
+    if DELTA_EXTENSION not in ext:
+        missing.append(f"spark.sql.extensions={DELTA_EXTENSION}")
+    if catalog != DELTA_CATALOG:
+        missing.append(f"spark.sql.catalog.spark_catalog={DELTA_CATALOG}")
     if missing:
         raise EngineError(
-            "the active Spark session is not configured for Delta Lake; set "
+            f"{what} is not configured for Delta Lake; set "
             + " and ".join(missing)
-            + " (and put the delta-spark jars on the classpath, e.g."
-            + " --packages io.delta:delta-spark_2.13:4.0.0)"
+            + f" (and put the delta-spark jars on the classpath: --packages {DELTA_PACKAGE};"
+            + " `deltamq spark-conf` prints every line)"
         )

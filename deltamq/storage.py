@@ -183,11 +183,10 @@ class Storage:
         """``location/part/...`` (a path or a URI, like the location)."""
         return "/".join([self.location.rstrip("/"), *(p.strip("/") for p in parts if p)])
 
-    def engine_path(self, path: str, mode: str) -> str:
-        """The spelling the engine of ``mode`` reads: classic Spark (Hadoop) reads S3 as
-        ``s3a://``, and so does a Spark Connect server on Apache Spark (give the warehouse
-        as ``s3a://`` then); Sail reads both."""
-        if path.startswith("s3://") and (mode == "classic" or self._s3a):
+    def engine_path(self, path: str, hadoop: bool) -> str:
+        """The spelling the engine reads: Apache Spark (Hadoop, classic or behind a Spark
+        Connect server) reads S3 as ``s3a://``; Sail reads both."""
+        if path.startswith("s3://") and (hadoop or self._s3a):
             return "s3a://" + path[len("s3://") :]
         return path
 

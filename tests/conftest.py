@@ -7,6 +7,7 @@ test (moved to the end of the run) parses each with Apache Spark's own parser.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from contextlib import contextmanager
@@ -30,18 +31,25 @@ RECORDED_SQL: set[str] = set()
 TEST_ENGINE = os.environ.get("DELTAMQ_TEST_ENGINE", "embedded")
 
 
-# `pytest --engine remote`: the engine-facing tests run against a Spark Connect endpoint,
-# Sail in local-cluster mode (driver and workers exchanging plans and data over RPC)
-# started by the `cluster` fixture. CI runs the main story (`-m story`) that way.
+# `pytest --engine remote|spark|spark-cluster`: the engine-facing tests run against a Spark
+# Connect endpoint the `cluster` fixture starts: Sail in local-cluster mode (driver and
+# workers exchanging plans and data over RPC), Apache Spark's own Connect server with
+# Delta (local[2]), or that server on a standalone Spark cluster (a master, two workers,
+# executors in their own JVMs). CI runs the main story on each, and more on `spark`.
 ENGINE = "embedded"
+REMOTE_ENGINES = ("remote", "spark", "spark-cluster")
+SPARK_ENGINES = ("spark", "spark-cluster")
+SPARK_S3_REFUSED = "Apache Spark cannot write a deltamq warehouse on S3 safely (docs/engines.md): refused"
 
 
 def pytest_addoption(parser):
     parser.addoption(
         "--engine",
-        choices=("embedded", "remote"),
+        choices=("embedded", *REMOTE_ENGINES),
         default="embedded",
-        help="embedded: the broker's own Sail server; remote: a Sail local-cluster Spark Connect server",
+        help="embedded: the broker's own Sail server; remote: a Sail local-cluster Spark Connect server; "
+        "spark: Apache Spark's Spark Connect server with Delta; spark-cluster: the same on a standalone "
+        "Spark cluster",
     )
 
 
@@ -58,6 +66,8 @@ def pytest_generate_tests(metafunc):
     story = metafunc.definition.get_closest_marker("story")
     if story and "store" in metafunc.fixturenames:
         s3 = pytest.param("s3", marks=pytest.mark.slow) if story.kwargs.get("s3") == "slow" else "s3"
+        if ENGINE in SPARK_ENGINES:
+            s3 = pytest.param("s3", marks=pytest.mark.skip(reason=SPARK_S3_REFUSED))
         metafunc.parametrize("store", ["local", s3], indirect=True)
 
 
@@ -82,10 +92,35 @@ def pytest_collection_modifyitems(config, items):
     # cluster run (each recorded in docs/engines.md)
     for item in items:
         story = item.get_closest_marker("story")
-        if ENGINE == "remote" and story and story.kwargs.get("cluster_skip"):
+        if ENGINE in REMOTE_ENGINES and story and story.kwargs.get("cluster_skip"):
             item.add_marker(pytest.mark.skip(reason=story.kwargs["cluster_skip"]))
+        # `@pytest.mark.embedded_only("why")`: what only the embedded engine does
+        only = item.get_closest_marker("embedded_only")
+        if ENGINE != "embedded" and only:
+            item.add_marker(pytest.mark.skip(reason=f"embedded engine only: {only.args[0]}"))
+        # `@pytest.mark.sail_only("why")`: a Sail behaviour Apache Spark does not share
+        sail = item.get_closest_marker("sail_only")
+        if ENGINE in SPARK_ENGINES and sail:
+            item.add_marker(pytest.mark.skip(reason=f"Sail only: {sail.args[0]}"))
     # The guard parses what the rest of the suite issued: run it last.
     items.sort(key=lambda item: 1 if item.get_closest_marker("spark_guard") else 0)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remote_for_subprocesses(request):
+    """Under a remote engine, processes the tests start (the CLI, crash harness, tick loops)
+    reach the same endpoint: DELTAMQ_SPARK_REMOTE, as a user's deployment sets it."""
+    if ENGINE not in REMOTE_ENGINES:
+        yield
+        return
+    url = request.getfixturevalue("cluster").url
+    old = os.environ.get("DELTAMQ_SPARK_REMOTE")
+    os.environ["DELTAMQ_SPARK_REMOTE"] = url
+    yield
+    if old is None:
+        os.environ.pop("DELTAMQ_SPARK_REMOTE", None)
+    else:
+        os.environ["DELTAMQ_SPARK_REMOTE"] = old
 
 
 @pytest.fixture
@@ -114,7 +149,7 @@ def _spark_source(request):
     from deltamq.config import BrokerConfig
     from deltamq.engine import Engine
 
-    if ENGINE == "remote":
+    if ENGINE in REMOTE_ENGINES:
         yield Engine.open(BrokerConfig(engine="remote", remote=request.getfixturevalue("cluster").url))
         return
     yield Engine.open(BrokerConfig())
@@ -145,6 +180,8 @@ def store(request) -> str:
 def location(store, tmp_path, request) -> str:
     """The test's warehouse location: tmp_path/wh, or a fresh prefix on the S3 server."""
     if store == "s3":
+        if ENGINE in SPARK_ENGINES:
+            pytest.skip(SPARK_S3_REFUSED)
         return request.getfixturevalue("s3_location")
     return str(tmp_path / "wh")
 
@@ -165,7 +202,7 @@ def broker_config(store: str, request) -> object:
     from deltamq.config import BrokerConfig
 
     options = request.getfixturevalue("s3_server").options if store == "s3" else {}
-    if ENGINE == "remote":
+    if ENGINE in REMOTE_ENGINES:
         return BrokerConfig(
             engine="remote", remote=request.getfixturevalue("cluster").url, storage_options=options
         )
@@ -219,7 +256,7 @@ def env_listener_log(request, tmp_path, monkeypatch) -> Path:
     """Where `listeners:env_recorder` writes: its DELTAMQ_TEST_LOG. The embedded engine
     ships this process's environment to listener workers; a cluster's workers have the
     cluster's own (set when the `cluster` fixture started it)."""
-    if ENGINE == "remote":
+    if ENGINE in REMOTE_ENGINES:
         return request.getfixturevalue("cluster").listener_log
     path = tmp_path / "env-listener.jsonl"
     monkeypatch.setenv("DELTAMQ_TEST_LOG", str(path))
@@ -248,15 +285,25 @@ def _free_port() -> int:
 
 
 @contextmanager
-def running(command: list[str], *, env: dict[str, str] | None, ready, what: str, timeout_s: float = 60):
+def running(
+    command: list[str],
+    *,
+    env: dict[str, str] | None,
+    ready,
+    what: str,
+    timeout_s: float = 60,
+    log: Path | None = None,
+    cwd: Path | None = None,
+):
     """A server in its own process for the length of the block: started, probed with
     ``ready()`` (true once it answers; OSError while it does not yet) until it answers
-    or ``timeout_s`` passes, and stopped at the end."""
+    or ``timeout_s`` passes, and stopped at the end. Its output goes to ``log`` (else
+    nowhere), which a failure to start names."""
     import subprocess
     import time
 
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    proc = subprocess.Popen(command, env=env, **quiet)
+    out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -266,7 +313,7 @@ def running(command: list[str], *, env: dict[str, str] | None, ready, what: str,
             except OSError:
                 pass
             if time.monotonic() > deadline or proc.poll() is not None:
-                pytest.fail(f"{what} did not start (exit code {proc.poll()})")
+                pytest.fail(f"{what} did not start (exit code {proc.poll()}; output in {log})")
             time.sleep(0.2)
         yield proc
     finally:
@@ -276,6 +323,8 @@ def running(command: list[str], *, env: dict[str, str] | None, ready, what: str,
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if log is not None:
+            out.close()
 
 
 def tool(name: str) -> str:
@@ -328,7 +377,14 @@ def s3_location(s3_server, request):
 
 
 @pytest.fixture(scope="session")
-def cluster(s3_server, tmp_path_factory):
+def cluster(request):
+    """The Spark Connect endpoint of `--engine remote|spark|spark-cluster`."""
+    name = {"remote": "sail_cluster", "spark": "spark_server", "spark-cluster": "spark_cluster"}[ENGINE]
+    return request.getfixturevalue(name)
+
+
+@pytest.fixture(scope="session")
+def sail_cluster(s3_server, tmp_path_factory):
     """Sail in local-cluster mode (`SAIL_MODE=local-cluster sail spark server`) on a free
     port, for `--engine remote`. What a deployment must give such a server (docs/storage.md):
     deltamq and the listeners' modules importable (here: PYTHONPATH has tests/), the
@@ -372,3 +428,104 @@ def _release_results_while_up() -> None:
 
 def _no_release_pool(cls):
     raise RuntimeError("the test server has stopped: no release of results")
+
+
+# --- Apache Spark with Delta: its own Spark Connect server, locally or on a standalone cluster --
+def _port_open(port: int) -> bool:
+    import socket
+
+    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    return True
+
+
+def _spark_connect_env(s3_server, listener_log: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """The environment and ``--conf`` settings a Spark Connect server for the tests gets:
+    what docs/engines.md says a deployment must give it (deltamq and the listeners'
+    modules importable on every executor, the listeners' environment, the object store's
+    s3a settings, this Python for the workers)."""
+    from deltamq.spark_setup import child_env, python_conf
+    from deltamq.storage import Storage
+
+    tests_dir = str(Path(__file__).parent)
+    env = child_env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [tests_dir, env.get("PYTHONPATH", "")] if p)
+    env["DELTAMQ_TEST_LOG"] = str(listener_log)
+    conf = python_conf(pythonpath=env["PYTHONPATH"])
+    conf["spark.executorEnv.DELTAMQ_TEST_LOG"] = str(listener_log)
+    conf["spark.ui.enabled"] = "false"
+    conf["spark.log.level"] = "WARN"
+    conf["spark.driver.memory"] = "3g"
+    conf["spark.sql.shuffle.partitions"] = "2"
+    conf.update(Storage(f"s3://{s3_server.bucket}", s3_server.options, env={}).spark_conf())
+    return env, conf
+
+
+@pytest.fixture(scope="session")
+def spark_server(s3_server, tmp_path_factory):
+    """Apache Spark's Spark Connect server with Delta (`--engine spark`), started the way
+    the README starts it: spark-submit of the server class with Delta's --packages."""
+    from deltamq.spark_setup import connect_server_command
+
+    work = tmp_path_factory.mktemp("spark-server")
+    log = work / "env-listener.jsonl"
+    env, conf = _spark_connect_env(s3_server, log)
+    port = _free_port()
+    command = connect_server_command(port, master="local[2]", extra_conf=conf)
+    with running(
+        command, env=env, ready=lambda: _port_open(port), what="Spark Connect server",
+        timeout_s=300, log=work / "server.log", cwd=work,
+    ) as proc:  # fmt: skip
+        url = f"sc://127.0.0.1:{port}"
+        yield SimpleNamespace(url=url, pid=proc.pid, listener_log=log, log=work / "server.log")
+        _release_results_while_up()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(s3_server, tmp_path_factory):
+    """A standalone Apache Spark cluster (a master and two workers, started with
+    spark-class as the README does) and Spark's Connect server on it (`--engine
+    spark-cluster`): executors run in the workers' own JVMs and Python workers."""
+    from deltamq.spark_setup import connect_server_command, master_command, worker_command
+
+    work = tmp_path_factory.mktemp("spark-cluster")
+    log = work / "env-listener.jsonl"
+    env, conf = _spark_connect_env(s3_server, log)
+    conf["spark.executor.cores"] = "1"
+    conf["spark.executor.memory"] = "1g"
+    master_port, port = _free_port(), _free_port()
+    master_url = f"spark://127.0.0.1:{master_port}"
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(
+            running(
+                master_command("127.0.0.1", master_port), env=env, ready=lambda: _port_open(master_port),
+                what="Spark master", timeout_s=120, log=work / "master.log", cwd=work,
+            )
+        )  # fmt: skip
+        for i in range(2):
+            wdir = work / f"worker{i}"
+            wdir.mkdir()
+            stack.enter_context(
+                running(
+                    worker_command(master_url, "127.0.0.1", cores=1, memory="2g") + ["--work-dir", str(wdir)],
+                    env=env, ready=lambda n=i + 1: _registered(work / "master.log", n),
+                    what=f"Spark worker {i}", timeout_s=120, log=work / f"worker{i}.log", cwd=work,
+                )
+            )  # fmt: skip
+        command = connect_server_command(port, master=master_url, extra_conf=conf)
+        proc = stack.enter_context(
+            running(
+                command, env=env, ready=lambda: _port_open(port), what="Spark Connect server on the cluster",
+                timeout_s=300, log=work / "server.log", cwd=work,
+            )
+        )  # fmt: skip
+        yield SimpleNamespace(
+            url=f"sc://127.0.0.1:{port}", pid=proc.pid, listener_log=log, log=work / "server.log",
+            master=master_url, work=work,
+        )  # fmt: skip
+        _release_results_while_up()
+
+
+def _registered(master_log: Path, workers: int) -> bool:
+    """True once the master logged ``workers`` workers registering (a line each)."""
+    text = master_log.read_text(errors="replace") if master_log.exists() else ""
+    return text.count("Registering worker") >= workers

@@ -105,7 +105,7 @@ def test_the_tick_dag_moves_a_message_from_send_to_consumed(airflow_env, broker,
 
 @pytest.mark.slow
 def test_the_spark_submit_dag_runs_each_job_with_spark_submit(airflow_env, broker, tmp_path):
-    from deltamq.engine import _EmbeddedServer
+    from deltamq.sail import EmbeddedServer as _EmbeddedServer
 
     broker.create_topic("orders", queues=2)
     broker.producer("shop").send_batch([Message("orders", b"a"), Message("orders", b"b")])

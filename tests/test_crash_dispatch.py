@@ -47,6 +47,7 @@ def _check(broker, expected: int) -> None:
     hint_matches_the_index(broker)
 
 
+@pytest.mark.spark  # also on Apache Spark (pytest --engine spark -m spark)
 @pytest.mark.parametrize("store", ["local", "s3"], indirect=True)
 def test_dispatch_survives_kills(broker, clock, location, store_env):
     broker.create_topic("orders", queues=4)

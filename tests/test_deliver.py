@@ -27,6 +27,7 @@ def _dlq(broker, group="g"):
 
 
 @pytest.mark.slow
+@pytest.mark.spark  # also on Apache Spark (pytest --engine spark -m spark)
 def test_always_failing_message_backs_off_through_levels_3_to_18_then_dead_letters(setup, clock):
     broker, group = setup
     log = group("fail")

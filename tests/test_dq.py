@@ -75,6 +75,7 @@ def _names(result):
     return sorted(f"{r.suite}: {r.expectation}" for r in result.failures)
 
 
+@pytest.mark.spark  # also on Apache Spark (pytest --engine spark -m spark)
 def test_a_clean_multi_feature_warehouse_passes_every_suite(busy):
     result = run(busy)
     assert result.success, (_names(result), [(r.observed, r.sample_ids) for r in result.failures])

@@ -58,7 +58,7 @@ def test_remote_mode_needs_a_url(monkeypatch):
 
 def test_remote_mode_against_a_spark_connect_endpoint(tmp_path, broker):
     """The embedded server is a Spark Connect endpoint: use it as a 'remote'."""
-    from deltamq.engine import _EmbeddedServer
+    from deltamq.sail import EmbeddedServer as _EmbeddedServer
 
     url = _EmbeddedServer.url()
     b = Broker.open(tmp_path / "r", remote=url)
@@ -100,7 +100,7 @@ def test_commit_gives_up_after_bounded_retries(tmp_path, clock):
     b = Broker.open(tmp_path / "w", clock=clock, config=BrokerConfig(commit_retries=2, commit_backoff_ms=1))
 
     def always():
-        raise RuntimeError("ConcurrentAppendException: files were added")
+        raise RuntimeError("(io.delta.exceptions.ConcurrentAppendException) files were added")
 
     with pytest.raises(CommitConflict, match="after 2 retries"):
         b.engine.commit(always, what="unit")
@@ -141,10 +141,31 @@ def test_real_conflicts_between_two_writers_are_retried(tmp_path, clock):
         b.close()
 
 
-def test_conflict_markers():
+def test_conflicts_are_recognised_by_type_on_every_engine():
+    from pyspark.errors.exceptions.connect import UnknownException
+
+    # Sail: by its text only
     assert is_commit_conflict(RuntimeError("Failed to commit transaction"))
+    # classic PySpark: a py4j error naming Delta's class
     assert is_commit_conflict(Exception("io.delta.exceptions.ConcurrentAppendException: x"))
+    # Spark Connect: the Java class as the reason, Delta's error class as the condition
+    connect = UnknownException(
+        "[DELTA_CONCURRENT_DELETE_READ] files were deleted",
+        reason="io.delta.exceptions.ConcurrentDeleteReadException",
+    )
+    assert is_commit_conflict(connect)
+    by_condition = UnknownException(
+        "files were added", errorClass="DELTA_CONCURRENT_APPEND.WITH_PARTITION_HINT", messageParameters={}
+    )
+    assert is_commit_conflict(by_condition)
+    # looked for through causes
+    wrapped = RuntimeError("deliver failed")
+    wrapped.__cause__ = connect
+    assert is_commit_conflict(wrapped)
     assert not is_commit_conflict(ValueError("bad value"))
+    assert not is_commit_conflict(
+        UnknownException("(java.io.IOException) No space left", reason="java.io.IOException")
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -160,7 +181,7 @@ def test_an_oversized_embedded_server_is_replaced_between_ticks(tmp_path, clock)
     server over embedded_max_rss_mb replaces it, and every broker carries on."""
     from listeners import Recorder, read_log
 
-    from deltamq.engine import _EmbeddedServer
+    from deltamq.sail import EmbeddedServer as _EmbeddedServer
 
     log = tmp_path / "calls.jsonl"
     small = Broker.open(tmp_path / "w", clock=clock, config=BrokerConfig(embedded_max_rss_mb=1))
@@ -204,7 +225,7 @@ def test_the_embedded_server_dies_with_its_process_and_is_restarted_if_it_dies_a
         f"""
         import os, signal, sys, time
         from deltamq import Broker
-        from deltamq.engine import _EmbeddedServer
+        from deltamq.sail import EmbeddedServer as _EmbeddedServer
         b = Broker.open({str(tmp_path / "w")!r})
         b.create_topic("t")
         first = _EmbeddedServer._proc.pid
@@ -236,7 +257,7 @@ def test_a_late_result_release_after_a_close_raises_nothing():
     from pyspark.sql.connect.client.reattach import ExecutePlanResponseReattachableIterator as It
     from pyspark.sql.connect.proto import base_pb2 as pb2
 
-    from deltamq.engine import _quiet_late_releases
+    from deltamq.spark_connect import _quiet_late_releases
 
     _quiet_late_releases()
 

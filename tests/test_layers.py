@@ -32,7 +32,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "deltamq.demo_listeners",
         ),
     ),
-    ("engine", ("deltamq.storage", "deltamq.engine")),
+    (
+        "engine",
+        ("deltamq.spark_setup", "deltamq.spark_connect", "deltamq.sail", "deltamq.storage", "deltamq.engine"),
+    ),
     (
         "tables",
         (

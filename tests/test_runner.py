@@ -29,6 +29,7 @@ def _loop(wh, *args: str) -> subprocess.Popen:
 
 
 @pytest.mark.slow
+@pytest.mark.spark  # also on Apache Spark (pytest --engine spark -m spark)
 def test_two_runners_never_run_a_job_kind_at_once(broker, tmp_path):
     broker.create_topic("orders", queues=2)
     broker.producer("p").send_batch([Message("orders", b"x")] * 5)

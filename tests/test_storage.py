@@ -56,8 +56,8 @@ def test_classic_spark_gets_s3a_paths_and_conf_lines():
         {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_ENDPOINT_URL": "http://127.0.0.1:9000"},
         env={},
     )
-    assert s.engine_path(s.join("commit_log"), "classic") == "s3a://bucket/wh/commit_log"
-    assert s.engine_path(s.join("commit_log"), "embedded") == "s3://bucket/wh/commit_log"
+    assert s.engine_path(s.join("commit_log"), True) == "s3a://bucket/wh/commit_log"
+    assert s.engine_path(s.join("commit_log"), False) == "s3://bucket/wh/commit_log"
     conf = s.spark_conf()
     assert conf["spark.hadoop.fs.s3a.access.key"] == "k"
     assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9000"

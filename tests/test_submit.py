@@ -16,7 +16,7 @@ from deltamq import Message
 @pytest.mark.slow  # subprocesses
 def test_spark_submit_dispatch_over_spark_connect(broker, tmp_path):
     import deltamq.orchestration.submit as entry
-    from deltamq.engine import _EmbeddedServer
+    from deltamq.sail import EmbeddedServer as _EmbeddedServer
 
     bindir = Path(sys.executable).parent
     submit = shutil.which("spark-submit", path=str(bindir)) or shutil.which("spark-submit")

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from deltamq.cli import admin, demo, produce, query, run, status
+from deltamq.cli import admin, demo, produce, query, run, spark, status
 from deltamq.cli.format import json_line, print_table
 from deltamq.cli.parser import (
     CUT_OFF,
@@ -46,6 +46,7 @@ Handler = Callable[[Any, argparse.Namespace], int]
 WITHOUT_BROKER: dict[str, Callable[[argparse.Namespace], int]] = {
     "init": admin.init,  # the one command that creates a warehouse
     "demo": demo.demo,  # makes its own
+    "spark": spark.spark,  # prints or fetches what an Apache Spark deployment needs
 }
 """Commands that open no broker, by name."""
 

@@ -56,11 +56,11 @@ class Warehouse:
 
     def path(self, table: str) -> str:
         """A table's location as the engine reads it (``s3a://`` for classic Spark)."""
-        return self.storage.engine_path(self.uri(table), self.engine.mode)
+        return self.storage.engine_path(self.uri(table), self.engine.hadoop_paths)
 
     def engine_path(self, uri: str) -> str:
         """Any file or table URI of this warehouse as the engine reads it."""
-        return self.storage.engine_path(uri, self.engine.mode)
+        return self.storage.engine_path(uri, self.engine.hadoop_paths)
 
     def ref(self, table: str) -> str:
         """SQL reference of a table: delta.`<location>/<table>`."""

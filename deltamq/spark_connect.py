@@ -1,0 +1,67 @@
+"""Spark Connect sessions: how deltamq connects to any endpoint (the embedded Sail server,
+a remote Sail, Apache Spark's own Connect server), and the pyspark Connect client
+behaviours it works around (docs/engines.md)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from deltamq.errors import EngineError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def _quiet_late_releases() -> None:
+    """pyspark 4.0's Spark Connect result iterator releases its results on the server from
+    ``__del__``, through a thread pool shared by every session of the process; closing any
+    session shuts that pool down. An unfinished iterator that the garbage collector reaches
+    while a close is under way raises ``RuntimeError: cannot schedule new futures after
+    shutdown`` from ``__del__``, wherever the collector happened to run — in a test run,
+    inside the parser pytest uses to show a failure, which CPython 3.11.7 then reports as
+    ``SystemError: AST constructor recursion depth mismatch`` and the run ends
+    (docs/engines.md). The release is only a courtesy (a closed session's results go with
+    it), so that error is dropped here."""
+    try:
+        from pyspark.sql.connect.client.reattach import ExecutePlanResponseReattachableIterator as It
+    except ImportError:  # pragma: no cover - classic PySpark without Connect
+        return
+    if getattr(It, "_deltamq_quiet_del", False):
+        return
+    original = It.__del__
+
+    def __del__(self) -> None:  # noqa: N807 - replaces the class's finaliser
+        try:
+            original(self)
+        except RuntimeError:
+            pass
+
+    It.__del__ = __del__  # type: ignore[method-assign]
+    It._deltamq_quiet_del = True  # type: ignore[attr-defined]
+
+
+def connect(url: str) -> SparkSession:
+    """A Spark Connect session of our own at ``url`` (``create()``: temp views of one
+    Broker never clash with another's in the same process)."""
+    from pyspark.sql import SparkSession
+
+    _quiet_late_releases()
+    _no_dataframe_debugging()
+    try:
+        return SparkSession.builder.remote(url).create()
+    except Exception as e:
+        raise EngineError(f"cannot connect to Spark Connect endpoint {url}: {e}") from e
+
+
+def _no_dataframe_debugging() -> None:
+    """PySpark's DataFrame debugging off: with it, PySpark walks the stack and tries to
+    import IPython on every Column function call (a busy tick's jobs make hundreds: ~40 ms
+    of client CPU a tick), only to add the call site to engine error messages. PySpark
+    reads the setting once per process from the active session; Apache Spark's server
+    refuses to set it per session (a static setting), so the client's cached answer is
+    set here."""
+    try:
+        from pyspark.errors import utils
+    except ImportError:  # pragma: no cover
+        return
+    setattr(utils, "_enable_debugging_cache", False)  # noqa: B010 - a private module global
