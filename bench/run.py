@@ -36,7 +36,13 @@ from the standard AWS_* variables); ``--s3-emulator`` starts moto's S3 server on
 reads, size checks, listings) beside the engine's. The emulator is not S3: the figures
 show the overhead of the object-store path, not S3's speed.
 
+``--engine spark`` runs on Apache Spark with Delta instead of the embedded Sail server:
+it starts Spark's own Spark Connect server (local[2], deltamq.spark_setup) and measures
+one pass of N, idle ticks, busy ticks of 10 000 messages and the statements each runs
+(the table goes between the ``run.py spark`` markers).
+
     python bench/run.py [--messages 1000000] [--loop] [--lateness] [--pull] [--history]
+    python bench/run.py --engine spark --messages 100000
     python bench/run.py --messages 1000000 --warehouse s3://deltamq-bench/run --s3-emulator
 """
 
@@ -69,6 +75,7 @@ from bench_send_dispatch import body_expr  # noqa: E402
 
 BEGIN, END = "<!-- run.py:begin -->", "<!-- run.py:end -->"
 S3_BEGIN, S3_END = "<!-- run.py s3:begin -->", "<!-- run.py s3:end -->"
+SPARK_BEGIN, SPARK_END = "<!-- run.py spark:begin -->", "<!-- run.py spark:end -->"
 # where warehouses go: None (under --root) or an object-store URI prefix (--warehouse)
 WAREHOUSE_ROOT: str | None = None
 # time and calls spent in the storage seam's own requests, by method
@@ -486,7 +493,11 @@ def main() -> None:
     ap.add_argument("--root", default="/tmp/deltamq-bench-run")
     ap.add_argument("--warehouse", help="put the warehouses under this object-store URI (s3://bucket/prefix)")
     ap.add_argument("--s3-emulator", action="store_true", help="start moto's S3 server for --warehouse first")
+    ap.add_argument("--engine", choices=("embedded", "spark"), default="embedded")
     args = ap.parse_args()
+    if args.engine == "spark":
+        spark_run(Path(args.root), args.messages, args.lateness)
+        return
     global WAREHOUSE_ROOT
     emulator = None
     if args.warehouse:
@@ -538,6 +549,105 @@ def main() -> None:
         if WAREHOUSE_ROOT:
             heading = "On object storage — `run.py --warehouse s3://…`"
         text = text.replace("\n## ", f"\n## {heading}\n\n{block}\n\n## ", 1)
+    readme.write_text(text)
+    print(json.dumps(result, indent=2))
+
+
+def _start_spark_server(root: Path) -> subprocess.Popen:
+    """Apache Spark's Connect server with Delta on a free port; DELTAMQ_SPARK_REMOTE names it."""
+    import socket
+
+    from deltamq.spark_setup import child_env, connect_server_command, python_conf
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = child_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+    conf = python_conf(pythonpath=env["PYTHONPATH"]) | {
+        "spark.ui.enabled": "false",
+        "spark.log.level": "WARN",
+        "spark.driver.memory": "6g",
+        "spark.sql.shuffle.partitions": "2",
+    }
+    log = open(root / "spark-server.log", "w")  # noqa: SIM115 - the server's lifetime
+    proc = subprocess.Popen(
+        connect_server_command(port, master="local[2]", extra_conf=conf), env=env, stdout=log, stderr=log
+    )
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(1)
+    else:
+        proc.kill()
+        raise SystemExit(f"Spark's Connect server did not start: {root / 'spark-server.log'}")
+    os.environ["DELTAMQ_SPARK_REMOTE"] = f"sc://127.0.0.1:{port}"
+    return proc
+
+
+def _statements(b: Broker, run) -> tuple[float, int]:
+    s0, t0 = b.engine.stats.statements, time.perf_counter()
+    run()
+    return time.perf_counter() - t0, b.engine.stats.statements - s0
+
+
+def spark_run(root: Path, n: int, lateness: bool) -> None:
+    """``--engine spark``: one pass of ``n``, idle and busy (10 000) ticks with their
+    statement counts, on Apache Spark's Connect server; beside Sail's in bench/README.md."""
+    root.mkdir(parents=True, exist_ok=True)
+    server = _start_spark_server(root)
+    try:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        result: dict = {"bench": "run --engine spark", "at": datetime.now(UTC).isoformat(),
+                        "file": f"run-spark-{stamp}.json", "args": " ".join(sys.argv[1:])}  # fmt: skip
+        result["end_to_end"] = end_to_end(root, n, idle_ticks=5)
+        wh, clock, b, staging = _setup(root, "spark-ticks", 10_000)
+        body = bytes(range(256)) * 4
+        idle, busy = [], []
+        b.tick(clock.now_ms())  # warms the runner
+        for _ in range(5):
+            clock.advance(seconds=1)
+            idle.append(_statements(b, lambda: b.tick(clock.now_ms())))
+        for _ in range(3):
+            b.producer("bench").send_batch([Message("bench", body)] * 10_000)
+            clock.advance(seconds=1)
+            busy.append(_statements(b, lambda: b.tick(clock.now_ms())))
+        result["idle_tick"] = {"median_s": round(statistics.median(t for t, _ in idle), 3),
+                               "statements": statistics.median(k for _, k in idle)}  # fmt: skip
+        result["busy_tick_10k"] = {"median_s": round(statistics.median(t for t, _ in busy), 3),
+                                   "statements": statistics.median(k for _, k in busy)}  # fmt: skip
+        shutil.rmtree(staging, ignore_errors=True)
+        if lateness:
+            import bench_promote
+
+            result["lateness"] = bench_promote.lateness_both(root, 1_000)
+    finally:
+        server.terminate()
+        server.wait()
+    (HERE / "results" / result["file"]).write_text(json.dumps(result, indent=2) + "\n")
+    e, i, k = result["end_to_end"], result["idle_tick"], result["busy_tick_10k"]
+    rows = [
+        "| measure | Apache Spark 4.0.5 + Delta 4.0.1 (Connect server, local[2]) | target |",
+        "|---|---:|---:|",
+        f"| idle tick, median | {i['median_s']} s ({i['statements']:.0f} statements, "
+        f"{i['median_s'] / max(1, i['statements']) * 1000:.0f} ms each) | ≤ 2 s |",
+        f"| busy tick, 10 000 messages, median | {k['median_s']} s "
+        f"({k['statements']:.0f} statements) | ≤ 5 s |",
+        f"| one pass of {e['messages']:,} (send + dispatch + deliver) | "
+        f"{e['end_to_end_msgs_per_s']:,} msgs/s "
+        f"({e['send_s']} / {e['dispatch_s']} / {e['deliver_s']} s) | |",
+    ]
+    block = f"{SPARK_BEGIN}\n`python bench/run.py {result['args']}` — {result['at'][:10]}, " \
+        f"`results/{result['file']}`\n\n" + "\n".join(rows) + f"\n{SPARK_END}"  # fmt: skip
+    readme = HERE / "README.md"
+    text = readme.read_text()
+    if SPARK_BEGIN in text:
+        text = text[: text.index(SPARK_BEGIN)] + block + text[text.index(SPARK_END) + len(SPARK_END) :]
+    else:
+        text = text.replace("\n## ", f"\n## On Apache Spark — `run.py --engine spark`\n\n{block}\n\n## ", 1)
     readme.write_text(text)
     print(json.dumps(result, indent=2))
 

@@ -62,6 +62,7 @@ def test_decide_lock_follows_the_spec():
     assert decide_lock(LockEntry("a", 10, 5, 0), "b", 60_011, 5, 4, **kw)[0] == "acquired"
 
 
+@pytest.mark.spark  # also on Apache Spark (pytest --engine spark -m spark)
 @pytest.mark.story(s3="slow")
 def test_two_clients_split_four_queues_and_a_third_waits_for_acks(pulled, clock):
     broker = pulled

@@ -3,7 +3,8 @@ empty folder (so a later block finds what an earlier one made), against the embe
 engine — and the S3 samples against an S3 API server (moto). A block's info string may
 say ``file=PATH`` (the block is that file's content: it is written, not run) or
 ``norun`` (set-up and test commands that .ci/run runs itself, and commands that need a
-cluster or run for minutes: each such block says so in its first line)."""
+cluster or run for minutes: each such block says so in its first line), or ``spark``
+(Apache Spark samples: run in order by the Spark tier, ``pytest --engine spark -m spark``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import create_bucket
+from conftest import ENGINE, SPARK_ENGINES, create_bucket
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```\s*$", re.S | re.M)
@@ -35,7 +36,11 @@ class Block:
 
     @property
     def runs(self) -> bool:
-        return "norun" not in self.info.split()
+        return not {"norun", "spark"} & set(self.info.split())
+
+    @property
+    def spark(self) -> bool:
+        return "spark" in self.info.split()
 
 
 def blocks(text: str) -> list[Block]:
@@ -80,3 +85,42 @@ def test_every_readme_sample_runs_as_written(tmp_path, s3_server):
         assert out.returncode == 0, f"README line {b.line} ({b.lang}) exited {out.returncode}:\n{said}"
         ran += 1
     assert ran >= 10
+
+
+@pytest.mark.spark
+@pytest.mark.skipif(ENGINE not in SPARK_ENGINES, reason="needs Apache Spark: pytest --engine spark")
+def test_the_readme_apache_spark_samples_run_as_written(tmp_path):
+    """The Spark blocks, in README order, in one fresh folder: Spark's Connect server and
+    the CLI against it, a classic spark-submit tick, a standalone cluster with the Connect
+    server on it and a listener in an executor."""
+    from deltamq.spark_setup import child_env
+
+    env = {k: v for k, v in child_env().items() if not k.startswith(("DELTAMQ_", "AWS_"))}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    ran = 0
+    try:
+        for b in blocks(README.read_text()):
+            if not b.spark:
+                continue
+            out = subprocess.run(
+                ["bash", "-e", "-c", b.code],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            logs = "".join(f"\n--- {p.name}:\n{p.read_text()[-2000:]}" for p in tmp_path.glob("*.log"))
+            said = f"{out.stdout[-3000:]}\n{out.stderr[-5000:]}{logs}"
+            assert out.returncode == 0, f"README line {b.line} exited {out.returncode}:\n{said}"
+            ran += 1
+    finally:  # a block that failed half-way leaves its servers: stop them
+        import signal
+
+        for pids in [*tmp_path.glob("*.pid"), *tmp_path.glob("*.pids")]:
+            for pid in pids.read_text().split():
+                try:
+                    os.kill(int(pid), signal.SIGTERM)
+                except (ProcessLookupError, ValueError):
+                    pass
+    assert ran == 3

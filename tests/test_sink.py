@@ -22,6 +22,7 @@ def _table(sink) -> dict[str, int]:
     return {r["order_id"]: r["amount"] for r in rows}
 
 
+@pytest.mark.spark  # also on Apache Spark (pytest --engine spark -m spark)
 @pytest.mark.story(s3="slow")  # the S3 variant in the slow tier (the default tier stays under 6 min)
 def test_a_sink_keeps_the_latest_message_per_key_and_replays_change_nothing(lake, clock, location):
     sink = lake.sink_to_table("lake", f"{location}-orders-sink", ["order_id"], order_rows)

@@ -51,6 +51,7 @@ def test_rollback_is_never_consumed_and_never_checked(setup, clock):
     assert consumed(log) == [] and checks.calls == []
 
 
+@pytest.mark.spark  # also on Apache Spark (pytest --engine spark -m spark)
 @pytest.mark.story(s3="slow")  # the S3 variant in the slow tier (the default tier stays under 6 min)
 def test_unknown_is_checked_after_the_timeout_then_committed_and_consumed_once(setup, clock):
     broker, log = setup

@@ -133,7 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "spark", help="Apache Spark with Delta: conf (the --packages/--conf lines) | fetch (resolve the jars)"
     )
-    s.add_argument("action", choices=["conf", "fetch"], help="conf: print the lines; fetch: resolve the jars once")
+    s.add_argument(
+        "action", choices=["conf", "fetch"], help="conf: print the lines; fetch: resolve the jars once"
+    )
     s.add_argument("--json", action="store_true", help="conf: one JSON document")
     s = sub.add_parser("demo", help="a guided tour on a fresh warehouse (about 10 seconds)")
     s.add_argument("--warehouse", "-w", help="directory for the demo warehouse (default: a temp dir)")
