@@ -138,7 +138,7 @@ with _every_minute(
             "",
             type="string",
             description="e.g. --remote sc://host:15002 --conf spark.api.mode=connect, or --master yarn "
-            "--packages io.delta:delta-spark_2.13:4.0.0 --conf ...",
+            "--packages io.delta:delta-spark_2.13:4.0.1 --conf ... (deltamq spark conf prints them)",
         ),
     },
 ) as submit_dag:

@@ -56,6 +56,7 @@ def test_always_failing_message_backs_off_through_levels_3_to_18_then_dead_lette
     assert len(read_log(log)) == 17
 
 
+@pytest.mark.spark_cluster  # the story on a standalone Spark cluster (CI)
 @pytest.mark.spark  # also on Apache Spark (pytest --engine spark -m spark)
 @pytest.mark.story(s3="slow")
 def test_fails_twice_then_succeeds_is_consumed_once(setup, clock):
@@ -253,6 +254,7 @@ def test_status_shows_group_lag_and_dead_letters(setup, clock):
     assert st["dead_letters"] == {"%DLQ%g": 2}
 
 
+@pytest.mark.spark_cluster  # the story on a standalone Spark cluster (CI)
 @pytest.mark.spark  # also on Apache Spark (pytest --engine spark -m spark)
 @pytest.mark.story
 def test_a_listener_given_as_an_import_path_runs_where_the_engine_runs(broker, clock, env_listener_log):
