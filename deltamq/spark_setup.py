@@ -50,11 +50,7 @@ SESSION_CONF: dict[str, str] = {
 # Settings deltamq's own sessions get on Apache Spark (Engine.open), measured on 2 cores:
 # Delta rebuilds a table's snapshot state in 50 partitions by default, a stage of 50 tasks
 # for every read of a small control table (an idle tick took 15-25 s; with 2, 3-4 s).
-# VACUUM keeps vacuum_retention_ms (24 h by default), shorter than Delta's 7-day guard.
-SESSION_TUNING: dict[str, str] = {
-    "spark.databricks.delta.snapshotPartitions": "2",
-    "spark.databricks.delta.retentionDurationCheck.enabled": "false",
-}
+SESSION_TUNING: dict[str, str] = {"spark.databricks.delta.snapshotPartitions": "2"}
 
 
 def spark_home() -> Path:

@@ -145,26 +145,3 @@ def test_a_real_delta_conflict_over_spark_connect_is_retried(broker):
         t.join()
     assert broker.topics()["t"]["queues"] == 1 + 2 * n
     assert broker.engine.stats.conflicts_retried + other.engine.stats.conflicts_retried > 0
-
-
-def test_maintenance_goes_through_spark_sql_on_apache_spark(broker, clock):
-    """Compaction, vacuum and the tombstone setting commit through Spark's own OPTIMIZE,
-    VACUUM and ALTER TABLE (one log-store protocol per warehouse: docs/engines.md)."""
-    from deltamq.config import TOMBSTONE_RETENTION
-    from deltamq.jobs import compact
-
-    broker.create_topic("orders", queues=1)
-    p = broker.producer("p")
-    for i in range(3):  # three small files on one day
-        p.send_batch([Message("orders", f"m{i}".encode())])
-    broker.tick(clock.now_ms())
-    clock.advance(minutes=48 * 60)  # the day is closed
-    before = broker.sql("SELECT msg_id FROM commit_log ORDER BY msg_id").collect()
-    result = compact.run(broker.context, clock.now_ms())
-    assert result.per_table["commit_log"] >= 3 and result.files_added >= 1, result
-    assert broker.sql("SELECT msg_id FROM commit_log ORDER BY msg_id").collect() == before
-    ref = broker.warehouse.ref("commit_log")
-    operations = {r["operation"] for r in broker.spark.sql(f"DESCRIBE HISTORY {ref}").collect()}
-    assert "OPTIMIZE" in operations, operations
-    config = broker.warehouse.delta_rs("commit_log").metadata().configuration
-    assert config.get(TOMBSTONE_RETENTION) == "interval 60 seconds"

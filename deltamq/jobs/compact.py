@@ -35,11 +35,6 @@ vacuumed, and dispatch skips compaction commits (they remove files: not blind ap
 
 A compaction that loses a race with a writer (its commit refused) is skipped until the
 next pass; it changes no data, so nothing is lost either way.
-
-On Apache Spark the same pass goes through Spark's own ``OPTIMIZE``, ``VACUUM`` and
-``ALTER TABLE … SET TBLPROPERTIES`` (Delta-Spark checkpoints every 10 commits itself):
-every commit to a warehouse Apache Spark writes then goes through one log-store
-protocol (docs/engines.md, "S3 commit safety on Apache Spark").
 """
 
 from __future__ import annotations
@@ -119,8 +114,6 @@ def run(
 ) -> CompactResult:
     from deltamq.schemas import TABLES
 
-    if ctx.engine.flavor == "spark":
-        return _run_on_spark(ctx, now, memory, vacuum=vacuum)
     wh = ctx.warehouse
     today = ids.store_date(now).isoformat()
     hours = max(0, ctx.config.vacuum_retention_ms // 3_600_000)
@@ -165,48 +158,6 @@ def run(
     )
 
 
-def _run_on_spark(ctx: Context, now: int, memory: LogCleanupMemory | None, *, vacuum: bool) -> CompactResult:
-    """:func:`run` through Apache Spark's own Delta statements."""
-    from deltamq.engine import is_commit_conflict
-    from deltamq.schemas import TABLES
-
-    wh, engine = ctx.warehouse, ctx.engine
-    today = ids.store_date(now).isoformat()
-    hours = max(0, ctx.config.vacuum_retention_ms // 3_600_000)
-    wanted = tombstone_retention(ctx.config)
-    removed = added = vacuumed = conflicts = 0
-    per_table: dict[str, int] = {}
-    for name in TABLES:
-        if not wh.table_exists(name):
-            continue
-        ref = wh.ref(name)
-        try:
-            if wh.delta_rs(name).metadata().configuration.get(TOMBSTONE_RETENTION) != wanted:
-                engine.execute(f"ALTER TABLE {ref} SET TBLPROPERTIES ('{TOMBSTONE_RETENTION}' = '{wanted}')")
-            where = f" WHERE {_BY_DAY[name]} < DATE'{today}'" if name in _BY_DAY else ""
-            metrics = engine.rows(f"OPTIMIZE {ref}{where}")[0]["metrics"]
-            n_removed = int(metrics["numFilesRemoved"] or 0)
-            removed += n_removed
-            added += int(metrics["numFilesAdded"] or 0)
-            per_table[name] = n_removed
-            if vacuum:
-                vacuumed += len(engine.rows(f"VACUUM {ref} RETAIN {hours} HOURS DRY RUN"))
-                engine.execute(f"VACUUM {ref} RETAIN {hours} HOURS")
-        except Exception as e:  # noqa: BLE001 - a lost race: the next pass compacts it
-            if not is_commit_conflict(e):
-                raise wh.storage.error(f"compact table {name} at", wh.uri(name), e) from e
-            conflicts += 1
-            log.info("compaction of %s skipped this pass: %s", name, e)
-    return CompactResult(
-        files_removed=removed,
-        files_added=added,
-        vacuumed=vacuumed,
-        conflicts=conflicts,
-        log_entries_removed=cleanup_logs(ctx, memory),
-        per_table=per_table,
-    )
-
-
 _RACE = re.compile(r"concurrent|already exists|conflict|Transaction failed|version mismatch", re.IGNORECASE)
 
 
@@ -239,21 +190,10 @@ def set_tombstone_retention(ctx: Context) -> int:
     from deltamq.schemas import TABLES
 
     wanted = tombstone_retention(ctx.config)
-    wh = ctx.warehouse
-    if ctx.engine.flavor == "spark":  # one commit protocol per warehouse: Spark's own
-        changed = 0
-        for name in TABLES:
-            if (
-                wh.table_exists(name)
-                and wh.delta_rs(name).metadata().configuration.get(TOMBSTONE_RETENTION) != wanted
-            ):
-                ctx.engine.execute(
-                    f"ALTER TABLE {wh.ref(name)} SET TBLPROPERTIES ('{TOMBSTONE_RETENTION}' = '{wanted}')"
-                )
-                changed += 1
-        return changed
     return sum(
-        _set_tombstone_retention(wh.delta_rs(name), name, wanted) for name in TABLES if wh.table_exists(name)
+        _set_tombstone_retention(ctx.warehouse.delta_rs(name), name, wanted)
+        for name in TABLES
+        if ctx.warehouse.table_exists(name)
     )
 
 

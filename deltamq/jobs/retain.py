@@ -307,35 +307,17 @@ def _trim_bodies(ctx: Context, cut: int) -> tuple[int, int, int]:
     ):
         if r["cl_date"] in needed:
             needed[r["cl_date"]].append(r["cl_batch_id"])
-    table = None if ctx.engine.flavor == "spark" else wh.delta_rs("commit_log")
+    table = wh.delta_rs("commit_log")
     removed = kept = 0
     for day in sorted(days):
         keep = sorted(set(needed[day]))
         predicate = f"store_date = '{day.isoformat()}'"
         if keep:
             predicate += " AND batch_id NOT IN (" + ", ".join(str(int(b)) for b in keep) + ")"
-        if table is None:
-            # Apache Spark: its own DELETE, so that every commit to the warehouse goes through
-            # one log-store protocol (docs/engines.md); Delta's conflict checker lets
-            # producers append to other days meanwhile
-            removed += _delete_on_spark(ctx, predicate)
-        else:
-            metrics = table.delete(predicate)
-            removed += int((metrics or {}).get("num_deleted_rows") or 0)
+        metrics = table.delete(predicate)
+        removed += int((metrics or {}).get("num_deleted_rows") or 0)
         kept += len(keep)
     return len(days), removed, kept
-
-
-def _delete_on_spark(ctx: Context, predicate: str) -> int:
-    """``DELETE`` from commit_log on Apache Spark; the rows it removed (Delta-Spark's
-    ``num_affected_rows``)."""
-    ref = ctx.warehouse.ref("commit_log")
-
-    def attempt() -> int:
-        rows = ctx.engine.rows(f"DELETE FROM {ref} WHERE {predicate}")
-        return int(rows[0][0]) if rows else 0
-
-    return ctx.engine.commit(attempt, what="retain")
 
 
 # --- 3. bookkeeping ---------------------------------------------------------------------------
