@@ -254,7 +254,6 @@ def test_status_shows_group_lag_and_dead_letters(setup, clock):
     assert st["dead_letters"] == {"%DLQ%g": 2}
 
 
-@pytest.mark.spark_cluster  # the story on a standalone Spark cluster (CI)
 @pytest.mark.spark  # also on Apache Spark (pytest --engine spark -m spark)
 @pytest.mark.story
 def test_a_listener_given_as_an_import_path_runs_where_the_engine_runs(broker, clock, env_listener_log):
