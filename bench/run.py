@@ -108,14 +108,19 @@ def _remove(wh) -> None:
         shutil.rmtree(wh, ignore_errors=True)
 
 
-def start_s3_emulator(uri: str) -> subprocess.Popen:
-    """moto's S3 server on a free 127.0.0.1 port, the URI's bucket created, and the AWS_*
-    variables of this process (and so of the embedded server it starts) pointing at it."""
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def start_s3_emulator(uri: str) -> subprocess.Popen:
+    """moto's S3 server on a free 127.0.0.1 port, the URI's bucket created, and the AWS_*
+    variables of this process (and so of the embedded server it starts) pointing at it."""
+    port = free_port()
     exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or "moto_server"
     proc = subprocess.Popen(
         [exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -559,9 +564,7 @@ def _start_spark_server(root: Path) -> subprocess.Popen:
 
     from deltamq.spark_setup import child_env, connect_server_command, python_conf
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = child_env()
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
     conf = python_conf(pythonpath=env["PYTHONPATH"]) | {

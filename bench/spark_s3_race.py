@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
-from deltamq.spark_setup import child_env, submit_args
+from run import start_s3_emulator
+
+from deltamq.spark_setup import child_env, spark_bin, submit_args
+from deltamq.storage import Storage
 
 WRITER = """
 import sys
@@ -40,44 +40,21 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--appends", type=int, default=40)
     args = ap.parse_args()
-    port = _port()
-    endpoint = f"http://127.0.0.1:{port}"
-    moto = subprocess.Popen(
-        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    moto = start_s3_emulator("s3://race/t")  # AWS_* of this process now point at it
     try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(urllib.request.Request(f"{endpoint}/race", method="PUT"), timeout=2)
-                break
-            except OSError:
-                time.sleep(0.2)
-        s3 = {
-            "spark.hadoop.fs.s3a.endpoint": endpoint,
-            "spark.hadoop.fs.s3a.path.style.access": "true",
-            "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
-            "spark.hadoop.fs.s3a.access.key": "k",
-            "spark.hadoop.fs.s3a.secret.key": "s",
-            "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
-            "spark.ui.enabled": "false",
-        }
+        store = Storage("s3://race/t")
+        s3 = store.spark_conf() | {"spark.ui.enabled": "false"}
+        submit = spark_bin("spark-submit")
         path = "s3a://race/t"
         with tempfile.TemporaryDirectory() as tmp:
             script = Path(tmp) / "writer.py"
             script.write_text(WRITER)
             # the table exists before the race (one writer creates it)
-            seed = ["spark-submit", "--master", "local[1]", *submit_args(s3), str(script), "seed", "1", path]
+            seed = [submit, "--master", "local[1]", *submit_args(s3), str(script), "seed", "1", path]
             subprocess.run(seed, env=child_env(), check=True, capture_output=True)
             started = time.time()
             procs = [
@@ -101,13 +78,7 @@ def main() -> None:
             ]
             outs = [p.communicate() for p in procs]
             elapsed = time.time() - started
-        from deltalake import DeltaTable
-
-        opts = {
-            "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
-            "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
-        }  # fmt: skip
-        table = DeltaTable("s3://race/t", storage_options=opts)
+        table = store.delta_table(store.location)
         rows = table.to_pyarrow_table().num_rows
         result = {
             "when": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -249,7 +249,7 @@ class Engine:
             spark = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
         if spark is not None:
             if _is_classic(spark):
-                _check_classic_delta(spark)
+                _check_delta(spark)
                 return cls(_own_session(spark.newSession(), "spark"), "classic", config, "spark")
             flavor = _flavor_of(spark)
             return cls(_own_session(spark, flavor), "remote", config, flavor)
@@ -382,11 +382,11 @@ def _flavor_of(spark: SparkSession) -> Flavor:
         raise EngineError(f"the Spark Connect endpoint did not answer SELECT version(): {e}") from e
     if len(version.split()) < 2:
         return "sail"
-    _check_classic_delta(spark, what=f"the Spark Connect server (Apache Spark {version.split()[0]})")
+    _check_delta(spark, what=f"the Spark Connect server (Apache Spark {version.split()[0]})")
     return "spark"
 
 
-def _check_classic_delta(spark: SparkSession, what: str = "the active Spark session") -> None:
+def _check_delta(spark: SparkSession, what: str = "the active Spark session") -> None:
     conf = spark.conf
     ext = conf.get("spark.sql.extensions", "") or ""
     catalog = conf.get("spark.sql.catalog.spark_catalog", "") or ""

@@ -389,7 +389,6 @@ def sail_cluster(s3_server, tmp_path_factory):
     port, for `--engine remote`. What a deployment must give such a server (docs/storage.md):
     deltamq and the listeners' modules importable (here: PYTHONPATH has tests/), the
     listeners' environment, and the object store's credentials (here: the S3 server's)."""
-    import socket
 
     port = _free_port()
     log = tmp_path_factory.mktemp("cluster") / "env-listener.jsonl"
@@ -403,8 +402,7 @@ def sail_cluster(s3_server, tmp_path_factory):
         AWS_CONDITIONAL_PUT="etag",
     )
     command = [tool("sail"), "spark", "server", "--ip", "127.0.0.1", "--port", str(port)]
-    probe = lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() is None  # noqa: E731
-    with running(command, env=env, ready=probe, what="Sail local-cluster") as proc:
+    with running(command, env=env, ready=lambda: _port_open(port), what="Sail local-cluster") as proc:
         yield SimpleNamespace(url=f"sc://127.0.0.1:{port}", pid=proc.pid, listener_log=log)
         _release_results_while_up()
 
