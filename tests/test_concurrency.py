@@ -27,7 +27,7 @@ HERE = Path(__file__).parent
 SECONDS = float(os.environ.get("DELTAMQ_CONCURRENCY_SECONDS", "30"))
 SPEED = 30.0
 TTL_MS = 6000
-MIN_TICKS = 10  # runners carry on (up to twice as long) until they ticked this often
+MIN_TICKS = 10  # runners carry on (up to four times as long) until they ticked this often
 
 
 def run_concurrently(broker, clock, wh: Path, seconds: float = SECONDS, runners: int = 4) -> dict:

@@ -147,3 +147,31 @@ def test_retention_succeeds_while_a_producer_keeps_appending(broker, clock, loca
     assert not set(old) & left  # every old day was dropped
     dispatch.run(broker.warehouse, int(time.time() * 1000))
     assert check(broker.context, tables=["consume_queue", "offsets", "conservation"], record=False).success
+
+
+def test_a_pass_killed_after_its_index_commit_still_moves_the_groups_left_behind(
+    broker, clock, warehouse_with
+):
+    """Killed between deleting a queue's prefix and moving the groups below it, the next
+    pass moves them although it has nothing left to delete; and a queue emptied altogether
+    keeps its head as the groups' offset, which the data-quality suite accepts."""
+    from crash import Crashed, crash_at
+
+    from deltamq.jobs import dispatch
+
+    warehouse_with("orders", queues=1, group="idle", recorder=None)  # never consumes
+    p = broker.producer("shop")
+    p.send_batch([Message("orders", f"old{i}".encode()) for i in range(4)])
+    dispatch.run(broker.warehouse, clock.now_ms())
+    retain.run(broker.context, clock.now_ms(), force=True)
+    clock.advance(timedelta(days=4))  # all four expired: the queue empties
+    with crash_at("retain.after_index_commit"), pytest.raises(Crashed):
+        retain.run(broker.context, clock.now_ms(), force=True)
+    assert _rows(broker, "SELECT count(*) AS n FROM consume_queue WHERE topic = 'orders'")[0]["n"] == 0
+    again = retain.run(broker.context, clock.now_ms(), force=True)
+    assert again.index_rows == 0 and again.groups_moved == 1 and again.skipped == 4
+    idle = _rows(broker, "SELECT next_offset FROM offsets WHERE consumer_group = 'idle'")
+    assert [r["next_offset"] for r in idle] == [4]
+    assert retain.run(broker.context, clock.now_ms(), force=True).groups_moved == 0  # nothing left to do
+    result = check(broker.context, tables=["consume_queue", "offsets"], record=False)
+    assert result.success, [(r.expectation, r.sample_ids) for r in result.failures]

@@ -32,6 +32,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from deltamq.constants import (
+    DISPATCH_GROUP,
     DLQ_PREFIX,
     RETRY_PREFIX,
     SCHEDULE_TOPIC,
@@ -197,11 +198,23 @@ def half_frame(ctx: Context) -> DataFrame:
 
 def offsets_frame(ctx: Context) -> DataFrame:
     wh = ctx.warehouse
+    # a queue retention emptied altogether keeps its head in dispatch's progress rows
+    dispatched = (
+        wh.read("offsets")
+        .where((F.col("consumer_group") == DISPATCH_GROUP) & (F.col("queue_id") >= 0))
+        .select("topic", "queue_id", (F.col("next_offset") - 1).alias("d_top"))
+    )
     bounds = (
         wh.read("consume_queue")
         .groupBy("topic", "queue_id")
-        .agg(F.min("queue_offset").alias("lo"), F.max("queue_offset").alias("hi"))
-        .select(F.col("topic").alias("b_topic"), F.col("queue_id").alias("b_qid"), "lo", "hi")
+        .agg(F.min("queue_offset").alias("lo"), F.max("queue_offset").alias("top"))
+        .join(dispatched, ["topic", "queue_id"], "full")
+        .select(
+            F.col("topic").alias("b_topic"),
+            F.col("queue_id").alias("b_qid"),
+            "lo",
+            F.greatest("top", "d_top").alias("hi"),
+        )
     )
     offs = wh.read("offsets").where(~F.col("consumer_group").startswith("%"))
     joined = offs.join(

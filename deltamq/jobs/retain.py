@@ -150,9 +150,9 @@ def run(
     dlq_cut = now - cfg.dlq_reserved_time_ms
     if fence:
         fence()
-    index_rows, timer_rows, queues, moves = _trim_index(ctx, cut, dlq_cut)
+    index_rows, timer_rows, queues, minimums = _trim_index(ctx, cut, dlq_cut)
     faults.point("retain.after_index_commit")
-    skipped, moved = _skip_consumers(ctx, moves, now)
+    skipped, moved = _skip_consumers(ctx, minimums, now)
     faults.point("retain.after_offsets_commit")
     days, body_rows, kept = _trim_bodies(ctx, cut)
     faults.point("retain.after_bodies_commit")
@@ -199,7 +199,10 @@ def _stays(cut: int, dlq_cut: int, promote, check) -> str:
 
 def _trim_index(ctx: Context, cut: int, dlq_cut: int) -> tuple[int, int, int, dict[tuple[str, int], int]]:
     """Delete each queue's expired prefix and the promoted expired timers; returns (index
-    rows, timer rows, queues trimmed, {queue: new minimum})."""
+    rows, timer rows, queues trimmed, {queue: minimum offset once trimmed}) — the minimum
+    of every queue above 0, not only of those trimmed now: a pass killed after this
+    commit left groups behind, and its re-run moves them (a queue emptied altogether has
+    its head, dispatch's next offset, as its minimum)."""
     from deltamq.jobs import check_transactions, promote
 
     wh = ctx.warehouse
@@ -213,9 +216,11 @@ def _trim_index(ctx: Context, cut: int, dlq_cut: int) -> tuple[int, int, int, di
         f"WHERE topic <> {sql_str(TIMER_TOPIC)} GROUP BY topic, queue_id"
     )
     moves: dict[tuple[str, int], int] = {}
+    minimums = {q: h for q, h in load_dispatch_state(wh).heads.items() if h > 0 and q[0] != TIMER_TOPIC}
     index_rows = 0
     for r in heads:
         keep = r["head"] if r["keep"] is None else r["keep"]  # nothing must stay: all of it goes
+        minimums[(r["topic"], r["queue_id"])] = keep
         if keep > r["lo"]:
             moves[(r["topic"], r["queue_id"])] = keep
             index_rows += keep - r["lo"]
@@ -236,11 +241,11 @@ def _trim_index(ctx: Context, cut: int, dlq_cut: int) -> tuple[int, int, int, di
         ctx.engine.commit(
             lambda: ctx.engine.execute(f"DELETE FROM {cq} WHERE {timers}"), what="consume_queue"
         )
-    return index_rows, timer_rows, len(moves), moves
+    return index_rows, timer_rows, len(moves), {q: m for q, m in minimums.items() if m > 0}
 
 
 def _skip_consumers(ctx: Context, moves: dict[tuple[str, int], int], now: int) -> tuple[int, int]:
-    """Group offsets below a queue's new minimum skip to it — stored ones, and the
+    """Group offsets below a queue's minimum (``moves``) skip to it — stored ones, and the
     implicit 0 of a subscribed group that has no row for the queue yet; returns (messages
     skipped, offset rows moved)."""
     if not moves:
