@@ -58,14 +58,14 @@ def run(root: Path, n: int) -> dict:
     send_s = time.perf_counter() - t0
     now = clock.now_ms() + 10_000
     t0 = time.perf_counter()
-    dispatch.run(b.warehouse, now)
+    dispatch.run(b.context, now)
     dispatch_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     first = check_transactions.run(b.context, now)
     pass_s = time.perf_counter() - t0
     assert first.ran and first.counts["check"] == n, first
     t0 = time.perf_counter()
-    dispatch.run(b.warehouse, now)
+    dispatch.run(b.context, now)
     redispatch_s = time.perf_counter() - t0
     visible = b.sql("SELECT count(*) AS n FROM consume_queue WHERE topic = 'orders'").collect()[0]["n"]
     t0 = time.perf_counter()

@@ -30,13 +30,13 @@ def main(steps: int = 10, step_rows: int = 1_000_000, root: str = "/tmp/deltamq-
     def small() -> float:
         p.send_batch([Message("t", b"x")] * 100)
         t = time.perf_counter()
-        dispatch.run(b.warehouse, 0)
+        dispatch.run(b.context, 0)
         return time.perf_counter() - t
 
     points = [{"indexed_rows": 0, "dispatch_100_s": [round(small(), 4) for _ in range(3)]}]
     for k in range(steps):
         p.send_dataframe(spark.range(step_rows).selectExpr("'t' AS topic", "CAST(id AS STRING) AS body"))
-        dispatch.run(b.warehouse, 0)
+        dispatch.run(b.context, 0)
         rows = (k + 1) * step_rows + len(points) * 300
         points.append({"indexed_rows": rows, "dispatch_100_s": [round(small(), 4) for _ in range(3)]})
         print(json.dumps(points[-1]), flush=True)

@@ -55,7 +55,7 @@ def run_size(root: Path, n: int) -> dict:
     send_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    result = dispatch.run(broker.warehouse, broker.clock.now_ms())
+    result = dispatch.run(broker.context, broker.clock.now_ms())
     dispatch_s = time.perf_counter() - t0
     assert result.rows_out == n, result
 

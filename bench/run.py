@@ -207,7 +207,7 @@ def end_to_end(root: Path, n: int, listener: str = "ok", idle_ticks: int = 20) -
     b.producer("bench").send_dataframe(spark.read.parquet(str(staging)))
     t1 = time.perf_counter()
     seam_send = _seam_spent()
-    d = dispatch.run(b.warehouse, clock.now_ms())
+    d = dispatch.run(b.context, clock.now_ms())
     t2 = time.perf_counter()
     seam_dispatch = _seam_spent()
     r = deliver.run(b.context, clock.now_ms())

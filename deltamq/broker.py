@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +47,7 @@ if TYPE_CHECKING:
 class Broker:
     """One warehouse of deltamq tables and the engine that works on them."""
 
-    def __init__(self, engine: Engine, warehouse: Warehouse, clock: Clock, config: BrokerConfig) -> None:
+    def __init__(self, warehouse: Warehouse, clock: Clock, config: BrokerConfig) -> None:
         self.context = Context.of(warehouse, clock, config)
         self._runner: TickRunner | None = None
 
@@ -82,12 +81,10 @@ class Broker:
     def reconfigure(self, **changes: Any) -> BrokerConfig:
         """Change settings of this broker from now on, e.g. ``reconfigure(compact=False)``:
         a new validated :class:`BrokerConfig` for its context, catalog and tick runner."""
-        config = replace(self.config, **changes)
-        self.catalog.config = config
-        self.context = replace(self.context, config=config)
+        self.context = self.context.reconfigured(**changes)
         if self._runner is not None:
             self._runner.ctx = self.context
-        return config
+        return self.context.config
 
     # --- opening ---------------------------------------------------------------------------
     @classmethod
@@ -114,10 +111,10 @@ class Broker:
         elif remote:
             config = BrokerConfig(**{**config.__dict__, "remote": remote, "engine": "remote"})
         engine = Engine.open(config, spark=spark)
-        wh = Warehouse(engine, warehouse)
-        broker = cls(engine, wh, clock or SystemClock(), config)
+        wh = Warehouse(engine, warehouse, storage_options=config.storage_options)
+        broker = cls(wh, clock or SystemClock(), config)
         if create and wh.schema_version() is None:
-            wh.init(levels)
+            wh.init(levels, config=config)
         wh.ensure_ready()
         return broker
 

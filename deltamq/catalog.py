@@ -47,19 +47,32 @@ Registry = dict[str, Callable[..., Any]]
 class Catalog(Topics):
     """What a warehouse is configured to do, read from and written to its config tables."""
 
-    def __init__(self, warehouse: Warehouse, clock: Clock, config: BrokerConfig) -> None:
+    def __init__(
+        self,
+        warehouse: Warehouse,
+        clock: Clock,
+        config: BrokerConfig,
+        registered: Catalog | None = None,
+    ) -> None:
+        """``config``: the configuration of the context this catalog is part of (a context
+        and its catalog are made and replaced together: Context.reconfigured).
+        ``registered``: the catalog whose in-process registrations this one takes over."""
         super().__init__()
         self.warehouse = warehouse
         self.engine: Engine = warehouse.engine
         self.clock = clock
         self.config = config
-        self.listeners: Registry = {}  # push listeners registered in this process, by group
-        self.check_listeners: Registry = {}  # check-back listeners, by producer group
-        self.sink_transforms: Registry = {}  # sink transforms, by group
+        # what this process registered (callables cannot be stored in a table), by group
+        self.listeners: Registry = registered.listeners if registered else {}  # push listeners
+        self.check_listeners: Registry = registered.check_listeners if registered else {}  # by producer group
+        self.sink_transforms: Registry = registered.sink_transforms if registered else {}
         self._max_level: int | None = None
 
     def _commit(self, table: str, statement: str) -> None:
-        self.engine.commit(partial(self.engine.execute, statement), what=table)
+        self._commit_attempt(partial(self.engine.execute, statement), table)
+
+    def _commit_attempt(self, attempt: Callable[[], Any], table: str) -> None:
+        self.engine.commit(attempt, what=table, policy=self.config.commit_policy)
 
     # --- topics ------------------------------------------------------------------------------
     def _topic_rows(self) -> list[tuple[str, int, str, bool]]:
@@ -298,9 +311,8 @@ class Catalog(Topics):
         rows = [(topic, q, o, None) for q, o in sorted(starts.items())]
         now = self.clock.now_ms()
         for client in cfg.clients if rows else []:
-            self.engine.commit(
-                partial(advance_offsets, self.warehouse, cfg.name, rows, now, client_id=client),
-                what="offsets",
+            self._commit_attempt(
+                partial(advance_offsets, self.warehouse, cfg.name, rows, now, client_id=client), "offsets"
             )
 
     def reset_offsets(self, group: str, to_time: int) -> dict[tuple[str, int], int]:
@@ -322,7 +334,7 @@ class Catalog(Topics):
             "attempt_ts": "CAST(NULL AS BIGINT)",
         }
         insert = {"next_offset": source("next_offset"), "attempts": "0"}
-        self.engine.commit(partial(merge.execute, self.warehouse, update, insert), what="offsets")
+        self._commit_attempt(partial(merge.execute, self.warehouse, update, insert), "offsets")
         return new
 
     # --- producer groups: transaction check-back ---------------------------------------------

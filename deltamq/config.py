@@ -63,6 +63,20 @@ def parse_levels(level_string: str) -> list[tuple[int, int, str]]:
 
 
 @dataclass(frozen=True)
+class CommitPolicy:
+    """How a commit that lost a race is retried: at most ``retries`` times, after
+    ``backoff_ms`` doubling with each try. Passed with each commit (Engine.commit), as
+    delta-rs passes its commit properties with each write."""
+
+    retries: int = 8
+    backoff_ms: int = 50
+
+
+# settings the engine and the warehouse are opened with: a broker keeps them for its life
+OPEN_TIME_SETTINGS = ("engine", "remote", "storage_options")
+
+
+@dataclass(frozen=True)
 class BrokerConfig:
     """Every tunable of the broker. Defaults follow RocketMQ (docs/behaviour.md)."""
 
@@ -120,6 +134,10 @@ class BrokerConfig:
     # AWS_ENDPOINT_URL, AZURE_STORAGE_ACCOUNT_NAME, GOOGLE_SERVICE_ACCOUNT, ... Kept out
     # of repr (they may hold credentials) and never written to a table.
     storage_options: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def commit_policy(self) -> CommitPolicy:
+        return CommitPolicy(self.commit_retries, self.commit_backoff_ms)
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_MODES:

@@ -8,19 +8,23 @@ call back into the facade above them. It is also what a producer sends through
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from deltamq.catalog import Catalog
 from deltamq.clock import Clock
-from deltamq.config import BrokerConfig
+from deltamq.config import OPEN_TIME_SETTINGS, BrokerConfig
 from deltamq.engine import Engine
+from deltamq.errors import ConfigError
 from deltamq.tables.warehouse import Warehouse
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,32 @@ class Context:
     def of(cls, warehouse: Warehouse, clock: Clock, config: BrokerConfig) -> Context:
         return cls(warehouse.engine, warehouse, clock, config, Catalog(warehouse, clock, config))
 
+    def reconfigured(self, **changes: Any) -> Context:
+        """This context with ``changes`` to its configuration (validated as a new
+        :class:`BrokerConfig`), and a catalog that acts on them and keeps what this process
+        registered. The engine and the warehouse were opened with ``engine``, ``remote``
+        and ``storage_options``: those are refused (open another broker)."""
+        fixed = sorted(set(changes) & set(OPEN_TIME_SETTINGS))
+        if fixed:
+            raise ConfigError(
+                f"{', '.join(fixed)}: fixed when the broker opened (its engine and storage were "
+                "opened with them); open a new Broker with the setting instead"
+            )
+        unknown = sorted(set(changes) - {f.name for f in fields(BrokerConfig)})
+        if unknown:
+            raise ConfigError(
+                f"unknown setting(s) {', '.join(unknown)}; BrokerConfig has "
+                f"{', '.join(f.name for f in fields(BrokerConfig))}"
+            )
+        config = replace(self.config, **changes)
+        catalog = Catalog(self.warehouse, self.clock, config, registered=self.catalog)
+        return replace(self, config=config, catalog=catalog)
+
+    def commit(self, attempt: Callable[[], R], *, what: str) -> R:
+        """``attempt`` committed by the engine, retried on conflicts as this context's
+        configuration says (``commit_retries``, ``commit_backoff_ms``)."""
+        return self.engine.commit(attempt, what=what, policy=self.config.commit_policy)
+
     # --- what a producer sends through (deltamq.sending.Target) ------------------------------
     def validate_writable_topic(self, topic: Any) -> str:
         return self.catalog.validate_writable_topic(topic)
@@ -51,4 +81,4 @@ class Context:
         """Blind-append stored messages to commit_log (one commit)."""
         is_arrow = type(rows).__module__.startswith("pyarrow")
         df = self.engine.spark.createDataFrame(rows) if is_arrow else rows
-        self.engine.commit(partial(self.warehouse.append, "commit_log", df), what=what)
+        self.commit(partial(self.warehouse.append, "commit_log", df), what=what)

@@ -26,7 +26,7 @@ from deltamq.tables.sqltext import sql_long, sql_str
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from deltamq.config import GroupConfig
+    from deltamq.config import CommitPolicy, GroupConfig
     from deltamq.tables.warehouse import Warehouse
 
 DEFAULT_WINDOW_MS = 24 * 3_600_000
@@ -91,7 +91,7 @@ def mark(wh: Warehouse, taken: DataFrame, groups: dict[str, GroupConfig], now: i
     return joined.withColumn("dup", F.col("ck_key").isNotNull()).drop("ck_group", "ck_key", "ck_ts", "dwin")
 
 
-def record(wh: Warehouse, consumed: list[tuple[str, str, str]], now: int) -> None:
+def record(wh: Warehouse, consumed: list[tuple[str, str, str]], now: int, *, policy: CommitPolicy) -> None:
     """Append (group, key, msg id) of messages consumed now (first of each key only)."""
     seen: set[tuple[str, str]] = set()
     rows = []
@@ -105,10 +105,17 @@ def record(wh: Warehouse, consumed: list[tuple[str, str, str]], now: int) -> Non
     df = wh.engine.spark.createDataFrame(
         rows, "consumer_group string, dedup_key string, msg_id string, first_ts bigint"
     )
-    wh.engine.commit(lambda: wh.append("consumed_keys", df), what="consumed_keys")
+    wh.engine.commit(lambda: wh.append("consumed_keys", df), what="consumed_keys", policy=policy)
 
 
-def prune(wh: Warehouse, groups: dict[str, GroupConfig], now: int, *, orphans: bool = False) -> int:
+def prune(
+    wh: Warehouse,
+    groups: dict[str, GroupConfig],
+    now: int,
+    *,
+    policy: CommitPolicy,
+    orphans: bool = False,
+) -> int:
     """Delete keys older than their group's window, when there are any (a min() the
     file statistics answer; the DELETE runs about once per window). ``orphans``: also
     every key of a group not among ``groups`` with a dedup key (deleted, or dedup turned
@@ -136,7 +143,7 @@ def prune(wh: Warehouse, groups: dict[str, GroupConfig], now: int, *, orphans: b
     cond = " OR ".join(stale)
     n = wh.engine.rows(f"SELECT count(*) AS n FROM {wh.ref('consumed_keys')} WHERE {cond}")[0]["n"]
     statement = f"DELETE FROM {wh.ref('consumed_keys')} WHERE {cond}"
-    wh.engine.commit(lambda: wh.engine.execute(statement), what="consumed_keys")
+    wh.engine.commit(lambda: wh.engine.execute(statement), what="consumed_keys", policy=policy)
     return n
 
 

@@ -44,7 +44,7 @@ from deltamq.spark_setup import DELTA_CATALOG, DELTA_EXTENSION, DELTA_PACKAGE, S
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row, SparkSession
 
-    from deltamq.config import BrokerConfig
+    from deltamq.config import BrokerConfig, CommitPolicy
     from deltamq.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -167,12 +167,11 @@ class EngineStats:
 class Engine:
     """A SparkSession plus the helpers every deltamq module uses to touch tables."""
 
-    def __init__(self, spark: SparkSession, mode: str, config: BrokerConfig, flavor: Flavor = "sail") -> None:
+    def __init__(self, spark: SparkSession, mode: str, flavor: Flavor = "sail") -> None:
         self._spark = spark
         self._generation = sail.EmbeddedServer.generation
         self.mode = mode
         self.flavor: Flavor = flavor
-        self.config = config
         self.stats = EngineStats()
         # the server environment this engine's warehouse needs (None: any; embedded only)
         self._server_env: dict[str, str] | None = None
@@ -195,12 +194,12 @@ class Engine:
                 self._generation = server.generation
         return self._spark
 
-    def recycle_if_large(self) -> bool:
-        """Replace the embedded server when its memory passed ``embedded_max_rss_mb``
-        (Sail frees memory only with its process: docs/engines.md). Call it between
-        units of work (a tick, a pull): a query that another thread of this process is
-        running on the old server fails and must be retried. True when replaced."""
-        limit = self.config.embedded_max_rss_mb
+    def recycle_if_large(self, limit: int) -> bool:
+        """Replace the embedded server when its memory passed ``limit`` MiB (the broker's
+        ``embedded_max_rss_mb``; Sail frees memory only with its process:
+        docs/engines.md). Call it between units of work (a tick, a pull): a query that
+        another thread of this process is running on the old server fails and must be
+        retried. True when replaced."""
         if self.mode != "embedded" or limit <= 0:
             return False
         rss = sail.EmbeddedServer.rss_mb()
@@ -250,9 +249,9 @@ class Engine:
         if spark is not None:
             if _is_classic(spark):
                 _check_delta(spark)
-                return cls(_own_session(spark.newSession(), "spark"), "classic", config, "spark")
+                return cls(_own_session(spark.newSession(), "spark"), "classic", "spark")
             flavor = _flavor_of(spark)
-            return cls(_own_session(spark, flavor), "remote", config, flavor)
+            return cls(_own_session(spark, flavor), "remote", flavor)
         if config.engine == "remote":
             url = config.remote or os.environ.get("DELTAMQ_SPARK_REMOTE")
             if not url:
@@ -262,8 +261,8 @@ class Engine:
                 )
             spark = connect(url)
             flavor = _flavor_of(spark)
-            return cls(_own_session(spark, flavor), "remote", config, flavor)
-        return cls(sail.embedded_session(), "embedded", config, "sail")
+            return cls(_own_session(spark, flavor), "remote", flavor)
+        return cls(sail.embedded_session(), "embedded", "sail")
 
     @staticmethod
     def shutdown_embedded() -> None:
@@ -325,13 +324,14 @@ class Engine:
         writer.save(location)
 
     # --- commits ------------------------------------------------------------------
-    def commit(self, attempt: Callable[[], R], *, what: str) -> R:
-        """Run ``attempt`` (read, plan, commit) and retry it on commit conflicts.
+    def commit(self, attempt: Callable[[], R], *, what: str, policy: CommitPolicy) -> R:
+        """Run ``attempt`` (read, plan, commit) and retry it on commit conflicts as
+        ``policy`` says (the caller's configuration: Context.commit passes it).
 
         ``attempt`` must re-read whatever it needs each time it is called: a retry
         never replays a statement built from stale values.
         """
-        retries = self.config.commit_retries
+        retries = policy.retries
         for i in range(retries + 1):
             try:
                 result = attempt()
@@ -347,7 +347,7 @@ class Engine:
                     ) from e
                 self.stats.conflicts_retried += 1
                 self.stats.by_job[what] = self.stats.by_job.get(what, 0) + 1
-                base = self.config.commit_backoff_ms / 1000.0
+                base = policy.backoff_ms / 1000.0
                 delay = min(2.0, base * (2**i)) * random.uniform(0.5, 1.5)
                 log.info("%s: commit conflict, retry %d in %.3fs", what, i + 1, delay)
                 time.sleep(delay)

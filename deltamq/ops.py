@@ -31,7 +31,7 @@ from deltamq.constants import (
 from deltamq.errors import ConfigError, OperationError
 from deltamq.filters import subscription_filter
 from deltamq.message import Message, validate_group_name
-from deltamq.orchestration.leases import Leases
+from deltamq.orchestration.leases import Leases, LeaseTerms
 from deltamq.producer import Producer
 from deltamq.tables.bodies import join_bodies, read_bodies
 from deltamq.tables.offsets import group_positions, load_dispatch_state
@@ -439,12 +439,10 @@ def rebuild_index(ctx: Context, leases: Leases, now: int) -> dict[str, int]:
 
     wh = ctx.warehouse
     _check_replayable(wh)
-    leases.acquire(JOB_NAMES, last_now=now)
+    leases.acquire(JOB_NAMES, LeaseTerms.of(ctx.config), last_now=now)
     before = wh.engine.rows(f"SELECT count(*) AS n FROM {wh.ref('consume_queue')}")[0]["n"]
-    wh.engine.commit(
-        lambda: wh.engine.execute(f"DELETE FROM {wh.ref('consume_queue')}"), what="consume_queue"
-    )
-    wh.engine.commit(
+    ctx.commit(lambda: wh.engine.execute(f"DELETE FROM {wh.ref('consume_queue')}"), what="consume_queue")
+    ctx.commit(
         lambda: wh.engine.execute(
             f"DELETE FROM {wh.ref('offsets')} WHERE consumer_group = {sql_str(DISPATCH_GROUP)}"
         ),
@@ -453,7 +451,7 @@ def rebuild_index(ctx: Context, leases: Leases, now: int) -> dict[str, int]:
     passes = rows = 0
     while True:
         leases.check(["dispatch"])
-        r = dispatch.run(wh, now)
+        r = dispatch.run(ctx, now)
         passes += 1
         rows += r.rows_out
         if not r.commits_read:

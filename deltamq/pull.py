@@ -252,7 +252,7 @@ class PullConsumer:
             "WHEN MATCHED THEN UPDATE SET t.last_seen_ts = greatest(t.last_seen_ts, s.last_seen_ts) "
             "WHEN NOT MATCHED THEN INSERT *"
         )
-        self.ctx.engine.commit(lambda: self.ctx.engine.execute(statement), what="clients")
+        self.ctx.commit(lambda: self.ctx.engine.execute(statement), what="clients")
         self._seen = now
 
     def close(self) -> None:
@@ -265,13 +265,13 @@ class PullConsumer:
                 locks = read_locks(self.ctx, self.group)
                 write_locks(self.ctx, self.group, self._give_back(locks, set(self._held), now))
 
-            self.ctx.engine.commit(attempt, what="queue_lock")
+            self.ctx.commit(attempt, what="queue_lock")
         self._held.clear()
         statement = (
             f"DELETE FROM {self._ref('clients')} WHERE consumer_group = {sql_str(self.group)} "
             f"AND client_id = {sql_str(self.client_id)}"
         )
-        self.ctx.engine.commit(lambda: self.ctx.engine.execute(statement), what="clients")
+        self.ctx.commit(lambda: self.ctx.engine.execute(statement), what="clients")
         self._seen = None
 
     def assignment(self, now: int | None = None) -> list[Queue]:
@@ -313,7 +313,7 @@ class PullConsumer:
 
     def _pull(self, budget: int, now: int) -> list[PulledMessage]:
         started = time.monotonic()
-        self.ctx.engine.recycle_if_large()
+        self.ctx.engine.recycle_if_large(self.ctx.config.embedded_max_rss_mb)
         self._keep_alive(now)
         queues, matches = self._queues(now)
         mine = assign(queues, self._live(now), self.client_id)
@@ -408,7 +408,6 @@ class PullConsumer:
         starts where it handed out last (from the log when this client has no memory of
         the queue: a range reserved by a pull killed before recording is handed out again);
         a new owner at the acknowledged offset."""
-        engine = self.ctx.engine
         cfg = self.ctx.config
         me = self.client_id
         window = max(budget, 1) * WINDOW
@@ -487,7 +486,7 @@ class PullConsumer:
             existing = read_locks(self.ctx, self.group)
             if any(q not in existing for q in mine):
                 ensure_lock_rows(self.ctx, self.group, mine)
-        engine.commit(attempt, what="queue_lock")
+        self.ctx.commit(attempt, what="queue_lock")
         for q in list(self._held):
             if q not in plans:
                 del self._held[q]
@@ -633,7 +632,12 @@ class PullConsumer:
             .select(dedup.key_column(self._cfg.dedup_key or "").alias("k"), "msg_id")
             .collect()
         )
-        dedup.record(self.ctx.warehouse, [(self.group, r["k"], r["msg_id"]) for r in rows], now)
+        dedup.record(
+            self.ctx.warehouse,
+            [(self.group, r["k"], r["msg_id"]) for r in rows],
+            now,
+            policy=self.ctx.config.commit_policy,
+        )
 
     def nack(self, handles: Iterable[str], delay_level: int | None = None, now: int | None = None) -> int:
         """Give messages back: each is retried through ``%RETRY%<group>`` (level
@@ -780,7 +784,7 @@ def ensure_lock_rows(ctx: Context, group: str, queues: Iterable[Queue]) -> None:
         "s.queue_id, CAST(NULL AS STRING), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), 0, "
         "CAST(NULL AS BIGINT))"
     )
-    ctx.engine.commit(lambda: ctx.engine.execute(statement), what="queue_lock")
+    ctx.commit(lambda: ctx.engine.execute(statement), what="queue_lock")
 
 
 def write_locks(ctx: Context, group: str, changes: list[tuple[Queue, LockEntry | None, LockEntry]]) -> None:
@@ -836,7 +840,7 @@ def append_log(ctx: Context, rows: list[tuple]) -> None:
         [pa.array(c, type=t) for c, t in zip(columns, _ARROW_LOG.types, strict=True)], schema=_ARROW_LOG
     )
     df = ctx.engine.spark.createDataFrame(table)
-    ctx.engine.commit(lambda: ctx.warehouse.append("deliveries", df), what="deliveries")
+    ctx.commit(lambda: ctx.warehouse.append("deliveries", df), what="deliveries")
 
 
 def ended(row: tuple, state: str) -> tuple:
@@ -999,7 +1003,7 @@ def fold(ctx: Context, now: int, logs: dict | None = None) -> int:
     }
     insert = {"next_offset": source("next_offset"), "delivered_offset": source("delivered_offset")}
     if merge.rows:
-        ctx.engine.commit(partial(merge.execute, ctx.warehouse, update, insert), what="offsets")
+        ctx.commit(partial(merge.execute, ctx.warehouse, update, insert), what="offsets")
     faults.point("pull_expiry.after_offsets_commit")
     if drops:
         statement = f"DELETE FROM {ctx.warehouse.ref('deliveries')} WHERE {' OR '.join(drops)}"

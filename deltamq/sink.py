@@ -209,7 +209,7 @@ def check_table(ctx: Context, cfg: SinkConfig, out: DataFrame) -> bool:
 def ensure_table(ctx: Context, cfg: SinkConfig, out: DataFrame) -> None:
     """Check the sink table against ``out``'s columns; create it empty if missing."""
     if not check_table(ctx, cfg, out):
-        ctx.engine.commit(
+        ctx.commit(
             lambda: (
                 out.limit(0).write.format("delta").mode("append").save(ctx.warehouse.engine_path(cfg.table))
             ),
@@ -273,7 +273,7 @@ def _pass(ctx: Context, cfg: SinkConfig, takes: list, now: int, subs: list[Subsc
         out = output(ctx, cfg, messages, load_transform(ctx, cfg))
         merge(ctx, cfg, out)
     faults.point("sink.after_merge_commit")
-    ctx.engine.commit(
+    ctx.commit(
         lambda: advance_offsets(wh, cfg.group, [(t.topic, t.queue_id, t.hi, None) for t in takes], now),
         what="offsets",
     )
@@ -296,7 +296,7 @@ def merge(ctx: Context, cfg: SinkConfig, out: DataFrame) -> None:
         "WHEN NOT MATCHED THEN INSERT *"
     )
     faults.point("sink.before_merge_commit")
-    engine.commit(lambda: engine.execute(statement), what="sink")
+    ctx.commit(lambda: engine.execute(statement), what="sink")
 
 
 class Sink:

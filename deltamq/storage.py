@@ -429,7 +429,11 @@ _CAUSES: tuple[tuple[str, str], ...] = (
         r"invalid_grant|Failed to get credentials|credential",
         "no credentials, or credentials the store rejects",
     ),
-    (r"AccessDenied|Access Denied|Forbidden|403|AuthorizationFailure|PermissionDenied", "access denied"),
+    # 403 as a number of its own: a retry time such as "in 2.009354039s" holds those digits
+    (
+        r"AccessDenied|Access Denied|Forbidden|(?<![\d.])403(?![\d.])|AuthorizationFailure|PermissionDenied",
+        "access denied",
+    ),
     (
         r"Connection refused|error sending request|dns error|failed to lookup|timed out|timeout|"
         r"Couldn't connect|Could not connect|unreachable|connect error|tcp connect",

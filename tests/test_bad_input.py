@@ -374,11 +374,11 @@ def test_a_damaged_data_file_is_named_and_nothing_is_lost(ready, clock, tmp_path
 
 def test_newer_warehouse_is_refused(tmp_path, broker):
     wh = Warehouse(broker.engine, tmp_path / "future")
-    wh.init()
-    wh._set_meta("schema_version", str(SCHEMA_VERSION + 1))
+    wh.init(config=broker.config)
+    wh._set_meta("schema_version", str(SCHEMA_VERSION + 1), broker.config)
     before = table_versions(tmp_path / "future")
     with pytest.raises(SchemaVersionError, match="newer than this release"):
         Broker.open(tmp_path / "future")
     with pytest.raises(SchemaVersionError, match="newer"):
-        Warehouse(broker.engine, tmp_path / "future").init()
+        Warehouse(broker.engine, tmp_path / "future").init(config=broker.config)
     assert table_versions(tmp_path / "future") == before

@@ -19,7 +19,7 @@ import pytest
 
 from deltamq.cli import main, parser
 from deltamq.cli.parser import EXIT_STATUSES, build_parser
-from deltamq.orchestration.leases import Leases, describe_holder
+from deltamq.orchestration.leases import Leases, LeaseTerms, describe_holder
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -373,7 +373,9 @@ def test_a_lease_held_by_a_process_that_has_exited_says_so(broker, capsys):
     )
     pid = int(gone.stdout)
     host = socket.gethostname()
-    Leases(broker.warehouse, holder=f"{host}:{pid}:0badf00d").acquire(["dispatch"])
+    Leases(broker.warehouse, holder=f"{host}:{pid}:0badf00d").acquire(
+        ["dispatch"], LeaseTerms.of(broker.config)
+    )
     broker.close()
     code, _, err = _run(capsys, "job", "dispatch", "--warehouse", str(broker.warehouse.location))
     assert code == 3

@@ -55,11 +55,11 @@ def test_check_transactions_survives_kills(broker, clock, tmp_path, spark):
             "topic string, body string, properties map<string,string>",
         )
         producer.send_dataframe_in_transaction(df)
-        dispatch.run(broker.warehouse, clock.now_ms())
+        dispatch.run(broker.context, clock.now_ms())
         clock.advance(seconds=61)
         now = clock.now_ms()
         crashes.kill_and_rerun("check_transactions", now, point)
-        dispatch.run(broker.warehouse, now)
+        dispatch.run(broker.context, now)
         real = broker.sql(
             "SELECT CAST(body AS STRING) AS body, count(*) AS n FROM consume_queue c JOIN commit_log l "
             "ON l.msg_id = c.msg_id WHERE c.topic = 'orders' GROUP BY 1"

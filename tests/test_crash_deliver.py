@@ -33,7 +33,7 @@ def test_deliver_survives_kills(broker, clock, tmp_path):
     p = broker.producer("p")
     for round_no, (point, _) in enumerate(crashes):
         sent += p.send_batch([Message("orders", f"r{round_no}m{i}") for i in range(12)])
-        dispatch.run(broker.warehouse, clock.now_ms())
+        dispatch.run(broker.context, clock.now_ms())
         clock.advance(seconds=1)
         run = f"round{round_no}"
         env = {"DELTAMQ_TEST_LOG": str(log), "DELTAMQ_TEST_RUN": run}

@@ -31,11 +31,11 @@ def test_promote_survives_kills(broker, clock, tmp_path):
         ]
         p.send_batch(batch)
         sent += len(batch)
-        dispatch.run(broker.warehouse, clock.now_ms())
+        dispatch.run(broker.context, clock.now_ms())
         clock.advance(seconds=6)  # everything of this round is due
         now = clock.now_ms()
         crashes.kill_and_rerun("promote", now, point)
-        dispatch.run(broker.warehouse, now)
+        dispatch.run(broker.context, now)
         report = check_dispatch(broker.warehouse)
         assert report.ok, report.describe()
         real = broker.sql(
@@ -69,7 +69,7 @@ def test_promote_indexing_its_copies_in_a_tick_survives_kills(broker, clock, tmp
         ]
         p.send_batch(batch)
         sent += len(batch)
-        dispatch.run(broker.warehouse, clock.now_ms())
+        dispatch.run(broker.context, clock.now_ms())
         clock.advance(seconds=6)  # everything of this round is due
         now = clock.now_ms()
         if point == "dispatch.after_index_commit":

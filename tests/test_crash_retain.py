@@ -28,7 +28,7 @@ def test_retain_survives_kills(broker, clock, tmp_path, warehouse_with):
     p = broker.producer("shop")
     for day in range(3):  # history: from the first round on, every pass has a day to drop
         p.send_batch([Message("orders", f"h{day}-{i}".encode()) for i in range(20)])
-        dispatch.run(broker.warehouse, clock.now_ms())
+        dispatch.run(broker.context, clock.now_ms())
         clock.advance(timedelta(days=1))
     retain.run(broker.context, clock.now_ms(), force=True)  # the first pass: later ones are due daily here
     dropped = 0
@@ -36,9 +36,9 @@ def test_retain_survives_kills(broker, clock, tmp_path, warehouse_with):
         p.send_batch([Message("orders", f"r{round_no}-{i}".encode()) for i in range(20)])
         p.send(Message("orders", b"timer", delay=timedelta(days=2)))
         now = clock.now_ms()
-        dispatch.run(broker.warehouse, now)
-        promote.run(broker.warehouse, now)
-        dispatch.run(broker.warehouse, now)
+        dispatch.run(broker.context, now)
+        promote.run(broker.context, now)
+        dispatch.run(broker.context, now)
         clock.advance(timedelta(days=1))
         now = clock.now_ms()
         crashes.kill_and_rerun(

@@ -44,7 +44,7 @@ def test_sink_is_exactly_once_under_kills(broker, clock, tmp_path, spark, wareho
         sent += len(batch)
         clock.advance(seconds=1)
         now = clock.now_ms()
-        dispatch.run(broker.warehouse, now)
+        dispatch.run(broker.context, now)
         # pull_batch_size 25 per queue: a pass takes part of a round; the replay starts at
         # an earlier round and finishes everything
         since = rng.choice(times[-4:])

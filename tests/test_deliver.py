@@ -247,7 +247,7 @@ def test_status_shows_group_lag_and_dead_letters(setup, clock):
     broker.producer("p").send(Message("orders", "x"), queue_key="k")
     from deltamq.jobs import dispatch
 
-    dispatch.run(broker.warehouse, t + 2)  # indexed, not yet delivered: lag 1
+    dispatch.run(broker.context, t + 2)  # indexed, not yet delivered: lag 1
     st = broker.status()
     lag = {(g["topic"], g["queue_id"]): g["lag"] for g in st["lag"] if g["group"] == "g"}
     assert sum(v for (topic, _), v in lag.items() if topic == "orders") == 1
@@ -302,7 +302,7 @@ def test_each_stage_of_a_pass_runs_alone(broker, clock, warehouse_with):
     p.send(Message("orders", b"wanted", tags="a"))
     p.send(Message("orders", b"other", tags="b"))
     now = clock.now_ms()
-    dispatch.run(broker.warehouse, now)
+    dispatch.run(broker.context, now)
     ctx = broker.context
 
     work = deliver.plan(ctx, now)

@@ -190,10 +190,10 @@ def test_rerun_after_index_commit_without_progress_repeats_nothing(orders, monke
     p.send_batch([Message("orders", f"{i}") for i in range(20)])
     monkeypatch.setattr(dispatch, "write_progress", lambda *a, **k: (_ for _ in ()).throw(OSError("killed")))
     with pytest.raises(OSError):
-        dispatch.run(orders.warehouse, 0)
+        dispatch.run(orders.context, 0)
     monkeypatch.undo()
     p.send_batch([Message("orders", f"b{i}") for i in range(8)])
-    result = dispatch.run(orders.warehouse, 0)
+    result = dispatch.run(orders.context, 0)
     assert result.rows_out == 8  # the first 20 were already indexed (progress is in the rows)
     report = check_dispatch(orders.warehouse)
     assert report.ok and report.indexed == 28, report.describe()
@@ -269,11 +269,11 @@ def test_heads_a_killed_pass_left_out_of_the_hint_are_kept_by_the_next_pass(brok
     send("a", 0)
     with monkeypatch.context() as m:  # the hint's commit never happens
         m.setattr(dispatch, "write_progress", lambda *a, **k: None)
-        dispatch.run(wh, t)
+        dispatch.run(broker.context, t)
     send("b", 1)
-    dispatch.run(wh, t + 1)  # the index tail (queue 0) and a new commit (queue 1)
+    dispatch.run(broker.context, t + 1)  # the index tail (queue 0) and a new commit (queue 1)
     send("c", 0)
-    dispatch.run(wh, t + 2)
+    dispatch.run(broker.context, t + 2)
     rows = broker.sql("SELECT queue_id, queue_offset FROM consume_queue WHERE topic = 'two'").collect()
     assert sorted((r["queue_id"], r["queue_offset"]) for r in rows) == [(0, 0), (0, 1), (1, 0)]
     report = check_dispatch(wh)

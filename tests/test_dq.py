@@ -77,7 +77,7 @@ def _names(result):
 
 @pytest.mark.spark  # also on Apache Spark (pytest --engine spark -m spark)
 def test_a_clean_multi_feature_warehouse_passes_every_suite(busy):
-    result = run(busy)
+    result = run(busy.context)
     assert result.success, (_names(result), [(r.observed, r.sample_ids) for r in result.failures])
     assert len(result.results) > 100
     accounted = next(r for r in result.results if r.expectation == "every message accounted for per group")
@@ -106,12 +106,12 @@ def test_a_duplicate_offset_and_a_gap_are_named(busy):
     _copy_index_rows(
         busy, "topic = 'orders' AND queue_id = 0 AND queue_offset = 1", msg_id="concat(msg_id, 'X')"
     )
-    result = run(busy, tables=["consume_queue"], record=False)
+    result = run(busy.context, tables=["consume_queue"], record=False)
     dup = result.failed("consume_queue", "(topic, queue_id, queue_offset) unique")
     assert dup is not None and dup.unexpected_count == 2
     assert "topic=orders,queue_id=0,queue_offset=1" in dup.sample_ids
     _write(busy, f"DELETE FROM {cq} WHERE topic = 'orders' AND queue_id = 1 AND queue_offset = 1")
-    result = run(busy, tables=["consume_queue", "conservation"], record=False)
+    result = run(busy.context, tables=["consume_queue", "conservation"], record=False)
     gap = result.failed("consume_queue", "offsets dense per queue")
     assert gap is not None and "orders:1" in gap.sample_ids  # (orders:0 holds the duplicate)
     assert result.failed("conservation", "every stored message indexed once") is not None
@@ -149,7 +149,7 @@ def test_a_dead_letter_with_too_few_retries_and_an_offset_past_the_end(busy):
         f"UPDATE {offs} SET next_offset = 999 "
         "WHERE consumer_group = 'billing' AND topic = 'orders' AND queue_id = 0",
     )
-    result = run(busy, tables=["consume_queue", "offsets"], record=False)
+    result = run(busy.context, tables=["consume_queue", "offsets"], record=False)
     assert result.failed("consume_queue", "dead letters carry a DLQ_REASON").sample_ids == (dead,)
     past = result.failed("offsets", "group offsets within")
     assert past.sample_ids == ("billing orders:0 next_offset=999",)
@@ -174,7 +174,7 @@ def test_a_half_message_leaked_into_a_user_topic_and_bad_due_times(busy):
         slot="0",
     )
     _write(busy, f"UPDATE {cq} SET due_ts = store_ts - 1 WHERE topic = 'SCHEDULE_TOPIC_XXXX'")
-    result = run(busy, tables=["consume_queue"], record=False)
+    result = run(busy.context, tables=["consume_queue"], record=False)
     assert result.failed("consume_queue", "no half message in a user topic").sample_ids == (half,)
     due = result.failed("consume_queue", "schedule entries due at or after store")
     assert due is not None and due.unexpected_count >= 1
@@ -186,7 +186,7 @@ def test_bad_types_topics_and_retry_counts_fail_their_table_expectations(busy):
     _write(
         busy, f"UPDATE {busy.warehouse.ref('consume_queue')} SET reconsume_times = 99 WHERE topic = 'orders'"
     )
-    result = run(busy, tables=["commit_log", "consume_queue"], record=False)
+    result = run(busy.context, tables=["commit_log", "consume_queue"], record=False)
     assert result.failed("commit_log", "topic valid").sample_ids[0] == "bad topic!"
     assert result.failed("consume_queue", "reconsume_times within").unexpected_count > 0
 

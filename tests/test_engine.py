@@ -9,6 +9,7 @@ import textwrap
 import pytest
 
 from deltamq import Broker, BrokerConfig, Message
+from deltamq.config import CommitPolicy
 from deltamq.engine import Engine, is_commit_conflict
 from deltamq.errors import CommitConflict, ConfigError, EngineError
 
@@ -91,7 +92,7 @@ def test_commit_retries_replan_and_are_counted(broker):
         return "done"
 
     before = engine.stats.conflicts_retried
-    assert engine.commit(attempt, what="unit") == "done"
+    assert engine.commit(attempt, what="unit", policy=CommitPolicy(retries=8, backoff_ms=1)) == "done"
     assert len(calls) == 3
     assert engine.stats.conflicts_retried - before == 2
 
@@ -103,9 +104,9 @@ def test_commit_gives_up_after_bounded_retries(tmp_path, clock):
         raise RuntimeError("(io.delta.exceptions.ConcurrentAppendException) files were added")
 
     with pytest.raises(CommitConflict, match="after 2 retries"):
-        b.engine.commit(always, what="unit")
+        b.context.commit(always, what="unit")
     with pytest.raises(ValueError):  # other errors are not retried
-        b.engine.commit(lambda: (_ for _ in ()).throw(ValueError("boom")), what="unit")
+        b.context.commit(lambda: (_ for _ in ()).throw(ValueError("boom")), what="unit")
     b.close()
 
 
@@ -128,7 +129,7 @@ def test_real_conflicts_between_two_writers_are_retried(tmp_path, clock):
                     "WHEN MATCHED THEN UPDATE SET t.queues = t.queues + 1"
                 )
 
-            b.engine.commit(attempt, what="cas")
+            b.context.commit(attempt, what="cas")
 
     threads = [threading.Thread(target=work, args=(b,)) for b in brokers]
     for t in threads:
@@ -213,7 +214,7 @@ def test_an_oversized_embedded_server_is_replaced_between_ticks(tmp_path, clock)
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
     assert ConnectSession.builder.getOrCreate().sql("SELECT 1 AS x").collect()[0]["x"] == 1
-    assert not other.engine.recycle_if_large()  # 4096 MiB default: nothing to do
+    assert not other.engine.recycle_if_large(other.config.embedded_max_rss_mb)  # 4096 MiB: nothing to do
     with pytest.raises(ConfigError, match="embedded_max_rss_mb=-1"):
         BrokerConfig(embedded_max_rss_mb=-1)
     small.close()

@@ -9,21 +9,26 @@ import time
 
 import pytest
 
+from deltamq.config import CommitPolicy
 from deltamq.errors import ClockError, LeaseHeld, LeaseLost
-from deltamq.orchestration.leases import Leases
+from deltamq.orchestration.leases import Leases, LeaseTerms
+
+TERMS = LeaseTerms(60_000, CommitPolicy())
+SHORT = LeaseTerms(1000, CommitPolicy())
 
 _ACQUIRE = textwrap.dedent(
     """
     import sys, time
     from deltamq import Broker
     from deltamq.errors import LeaseHeld
-    from deltamq.orchestration.leases import Leases
+    from deltamq.orchestration.leases import Leases, LeaseTerms
     wh, holder, ttl, start_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     b = Broker.open(wh)
-    leases = Leases(b.warehouse, holder=holder, ttl_ms=ttl)
+    b.reconfigure(lease_ttl_ms=ttl)
+    leases = Leases(b.warehouse, holder=holder)
     time.sleep(max(0.0, start_at - time.time()))
     try:
-        got = leases.acquire(["dispatch", "promote"])
+        got = leases.acquire(["dispatch", "promote"], LeaseTerms.of(b.config))
         print("WON", got["dispatch"].epoch, flush=True)
     except LeaseHeld as e:
         print("LOST", e, flush=True)
@@ -47,7 +52,7 @@ def test_lease_excludes_a_second_process(broker, tmp_path):
     assert out.startswith("WON 1"), err[-2000:]
     mine = Leases(broker.warehouse, holder="me")
     with pytest.raises(LeaseHeld, match="held by other-runner"):
-        mine.acquire(["dispatch"])
+        mine.acquire(["dispatch"], TERMS)
     with pytest.raises(LeaseHeld):
         broker.tick()
 
@@ -66,30 +71,30 @@ def test_two_processes_racing_one_wins(broker, tmp_path):
 
 def test_expired_lease_is_taken_over_and_stale_holder_is_fenced(broker):
     wall = [1_000_000]
-    old = Leases(broker.warehouse, holder="old", ttl_ms=1000, wall=lambda: wall[0])
-    new = Leases(broker.warehouse, holder="new", ttl_ms=1000, wall=lambda: wall[0])
-    assert old.acquire(["dispatch"])["dispatch"].epoch == 1
+    old = Leases(broker.warehouse, holder="old", wall=lambda: wall[0])
+    new = Leases(broker.warehouse, holder="new", wall=lambda: wall[0])
+    assert old.acquire(["dispatch"], SHORT)["dispatch"].epoch == 1
     old.check(["dispatch"])
     wall[0] += 400  # more than half left: renewing commits nothing
     v = broker.sql("SELECT count(*) AS n FROM leases").collect()[0]["n"]
-    old.acquire(["dispatch"])
+    old.acquire(["dispatch"], SHORT)
     assert broker.sql("SELECT count(*) AS n FROM leases").collect()[0]["n"] == v
     with pytest.raises(LeaseHeld):
-        new.acquire(["dispatch"])
+        new.acquire(["dispatch"], SHORT)
     wall[0] += 1000  # expired
-    assert new.acquire(["dispatch"])["dispatch"].epoch == 2
+    assert new.acquire(["dispatch"], SHORT)["dispatch"].epoch == 2
     with pytest.raises(LeaseLost, match="held by new"):
         old.check(["dispatch"])
     with pytest.raises(LeaseHeld):
-        old.acquire(["dispatch"])
+        old.acquire(["dispatch"], SHORT)
 
 
 def test_release_lets_another_holder_in(broker):
     a = Leases(broker.warehouse, holder="a")
     b = Leases(broker.warehouse, holder="b")
-    a.acquire(["retain"])
-    a.release()
-    assert b.acquire(["retain"])["retain"].epoch == 2
+    a.acquire(["retain"], TERMS)
+    a.release(TERMS.commits)
+    assert b.acquire(["retain"], TERMS)["retain"].epoch == 2
 
 
 def test_now_earlier_than_last_tick_is_refused(broker, clock, tmp_path):
@@ -121,8 +126,9 @@ def test_a_long_tick_renews_its_lease_between_jobs(broker):
         fenced.append(wall[0])
 
     seq = (("a", "dispatch", slow), ("b", "dispatch", slow), ("c", "dispatch", slow))
+    broker.reconfigure(lease_ttl_ms=1000)
     runner = TickRunner(broker.context, holder="long", sequence=seq)
-    runner.leases = Leases(broker.warehouse, holder="long", ttl_ms=1000, wall=lambda: wall[0])
+    runner.leases = Leases(broker.warehouse, holder="long", wall=lambda: wall[0])
     runner.tick(1)
     assert fenced == [1_000_700, 1_001_400, 1_002_100]
     lease = broker.sql("SELECT holder, epoch, expires_at FROM leases WHERE job = 'dispatch'").collect()[0]

@@ -82,7 +82,7 @@ def test_lite_producer_runs_without_spark_alongside_the_spark_producer(broker, l
     report = json.loads(out.strip().splitlines()[-1])
     assert report["modules"] == []  # no PySpark, no Sail in that process
     lite_ids = report["ids"]
-    dispatch.run(broker.warehouse, clock.now_ms())
+    dispatch.run(broker.context, clock.now_ms())
     rows = broker.sql(
         "SELECT msg_id, queue_id, queue_offset FROM consume_queue WHERE topic = 'orders'"
     ).collect()

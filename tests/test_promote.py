@@ -333,7 +333,7 @@ def test_a_tick_indexes_the_copies_in_the_promote_pass_as_dispatch_would(orders,
         (deltalog.latest_version(wh.storage, wh.uri("commit_log")), 10)
     ]
     hint_matches_the_index(orders)
-    assert dispatch.run(wh, t0 + 1000).rows_out == 0
+    assert dispatch.run(orders.context, t0 + 1000).rows_out == 0
     assert sorted(_visible(orders)) == sorted(
         [f"plain{i}" for i in range(6)] + [f"d{i}" for i in range(5)] + [f"t{i}" for i in range(5)]
     )
@@ -370,10 +370,10 @@ def test_promote_alone_leaves_the_index_to_dispatch(orders, clock):
 
     t0 = clock.now_ms()
     orders.producer("p").send_batch([Message("orders", f"d{i}", delay_level=1) for i in range(3)])
-    dispatch.run(orders.warehouse, t0)
-    r = promote.run(orders.warehouse, t0 + 1000)  # no index_fence: dispatch's lease is not ours
+    dispatch.run(orders.context, t0)
+    r = promote.run(orders.context, t0 + 1000)  # no index_fence: dispatch's lease is not ours
     assert r.rows_out == 3 and r.indexed == 0 and _visible(orders) == []
-    assert dispatch.run(orders.warehouse, t0 + 1000).rows_out == 3
+    assert dispatch.run(orders.context, t0 + 1000).rows_out == 3
     assert sorted(_visible(orders)) == ["d0", "d1", "d2"]
 
 
@@ -394,9 +394,9 @@ def test_a_runner_remembers_promote_state_and_an_older_memory_writes_nothing_twi
     # another runner's pass moves the table past the memory: the next pass starts from
     # the older state and finds those copies already stored
     p.send_batch([Message("orders", f"b{i}", delay_level=1) for i in range(3)])
-    dispatch.run(orders.warehouse, t0 + 2000)
-    assert promote.run(orders.warehouse, t0 + 3000).rows_out == 3
-    dispatch.run(orders.warehouse, t0 + 3000)
+    dispatch.run(orders.context, t0 + 2000)
+    assert promote.run(orders.context, t0 + 3000).rows_out == 3
+    dispatch.run(orders.context, t0 + 3000)
     result = orders.tick(t0 + 4000)
     assert result.job("promote").rows_out == 0 and result.job("promote").details["already_stored"] == 3
     report = check_dispatch(orders.warehouse)

@@ -133,7 +133,7 @@ def test_retention_succeeds_while_a_producer_keeps_appending(broker, clock, loca
     while time.time() < deadline or passes < 3:
         clock.set(old_day + passes * DAY)
         old += p.send_batch([Message("archive", b"old")] * 3)
-        dispatch.run(broker.warehouse, clock.now_ms())
+        dispatch.run(broker.context, clock.now_ms())
         r = retain.run(broker.context, int(time.time() * 1000) + 3_600_000, force=True)
         deleted += r.body_rows
         passes += 1
@@ -145,7 +145,7 @@ def test_retention_succeeds_while_a_producer_keeps_appending(broker, clock, loca
     left = {r["msg_id"] for r in _rows(broker, "SELECT msg_id FROM commit_log")}
     assert set(sent) <= left  # every concurrent append survived
     assert not set(old) & left  # every old day was dropped
-    dispatch.run(broker.warehouse, int(time.time() * 1000))
+    dispatch.run(broker.context, int(time.time() * 1000))
     assert check(broker.context, tables=["consume_queue", "offsets", "conservation"], record=False).success
 
 
@@ -162,7 +162,7 @@ def test_a_pass_killed_after_its_index_commit_still_moves_the_groups_left_behind
     warehouse_with("orders", queues=1, group="idle", recorder=None)  # never consumes
     p = broker.producer("shop")
     p.send_batch([Message("orders", f"old{i}".encode()) for i in range(4)])
-    dispatch.run(broker.warehouse, clock.now_ms())
+    dispatch.run(broker.context, clock.now_ms())
     retain.run(broker.context, clock.now_ms(), force=True)
     clock.advance(timedelta(days=4))  # all four expired: the queue empties
     with crash_at("retain.after_index_commit"), pytest.raises(Crashed):

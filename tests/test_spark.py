@@ -130,7 +130,7 @@ def test_a_real_delta_conflict_over_spark_connect_is_retried(broker):
     def work(b):
         ref = b.warehouse.ref("topic_config")
         for _ in range(n):
-            b.engine.commit(
+            b.context.commit(
                 lambda b=b: b.engine.execute(
                     f"MERGE INTO {ref} t USING (SELECT 't' AS topic) s ON t.topic = s.topic "
                     "WHEN MATCHED THEN UPDATE SET t.queues = t.queues + 1"

@@ -79,6 +79,10 @@ def test_causes_are_told_apart():
     assert "credentials" in describe_cause(OSError("403 Forbidden <Code>InvalidAccessKeyId</Code>"))
     assert describe_cause(OSError("<Code>AccessDenied</Code>")) == "access denied"
     assert describe_cause(OSError("Connection refused (os error 111)")) == "the endpoint cannot be reached"
+    assert describe_cause(OSError("HTTP status 403")) == "access denied"
+    # a retry time holding the digits 403 is no refusal (seen once: "in 2.009354039s")
+    refused = "Error performing GET in 2.009354039s, after 10 retries - tcp connect error: Connection refused"
+    assert describe_cause(OSError(refused)) == "the endpoint cannot be reached"
 
 
 # --- against the S3 API server ----------------------------------------------------------------

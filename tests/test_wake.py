@@ -49,7 +49,7 @@ def test_next_due_sees_levels_timers_and_suspended_queues(broker, clock):
     shop = broker.producer("shop")
     shop.send(Message("orders", b"t", delay=timedelta(hours=3)))
     shop.send(Message("orders", b"d", delay_level=4))  # 30 s
-    dispatch.run(broker.warehouse, t0)
+    dispatch.run(broker.context, t0)
     assert wake.next_due(ctx, t0) == t0 + 30_000
     assert wake.next_due(ctx, t0 + 30_000) == t0 + 3 * 3_600_000  # past the head: the timer
 

@@ -15,7 +15,7 @@ def test_init_creates_every_table_once(broker, tmp_path):
     wh = broker.warehouse
     assert {p.name for p in (tmp_path / "wh").iterdir()} == set(TABLES)
     before = table_versions(tmp_path / "wh")
-    again = wh.init()
+    again = wh.init(config=broker.config)
     assert again["created"] == [] and again["upgraded"] == {}
     assert table_versions(tmp_path / "wh") == before
     assert wh.schema_version() == SCHEMA_VERSION
@@ -36,7 +36,7 @@ def test_levels_configurable_at_init(tmp_path):
 
 def test_upgrade_v1_warehouse_in_place(tmp_path, broker):
     wh = Warehouse(broker.engine, tmp_path / "old")
-    wh.init(target_version=1)
+    wh.init(config=broker.config, target_version=1)
     assert wh.schema_version() == 1
     assert not (tmp_path / "old" / "dq_results").exists()
     assert "instances" not in wh.table_columns("group_config")
@@ -47,7 +47,7 @@ def test_upgrade_v1_warehouse_in_place(tmp_path, broker):
     )
     with pytest.raises(SchemaVersionError, match="run `deltamq init` to upgrade"):
         Broker.open(tmp_path / "old")
-    done = Warehouse(broker.engine, tmp_path / "old").init()
+    done = Warehouse(broker.engine, tmp_path / "old").init(config=broker.config)
     assert done["from_version"] == 1
     assert done["created"] == ["producer_config", "clients", "dq_results"]  # dq_results at v4
     assert done["upgraded"] == {

@@ -17,8 +17,11 @@ def init(args: argparse.Namespace) -> int:
 
     if not args.warehouse:
         raise UsageError("give --warehouse DIR (or set DELTAMQ_WAREHOUSE)")
-    engine = Engine.open(BrokerConfig.from_env(**({"remote": args.remote} if args.remote else {})))
-    done = Warehouse(engine, args.warehouse).init(args.levels)
+    config = BrokerConfig.from_env(**({"remote": args.remote} if args.remote else {}))
+    engine = Engine.open(config)
+    done = Warehouse(engine, args.warehouse, storage_options=config.storage_options).init(
+        args.levels, config=config
+    )
 
     def render() -> None:
         if done["created"]:

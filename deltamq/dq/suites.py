@@ -482,4 +482,4 @@ def _record(ctx: Context, result: QualityResult) -> None:
         "run_id string, run_ts bigint, suite string, expectation string, success boolean, observed string, "
         "unexpected_count bigint, sample_ids array<string>",
     )
-    ctx.engine.commit(lambda: ctx.warehouse.append("dq_results", df), what="dq_results")
+    ctx.commit(lambda: ctx.warehouse.append("dq_results", df), what="dq_results")

@@ -369,7 +369,7 @@ def run(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -> C
     if not resumed:
         if fence:
             fence()
-        ctx.engine.commit(
+        ctx.commit(
             partial(
                 advance_offsets,
                 wh,
@@ -531,7 +531,7 @@ def handle(
     if left:
         if fence:
             fence()
-        engine.commit(partial(wh.append, "commit_log", outputs), what=JOB)
+        ctx.commit(partial(wh.append, "commit_log", outputs), what=JOB)
     faults.point("check.after_output_commit")
     # What the pass (every attempt of it) stored, by kind: the answers follow from it.
     kinds = _stored_kinds(wh, pass_now)
@@ -564,9 +564,7 @@ def _finish(
     pending_op = first_pending_op(wh, new_half, state.head, ops)
     new_op = pending_op if pending_op is not None else max(state.op_head, state.op_offset)
     rows = [(TRANS_HALF_TOPIC, 0, new_half, wait_version), (TRANS_OP_HALF_TOPIC, 0, new_op, pass_now)]
-    ctx.engine.commit(
-        partial(advance_offsets, wh, TRANSACTION_GROUP, rows, now, attempt_ts=None), what="offsets"
-    )
+    ctx.commit(partial(advance_offsets, wh, TRANSACTION_GROUP, rows, now, attempt_ts=None), what="offsets")
     return new_op
 
 

@@ -776,8 +776,8 @@ def write(
     faults.point("deliver.after_sendback_commit")
     # keys of what was consumed, before the offsets move (a re-run skips them)
     if consumed.keys:
-        dedup.record(ctx.warehouse, consumed.keys, now)
-        dedup.prune(ctx.warehouse, work.groups, now)
+        dedup.record(ctx.warehouse, consumed.keys, now, policy=ctx.config.commit_policy)
+        dedup.prune(ctx.warehouse, work.groups, now, policy=ctx.config.commit_policy)
     faults.point("deliver.after_keys_commit")
     _advance(ctx, work.takes, now, decided.positions)
     faults.point("deliver.after_offsets_commit")
@@ -822,7 +822,7 @@ def _record_attempts(ctx: Context, takes: list[QueueTake], now: int) -> None:
         merge.add(t.group, t.topic, t.queue_id, t.client, next_offset=t.lo, attempt_ts=t.attempt_ts)
     update = {"attempts": "coalesce(t.attempts, 0) + 1", "attempt_ts": source("attempt_ts")}
     insert = {"next_offset": source("next_offset"), "attempts": "1", "attempt_ts": source("attempt_ts")}
-    ctx.engine.commit(partial(merge.execute, ctx.warehouse, update, insert), what="offsets")
+    ctx.commit(partial(merge.execute, ctx.warehouse, update, insert), what="offsets")
 
 
 def _advance(
@@ -846,4 +846,4 @@ def _advance(
         "attempts": "0",
         "attempt_ts": "CAST(NULL AS BIGINT)",
     }
-    ctx.engine.commit(partial(merge.execute, ctx.warehouse, update, None), what="offsets")
+    ctx.commit(partial(merge.execute, ctx.warehouse, update, None), what="offsets")

@@ -24,6 +24,7 @@ their real topic and queue in ``REAL_TOPIC`` / ``REAL_QID``.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -51,6 +52,7 @@ from deltamq.tables.offsets import advance_offsets, load_dispatch_state
 from deltamq.tables.sqltext import sql_long
 
 if TYPE_CHECKING:
+    from deltamq.context import Context
     from deltamq.tables.warehouse import Warehouse
 
 JOB = "dispatch"
@@ -318,19 +320,18 @@ def merge_index(wh: Warehouse, view: str, first_version: int, last_version: int)
     )
 
 
-def run(wh: Warehouse, now: int, *, fence=None) -> DispatchResult:
+def run(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -> DispatchResult:
     """Index every commit_log row committed since the last run.
 
     Due times come from store times, so ``now`` only stamps the progress rows.
     ``fence`` is called before the index commit (lease check).
     """
-    engine = wh.engine
+    wh, engine = ctx.warehouse, ctx.engine
+    max_versions = ctx.config.dispatch_max_versions
 
     def index() -> DispatchResult:
         state = load_dispatch_state(wh)
-        commits = deltalog.commits_after(
-            wh.storage, wh.uri("commit_log"), state.version, engine.config.dispatch_max_versions
-        )
+        commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), state.version, max_versions)
         if not commits:
             # Nothing new; but a run killed after its index commit left the hint behind
             # the index: report the corrected heads so the hint is brought up to date.
@@ -387,9 +388,9 @@ def run(wh: Warehouse, now: int, *, fence=None) -> DispatchResult:
             heads=state.heads | queues,
         )
 
-    result = engine.commit(index, what=JOB)
+    result = ctx.commit(index, what=JOB)
     if result.commits_read or result.queues:
-        engine.commit(lambda: write_progress(wh, result.to_version, result.queues, now), what="offsets")
+        ctx.commit(lambda: write_progress(wh, result.to_version, result.queues, now), what="offsets")
         faults.point("dispatch.after_progress_commit")
     return result
 

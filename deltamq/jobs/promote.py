@@ -53,6 +53,7 @@ from deltamq.tables.ranges import any_of, merge_ranges
 from deltamq.tables.sqltext import sql_long, sql_str
 
 if TYPE_CHECKING:
+    from deltamq.context import Context
     from deltamq.tables.warehouse import Warehouse
 
 JOB = "promote"
@@ -293,7 +294,7 @@ def _copy_id(due: DataFrame) -> DataFrame:
 
 
 def run(
-    wh: Warehouse,
+    ctx: Context,
     now: int,
     *,
     fence=None,
@@ -317,7 +318,7 @@ def run(
     (a kill, a failed step) only makes the next pass find its copies already stored.
     ``memory``: the state the runner's last pass left committed (:class:`Memory`).
     """
-    engine = wh.engine
+    wh, engine = ctx.warehouse, ctx.engine
     spark = engine.spark
     levels = wh.levels()
     state = (memory.take() if memory is not None else None) or load_state(wh)
@@ -347,11 +348,11 @@ def run(
             if check:
                 check()
             out = messages if not already else messages.join(stored, "msg_id", "left_anti")
-            engine.commit(lambda: wh.append("commit_log", out), what=JOB)
+            ctx.commit(lambda: wh.append("commit_log", out), what=JOB)
         faults.point("promote.after_output_commit")
         if written and not already and index_fence is not None and s.queues_known:
             first = iter([dispatched])  # a retry after a conflict reads dispatch's state again
-            indexed, hint = engine.commit(
+            indexed, hint = ctx.commit(
                 lambda: index_copies(wh, levels, written, s.by_queue, next(first, None)), what="dispatch"
             )
     timer_next = state.timer_next_offset if s.timer_hi is None else s.timer_hi + 1
@@ -360,7 +361,7 @@ def run(
     if s.new_levels or timer_next != state.timer_next_offset or s.timers:
 
         def progress() -> None:
-            engine.commit(
+            ctx.commit(
                 lambda: write_progress(wh, s.new_levels, now, timer_next, now, dispatch_hint=hint),
                 what="offsets",
             )

@@ -177,7 +177,7 @@ def run(
 
 
 def _record_run(ctx: Context, memory: Memory, now: int) -> None:
-    ctx.engine.commit(
+    ctx.commit(
         lambda: advance_offsets(ctx.warehouse, RETAIN_GROUP, [("", -1, None, now)], now), what="offsets"
     )
     memory.last_pass = now
@@ -231,16 +231,14 @@ def _trim_index(ctx: Context, cut: int, dlq_cut: int) -> tuple[int, int, int, di
             "ON t.topic = s.topic AND t.queue_id = s.queue_id AND t.queue_offset < s.keep_from "
             "WHEN MATCHED THEN DELETE"
         )
-        ctx.engine.commit(lambda: ctx.engine.execute(statement), what="consume_queue")
+        ctx.commit(lambda: ctx.engine.execute(statement), what="consume_queue")
     timers = (
         f"topic = {sql_str(TIMER_TOPIC)} AND store_ts < {sql_long(cut)} "
         f"AND due_ts <= {sql_long(p.timer_watermark)} AND queue_offset < {sql_long(p.timer_next_offset)}"
     )
     timer_rows = _count(ctx, f"SELECT count(*) AS n FROM {cq} WHERE {timers}")
     if timer_rows:
-        ctx.engine.commit(
-            lambda: ctx.engine.execute(f"DELETE FROM {cq} WHERE {timers}"), what="consume_queue"
-        )
+        ctx.commit(lambda: ctx.engine.execute(f"DELETE FROM {cq} WHERE {timers}"), what="consume_queue")
     return index_rows, timer_rows, len(moves), {q: m for q, m in minimums.items() if m > 0}
 
 
@@ -275,7 +273,7 @@ def _skip_consumers(ctx: Context, moves: dict[tuple[str, int], int], now: int) -
         "ELSE greatest(t.delivered_offset, s.next_offset) END",
     }
     insert = {"next_offset": source("next_offset")}
-    ctx.engine.commit(partial(merge.execute, wh, update, insert), what="offsets")
+    ctx.commit(partial(merge.execute, wh, update, insert), what="offsets")
     return skipped, len(behind)
 
 
@@ -334,11 +332,11 @@ def _prune_bookkeeping(ctx: Context, now: int) -> dict[str, int]:
         "job_runs": f"run_date < DATE'{ids.store_date(now - cfg.job_runs_reserved_time_ms).isoformat()}'",
         "dq_results": f"run_ts < {sql_long(now - cfg.dq_reserved_time_ms)}",
     }
-    out["consumed_keys"] = dedup.prune(wh, ctx.catalog.groups(), now, orphans=True)
+    out["consumed_keys"] = dedup.prune(wh, ctx.catalog.groups(), now, policy=cfg.commit_policy, orphans=True)
     for table, cond in conds.items():
         n = _count(ctx, f"SELECT count(*) AS n FROM {wh.ref(table)} WHERE {cond}")
         if n:
             statement = f"DELETE FROM {wh.ref(table)} WHERE {cond}"
-            ctx.engine.commit(partial(ctx.engine.execute, statement), what=table)
+            ctx.commit(partial(ctx.engine.execute, statement), what=table)
         out[table] = n
     return out

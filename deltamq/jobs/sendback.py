@@ -174,7 +174,7 @@ def store(ctx: Context, failures: list[Failure], fence: Callable[[], None] | Non
     fresh = rows.join(stored, "msg_id", "left_anti")
     if fence:
         fence()
-    ctx.engine.commit(lambda: wh.append("commit_log", fresh), what="sendback")
+    ctx.commit(lambda: wh.append("commit_log", fresh), what="sendback")
 
 
 def plan_sendback(failures: DataFrame, bodies: DataFrame) -> DataFrame:

@@ -23,6 +23,7 @@ from deltamq.errors import LeaseHeld, LeaseLost
 from deltamq.tables.sqltext import sql_in, sql_long, sql_str
 
 if TYPE_CHECKING:
+    from deltamq.config import BrokerConfig, CommitPolicy
     from deltamq.tables.warehouse import Warehouse
 
 JOB_KINDS = ("dispatch", "promote", "deliver", "sink", "check_transactions", "retain")
@@ -69,19 +70,30 @@ class Lease:
     last_now: int | None
 
 
+@dataclass(frozen=True)
+class LeaseTerms:
+    """What taking a lease needs from the broker's configuration, passed with each call:
+    how long a lease lasts, and how its compare-and-set commit is retried."""
+
+    ttl_ms: int
+    commits: CommitPolicy
+
+    @classmethod
+    def of(cls, config: BrokerConfig) -> LeaseTerms:
+        return cls(config.lease_ttl_ms, config.commit_policy)
+
+
 class Leases:
-    """Acquire, renew, check and release job leases of one warehouse."""
+    """Acquire, renew, check and release job leases of one warehouse, as one holder."""
 
     def __init__(
         self,
         warehouse: Warehouse,
         holder: str | None = None,
-        ttl_ms: int | None = None,
         wall: Callable[[], int] = wall_ms,
     ) -> None:
         self.wh = warehouse
         self.holder = holder or new_holder_id()
-        self.ttl_ms = ttl_ms or warehouse.engine.config.lease_ttl_ms
         self.wall = wall
         self.held: dict[str, Lease] = {}
 
@@ -98,8 +110,10 @@ class Leases:
             )
         return out
 
-    def acquire(self, jobs: Sequence[str], *, last_now: int | None = None) -> dict[str, Lease]:
-        """Take (or renew) the leases of ``jobs``, all or none.
+    def acquire(
+        self, jobs: Sequence[str], terms: LeaseTerms, *, last_now: int | None = None
+    ) -> dict[str, Lease]:
+        """Take (or renew) the leases of ``jobs`` for ``terms.ttl_ms``, all or none.
 
         Raises LeaseHeld naming the holder if another live holder has any of them.
         Commits only when a lease is new, expired, or past half its time.
@@ -119,13 +133,13 @@ class Leases:
                         "wait for it or stop that runner"
                     )
                 mine = cur is not None and cur.holder == self.holder and cur.expires_at > now
-                if cur is not None and mine and cur.expires_at - now > self.ttl_ms // 2:
+                if cur is not None and mine and cur.expires_at - now > terms.ttl_ms // 2:
                     continue  # more than half its time left: no commit
                 epoch = cur.epoch if cur is not None and mine else (cur.epoch if cur else 0) + 1
                 keep_now = max(x for x in (last_now, cur.last_now if cur else None, -1) if x is not None)
                 changes.append((job, cur, epoch, keep_now))
             if changes:
-                self._cas(changes, now)
+                self._cas(changes, now, terms.ttl_ms)
                 current = self._read(jobs)
                 for job, _cur, epoch, _ in changes:
                     got = current.get(job)
@@ -136,15 +150,15 @@ class Leases:
             self.held.update({j: current[j] for j in jobs})
             return {j: current[j] for j in jobs}
 
-        return self.wh.engine.commit(attempt, what="leases")
+        return self.wh.engine.commit(attempt, what="leases", policy=terms.commits)
 
-    def _cas(self, changes: list, now: int) -> None:
+    def _cas(self, changes: list, now: int, ttl_ms: int) -> None:
         selects = []
         for job, cur, epoch, keep_now in changes:
             selects.append(
                 f"SELECT {sql_str(job)} AS job, {sql_str(self.holder)} AS holder, "
                 f"{sql_long(epoch)} AS epoch, "
-                f"{sql_long(now + self.ttl_ms)} AS expires_at, {sql_long(now)} AS acquired_at, "
+                f"{sql_long(now + ttl_ms)} AS expires_at, {sql_long(now)} AS acquired_at, "
                 f"{sql_long(keep_now if keep_now >= 0 else None)} AS last_now, "
                 f"{sql_str(cur.holder if cur else None)} AS old_holder, "
                 f"{sql_long(cur.epoch if cur else None)} AS old_epoch"
@@ -160,14 +174,14 @@ class Leases:
             "VALUES (s.job, s.holder, s.epoch, s.expires_at, s.acquired_at, s.last_now)"
         )
 
-    def renew_due(self, jobs: Sequence[str]) -> None:
+    def renew_due(self, jobs: Sequence[str], terms: LeaseTerms) -> None:
         """Renew ``jobs`` if any has half its time or less left (by what this holder last
         saw: no read otherwise). Called between jobs, so a long tick does not run a later
         job on a lease that expires under it."""
         now = self.wall()
-        if any(j not in self.held or self.held[j].expires_at - now <= self.ttl_ms // 2 for j in jobs):
+        if any(j not in self.held or self.held[j].expires_at - now <= terms.ttl_ms // 2 for j in jobs):
             try:
-                self.acquire(jobs)
+                self.acquire(jobs, terms)
             except LeaseHeld as e:  # taken over while this tick ran: fenced, as check() would
                 raise LeaseLost(f"{e}; this runner ({self.holder}) stops writing") from e
 
@@ -189,7 +203,7 @@ class Leases:
                     f"lease of job {job!r} expired at {ms_to_iso(got.expires_at)} UTC; renew before writing"
                 )
 
-    def release(self, jobs: Sequence[str] | None = None) -> None:
+    def release(self, policy: CommitPolicy, jobs: Sequence[str] | None = None) -> None:
         """Give up leases (expiry set to 0, epoch kept so a stale copy stays fenced)."""
         jobs = list(jobs or self.held)
         if not jobs:
@@ -200,6 +214,7 @@ class Leases:
                 f"WHERE job IN {sql_in(jobs)} AND holder = {sql_str(self.holder)}"
             ),
             what="leases",
+            policy=policy,
         )
         for j in jobs:
             self.held.pop(j, None)

@@ -24,7 +24,7 @@ from deltamq.clock import ms_to_iso, to_ms
 from deltamq.constants import JOB_NAMES, JOB_STEPS, MAX_ERROR_CHARS
 from deltamq.errors import ClockError, LeaseHeld
 from deltamq.jobs import check_transactions, deliver, dispatch, promote, retain, wake
-from deltamq.orchestration.leases import Lease, Leases, wall_ms
+from deltamq.orchestration.leases import Lease, Leases, LeaseTerms, wall_ms
 from deltamq.tables.integrity import diagnose
 from deltamq.tables.offsets import DispatchState
 
@@ -138,7 +138,7 @@ JobFn = Callable[..., Any]
 
 
 def _dispatch(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
-    r = dispatch.run(runner.ctx.warehouse, now, fence=fence)
+    r = dispatch.run(runner.ctx, now, fence=fence)
     return JobRun(
         job="dispatch", status="OK", rows_in=r.rows_in, rows_out=r.rows_out, details=r.details, result=r
     )
@@ -147,13 +147,13 @@ def _dispatch(runner: TickRunner, now: int, fence: Callable[[], None], runs: lis
 def _promote(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
     index_fence = dispatched = None
     if "dispatch" in runner.jobs:  # dispatch's lease is ours too: promote indexes its copies
-        runner.leases.renew_due(["dispatch"])
+        runner.leases.renew_due(["dispatch"], runner.terms)
         index_fence = lambda: runner.leases.check(["promote", "dispatch"])  # noqa: E731
         done = next((r.result for r in runs if r.job == "dispatch" and r.status == "OK"), None)
         if done is not None:  # where this tick's dispatch left the index (the hint is written)
             dispatched = DispatchState(done.to_version, done.heads)
     r = promote.run(
-        runner.ctx.warehouse,
+        runner.ctx,
         now,
         fence=fence,
         index_fence=index_fence,
@@ -173,7 +173,7 @@ def _redispatch(runner: TickRunner, now: int, fence: Callable[[], None], runs: l
     promoted = [r.result for r in runs if r.job == "promote" and r.result is not None]
     if not any(p.rows_out > p.indexed or p.already_stored for p in promoted):
         return None
-    r = dispatch.run(runner.ctx.warehouse, now, fence=fence)
+    r = dispatch.run(runner.ctx, now, fence=fence)
     return JobRun(
         job="redispatch", status="OK", rows_in=r.rows_in, rows_out=r.rows_out, details=r.details, result=r
     )
@@ -323,6 +323,11 @@ class TickRunner:
     def holder(self) -> str:
         return self.leases.holder
 
+    @property
+    def terms(self) -> LeaseTerms:
+        """Lease terms from the runner's context as it is now (Broker.reconfigure replaces it)."""
+        return LeaseTerms.of(self.ctx.config)
+
     def _load_last_now(self, lease_last_now: int | None) -> int | None:
         wh = self.ctx.warehouse
         where = ""
@@ -335,9 +340,9 @@ class TickRunner:
     def tick(self, now: int | datetime | None = None) -> TickResult:
         """Run one tick at ``now`` (default: the broker's clock)."""
         now_ms = self.ctx.clock.now_ms() if now is None else to_ms(now)
-        self.ctx.engine.recycle_if_large()
+        self.ctx.engine.recycle_if_large(self.ctx.config.embedded_max_rss_mb)
         first = self.last_now is None
-        held = self.leases.acquire(self.jobs, last_now=now_ms)
+        held = self.leases.acquire(self.jobs, self.terms, last_now=now_ms)
         self._forget_if_fenced(held)
         if first:
             lease_now = max(
@@ -364,7 +369,7 @@ class TickRunner:
                 )
                 continue
             try:
-                self.leases.renew_due([lease])
+                self.leases.renew_due([lease], self.terms)
                 run = fn(self, now_ms, lambda n=lease: self.leases.check([n]), runs)
                 if run is None and len(self.jobs) == 1:
                     # one job kind on its own (`deltamq job`, an Airflow task): a step that
@@ -446,10 +451,10 @@ class TickRunner:
             "rows_out bigint, status string, error string, holder string, run_date date, "
             "details map<string,bigint>",
         )
-        self.ctx.engine.commit(lambda: self.ctx.warehouse.append("job_runs", df), what="job_runs")
+        self.ctx.commit(lambda: self.ctx.warehouse.append("job_runs", df), what="job_runs")
 
     def release(self) -> None:
-        self.leases.release()
+        self.leases.release(self.ctx.config.commit_policy)
 
     # --- loop ---------------------------------------------------------------------------------
     def stop(self, *_: object) -> None:

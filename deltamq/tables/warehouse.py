@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from deltamq.config import TOMBSTONE_RETENTION, parse_levels, tombstone_retention
+from deltamq.config import TOMBSTONE_RETENTION, BrokerConfig, parse_levels, tombstone_retention
 from deltamq.errors import ConfigError, SchemaVersionError, WarehouseNotFound
 from deltamq.schemas import SCHEMA_VERSION, TABLES, TableSpec
 from deltamq.storage import Storage, normalize_location
@@ -30,15 +31,22 @@ class Warehouse:
     """Locations and SQL references of every table of one warehouse.
 
     ``storage`` (deltamq/storage.py) is the one way to the files: built from the
-    location and ``engine.config.storage_options`` unless given. The engine is prepared
-    for it (the embedded server's environment, classic Spark's ``fs.s3a`` settings).
+    location and ``storage_options`` unless given. The engine is prepared for it (the
+    embedded server's environment, classic Spark's ``fs.s3a`` settings). A warehouse
+    holds no broker configuration: what a call needs (commit retries, delay levels)
+    comes with the call.
     """
 
     def __init__(
-        self, engine: Engine, location: str | os.PathLike[str], *, storage: Storage | None = None
+        self,
+        engine: Engine,
+        location: str | os.PathLike[str],
+        *,
+        storage_options: Mapping[str, str] | None = None,
+        storage: Storage | None = None,
     ) -> None:
         self.engine = engine
-        self.storage = storage or Storage(location, engine.config.storage_options)
+        self.storage = storage or Storage(location, storage_options or {})
         self.location = self.storage.location
         # a missing bucket, no or rejected credentials, an unreachable endpoint: said here
         self.storage.check_reachable()
@@ -87,20 +95,23 @@ class Warehouse:
     def table_columns(self, table: str) -> list[str]:
         return self.read(table).schema.fieldNames()
 
-    def _create(self, spec: TableSpec, version: int) -> None:
+    def _commit(self, attempt: Callable[[], None], what: str, config: BrokerConfig) -> None:
+        self.engine.commit(attempt, what=what, policy=config.commit_policy)
+
+    def _create(self, spec: TableSpec, version: int, config: BrokerConfig) -> None:
         schema = spec.columns_at(version)
         empty = self.engine.spark.createDataFrame([], schema)
         # checkpoints keep remove tombstones only this long (jobs/compact.py)
-        properties = {TOMBSTONE_RETENTION: tombstone_retention(self.engine.config)} | spec.properties
+        properties = {TOMBSTONE_RETENTION: tombstone_retention(config)} | spec.properties
 
         def attempt() -> None:
             if self.table_exists(spec.name):
                 return
             self.engine.append(empty, self.path(spec.name), spec.partition_by, properties)
 
-        self.engine.commit(attempt, what=f"create {spec.name}")
+        self._commit(attempt, f"create {spec.name}", config)
 
-    def _add_columns(self, spec: TableSpec, version: int) -> list[str]:
+    def _add_columns(self, spec: TableSpec, version: int, config: BrokerConfig) -> list[str]:
         have = set(self.table_columns(spec.name))
         wanted = spec.columns_at(version)
         missing = [f.name for f in wanted.fields if f.name not in have]
@@ -110,7 +121,7 @@ class Warehouse:
         # nullable columns on every engine (docs/engines.md).
         empty = self.engine.spark.createDataFrame([], wanted)
         writer = empty.write.format("delta").mode("append").option("mergeSchema", "true")
-        self.engine.commit(lambda: writer.save(self.path(spec.name)), what=f"upgrade {spec.name}")
+        self._commit(lambda: writer.save(self.path(spec.name)), f"upgrade {spec.name}", config)
         return missing
 
     # --- init / upgrade --------------------------------------------------------------------
@@ -123,8 +134,11 @@ class Warehouse:
         )
         return int(rows[0]["value"]) if rows else None
 
-    def init(self, levels: str | None = None, *, target_version: int = SCHEMA_VERSION) -> dict:
-        """Create missing tables, upgrade older ones, seed levels. Idempotent.
+    def init(
+        self, levels: str | None = None, *, config: BrokerConfig, target_version: int = SCHEMA_VERSION
+    ) -> dict:
+        """Create missing tables, upgrade older ones, seed levels (``levels``, else
+        ``config.delay_levels`` on a new warehouse). Idempotent.
 
         Returns what was done: ``{"created": [...], "upgraded": {...}, "from_version": v}``.
         """
@@ -149,19 +163,19 @@ class Warehouse:
             if spec.added_in > target_version:
                 continue
             if not self.table_exists(spec.name):
-                self._create(spec, target_version)
+                self._create(spec, target_version, config)
                 created.append(spec.name)
             elif current is None or current < target_version:
-                added = self._add_columns(spec, target_version)
+                added = self._add_columns(spec, target_version, config)
                 if added:
                     upgraded[spec.name] = added
-        self._seed_levels(levels)
+        self._seed_levels(levels, config)
         if current != target_version:
-            self._set_meta("schema_version", str(target_version))
+            self._set_meta("schema_version", str(target_version), config)
         self._known = set(TABLES)
         return {"created": created, "upgraded": upgraded, "from_version": current}
 
-    def _set_meta(self, key: str, value: str) -> None:
+    def _set_meta(self, key: str, value: str, config: BrokerConfig) -> None:
         statement = (
             f"MERGE INTO {self.ref('warehouse_meta')} t "
             f"USING (SELECT {sql_str(key)} AS key, {sql_str(value)} AS value, "
@@ -169,13 +183,13 @@ class Warehouse:
             "WHEN MATCHED THEN UPDATE SET t.value = s.value, t.updated_ts = s.updated_ts "
             "WHEN NOT MATCHED THEN INSERT (key, value, updated_ts) VALUES (s.key, s.value, s.updated_ts)"
         )
-        self.engine.commit(lambda: self.engine.execute(statement), what="warehouse_meta")
+        self._commit(lambda: self.engine.execute(statement), "warehouse_meta", config)
 
-    def _seed_levels(self, levels: str | None) -> None:
+    def _seed_levels(self, levels: str | None, config: BrokerConfig) -> None:
         existing = self.engine.rows(f"SELECT count(*) AS n FROM {self.ref('schedule_levels')}")[0]["n"]
         if existing and levels is None:
             return
-        parsed = parse_levels(levels or self.engine.config.delay_levels)
+        parsed = parse_levels(levels or config.delay_levels)
         values = ", ".join(f"({lvl}, CAST({ms} AS BIGINT), {sql_str(label)})" for lvl, ms, label in parsed)
         statement = (
             f"MERGE INTO {self.ref('schedule_levels')} t "
@@ -186,7 +200,7 @@ class Warehouse:
             "WHEN NOT MATCHED THEN INSERT (level, delay_ms, label) VALUES (s.level, s.delay_ms, s.label) "
             "WHEN NOT MATCHED BY SOURCE THEN DELETE"
         )
-        self.engine.commit(lambda: self.engine.execute(statement), what="schedule_levels")
+        self._commit(lambda: self.engine.execute(statement), "schedule_levels", config)
 
     def levels(self) -> list[tuple[int, int]]:
         """(level, delay_ms) rows of ``schedule_levels``, by level."""
