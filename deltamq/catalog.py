@@ -33,7 +33,13 @@ from deltamq.errors import AlreadyExists, ConfigError, SystemTopicError, Unknown
 from deltamq.filters import validate_expression
 from deltamq.message import validate_group_name, validate_topic_name
 from deltamq.sending import Topics
-from deltamq.tables.offsets import OffsetsMerge, advance_offsets, load_dispatch_state, source
+from deltamq.tables.offsets import (
+    OffsetsMerge,
+    advance_offsets,
+    group_has_offsets,
+    load_dispatch_state,
+    source,
+)
 from deltamq.tables.sqltext import sql_bool, sql_int, sql_long, sql_str
 from deltamq.transactions import CheckConfig, validate_table_check
 
@@ -301,11 +307,7 @@ class Catalog(Topics):
         """Decide where a group starts on a topic, once, when it first subscribes
         (docs/behaviour.md §3). Queues that appear later start at 0 (no row); retry queues
         always start at 0."""
-        have = self.engine.rows(
-            f"SELECT count(*) AS n FROM {self.warehouse.ref('offsets')} "
-            f"WHERE consumer_group = {sql_str(cfg.name)} AND topic = {sql_str(topic)}"
-        )[0]["n"]
-        if have:
+        if group_has_offsets(self.warehouse, cfg.name, topic):
             return
         starts = self._start_offsets(topic, cfg.consume_from, cfg.consume_timestamp)
         rows = [(topic, q, o, None) for q, o in sorted(starts.items())]

@@ -122,6 +122,28 @@ OP_TAG = "d"
 TX_ALIASES = {"COMMIT_MESSAGE": "COMMIT", "ROLLBACK_MESSAGE": "ROLLBACK", "UNKNOW": "UNKNOWN"}
 
 
+class FailReason(StrEnum):
+    """Why a delivery ended unconsumed, when not by the listener's own answer (a failed
+    delivery whose listener answered RECONSUME_LATER has no reason)."""
+
+    POISON = "poison"  # the listener's process died on it, every try
+    TIMEOUT = "timeout"  # it ran past consume_timeout_ms and was killed
+    SETUP = "setup"  # the listener could not be loaded: nothing was handed over
+    SUSPEND = "suspend"  # orderly: SUSPEND_CURRENT_QUEUE_A_MOMENT (the chunk waits)
+    NOT_DELIVERED = "not_delivered"  # orderly: behind a suspended chunk in its queue
+    ORDERLY_MAX = "orderly_max"  # orderly: suspended max_reconsume_times already
+
+
+class DlqReason(StrEnum):
+    """Why a message went to its group's ``%DLQ%`` topic (its ``DLQ_REASON`` property)."""
+
+    POISON = "poison"
+    TIMEOUT = "timeout"
+    ORDERLY_MAX = "orderly_max"
+    NEGATIVE_LEVEL = "negative_level"  # the listener asked for a delay level below 0
+    MAX_RECONSUME = "max_reconsume"  # retried max_reconsume_times already
+
+
 class TxState(StrEnum):
     """How a local transaction ended (RocketMQ's LocalTransactionState)."""
 

@@ -13,6 +13,7 @@ older than the window once the oldest kept one has fallen out of it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame
@@ -91,7 +92,9 @@ def mark(wh: Warehouse, taken: DataFrame, groups: dict[str, GroupConfig], now: i
     return joined.withColumn("dup", F.col("ck_key").isNotNull()).drop("ck_group", "ck_key", "ck_ts", "dwin")
 
 
-def record(wh: Warehouse, consumed: list[tuple[str, str, str]], now: int, *, policy: CommitPolicy) -> None:
+def record(
+    wh: Warehouse, consumed: Sequence[tuple[str, str, str]], now: int, *, policy: CommitPolicy
+) -> None:
     """Append (group, key, msg id) of messages consumed now (first of each key only)."""
     seen: set[tuple[str, str]] = set()
     rows = []

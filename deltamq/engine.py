@@ -31,8 +31,10 @@ from __future__ import annotations
 import logging
 import os
 import random
+import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, TypeVar
 
@@ -294,6 +296,17 @@ class Engine:
                 record(statement)
         return self.spark.sql(statement)
 
+    @contextmanager
+    def views(self) -> Iterator[Views]:
+        """A scope for the temporary views one call needs (a MERGE source, a result read
+        by several statements): each gets a name unique to the call, so two Brokers or two
+        threads on one session never read each other's, and all are dropped on leaving."""
+        scope = Views(self)
+        try:
+            yield scope
+        finally:
+            scope.drop()
+
     def rows(self, statement: str) -> list[Row]:
         """Run a statement and collect its rows."""
         return self.sql(statement).collect()
@@ -352,6 +365,32 @@ class Engine:
                 log.info("%s: commit conflict, retry %d in %.3fs", what, i + 1, delay)
                 time.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+class Views:
+    """Temporary views of one :meth:`Engine.views` scope."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._token = secrets.token_hex(4)
+        self.names: list[str] = []
+
+    def add(self, df: DataFrame, purpose: str) -> str:
+        """Register ``df`` as a view named for ``purpose`` and this scope; returns the name."""
+        name = f"dmq_{purpose}_{self._token}"
+        df.createOrReplaceTempView(name)
+        if name not in self.names:
+            self.names.append(name)
+        return name
+
+    def drop(self) -> None:
+        spark = self._engine.spark
+        for name in self.names:
+            try:
+                spark.catalog.dropTempView(name)
+            except Exception as e:  # the session is gone: so are its views
+                log.debug("temporary view %s not dropped: %s", name, e)
+        self.names.clear()
 
 
 def _is_classic(spark: SparkSession) -> bool:

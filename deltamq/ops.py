@@ -34,8 +34,7 @@ from deltamq.message import Message, validate_group_name
 from deltamq.orchestration.leases import Leases, LeaseTerms
 from deltamq.producer import Producer
 from deltamq.tables.bodies import join_bodies, read_bodies
-from deltamq.tables.offsets import group_positions, load_dispatch_state
-from deltamq.tables.sqltext import USER_GROUPS, sql_str
+from deltamq.tables.offsets import QueueKey, forget, group_positions, load_dispatch_state, positions
 
 if TYPE_CHECKING:
     from deltamq.context import Context
@@ -344,7 +343,7 @@ def trace(ctx: Context, msg_id: str) -> list[dict[str, Any]]:
                 state = _group_state(
                     r,
                     bool(r[f"_sub{i}"]),
-                    offsets.get((cfg.name, client, r["topic"], r["queue_id"])),
+                    offsets.get(QueueKey(cfg.name, client, r["topic"], r["queue_id"])),
                     copies.get((lineage(r), cfg.name, (r["reconsume_times"] or 0) + 1)),
                 )
                 states.append(f"{name}: {state}")
@@ -442,12 +441,7 @@ def rebuild_index(ctx: Context, leases: Leases, now: int) -> dict[str, int]:
     leases.acquire(JOB_NAMES, LeaseTerms.of(ctx.config), last_now=now)
     before = wh.engine.rows(f"SELECT count(*) AS n FROM {wh.ref('consume_queue')}")[0]["n"]
     ctx.commit(lambda: wh.engine.execute(f"DELETE FROM {wh.ref('consume_queue')}"), what="consume_queue")
-    ctx.commit(
-        lambda: wh.engine.execute(
-            f"DELETE FROM {wh.ref('offsets')} WHERE consumer_group = {sql_str(DISPATCH_GROUP)}"
-        ),
-        what="offsets",
-    )
+    ctx.commit(lambda: forget(wh, DISPATCH_GROUP), what="offsets")
     passes = rows = 0
     while True:
         leases.check(["dispatch"])
@@ -518,28 +512,24 @@ def group_lag(ctx: Context, heads: dict[tuple[str, int], int]) -> list[dict[str,
     lag — from its offset rows, and for each subscribed queue with messages but no offset
     row yet, from offset 0 (where deliver, pull clients and sinks start such a queue)."""
     rows: dict[tuple[str, str, str, int], dict[str, Any]] = {}
-    for r in ctx.engine.rows(
-        f"SELECT consumer_group, client_id, topic, queue_id, next_offset, suspend_until "
-        f"FROM {ctx.warehouse.ref('offsets')} WHERE {USER_GROUPS}"
-    ):
-        head = heads.get((r["topic"], r["queue_id"]), 0)
-        key = (r["consumer_group"], r["client_id"] or "", r["topic"], r["queue_id"])
+    for key, at in positions(ctx.warehouse).items():
+        head = heads.get((key.topic, key.queue_id), 0)
         rows[key] = {
-            "group": r["consumer_group"],
-            "client": r["client_id"],
-            "topic": r["topic"],
-            "queue_id": r["queue_id"],
-            "next_offset": r["next_offset"],
+            "group": key.group,
+            "client": key.client,
+            "topic": key.topic,
+            "queue_id": key.queue_id,
+            "next_offset": at.next_offset,
             "head": head,
-            "lag": max(0, head - (r["next_offset"] or 0)),
-            "suspend_until": r["suspend_until"],
+            "lag": max(0, head - at.next_offset),
+            "suspend_until": at.suspend_until,
         }
     groups = ctx.catalog.groups()
     for sub in ctx.catalog.subscriptions():
         cfg = groups.get(sub.consumer_group)
         for client in cfg.clients if cfg is not None else []:
             for (topic, qid), head in heads.items():
-                key = (sub.consumer_group, client, topic, qid)
+                key = QueueKey(sub.consumer_group, client, topic, qid)
                 if topic != sub.topic or key in rows:
                     continue
                 rows[key] = {

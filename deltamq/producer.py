@@ -324,11 +324,17 @@ class Producer(BaseProducer):
             F.col("tran_id") == F.col("half_id"),
             "left",
         )
-        found.createOrReplaceTempView("dmq_end_found")
-        problems = self.ctx.engine.rows(
-            "SELECT tran_id, half_id IS NULL AS missing, pg FROM dmq_end_found "
-            f"WHERE half_id IS NULL OR pg <> {sql_str(self.group)} ORDER BY tran_id LIMIT 5"
-        )
+        with self.ctx.engine.views() as views:
+            found_view = views.add(found, "end_found")
+            problems = self.ctx.engine.rows(
+                f"SELECT tran_id, half_id IS NULL AS missing, pg FROM {found_view} "
+                f"WHERE half_id IS NULL OR pg <> {sql_str(self.group)} ORDER BY tran_id LIMIT 5"
+            )
+            by_state = (
+                []
+                if problems
+                else self.ctx.engine.rows(f"SELECT state, count(*) AS n FROM {found_view} GROUP BY state")
+            )
         if problems:
             missing = [r["tran_id"] for r in problems if r["missing"]]
             if missing:
@@ -337,7 +343,7 @@ class Producer(BaseProducer):
             raise InvalidTransaction(
                 f"transactions {other} belong to other producer groups, not {self.group!r}"
             )
-        for r in self.ctx.engine.rows("SELECT state, count(*) AS n FROM dmq_end_found GROUP BY state"):
+        for r in by_state:
             counts[r["state"]] = r["n"]
         if counts["COMMIT"] or counts["ROLLBACK"]:
             chosen = halves.join(given, F.col("msg_id") == F.col("tran_id")).drop("tran_id")

@@ -1041,7 +1041,7 @@ def send_back(ctx: Context, rows: list[dict[str, Any]], level: int, why: str) ->
         failures.append(
             sendback.failure(
                 groups[r["consumer_group"]],
-                src,
+                sendback.Delivered.of(src),
                 attempt_ts=r["delivered_ts"],
                 requested_level=level,
                 reason=None,

@@ -21,7 +21,6 @@ the column by name); it may drop messages (``where``) or rename fields.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from deltamq.filters import subscriptions_filter
 from deltamq.message import validate_group_name
 from deltamq.storage import normalize_location
 from deltamq.tables.bodies import join_bodies, read_bodies
-from deltamq.tables.offsets import advance_offsets, load_dispatch_state
+from deltamq.tables.offsets import advance_offsets, load_dispatch_state, positions
 from deltamq.tables.ranges import queue_ranges
 from deltamq.tables.sqltext import sql_str
 
@@ -240,7 +239,7 @@ def run(ctx: Context, now: int, *, fence=None, only: str | None = None) -> list[
     if not sinks:
         return []
     heads = load_dispatch_state(ctx.warehouse).heads
-    offsets = deliver._read_offsets(ctx, sorted(sinks))
+    offsets = positions(ctx.warehouse, sorted(sinks))
     subs = [s for s in ctx.catalog.subscriptions() if s.consumer_group in sinks]
     takes = deliver.plan_takes({g: groups[g] for g in sinks}, subs, heads, offsets, now)
     results = []
@@ -286,17 +285,17 @@ def merge(ctx: Context, cfg: SinkConfig, out: DataFrame) -> None:
     of a later message (the replay guard). Creates the table on first use."""
     engine = ctx.engine
     ensure_table(ctx, cfg, out)
-    view = "dmq_sink_" + hashlib.sha1(cfg.group.encode()).hexdigest()[:12]
-    out.createOrReplaceTempView(view)
     on = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in cfg.key_columns)
     target = "delta.`" + ctx.warehouse.engine_path(cfg.table).replace("`", "``") + "`"
-    statement = (
-        f"MERGE INTO {target} t USING {view} s ON {on} "
-        f"WHEN MATCHED AND s.{ORDER} > t.{ORDER} THEN UPDATE SET * "
-        "WHEN NOT MATCHED THEN INSERT *"
-    )
-    faults.point("sink.before_merge_commit")
-    ctx.commit(lambda: engine.execute(statement), what="sink")
+    with engine.views() as views:
+        view = views.add(out, "sink")
+        statement = (
+            f"MERGE INTO {target} t USING {view} s ON {on} "
+            f"WHEN MATCHED AND s.{ORDER} > t.{ORDER} THEN UPDATE SET * "
+            "WHEN NOT MATCHED THEN INSERT *"
+        )
+        faults.point("sink.before_merge_commit")
+        ctx.commit(lambda: engine.execute(statement), what="sink")
 
 
 class Sink:

@@ -7,7 +7,7 @@ from listeners import Recorder, read_log
 
 from deltamq import Message
 from deltamq.config import parse_levels
-from deltamq.constants import DEFAULT_LEVELS, Prop
+from deltamq.constants import DEFAULT_LEVELS, FailReason, Prop
 
 
 @pytest.fixture
@@ -180,7 +180,9 @@ def test_decide_matches_rocketmq_rules():
     assert decide(reconsume_times=16, requested_level=0, reason=None, **kw).dlq_reason == "max_reconsume"
     assert decide(reconsume_times=0, requested_level=7, reason=None, **kw).level == 7
     assert decide(reconsume_times=0, requested_level=-1, reason=None, **kw).dlq_reason == "negative_level"
-    assert decide(reconsume_times=0, requested_level=0, reason="timeout", **kw).dlq_reason == "timeout"
+    assert (
+        decide(reconsume_times=0, requested_level=0, reason=FailReason.TIMEOUT, **kw).dlq_reason == "timeout"
+    )
     policy = {**kw, "retry_policy": {"base_ms": 100, "cap_ms": 250}}
     assert decide(reconsume_times=2, requested_level=0, reason=None, **policy).timer_ms == 1250
     unlimited = {**kw, "max_reconsume": -1}
@@ -307,18 +309,29 @@ def test_each_stage_of_a_pass_runs_alone(broker, clock, warehouse_with):
 
     work = deliver.plan(ctx, now)
     assert [(t.group, t.topic, t.lo, t.hi) for t in work.takes] == [("g", "orders", 0, 2)]
-    taken = deliver.take(ctx, work, now)
-    assert (taken.rows, taken.counts["g"]["filtered"], sum(r["n"] for r in taken.deliverable)) == (2, 1, 1)
-    consumed = deliver.consume(ctx, work, taken)
-    assert (consumed.outcomes, taken.counts["g"]["consumed"]) == ([], 1)
-    assert [c["body"] for c in read_log(log)] == ["wanted"]
+    with ctx.engine.views() as views:
+        taken = deliver.take(ctx, views, work, now)
+        assert (taken.rows, taken.counts["g"]["filtered"], sum(r["n"] for r in taken.deliverable)) == (
+            2,
+            1,
+            1,
+        )
+        assert taken.view.startswith("dmq_deliver_taken_")  # a view of this call only
+        consumed = deliver.consume(ctx, work, taken)
+        assert (consumed.failures, dict(consumed.consumed)) == ((), {"g": 1})
+        assert [c["body"] for c in read_log(log)] == ["wanted"]
 
-    row = broker.sql("SELECT * FROM consume_queue WHERE tags = 'a'").collect()[0].asDict()
-    failed = {**row, "consumer_group": "g", "client_id": "", "reason": None, "level": 0, "error": "boom"}
-    decided = deliver.decide(ctx, work, taken, deliver.Consumed([failed], []), now)
+        row = broker.sql("SELECT * FROM consume_queue WHERE tags = 'a'").collect()[0].asDict()
+        failed = deliver.Failed.of(
+            {**row, "consumer_group": "g", "client_id": "", "level": 0, "error": "boom"}
+        )
+        assert failed.reason is None and failed.delivered.msg_id == row["msg_id"]
+        decided = deliver.decide(ctx, work, taken, deliver.Consumed(failures=(failed,)), now)
+    assert taken.view not in {t.name for t in broker.spark.catalog.listTables()}  # dropped with the scope
     (f,) = decided.failures
     assert (f.target, f.level, f.attempt_ts, f.error) == ("retry", 3, now, "boom")
-    assert decided.errors == [("g", row["msg_id"], "boom")]
+    assert decided.errors == (("g", row["msg_id"], "boom"),)
+    assert decided.counts == {"g": {"retried": 1}}
     # nothing was written: the group's offset has not moved and nothing was sent back
     offsets = (
         "SELECT coalesce(max(next_offset), 0) FROM offsets WHERE consumer_group = 'g' AND topic = 'orders'"

@@ -40,7 +40,7 @@ from deltamq.constants import (
     is_system_topic,
 )
 from deltamq.filters import subscriptions_filter
-from deltamq.tables.offsets import group_positions
+from deltamq.tables.offsets import QueueKey, group_positions
 
 if TYPE_CHECKING:
     from deltamq.context import Context
@@ -150,7 +150,7 @@ def account(ctx: Context) -> Accounting:
             for r in originals:
                 if not r[f"m{gi}"]:
                     continue
-                nxt = offsets.get((g, client, r["topic"], r["queue_id"]), 0)
+                nxt = offsets.get(QueueKey(g, client, r["topic"], r["queue_id"]), 0)
                 if r["queue_offset"] >= nxt:
                     acc.counts["pending"] += 1
                     continue

@@ -16,6 +16,7 @@ from deltamq.constants import Prop, SysFlag
 from deltamq.tables.offsets import load_dispatch_state
 
 if TYPE_CHECKING:
+    from deltamq.engine import Views
     from deltamq.tables.warehouse import Warehouse
 
 _SAMPLE = 20
@@ -48,6 +49,11 @@ class DispatchConservation:
 def check_dispatch(wh: Warehouse, *, dispatched_only: bool = False) -> DispatchConservation:
     """Reconcile commit_log with consume_queue. ``dispatched_only``: rows of commits
     dispatch has not reached yet are not expected in the index (a live warehouse)."""
+    with wh.engine.views() as views:
+        return _check_dispatch(wh, views, dispatched_only)
+
+
+def _check_dispatch(wh: Warehouse, views: Views, dispatched_only: bool) -> DispatchConservation:
     cl, cq = wh.ref("commit_log"), wh.ref("consume_queue")
     rows = wh.engine.rows
     stored = rows(f"SELECT count(*) AS n FROM {cl}")[0]["n"]
@@ -61,10 +67,8 @@ def check_dispatch(wh: Warehouse, *, dispatched_only: bool = False) -> DispatchC
         later = deltalog.commits_after(wh.storage, wh.uri("commit_log"), version, 10**9)
         new = dispatch.read_new_rows(wh, later)
         if new is not None:
-            new.select("msg_id").createOrReplaceTempView("dmq_undispatched")
-            missing = (
-                f"(SELECT m.* FROM {missing} m LEFT ANTI JOIN dmq_undispatched u ON m.msg_id = u.msg_id)"
-            )
+            undispatched = views.add(new.select("msg_id"), "undispatched")
+            missing = f"(SELECT m.* FROM {missing} m LEFT ANTI JOIN {undispatched} u ON m.msg_id = u.msg_id)"
     visible = (
         f"(SELECT DISTINCT topic, properties['{Prop.TRAN_ID}'] AS tran FROM {cq} "
         f"WHERE properties['{Prop.TRAN_ID}'] IS NOT NULL)"

@@ -65,12 +65,12 @@ from deltamq.jobs.dispatch import int_prop
 from deltamq.message import StoredMessage
 from deltamq.tables import deltalog
 from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns
-from deltamq.tables.offsets import advance_offsets, load_dispatch_state
-from deltamq.tables.sqltext import sql_str
+from deltamq.tables.offsets import advance_offsets, load_dispatch_state, progress
 from deltamq.transactions import CheckConfig, ask_state, settle_kinds, table_states, transaction_rows
 
 if TYPE_CHECKING:
     from deltamq.context import Context
+    from deltamq.engine import Views
     from deltamq.tables.warehouse import Warehouse
 
 log = logging.getLogger(__name__)
@@ -78,8 +78,6 @@ log = logging.getLogger(__name__)
 JOB = "check_transactions"
 CLASSES = ("settled", "discard", "stop", "putback", "check")
 _TXN_KINDS = (ids.KIND_TXN_HALF, ids.KIND_TXN_COMMIT, ids.KIND_TXN_OP, ids.KIND_TXN_DISCARD)
-_VIEW = "dmq_check_half"
-_DECIDED_VIEW = "dmq_check_decided"
 
 
 @dataclass(frozen=True)
@@ -127,29 +125,23 @@ def load_state(wh: Warehouse) -> CheckState:
     """The saved progress, and how far dispatch has indexed the half and op queues (its
     ``%DISPATCH%`` hint rows, read in the same query: written right after each index
     commit, at worst behind it, which only makes a pass walk less or wait)."""
-    rows = wh.engine.rows(
-        f"SELECT consumer_group, topic, next_offset, progress_version, attempt_ts FROM {wh.ref('offsets')} "
-        f"WHERE (consumer_group = {sql_str(TRANSACTION_GROUP)} AND client_id = '') "
-        f"OR (consumer_group = {sql_str(DISPATCH_GROUP)} AND topic IN ('', {sql_str(TRANS_HALF_TOPIC)}, "
-        f"{sql_str(TRANS_OP_HALF_TOPIC)}))"
+    rows = progress(
+        wh, {TRANSACTION_GROUP: None, DISPATCH_GROUP: ("", TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC)}
     )
-    mine: dict[str, Any] = {}
-    indexed: dict[str, Any] = {}
-    for r in rows:
-        (mine if r["consumer_group"] == TRANSACTION_GROUP else indexed)[r["topic"]] = r
+    mine = {r.topic: r for r in rows[TRANSACTION_GROUP]}
+    indexed = {r.topic: r for r in rows[DISPATCH_GROUP]}
     half, op = mine.get(TRANS_HALF_TOPIC), mine.get(TRANS_OP_HALF_TOPIC)
     version = indexed.get("")
+    half_head, op_head = indexed.get(TRANS_HALF_TOPIC), indexed.get(TRANS_OP_HALF_TOPIC)
     return CheckState(
-        half_offset=(half["next_offset"] or 0) if half else 0,
-        op_offset=(op["next_offset"] or 0) if op else 0,
-        last_pass=op["progress_version"] if op else None,
-        pass_now=half["attempt_ts"] if half else None,
-        wait_version=half["progress_version"] if half and half["progress_version"] is not None else -1,
-        head=(indexed[TRANS_HALF_TOPIC]["next_offset"] or 0) if TRANS_HALF_TOPIC in indexed else 0,
-        op_head=(indexed[TRANS_OP_HALF_TOPIC]["next_offset"] or 0) if TRANS_OP_HALF_TOPIC in indexed else 0,
-        indexed_version=(
-            version["progress_version"] if version and version["progress_version"] is not None else -1
-        ),
+        half_offset=(half.next_offset or 0) if half else 0,
+        op_offset=(op.next_offset or 0) if op else 0,
+        last_pass=op.progress_version if op else None,
+        pass_now=half.attempt_ts if half else None,
+        wait_version=half.progress_version if half and half.progress_version is not None else -1,
+        head=(half_head.next_offset or 0) if half_head else 0,
+        op_head=(op_head.next_offset or 0) if op_head else 0,
+        indexed_version=version.progress_version if version and version.progress_version is not None else -1,
     )
 
 
@@ -382,10 +374,12 @@ def run(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -> C
         )
     faults.point("check.after_start_commit")
     ops = read_ops(wh, state.op_offset, state.op_head)
-    new_half, counts = classify(ctx, state, ops, pass_now)
-    handled = Handled()
-    if counts["discard"] + counts["putback"] + counts["check"]:
-        handled = handle(ctx, new_half, counts, pass_now, resumed, fence)
+    with ctx.engine.views() as views:
+        classified = classify(ctx, views, state, ops, pass_now)
+        new_half, counts = classified.new_half, classified.counts
+        handled = Handled()
+        if counts["discard"] + counts["putback"] + counts["check"]:
+            handled = handle(ctx, views, classified, pass_now, resumed, fence)
     new_op = _finish(ctx, state, ops, new_half, handled.wait_version, pass_now, now)
     faults.point("check.after_progress_commit")
     return CheckResult(
@@ -420,9 +414,19 @@ def _skip_reason(ctx: Context, state: CheckState, now: int) -> str | None:
     return None
 
 
-def classify(ctx: Context, state: CheckState, ops: DataFrame, pass_now: int) -> tuple[int, dict[str, int]]:
-    """Each half entry's class (:func:`plan_classes`, left in the temp view), the new half
-    offset (the first *stop*, or past everything read) and the count per class before it."""
+@dataclass(frozen=True)
+class Classified:
+    """The half entries of a pass, classified (:func:`plan_classes`; in the temp view
+    ``view`` of the pass's scope), the new half offset and the count per class before it."""
+
+    view: str
+    new_half: int
+    counts: dict[str, int]
+
+
+def classify(ctx: Context, views: Views, state: CheckState, ops: DataFrame, pass_now: int) -> Classified:
+    """Each half entry's class, the new half offset (the first *stop*, or past everything
+    read) and the count per class before it."""
     wh, engine, cfg = ctx.warehouse, ctx.engine, ctx.config
     classified = plan_classes(
         _queue(wh, TRANS_HALF_TOPIC, state.half_offset, state.head),
@@ -432,10 +436,10 @@ def classify(ctx: Context, state: CheckState, ops: DataFrame, pass_now: int) -> 
         check_max=cfg.transaction_check_max,
         retention_ms=cfg.file_reserved_time_ms,
     )
-    classified.createOrReplaceTempView(_VIEW)
+    view = views.add(classified, "check_half")
     edge = engine.rows(
         "SELECT min(CASE WHEN cls = 'stop' THEN queue_offset END) AS stop_at, "
-        f"max(queue_offset) AS hi FROM {_VIEW}"
+        f"max(queue_offset) AS hi FROM {view}"
     )[0]
     if edge["stop_at"] is not None:
         new_half = edge["stop_at"]
@@ -445,10 +449,10 @@ def classify(ctx: Context, state: CheckState, ops: DataFrame, pass_now: int) -> 
         new_half = state.half_offset
     counts = {c: 0 for c in CLASSES if c != "stop"}
     for r in engine.rows(
-        f"SELECT cls, count(*) AS n FROM {_VIEW} WHERE queue_offset < {new_half} GROUP BY cls"
+        f"SELECT cls, count(*) AS n FROM {view} WHERE queue_offset < {new_half} GROUP BY cls"
     ):
         counts[r["cls"]] = r["n"]
-    return new_half, counts
+    return Classified(view, new_half, counts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -466,8 +470,8 @@ class Handled:
 
 def handle(
     ctx: Context,
-    new_half: int,
-    counts: dict[str, int],
+    views: Views,
+    classified: Classified,
     pass_now: int,
     resumed: bool,
     fence: Callable[[], None] | None,
@@ -481,7 +485,10 @@ def handle(
     # each entry's outputs share one position (its offset) and land in one append, so
     # an entry with any output stored is skipped whole, whatever a listener says now.
     done_positions, already = _stored_positions(wh, pass_now) if resumed else (None, 0)
-    todo = spark.table(_VIEW).where((F.col("queue_offset") < new_half) & (F.col("cls") != "settled"))
+    new_half, counts = classified.new_half, classified.counts
+    todo = spark.table(classified.view).where(
+        (F.col("queue_offset") < new_half) & (F.col("cls") != "settled")
+    )
     if done_positions is not None:
         todo = todo.join(
             done_positions,
@@ -489,7 +496,7 @@ def handle(
             "left_anti",
         )
     keys = engine.rows(
-        f"SELECT DISTINCT cl_batch_id, cl_date FROM {_VIEW} "
+        f"SELECT DISTINCT cl_batch_id, cl_date FROM {classified.view} "
         f"WHERE queue_offset < {new_half} AND cls <> 'settled'"
     )
     bodies = read_bodies(wh, (r["cl_date"] for r in keys), (r["cl_batch_id"] for r in keys))
@@ -523,10 +530,10 @@ def handle(
         )
     else:
         decided = decided.withColumn("state", F.lit(None).cast("string"))
-    decided.createOrReplaceTempView(_DECIDED_VIEW)
-    outputs = plan_outputs(with_bodies(spark.table(_DECIDED_VIEW)), pass_now)
+    decided_view = views.add(decided, "check_decided")
+    outputs = plan_outputs(with_bodies(spark.table(decided_view)), pass_now)
     # Every entry handled writes at least one row; a resumed pass may have none left.
-    left = done_positions is None or engine.rows(f"SELECT 1 FROM {_DECIDED_VIEW} LIMIT 1")
+    left = done_positions is None or engine.rows(f"SELECT 1 FROM {decided_view} LIMIT 1")
     faults.point("check.before_output_commit")
     if left:
         if fence:

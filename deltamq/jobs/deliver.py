@@ -29,7 +29,7 @@ import logging
 import os
 import pickle
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -39,18 +39,28 @@ import pyarrow as pa
 from pyspark.sql import functions as F
 
 from deltamq import dedup, faults
+from deltamq.constants import FailReason
 from deltamq.consumer import COLUMNAR_COLUMNS, ImportPathListener, is_columnar, resolve_listener
 from deltamq.filters import compile_sql92, parse_tag_expression, tags_match
 from deltamq.jobs import sendback
 from deltamq.jobs.listener_worker import Home
 from deltamq.tables.bodies import join_bodies, read_bodies
-from deltamq.tables.offsets import OffsetsMerge, forward, load_dispatch_state, source
+from deltamq.tables.offsets import (
+    START,
+    OffsetsMerge,
+    Position,
+    QueueKey,
+    forward,
+    load_dispatch_state,
+    positions,
+    source,
+)
 from deltamq.tables.ranges import queue_ranges
-from deltamq.tables.sqltext import sql_in
 
 if TYPE_CHECKING:
     from deltamq.config import GroupConfig, Subscription
     from deltamq.context import Context
+    from deltamq.engine import Views
 
 log = logging.getLogger(__name__)
 JOB = "deliver"
@@ -173,7 +183,7 @@ def plan_takes(
     groups: dict[str, GroupConfig],
     subscriptions: list[Subscription],
     heads: dict[tuple[str, int], int],
-    offsets: dict[tuple[str, str, str, int], tuple],
+    offsets: Mapping[QueueKey, Position],
     now: int,
     poison_tries: int = POISON_TRIES,
     auto_budget: int | None = None,
@@ -194,9 +204,9 @@ def plan_takes(
         for client, ((topic, qid), head) in ((c, h) for c in clients for h in sorted(heads.items())):
             if topic != sub.topic:
                 continue
-            nxt, attempts, attempt_ts, suspends, suspend_until = offsets.get(
-                (g.consumer_group, client, topic, qid), (0, 0, None, 0, None)
-            )
+            at = offsets.get(QueueKey(g.consumer_group, client, topic, qid), START)
+            nxt, attempts, attempt_ts = at.next_offset, at.attempts, at.attempt_ts
+            suspends, suspend_until = at.suspends, at.suspend_until
             if nxt >= head:
                 continue
             if g.orderly and suspend_until is not None and suspend_until > now:
@@ -275,28 +285,6 @@ def _seed(ctx: Context, memory: Memory, now: int) -> None:
         memory.learn(rows[0]["n"], rows[0]["b"])
 
 
-# (next offset, attempts, attempt time, suspends, suspended until)
-OffsetRow = tuple[int, int, int | None, int, int | None]
-
-
-def _read_offsets(ctx: Context, groups: list[str]) -> dict[tuple[str, str, str, int], OffsetRow]:
-    rows = ctx.engine.rows(
-        f"SELECT consumer_group, client_id, topic, queue_id, next_offset, attempts, attempt_ts, suspends, "
-        f"suspend_until "
-        f"FROM {ctx.warehouse.ref('offsets')} WHERE consumer_group IN {sql_in(groups)}"
-    )
-    return {
-        (r["consumer_group"], r["client_id"] or "", r["topic"], r["queue_id"]): (
-            r["next_offset"] or 0,
-            r["attempts"] or 0,
-            r["attempt_ts"],
-            r["suspends"] or 0,
-            r["suspend_until"],
-        )
-        for r in rows
-    }
-
-
 # --- the listener call (runs inside the engine) ---------------------------------------------
 # What the consumer returns: a row per message that was not consumed ("fail": its outcome
 # and what the send-back needs), a row per consumed message whose group de-duplicates
@@ -341,7 +329,7 @@ def _out_rows(rows, kind: str, outcome=None, n: int | None = None, nbytes: int |
         "kind": pa.array([kind] * k, pa.string()),
         "ok": pa.array([outcome.ok if outcome else None] * k, pa.bool_()),
         "level": pa.array([outcome.level if outcome else None] * k, pa.int32()),
-        "reason": pa.array([outcome.reason if outcome else None] * k, pa.string()),
+        "reason": pa.array([outcome.reason.value if outcome and outcome.reason else None] * k, pa.string()),
         "error": pa.array([outcome.error if outcome else None] * k, pa.string()),
         "n": pa.array([n] * k, pa.int64()),
         "nbytes": pa.array([nbytes] * k, pa.int64()),
@@ -432,10 +420,16 @@ def _make_consumer(
                             spans += got
                             continue
                         # the whole chunk is suspended together (RocketMQ); the rest waits
-                        spans.append((lo, n, Outcome(False, reason="suspend", error=failed[0].error)))
+                        spans.append(
+                            (lo, n, Outcome(False, reason=FailReason.SUSPEND, error=failed[0].error))
+                        )
                         if lo + n < q_start + q_len:
                             spans.append(
-                                (lo + n, q_start + q_len - lo - n, Outcome(False, reason="not_delivered"))
+                                (
+                                    lo + n,
+                                    q_start + q_len - lo - n,
+                                    Outcome(False, reason=FailReason.NOT_DELIVERED),
+                                )
                             )
                         break
             else:
@@ -475,14 +469,29 @@ class Pass:
         return {(t.group, t.client, t.topic, t.queue_id): t.attempt_ts for t in self.takes}
 
 
-@dataclass
-class Taken:
-    """The take, filtered (the rows are in the temp view ``dmq_deliver_taken``), summarised
-    per group, outcome class and body batch; the counts so far per group."""
+Counts = Mapping[str, Mapping[str, int]]
+"""Per group, messages per outcome (``consumed``, ``filtered``, ``retried``, ...)."""
 
-    summary: list[Any]
-    deliverable: list[Any]  # summary rows of messages the listeners get
-    counts: dict[str, defaultdict[str, int]]
+
+def _counts(pairs: Iterable[tuple[str, str, int]]) -> dict[str, dict[str, int]]:
+    """(group, outcome, n) triples summed into :data:`Counts`."""
+    out: dict[str, dict[str, int]] = {}
+    for group, outcome, n in pairs:
+        by = out.setdefault(group, {})
+        by[outcome] = by.get(outcome, 0) + n
+    return out
+
+
+@dataclass(frozen=True)
+class Taken:
+    """The take, filtered: its rows in the temp view ``view`` (of the pass's scope),
+    summarised per group, outcome class and body batch; what the take itself counted
+    (``filtered``, ``deduplicated``)."""
+
+    view: str
+    summary: tuple[Any, ...]
+    deliverable: tuple[Any, ...]  # summary rows of messages the listeners get
+    counts: Counts
 
     @property
     def rows(self) -> int:
@@ -490,24 +499,63 @@ class Taken:
 
 
 @dataclass(frozen=True)
-class Consumed:
-    """The listeners' outcomes, materialised once: failures (one row each) and the keys
-    of the messages consumed by de-duplicating groups."""
+class Failed:
+    """A message a pass did not consume: its delivery and how it failed (``reason`` None:
+    the listener answered RECONSUME_LATER, asking for ``level``)."""
 
-    outcomes: list[dict[str, Any]]
-    keys: list[tuple[str, str, str]]
+    group: str
+    client: str
+    delivered: sendback.Delivered
+    level: int
+    reason: FailReason | None
+    error: str | None
+
+    @classmethod
+    def of(cls, row: Any, reason: FailReason | None = None) -> Failed:
+        """From an output or index row (``consumer_group``, ``client_id``, the delivery
+        columns; ``level``, ``reason``, ``error`` where it has them)."""
+        fields = row.asDict() if hasattr(row, "asDict") else dict(row)
+        given = fields.get("reason")
+        return cls(
+            fields["consumer_group"],
+            fields["client_id"] or "",
+            sendback.Delivered.of(fields),
+            fields.get("level") or 0,
+            reason if reason is not None else (FailReason(given) if given else None),
+            fields.get("error"),
+        )
+
+    @property
+    def queue(self) -> QueueKey:
+        return QueueKey(self.group, self.client, self.delivered.topic, self.delivered.queue_id)
+
+
+@dataclass(frozen=True)
+class Consumed:
+    """The listeners' outcomes, materialised once: failures (one each), the keys of the
+    messages consumed by de-duplicating groups, and messages consumed per group."""
+
+    failures: tuple[Failed, ...] = ()
+    keys: tuple[tuple[str, str, str], ...] = ()
     handed_over: int = 0  # messages the listeners were given
     body_bytes: int = 0  # their bodies' bytes
+    consumed: Mapping[str, int] = field(default_factory=dict)  # per group
+
+
+# (next offset, suspends, suspended until) a queue moves to instead of past its take
+Held = tuple[int, int, int | None]
 
 
 @dataclass(frozen=True)
 class Decided:
-    """Where every failure goes, and where each queue's offset moves."""
+    """Where every failure goes, where each queue's offset moves, and what the decisions
+    counted (``retried``, ``dead_lettered``, ``suspended``, ...)."""
 
-    failures: list[sendback.Failure]
-    positions: dict[tuple[str, str, str, int], tuple[int, int, int | None]]
-    errors: list[tuple[str, str, str]]
-    setup_errors: dict[str, str]  # group -> why its listener could not be loaded
+    failures: tuple[sendback.Failure, ...]
+    positions: Mapping[QueueKey, Held]
+    errors: tuple[tuple[str, str, str], ...]
+    setup_errors: Mapping[str, str]  # group -> why its listener could not be loaded
+    counts: Counts
 
 
 def run(
@@ -524,12 +572,13 @@ def run(
         fence()
     _record_attempts(ctx, work.takes, now)
     faults.point("deliver.after_attempt_commit")
-    # 2. take, filter, call the listeners; outcomes materialised once
-    taken = take(ctx, work, now)
-    consumed = consume(ctx, work, taken)
-    faults.point("deliver.after_listener")
-    # 3. failures → retry / DLQ; 4. keys, then offsets past everything taken
-    decided = decide(ctx, work, taken, consumed, now)
+    with ctx.engine.views() as views:
+        # 2. take, filter, call the listeners; outcomes materialised once
+        taken = take(ctx, views, work, now)
+        consumed = consume(ctx, work, taken)
+        faults.point("deliver.after_listener")
+        # 3. failures → retry / DLQ; 4. keys, then offsets past everything taken
+        decided = decide(ctx, work, taken, consumed, now)
     write(ctx, work, consumed, decided, now, fence)
     if memory is not None:
         memory.learn(consumed.handed_over, consumed.body_bytes)
@@ -548,15 +597,15 @@ def plan(ctx: Context, now: int, budget: int | None = None) -> Pass:
     if not groups:
         return Pass({}, {}, [], {}, skipped, sinks)
     heads = load_dispatch_state(ctx.warehouse).heads
-    offsets = _read_offsets(ctx, sorted(groups))
+    offsets = positions(ctx.warehouse, sorted(groups))
     takes = plan_takes(groups, ctx.catalog.subscriptions(), heads, offsets, now, auto_budget=budget)
     return Pass(groups, listeners, takes, heads, skipped, sinks)
 
 
-def take(ctx: Context, work: Pass, now: int) -> Taken:
+def take(ctx: Context, views: Views, work: Pass, now: int) -> Taken:
     """The index rows of every take, matched against the subscription (tag hash and tag, or
     SQL92), marked poison (a head whose attempts keep ending without an outcome) or
-    duplicate (a key consumed within the group's window); left in ``dmq_deliver_taken``."""
+    duplicate (a key consumed within the group's window); left in a view of ``views``."""
     spark = ctx.engine.spark
     takes = work.takes
     take_df = spark.createDataFrame(
@@ -598,39 +647,39 @@ def take(ctx: Context, work: Pass, now: int) -> Taken:
     )
     # idempotent consumption: keys the group already consumed within its window
     taken = dedup.mark(ctx.warehouse, taken, work.groups, now)
-    taken.createOrReplaceTempView("dmq_deliver_taken")
+    view = views.add(taken, "deliver_taken")
     # What was taken, summarised in the engine (one row per group, outcome class and body
     # batch): the counts, and the batch ranges the bodies are read by.
     summary = ctx.engine.rows(
         "SELECT consumer_group, matched, poison, dup, cl_date, cl_batch_id, count(*) AS n "
-        "FROM dmq_deliver_taken GROUP BY consumer_group, matched, poison, dup, cl_date, cl_batch_id"
+        f"FROM {view} GROUP BY consumer_group, matched, poison, dup, cl_date, cl_batch_id"
     )
-    counts: dict[str, defaultdict[str, int]] = {g: defaultdict(int) for g in work.groups}
+    counted = []
     deliverable = []
     for r in summary:
         if not r["matched"]:
-            counts[r["consumer_group"]]["filtered"] += r["n"]
+            counted.append((r["consumer_group"], "filtered", r["n"]))
         elif r["poison"]:
             pass
         elif r["dup"]:
-            counts[r["consumer_group"]]["deduplicated"] += r["n"]
+            counted.append((r["consumer_group"], "deduplicated", r["n"]))
         else:
             deliverable.append(r)
-    return Taken(summary, deliverable, counts)
+    return Taken(view, tuple(summary), tuple(deliverable), _counts(counted))
 
 
 def consume(ctx: Context, work: Pass, taken: Taken) -> Consumed:
     """Join the deliverable rows with their bodies and hand them to the listeners inside
     the engine (``mapInArrow``, each call in a worker process); collect the outcomes."""
     if not taken.deliverable:
-        return Consumed([], [])
+        return Consumed()
     engine, spark, wh = ctx.engine, ctx.engine.spark, ctx.warehouse
     groups = work.groups
     n_deliverable = sum(r["n"] for r in taken.deliverable)
     bodies = read_bodies(
         wh, (r["cl_date"] for r in taken.deliverable), (r["cl_batch_id"] for r in taken.deliverable)
     )
-    taken_rows = spark.table("dmq_deliver_taken").where(F.col("matched") & ~F.col("poison") & ~F.col("dup"))
+    taken_rows = spark.table(taken.view).where(F.col("matched") & ~F.col("poison") & ~F.col("dup"))
     msgs = join_bodies(
         taken_rows.drop("properties", "born_ts"),
         bodies,
@@ -658,108 +707,109 @@ def consume(ctx: Context, work: Pass, taken: Taken) -> Consumed:
         # for them the shuffle of every body costs more than uneven partitions do
         # (consume of 1M x 1 KiB: 1.3 s without it, 1.8-1.9 s with it).
         msgs = msgs.repartition(_parallelism(spark))
-    outcomes: list[dict[str, Any]] = []
+    failures: list[Failed] = []
     keys: list[tuple[str, str, str]] = []
+    by_group: dict[str, int] = {}
     consumed = body_bytes = 0
     for r in msgs.mapInArrow(consumer, _OUT_SCHEMA).collect():
         if r["kind"] == "fail":
-            outcomes.append(r.asDict())
+            failures.append(Failed.of(r))
         elif r["kind"] == "key":
             keys.append((r["consumer_group"], r["dkey"], r["msg_id"]))
         else:
             consumed += r["n"]
             body_bytes += r["nbytes"] or 0
-            taken.counts[r["consumer_group"]]["consumed"] += r["n"]
-    if consumed + len(outcomes) != n_deliverable:
+            by_group[r["consumer_group"]] = by_group.get(r["consumer_group"], 0) + r["n"]
+    if consumed + len(failures) != n_deliverable:
         raise RuntimeError(
-            f"deliver: {n_deliverable} messages taken but {consumed + len(outcomes)} outcomes; "
+            f"deliver: {n_deliverable} messages taken but {consumed + len(failures)} outcomes; "
             "bodies missing?"
         )
-    return Consumed(outcomes, keys, n_deliverable, body_bytes)
+    return Consumed(tuple(failures), tuple(keys), n_deliverable, body_bytes, by_group)
 
 
-def _poisoned(ctx: Context, taken: Taken) -> list[dict[str, Any]]:
+def _poisoned(ctx: Context, taken: Taken) -> list[Failed]:
     """Matched messages of heads whose attempts kept ending without an outcome."""
     if not any(r["matched"] and r["poison"] for r in taken.summary):
         return []
+    error = f"{POISON_TRIES} delivery attempts ended without an outcome"
     return [
-        {
-            **r.asDict(),
-            "ok": False,
-            "level": 0,
-            "reason": "poison",
-            "error": f"{POISON_TRIES} delivery attempts ended without an outcome",
-        }
+        replace(Failed.of(r, FailReason.POISON), error=error)
         for r in ctx.engine.rows(
             "SELECT consumer_group, client_id, topic, queue_id, queue_offset, msg_id, cl_date, "
-            "cl_batch_id, cl_batch_pos, reconsume_times FROM dmq_deliver_taken WHERE poison AND matched"
+            f"cl_batch_id, cl_batch_pos, reconsume_times FROM {taken.view} WHERE poison AND matched"
         )
     ]
+
+
+# failures that hold their queue instead of going the send-back way
+_HOLDING = (FailReason.SUSPEND, FailReason.NOT_DELIVERED, FailReason.SETUP)
 
 
 def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int) -> Decided:
     """Orderly queues stop at their suspended chunk (its head waits, or at the maximum goes
     to the DLQ and the queue moves on); every other failure goes the send-back way
     (:func:`sendback.failure`), a BROADCASTING one is logged and dropped."""
-    groups, counts = work.groups, taken.counts
-    positions: dict[tuple[str, str, str, int], tuple[int, int, int | None]] = {}
-    takes_by_queue = {(t.group, t.client, t.topic, t.queue_id): t for t in work.takes}
-    suspended: dict[tuple[str, str, str, int], list[dict[str, Any]]] = defaultdict(list)
-    for o in consumed.outcomes:
-        if o["reason"] == "suspend":
-            suspended[(o["consumer_group"], o["client_id"], o["topic"], o["queue_id"])].append(o)
+    groups = work.groups
+    counted: list[tuple[str, str, int]] = []
+    positions: dict[QueueKey, Held] = {}
+    takes_by_queue = {QueueKey(t.group, t.client, t.topic, t.queue_id): t for t in work.takes}
+    suspended: dict[QueueKey, list[Failed]] = defaultdict(list)
+    for o in consumed.failures:
+        if o.reason == FailReason.SUSPEND:
+            suspended[o.queue].append(o)
     # a listener that cannot be loaded consumed nothing: its queues stay where they were
     # (no retry, no dead letter; the tick says so) until the listener is fixed
     setup_errors: dict[str, str] = {}
-    for o in consumed.outcomes:
-        if o["reason"] == "setup":
-            qkey = (o["consumer_group"], o["client_id"], o["topic"], o["queue_id"])
-            t = takes_by_queue[qkey]
-            held = min(positions.get(qkey, (o["queue_offset"], 0, None))[0], o["queue_offset"])
-            positions[qkey] = (held, t.suspends, None)
-            counts[o["consumer_group"]]["setup_failed"] += 1
-            setup_errors.setdefault(o["consumer_group"], o["error"])
+    for o in consumed.failures:
+        if o.reason == FailReason.SETUP:
+            t = takes_by_queue[o.queue]
+            offset = o.delivered.queue_offset
+            held = min(positions.get(o.queue, (offset, 0, None))[0], offset)
+            positions[o.queue] = (held, t.suspends, None)
+            counted.append((o.group, "setup_failed", 1))
+            setup_errors.setdefault(o.group, o.error or "")
+    to_dlq: list[Failed] = []
     for qkey, chunk in suspended.items():
         t = takes_by_queue[qkey]
-        chunk.sort(key=lambda o: o["queue_offset"])
-        first = chunk[0]["queue_offset"]
+        chunk.sort(key=lambda o: o.delivered.queue_offset)
+        first = chunk[0].delivered.queue_offset
         reconsumed = t.suspends if first == t.lo else 0
-        if 0 <= groups[qkey[0]].max_reconsume_times <= reconsumed:
-            for o in chunk:
-                o["reason"] = "orderly_max"
-            positions[qkey] = (chunk[-1]["queue_offset"] + 1, 0, None)
+        if 0 <= groups[qkey.group].max_reconsume_times <= reconsumed:
+            to_dlq += [replace(o, reason=FailReason.ORDERLY_MAX) for o in chunk]
+            positions[qkey] = (chunk[-1].delivered.queue_offset + 1, 0, None)
         else:
-            counts[qkey[0]]["suspended"] += len(chunk)
+            counted.append((qkey.group, "suspended", len(chunk)))
             positions[qkey] = (first, reconsumed + 1, now + ctx.config.orderly_suspend_ms)
     attempt_ts = work.attempt_ts
     max_level = ctx.catalog.max_delay_level()
     failures: list[sendback.Failure] = []
     errors: list[tuple[str, str, str]] = []
-    for o in consumed.outcomes + _poisoned(ctx, taken):
-        if o["reason"] in ("suspend", "not_delivered", "setup"):
+    for o in [*consumed.failures, *to_dlq, *_poisoned(ctx, taken)]:
+        if o.reason in _HOLDING:
             continue
-        g = o["consumer_group"]
+        g = o.group
         cfg = groups[g]
-        if o["error"] and len(errors) < 20:
-            errors.append((g, o["msg_id"], o["error"]))
+        if o.error and len(errors) < 20:
+            errors.append((g, o.delivered.msg_id, o.error))
         if cfg.mode == "BROADCASTING":  # logged and dropped, never retried (docs/behaviour.md §3)
-            counts[g]["dropped"] += 1
-            log.warning("broadcast %s/%s dropped %s: %s", g, o["client_id"], o["msg_id"], o["error"])
+            counted.append((g, "dropped", 1))
+            log.warning("broadcast %s/%s dropped %s: %s", g, o.client, o.delivered.msg_id, o.error)
             continue
         d = sendback.failure(
             cfg,
-            o,
-            attempt_ts=attempt_ts[(g, o["client_id"], o["topic"], o["queue_id"])],
-            requested_level=o["level"] or 0,
-            reason=o["reason"],
+            o.delivered,
+            attempt_ts=attempt_ts[o.queue],
+            requested_level=o.level,
+            reason=o.reason,
             max_level=max_level,
-            error=o["error"],
+            error=o.error,
         )
-        counts[g]["retried" if d.target == "retry" else "dead_lettered"] += 1
-        if o["reason"] in ("poison", "timeout"):
-            counts[g]["poison"] += 1
+        counted.append((g, "retried" if d.target == "retry" else "dead_lettered", 1))
+        if o.reason in (FailReason.POISON, FailReason.TIMEOUT):
+            counted.append((g, "poison", 1))
         failures.append(d)
-    return Decided(failures, positions, errors, setup_errors)
+    return Decided(tuple(failures), positions, tuple(errors), setup_errors, _counts(counted))
 
 
 def write(
@@ -784,8 +834,17 @@ def write(
 
 
 def _result(work: Pass, taken: Taken, consumed: Consumed, decided: Decided) -> DeliverResult:
+    by_group = _counts(
+        [
+            (g, k, n)
+            for counts in (taken.counts, decided.counts)
+            for g, c in counts.items()
+            for k, n in c.items()
+        ]
+        + [(g, "consumed", n) for g, n in consumed.consumed.items()]
+    )
     total: defaultdict[str, int] = defaultdict(int)
-    for c in taken.counts.values():
+    for c in by_group.values():
         for k, v in c.items():
             total[k] += v
     behind: defaultdict[str, int] = defaultdict(int)
@@ -810,7 +869,7 @@ def _result(work: Pass, taken: Taken, consumed: Consumed, decided: Decided) -> D
         groups=len(work.groups),
         errors=tuple(decided.errors),
         skipped_groups=work.skipped,
-        by_group={g: dict(c) for g, c in taken.counts.items()},
+        by_group={g: by_group.get(g, {}) for g in work.groups},
         sinks=work.sinks,
     )
 
@@ -825,17 +884,14 @@ def _record_attempts(ctx: Context, takes: list[QueueTake], now: int) -> None:
     ctx.commit(partial(merge.execute, ctx.warehouse, update, insert), what="offsets")
 
 
-def _advance(
-    ctx: Context,
-    takes: list[QueueTake],
-    now: int,
-    positions: dict[tuple[str, str, str, int], tuple[int, int, int | None]],
-) -> None:
+def _advance(ctx: Context, takes: list[QueueTake], now: int, positions: Mapping[QueueKey, Held]) -> None:
     """Offsets past everything taken (or, for a suspended orderly queue, to its head with
     the suspend count and time); the attempt is cleared."""
     merge = OffsetsMerge(("next_offset", "suspends", "suspend_until"), now)
     for t in takes:
-        nxt, suspends, until = positions.get((t.group, t.client, t.topic, t.queue_id), (t.hi, 0, None))
+        nxt, suspends, until = positions.get(
+            QueueKey(t.group, t.client, t.topic, t.queue_id), (t.hi, 0, None)
+        )
         merge.add(
             t.group, t.topic, t.queue_id, t.client, next_offset=nxt, suspends=suspends, suspend_until=until
         )

@@ -58,7 +58,6 @@ if TYPE_CHECKING:
 JOB = "dispatch"
 TIMER_SLOT_MS = 3_600_000  # the timer index is partitioned by due hour
 ROUTES = ("plain", "schedule", "timer", "half")
-_SRC_VIEW = "dmq_dispatch_src"
 _HEADS_SCHEMA = "topic string, queue_id int, next_offset bigint"
 # the route of an index row, by the topic it was indexed under (plan_dispatch's routes)
 _ROUTE_OF_TOPIC = {TRANS_HALF_TOPIC: "half", TIMER_TOPIC: "timer", SCHEDULE_TOPIC: "schedule"}
@@ -306,18 +305,20 @@ def heads_frame(wh: Warehouse, heads: dict[tuple[str, int], int]) -> DataFrame:
     return wh.engine.spark.createDataFrame([(t, q, o) for (t, q), o in sorted(heads.items())], _HEADS_SCHEMA)
 
 
-def merge_index(wh: Warehouse, view: str, first_version: int, last_version: int) -> None:
-    """The index commit: the rows of ``view`` (a :func:`plan_dispatch` plan of the commits
+def merge_index(wh: Warehouse, plan: DataFrame, first_version: int, last_version: int) -> None:
+    """The index commit: the rows of ``plan`` (a :func:`plan_dispatch` plan of the commits
     ``first_version..last_version``) into ``consume_queue``. Insert-only MERGE keyed on
     msg_id within this version range: a dispatcher that raced us (a lease violation)
     conflicts or finds the rows present. The caller commits (``engine.commit``)."""
     cols = ", ".join(TABLES["consume_queue"].columns)
-    wh.engine.execute(
-        f"MERGE INTO {wh.ref('consume_queue')} t USING (SELECT {cols} FROM {view}) s "
-        f"ON t.cl_version >= {sql_long(first_version)} "
-        f"AND t.cl_version <= {sql_long(last_version)} "
-        "AND t.msg_id = s.msg_id WHEN NOT MATCHED THEN INSERT *"
-    )
+    with wh.engine.views() as views:
+        source = views.add(plan, "index_src")
+        wh.engine.execute(
+            f"MERGE INTO {wh.ref('consume_queue')} t USING (SELECT {cols} FROM {source}) s "
+            f"ON t.cl_version >= {sql_long(first_version)} "
+            f"AND t.cl_version <= {sql_long(last_version)} "
+            "AND t.msg_id = s.msg_id WHEN NOT MATCHED THEN INSERT *"
+        )
 
 
 def run(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -> DispatchResult:
@@ -355,14 +356,12 @@ def run(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -> D
         n = dropped = 0
         if rows is not None and may_hold_commits(commits):
             rows, dropped = drop_duplicate_commits(wh, rows)
-        if rows is not None:
-            plan = plan_dispatch(rows, heads_frame(wh, state.heads), wh.levels())
-            plan.createOrReplaceTempView(_SRC_VIEW)
+        plan = None if rows is None else plan_dispatch(rows, heads_frame(wh, state.heads), wh.levels())
         faults.point("dispatch.before_index_commit")
-        if rows is not None:
+        if plan is not None:
             if fence:
                 fence()
-            merge_index(wh, _SRC_VIEW, commits[0].version, to_version)
+            merge_index(wh, plan, commits[0].version, to_version)
             # What was indexed, read back from the index (a few columns of the new files)
             # rather than by evaluating the plan a second time.
             for r in engine.rows(

@@ -33,6 +33,8 @@ import threading
 from dataclasses import dataclass
 from typing import IO, Any
 
+from deltamq.constants import FailReason
+
 _IDLE: dict[str, list[_Worker]] = {}
 _IDLE_LOCK = threading.Lock()
 _MAX_IDLE_PER_LISTENER = 4
@@ -48,7 +50,7 @@ class Outcome:
 
     ok: bool
     level: int = 0
-    reason: str | None = None
+    reason: FailReason | None = None
     error: str | None = None
 
 
@@ -318,7 +320,7 @@ def consume(
                     spans.extend(_apply(result, start + i, 1))
                 else:
                     error = f"listener ended without an outcome ({result})"
-                    spans.append((start + i, 1, Outcome(False, reason=result, error=error)))
+                    spans.append((start + i, 1, Outcome(False, reason=FailReason(result), error=error)))
     finally:
         _give_back(worker)
     return spans
@@ -327,7 +329,7 @@ def consume(
 def _apply(reply: tuple, start: int, n: int) -> list[Span]:
     ok, ack, level, error, setup = reply
     if setup:  # the listener could not even be loaded: no message was consumed
-        return [(start, n, Outcome(False, reason="setup", error=error))]
+        return [(start, n, Outcome(False, reason=FailReason.SETUP, error=error))]
     if not ok:
         return [(start, n, Outcome(False, level=level, error=error))]
     spans: list[Span] = [(start, ack + 1, Outcome(True))] if ack >= 0 else []

@@ -48,7 +48,13 @@ from deltamq.jobs import dispatch
 from deltamq.jobs.dispatch import TIMER_SLOT_MS
 from deltamq.tables import deltalog
 from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns, restored_message, stored_ids
-from deltamq.tables.offsets import DispatchState, ProgressRow, advance_offsets, load_dispatch_state
+from deltamq.tables.offsets import (
+    DispatchState,
+    ProgressRow,
+    advance_offsets,
+    load_dispatch_state,
+    progress,
+)
 from deltamq.tables.ranges import any_of, merge_ranges
 from deltamq.tables.sqltext import sql_long, sql_str
 
@@ -57,7 +63,6 @@ if TYPE_CHECKING:
     from deltamq.tables.warehouse import Warehouse
 
 JOB = "promote"
-_INDEX_VIEW = "dmq_promote_index"
 _REMOVED_PROPS = (Prop.DELAY, Prop.REAL_TOPIC, Prop.REAL_QID, Prop.TIMER_DELIVER_MS)
 
 
@@ -107,18 +112,14 @@ class Memory:
 
 
 def load_state(wh: Warehouse) -> PromoteState:
-    rows = wh.engine.rows(
-        f"SELECT topic, queue_id, next_offset, progress_version FROM {wh.ref('offsets')} "
-        f"WHERE consumer_group = {sql_str(PROMOTE_GROUP)}"
-    )
     levels: dict[int, int] = {}
     watermark, timer_next = -1, 0
-    for r in rows:
-        if r["topic"] == SCHEDULE_TOPIC:
-            levels[r["queue_id"]] = r["next_offset"] or 0
-        elif r["topic"] == TIMER_TOPIC:
-            timer_next = r["next_offset"] or 0
-            watermark = r["progress_version"] if r["progress_version"] is not None else -1
+    for r in progress(wh, {PROMOTE_GROUP: None})[PROMOTE_GROUP]:
+        if r.topic == SCHEDULE_TOPIC:
+            levels[r.queue_id] = r.next_offset or 0
+        elif r.topic == TIMER_TOPIC:
+            timer_next = r.next_offset or 0
+            watermark = r.progress_version if r.progress_version is not None else -1
     return PromoteState(levels, watermark, timer_next)
 
 
@@ -424,8 +425,7 @@ def index_copies(
     if rows is None:
         return 0, None
     plan = dispatch.plan_dispatch(rows, dispatch.heads_frame(wh, state.heads), levels)
-    plan.createOrReplaceTempView(_INDEX_VIEW)
-    dispatch.merge_index(wh, _INDEX_VIEW, version, version)
+    dispatch.merge_index(wh, plan, version, version)
     faults.point("promote.after_index_commit")
     heads = dict(state.stale) | {q: state.heads.get(q, 0) + n for q, n in by_queue.items()}
     return written, (version, heads)

@@ -46,10 +46,12 @@ from deltamq.constants import (
 )
 from deltamq.tables.offsets import (
     OffsetsMerge,
+    QueueKey,
     advance_offsets,
     forward,
     group_positions,
     load_dispatch_state,
+    progress,
     source,
 )
 from deltamq.tables.sqltext import sql_long, sql_str
@@ -107,11 +109,8 @@ def _last_run(ctx: Context, memory: Memory, *, fresh: bool = False) -> int | Non
     ``fresh`` reads the table (a pass another runner made meanwhile)."""
     if not fresh and memory.last_pass is not None:
         return memory.last_pass
-    rows = ctx.engine.rows(
-        f"SELECT progress_version FROM {ctx.warehouse.ref('offsets')} "
-        f"WHERE consumer_group = {sql_str(RETAIN_GROUP)} AND queue_id = -1"
-    )
-    memory.last_pass = rows[0]["progress_version"] if rows else None
+    rows = [r for r in progress(ctx.warehouse, {RETAIN_GROUP: None})[RETAIN_GROUP] if r.queue_id == -1]
+    memory.last_pass = rows[0].progress_version if rows else None
     return memory.last_pass
 
 
@@ -259,7 +258,7 @@ def _skip_consumers(ctx: Context, moves: dict[tuple[str, int], int], now: int) -
         for client in clients:
             for topic, qid in moves:
                 if topic == sub.topic:
-                    positions.setdefault((sub.consumer_group, client, topic, qid), 0)
+                    positions.setdefault(QueueKey(sub.consumer_group, client, topic, qid), 0)
     behind = {k: v for k, v in positions.items() if (k[2], k[3]) in moves and v < moves[(k[2], k[3])]}
     if not behind:
         return 0, 0

@@ -16,7 +16,7 @@ then a hash of (group, topic, queue, offset).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 
 from deltamq import ids
 from deltamq.config import GroupConfig
-from deltamq.constants import Prop, dlq_topic, retry_topic
+from deltamq.constants import DlqReason, FailReason, Prop, dlq_topic, retry_topic
 from deltamq.consumer import retry_delay_ms
 from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns, restored_message, stored_ids
 
@@ -58,7 +58,7 @@ class Decision:
     target: str  # "retry" or "dlq"
     level: int | None = None
     timer_ms: int | None = None
-    dlq_reason: str | None = None
+    dlq_reason: DlqReason | None = None
 
 
 DELIVERY_COLUMNS = (
@@ -72,6 +72,35 @@ DELIVERY_COLUMNS = (
     "reconsume_times",
 )
 """The consume_queue columns a send-back needs of its delivery (:func:`failure`)."""
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """A delivered consume_queue row, as much of it as a send-back needs (the
+    :data:`DELIVERY_COLUMNS`)."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    msg_id: str
+    cl_batch_id: int
+    cl_batch_pos: int
+    cl_date: date
+    reconsume_times: int
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any] | Any) -> Delivered:
+        """From a row (a ``Row`` or a mapping) holding the :data:`DELIVERY_COLUMNS`."""
+        return cls(
+            topic=row["topic"],
+            queue_id=row["queue_id"],
+            queue_offset=row["queue_offset"],
+            msg_id=row["msg_id"],
+            cl_batch_id=row["cl_batch_id"],
+            cl_batch_pos=row["cl_batch_pos"],
+            cl_date=row["cl_date"],
+            reconsume_times=row["reconsume_times"] or 0,
+        )
 
 
 class Failure(NamedTuple):
@@ -90,28 +119,27 @@ class Failure(NamedTuple):
     target: str
     level: int | None
     timer_ms: int | None
-    dlq_reason: str | None
+    dlq_reason: DlqReason | None
     max_reconsume: int
     error: str | None
 
 
 def failure(
     cfg: GroupConfig,
-    delivered: Mapping[str, Any],
+    delivered: Delivered,
     *,
     attempt_ts: int,
     requested_level: int,
-    reason: str | None,
+    reason: FailReason | None,
     max_level: int,
     error: str | None,
 ) -> Failure:
     """The send-back of one failed delivery, push or pull alike: ``delivered`` is its
-    consume_queue row (topic, queue_id, queue_offset, msg_id, cl_batch_id, cl_batch_pos,
-    cl_date, reconsume_times), ``attempt_ts`` the delivery's time (the send-back's ids
+    consume_queue row, ``attempt_ts`` the delivery's time (the send-back's ids
     derive from it), ``requested_level`` the listener's delay level (0: the default
     ladder), ``reason`` how it failed when not by the listener's answer."""
     d = decide(
-        reconsume_times=delivered["reconsume_times"] or 0,
+        reconsume_times=delivered.reconsume_times,
         requested_level=requested_level,
         reason=reason,
         max_reconsume=cfg.max_reconsume_times,
@@ -121,13 +149,13 @@ def failure(
     )
     return Failure(
         cfg.consumer_group,
-        delivered["topic"],
-        delivered["queue_id"],
-        delivered["queue_offset"],
-        delivered["msg_id"],
-        delivered["cl_batch_id"],
-        delivered["cl_batch_pos"],
-        delivered["cl_date"],
+        delivered.topic,
+        delivered.queue_id,
+        delivered.queue_offset,
+        delivered.msg_id,
+        delivered.cl_batch_id,
+        delivered.cl_batch_pos,
+        delivered.cl_date,
         attempt_ts,
         d.target,
         d.level,
@@ -142,7 +170,7 @@ def decide(
     *,
     reconsume_times: int,
     requested_level: int,
-    reason: str | None,
+    reason: FailReason | None,
     max_reconsume: int,
     max_level: int,
     retry_policy: Mapping[str, Any] | None,
@@ -151,19 +179,19 @@ def decide(
     """Where one failed message goes (pure): poison, a timeout or an orderly queue's last
     suspend go to the DLQ; a negative level, too; past ``max_reconsume`` retries, too;
     otherwise a retry, at the requested level, by the retry policy, or at 3 + retries."""
-    if reason in ("poison", "timeout", "orderly_max"):
-        return Decision("dlq", dlq_reason=reason)
+    if reason in (FailReason.POISON, FailReason.TIMEOUT, FailReason.ORDERLY_MAX):
+        return Decision("dlq", dlq_reason=DlqReason(reason))
     if requested_level < 0:
-        return Decision("dlq", dlq_reason="negative_level")
+        return Decision("dlq", dlq_reason=DlqReason.NEGATIVE_LEVEL)
     if max_reconsume >= 0 and reconsume_times >= max_reconsume:
-        return Decision("dlq", dlq_reason="max_reconsume")
+        return Decision("dlq", dlq_reason=DlqReason.MAX_RECONSUME)
     if retry_policy is not None and requested_level == 0:
         return Decision("retry", timer_ms=attempt_ts + retry_delay_ms(retry_policy, reconsume_times))
     level = requested_level if requested_level > 0 else 3 + reconsume_times
     return Decision("retry", level=min(level, max_level))
 
 
-def store(ctx: Context, failures: list[Failure], fence: Callable[[], None] | None = None) -> None:
+def store(ctx: Context, failures: Sequence[Failure], fence: Callable[[], None] | None = None) -> None:
     """Append the sends-back of ``failures`` in one commit,
     skipping ids already stored (a re-run after a kill writes nothing twice)."""
     wh = ctx.warehouse

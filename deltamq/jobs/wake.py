@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from deltamq.constants import SCHEDULE_TOPIC, TIMER_TOPIC
 from deltamq.jobs import check_transactions, promote
 from deltamq.jobs.dispatch import TIMER_SLOT_MS
+from deltamq.tables.offsets import earliest_resume_query
 from deltamq.tables.sqltext import sql_long, sql_str
 
 if TYPE_CHECKING:
@@ -33,11 +34,11 @@ def next_due(ctx: Context, after: int, levels: int | None = None) -> int | None:
         f"(slot = {q} AND queue_offset = {sql_long(state.level_offsets.get(q, 0))})" for q in range(n_levels)
     )
     watermark = max(state.timer_watermark, after)
-    cq, offsets, deliveries = wh.ref("consume_queue"), wh.ref("offsets"), wh.ref("deliveries")
+    cq, deliveries = wh.ref("consume_queue"), wh.ref("deliveries")
     parts = [
         f"SELECT min(due_ts) AS d FROM {cq} WHERE topic = {sql_str(TIMER_TOPIC)} "
         f"AND slot >= {watermark // TIMER_SLOT_MS} AND due_ts > {sql_long(watermark)}",
-        f"SELECT min(suspend_until) AS d FROM {offsets} WHERE suspend_until > {sql_long(after)}",
+        earliest_resume_query(wh, after),
         f"SELECT min(invisible_until) AS d FROM {deliveries} WHERE invisible_until > {sql_long(after)}",
     ]
     if heads:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from deltamq.constants import DISPATCH_GROUP
 from deltamq.schemas import TABLES
@@ -136,19 +136,123 @@ def advance_offsets(
     merge.execute(wh, update, insert)
 
 
-def group_positions(
-    wh: Warehouse, queues: Iterable[tuple[str, int]] | None = None
-) -> dict[tuple[str, str, str, int], int]:
-    """Consumer groups' next offsets (not the jobs' progress rows), keyed by (group,
-    client, topic, queue) — of ``queues`` only, if given."""
-    where = USER_GROUPS if queues is None else f"{USER_GROUPS} AND {sql_queues(queues)}"
+class QueueKey(NamedTuple):
+    """One position's key in ``offsets``: a group (and, broadcasting, its instance) on a queue."""
+
+    group: str
+    client: str  # "" but for a BROADCASTING group's instance
+    topic: str
+    queue_id: int
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a consumer group stands on a queue: a row of ``offsets``, typed (a group
+    with no row for a queue stands at :data:`START`)."""
+
+    next_offset: int = 0
+    attempts: int = 0  # deliver passes begun on the range from next_offset without an outcome
+    attempt_ts: int | None = None  # the broker time of the first of them
+    suspends: int = 0  # orderly groups: SUSPEND_CURRENT_QUEUE_A_MOMENT answers in a row
+    suspend_until: int | None = None
+    delivered_offset: int | None = None  # pull clients: handed out up to here
+
+
+START = Position()
+
+_POSITION_COLUMNS = "next_offset, attempts, attempt_ts, suspends, suspend_until, delivered_offset"
+
+
+def positions(
+    wh: Warehouse,
+    groups: Sequence[str] | None = None,
+    queues: Iterable[tuple[str, int]] | None = None,
+) -> dict[QueueKey, Position]:
+    """The consumer groups' positions (of ``groups`` and ``queues`` only, if given; the
+    jobs' own progress rows never)."""
+    where = [USER_GROUPS]
+    if groups is not None:
+        if not groups:
+            return {}
+        where.append(f"consumer_group IN ({', '.join(sql_str(g) for g in groups)})")
+    if queues is not None:
+        where.append(sql_queues(queues))
+    rows = wh.engine.rows(
+        f"SELECT consumer_group, client_id, topic, queue_id, {_POSITION_COLUMNS} "
+        f"FROM {wh.ref('offsets')} WHERE {' AND '.join(where)}"
+    )
     return {
-        (r["consumer_group"], r["client_id"] or "", r["topic"], r["queue_id"]): r["next_offset"] or 0
-        for r in wh.engine.rows(
-            "SELECT consumer_group, client_id, topic, queue_id, next_offset "
-            f"FROM {wh.ref('offsets')} WHERE {where}"
+        QueueKey(r["consumer_group"], r["client_id"] or "", r["topic"], r["queue_id"]): Position(
+            r["next_offset"] or 0,
+            r["attempts"] or 0,
+            r["attempt_ts"],
+            r["suspends"] or 0,
+            r["suspend_until"],
+            r["delivered_offset"],
         )
+        for r in rows
     }
+
+
+def earliest_resume_query(wh: Warehouse, after: int) -> str:
+    """SQL (one row, column ``d``): the earliest time after ``after`` at which a suspended
+    orderly queue resumes — a part of the wake-up query (jobs/wake.py) that asks every
+    held-back table at once."""
+    return f"SELECT min(suspend_until) AS d FROM {wh.ref('offsets')} WHERE suspend_until > {sql_long(after)}"
+
+
+def group_has_offsets(wh: Warehouse, group: str, topic: str) -> bool:
+    """Whether ``group`` has any position on ``topic`` yet."""
+    return bool(
+        wh.engine.rows(
+            f"SELECT 1 FROM {wh.ref('offsets')} "
+            f"WHERE consumer_group = {sql_str(group)} AND topic = {sql_str(topic)} LIMIT 1"
+        )
+    )
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A job's progress row (groups named ``%...%``, client ""): per queue its next
+    offset, and on a queue-less row (``queue_id`` -1) the version or time it reached."""
+
+    topic: str
+    queue_id: int
+    next_offset: int | None
+    progress_version: int | None
+    attempt_ts: int | None
+
+
+def progress(wh: Warehouse, wanted: Mapping[str, Sequence[str] | None]) -> dict[str, list[Progress]]:
+    """The progress rows of each job group in ``wanted`` (of the topics given, or all
+    of them for None), in one query: ``{group: [Progress, ...]}``."""
+    conds = []
+    for group, topics in sorted(wanted.items()):
+        cond = f"consumer_group = {sql_str(group)}"
+        if topics is not None:
+            cond += f" AND topic IN ({', '.join(sql_str(t) for t in topics)})"
+        conds.append(f"({cond})")
+    rows = wh.engine.rows(
+        f"SELECT consumer_group, topic, queue_id, next_offset, progress_version, attempt_ts "
+        f"FROM {wh.ref('offsets')} WHERE client_id = '' AND ({' OR '.join(conds)})"
+    )
+    out: dict[str, list[Progress]] = {g: [] for g in wanted}
+    for r in rows:
+        out[r["consumer_group"]].append(
+            Progress(r["topic"], r["queue_id"], r["next_offset"], r["progress_version"], r["attempt_ts"])
+        )
+    return out
+
+
+def forget(wh: Warehouse, group: str) -> None:
+    """Delete every row of ``group`` (one commit; rebuild-index forgets dispatch's hint)."""
+    wh.engine.execute(f"DELETE FROM {wh.ref('offsets')} WHERE consumer_group = {sql_str(group)}")
+
+
+def group_positions(wh: Warehouse, queues: Iterable[tuple[str, int]] | None = None) -> dict[QueueKey, int]:
+    """Consumer groups' next offsets (not the jobs' progress rows) — of ``queues`` only,
+    if given."""
+    return {k: p.next_offset for k, p in positions(wh, queues=queues).items()}
 
 
 @dataclass(frozen=True)
