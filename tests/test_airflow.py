@@ -79,8 +79,9 @@ def test_the_dags_import_without_errors_and_without_spark(airflow_env):
 
 
 @pytest.mark.slow
-def test_the_tick_dag_moves_a_message_from_send_to_consumed(airflow_env, broker, tmp_path):
-    log = tmp_path / "consumed.jsonl"
+@pytest.mark.spark  # also on Apache Spark's Connect server: DELTAMQ_SPARK_REMOTE alone points the DAG there
+def test_the_tick_dag_moves_a_message_from_send_to_consumed(airflow_env, broker, tmp_path, env_listener_log):
+    log = env_listener_log  # where listeners:env_recorder writes, wherever the engine runs it
     broker.create_topic("orders", queues=2)
     broker.create_group("billing", "listeners:env_recorder", consume_from="FIRST_OFFSET")
     broker.subscribe("billing", "orders")
@@ -88,7 +89,7 @@ def test_the_tick_dag_moves_a_message_from_send_to_consumed(airflow_env, broker,
     env = dict(airflow_env, DELTAMQ_TEST_LOG=str(log))
     run = _python(_TEST, str(DAGS), "deltamq_tick", json.dumps({"warehouse": str(tmp_path / "wh")}), env=env)
     assert run["state"] == "success"
-    assert [(c["id"], c["body"]) for c in read_log(log)] == [(mid, "order-1")]
+    assert [(c["id"], c["body"]) for c in read_log(log) if c["id"] == mid] == [(mid, "order-1")]
     offsets = broker.sql(
         "SELECT sum(next_offset) AS n FROM offsets WHERE consumer_group = 'billing' AND topic = 'orders'"
     ).collect()
@@ -138,3 +139,20 @@ def test_the_tick_dag_fails_on_a_data_quality_violation(airflow_env, broker, tmp
     assert [(r["expectation"], r["sample_ids"]) for r in failed] == [
         ("group offsets within [min, max + 1]", ["billing orders:0 next_offset=7"])
     ]
+
+
+def test_a_spark_connect_url_alone_points_the_tasks_at_it(monkeypatch):
+    """DELTAMQ_SPARK_REMOTE (or the param or Variable 'remote') without an engine means the
+    remote engine, as for the CLI: the tasks must not quietly run on embedded Sail."""
+    from deltamq.orchestration.runs import settings
+
+    monkeypatch.delenv("DELTAMQ_ENGINE", raising=False)
+    monkeypatch.setenv("DELTAMQ_SPARK_REMOTE", "sc://spark-host:15002")
+    got = settings({"warehouse": "/lake/wh"})
+    assert (got.engine, got.remote) == ("remote", "sc://spark-host:15002")
+    assert settings({"warehouse": "/lake/wh", "engine": "embedded"}).engine == "embedded"  # said: kept
+    monkeypatch.delenv("DELTAMQ_SPARK_REMOTE")
+    assert (settings({"warehouse": "/lake/wh"}).engine, settings({"warehouse": "/lake/wh"}).remote) == (
+        "embedded",
+        None,
+    )

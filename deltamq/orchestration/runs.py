@@ -49,10 +49,11 @@ def settings(params: dict[str, Any] | None = None, variables: Any = None) -> Set
             "no warehouse given: set the DAG param 'warehouse', the Airflow Variable 'deltamq_warehouse' "
             "or DELTAMQ_WAREHOUSE"
         )
-    engine = pick("engine", "embedded")
+    remote = pick("remote")
+    # a Spark Connect URL alone means the remote engine, as for the CLI and BrokerConfig
+    engine = pick("engine", "remote" if remote else "embedded")
     if engine not in ENGINES:
         raise ConfigError(f"engine={engine!r} is not allowed; use one of {ENGINES}")
-    remote = pick("remote")
     if engine == "remote" and not remote:
         raise ConfigError("engine='remote' needs a Spark Connect URL (param 'remote', e.g. sc://host:15002)")
     return Settings(warehouse, engine, remote if engine == "remote" else None)
