@@ -38,6 +38,13 @@ def _quiet_late_releases() -> None:
 
     It.__del__ = __del__  # type: ignore[method-assign]
     It._deltamq_quiet_del = True  # type: ignore[attr-defined]
+    # The pool itself stays up. Closing any client shuts it down, and a session that the
+    # garbage collector finalises (SparkSession.__del__ closes its client) can do that in
+    # the middle of another session's query, in the same thread, between the iterator's
+    # check of the pool and its submit (the lock is re-entrant): the live query then fails
+    # with the same RuntimeError (seen once in a default-tier run, docs/engines.md). Its
+    # idle threads cost nothing; a closed client's pending releases fail quietly.
+    It.shutdown = classmethod(lambda cls: None)  # type: ignore[method-assign,assignment]
 
 
 def connect(url: str) -> SparkSession:

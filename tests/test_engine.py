@@ -249,6 +249,22 @@ def test_the_embedded_server_dies_with_its_process_and_is_restarted_if_it_dies_a
     assert not _alive(second), "the server outlived the process that started it"
 
 
+def test_closing_one_connect_session_leaves_the_others_release_pool_up(broker):
+    """A Connect client's close (a session the garbage collector finalises closes its
+    client) used to shut down the result-release pool every session of the process
+    shares, under a live query of another session: deltamq keeps the pool up."""
+    from pyspark.sql.connect.client.reattach import ExecutePlanResponseReattachableIterator as It
+
+    from deltamq import sail
+
+    other = sail.embedded_session()
+    pool = It._get_or_create_release_thread_pool()
+    other.client.close()
+    assert It._release_thread_pool_instance is pool
+    assert pool.submit(lambda: 42).result() == 42
+    assert broker.sql("SELECT 1 AS x").collect()[0]["x"] == 1
+
+
 def test_a_late_result_release_after_a_close_raises_nothing():
     """An unfinished Connect result iterator finalised while a session close has shut the
     shared release pool down (docs/engines.md): pyspark's own finaliser raises, deltamq's
