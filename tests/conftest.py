@@ -106,6 +106,25 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: 1 if item.get_closest_marker("spark_guard") else 0)
 
 
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_engine(request, monkeypatch):
+    """A test marked ``unit`` runs without any engine (``pytest -m unit``, in seconds):
+    starting one (embedded Sail, a Spark Connect session, a classic session) fails it,
+    so the marker cannot drift from the truth."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{request.node.nodeid} is marked unit but started an engine")
+
+    from deltamq import engine, sail, spark_connect, spark_setup
+
+    monkeypatch.setattr(sail, "embedded_session", refuse)
+    monkeypatch.setattr(spark_connect, "connect", refuse)
+    monkeypatch.setattr(engine, "connect", refuse)
+    monkeypatch.setattr(spark_setup, "classic_session", refuse)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _remote_for_subprocesses(request):
     """Under a remote engine, processes the tests start (the CLI, crash harness, tick loops)

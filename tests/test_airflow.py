@@ -141,6 +141,7 @@ def test_the_tick_dag_fails_on_a_data_quality_violation(airflow_env, broker, tmp
     ]
 
 
+@pytest.mark.unit
 def test_a_spark_connect_url_alone_points_the_tasks_at_it(monkeypatch):
     """DELTAMQ_SPARK_REMOTE (or the param or Variable 'remote') without an engine means the
     remote engine, as for the CLI: the tasks must not quietly run on embedded Sail."""

@@ -86,6 +86,7 @@ def test_commands_other_than_init_refuse_a_missing_warehouse_and_create_nothing(
     assert not (tmp_path / "no").exists()
 
 
+@pytest.mark.unit
 def test_console_script_help():
     out = subprocess.run([sys.executable, "-m", "deltamq.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0

@@ -54,6 +54,7 @@ def _stored(capsys, wh: str) -> int:
 
 
 # --- the exit-status scheme -----------------------------------------------------------------------
+@pytest.mark.unit
 def test_the_exit_statuses_are_one_scheme_shown_by_help_and_the_readme():
     from deltamq.cli import SETUP_FAILED_EXIT, SKIPPED_EXIT
 
@@ -286,6 +287,7 @@ def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser
     return {}
 
 
+@pytest.mark.unit
 def test_every_option_of_every_command_has_help():
     missing = []
     for name, sub in _subparsers(build_parser()).items():
@@ -295,6 +297,7 @@ def test_every_option_of_every_command_has_help():
     assert missing == []
 
 
+@pytest.mark.unit
 def test_the_top_level_help_lists_the_list_actions_and_the_json_option():
     helptext = build_parser().format_help()
     for action in ("topic list", "group list", "dlq list"):

@@ -170,6 +170,7 @@ def test_idle_deliver_commits_nothing(setup, clock, tmp_path):
     assert {k for k in before if before[k] != after[k]} == {"job_runs"}
 
 
+@pytest.mark.unit
 def test_decide_matches_rocketmq_rules():
     from deltamq.jobs.sendback import decide
 
@@ -340,6 +341,7 @@ def test_each_stage_of_a_pass_runs_alone(broker, clock, warehouse_with):
     assert broker.sql("SELECT count(*) FROM commit_log WHERE topic LIKE '%RETRY%'").collect()[0][0] == 0
 
 
+@pytest.mark.unit
 def test_size_takes_shares_a_budget_evenly_between_the_backlogs():
     from deltamq.jobs.deliver import size_takes
 

@@ -3,6 +3,8 @@ cite exists, and nothing cites a file a person who clones the repository does no
 
 from __future__ import annotations
 
+import pytest
+
 import re
 import subprocess
 from pathlib import Path
@@ -29,6 +31,7 @@ def _sections(doc: Path) -> set[str]:
     return {m.group(1) for m in re.finditer(r"^## (\d+)\. ", doc.read_text(encoding="utf-8"), re.M)}
 
 
+@pytest.mark.unit
 def test_every_cited_document_and_section_exists():
     problems = []
     for path in _tracked_text_files():
@@ -55,6 +58,7 @@ def test_every_cited_document_and_section_exists():
     assert problems == [], "\n".join(problems)
 
 
+@pytest.mark.unit
 def test_markdown_links_point_at_files_that_exist():
     problems = []
     for path in _tracked_text_files():
@@ -69,6 +73,7 @@ def test_markdown_links_point_at_files_that_exist():
     assert problems == [], "\n".join(problems)
 
 
+@pytest.mark.unit
 def test_the_readme_layout_names_every_package_module():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     layout = readme[readme.index("## Layout") :]

@@ -28,6 +28,7 @@ def test_two_brokers_in_one_process_share_the_server(tmp_path, clock):
     b.close()
 
 
+@pytest.mark.unit
 def test_embedded_server_stops_and_restarts_cleanly(tmp_path):
     script = textwrap.dedent(
         f"""
@@ -49,6 +50,7 @@ def test_embedded_server_stops_and_restarts_cleanly(tmp_path):
     assert out.stdout.strip().endswith("OK")
 
 
+@pytest.mark.unit
 def test_remote_mode_needs_a_url(monkeypatch):
     monkeypatch.delenv("DELTAMQ_SPARK_REMOTE", raising=False)
     with pytest.raises(EngineError, match="DELTAMQ_SPARK_REMOTE"):
@@ -70,6 +72,7 @@ def test_remote_mode_against_a_spark_connect_endpoint(tmp_path, broker):
     b.close()
 
 
+@pytest.mark.unit
 def test_config_from_env():
     cfg = BrokerConfig.from_env({"DELTAMQ_COMMIT_RETRIES": "3", "DELTAMQ_SPARK_REMOTE": "sc://h:1"})
     assert cfg.commit_retries == 3 and cfg.engine == "remote" and cfg.remote == "sc://h:1"
@@ -142,6 +145,7 @@ def test_real_conflicts_between_two_writers_are_retried(tmp_path, clock):
         b.close()
 
 
+@pytest.mark.unit
 def test_conflicts_are_recognised_by_type_on_every_engine():
     from pyspark.errors.exceptions.connect import UnknownException
 
@@ -221,6 +225,7 @@ def test_an_oversized_embedded_server_is_replaced_between_ticks(tmp_path, clock)
     other.close()
 
 
+@pytest.mark.unit
 def test_the_embedded_server_dies_with_its_process_and_is_restarted_if_it_dies_alone(tmp_path):
     script = textwrap.dedent(
         f"""
@@ -265,6 +270,7 @@ def test_closing_one_connect_session_leaves_the_others_release_pool_up(broker):
     assert broker.sql("SELECT 1 AS x").collect()[0]["x"] == 1
 
 
+@pytest.mark.unit
 def test_a_late_result_release_after_a_close_raises_nothing():
     """An unfinished Connect result iterator finalised while a session close has shut the
     shared release pool down (docs/engines.md): pyspark's own finaliser raises, deltamq's

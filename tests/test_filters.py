@@ -73,6 +73,7 @@ MALFORMED = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("expression, where", MALFORMED)
 def test_malformed_expressions_are_rejected_with_a_position(expression, where):
     with pytest.raises(FilterSyntaxError, match=where):
@@ -93,6 +94,7 @@ HOSTILE = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("expression", HOSTILE, ids=range(len(HOSTILE)))
 def test_hostile_expressions_are_rejected(expression):
     with pytest.raises(FilterSyntaxError):

@@ -128,11 +128,13 @@ def layer_of(module: str) -> int:
     )
 
 
+@pytest.mark.unit
 def test_every_module_has_a_layer():
     for module in MODULES:
         layer_of(module)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_imports_only_its_own_layer_or_lower(module):
     mine = layer_of(module)
@@ -142,6 +144,7 @@ def test_imports_only_its_own_layer_or_lower(module):
     )
 
 
+@pytest.mark.unit
 def test_no_import_cycles():
     graph = {m: _imports(m) for m in MODULES}
     state: dict[str, int] = {}  # 1: on the path, 2: done
@@ -164,6 +167,7 @@ def test_no_import_cycles():
             visit(m)
 
 
+@pytest.mark.unit
 def test_the_checker_sees_imports_inside_functions(tmp_path):
     """The layering check is not vacuous: an import inside a function body is found."""
     assert "deltamq.broker" in _imports("deltamq.cli.demo") or "deltamq.broker" in _imports("deltamq.cli")

@@ -33,6 +33,7 @@ def bodies(messages) -> list[str]:
     return [m.body.decode() for m in messages]
 
 
+@pytest.mark.unit
 def test_allocate_averagely_matches_rocketmq():
     qs = [("t", i) for i in range(4)]
     assert allocate_averagely(qs, ["b", "a"], "a") == [("t", 0), ("t", 1)]
@@ -44,6 +45,7 @@ def test_allocate_averagely_matches_rocketmq():
     assert allocate_averagely(qs, ["a"], "z") == []
 
 
+@pytest.mark.unit
 def test_decide_lock_follows_the_spec():
     kw = {"timeout_ms": 60_000, "max_no_change": 3}
     assert decide_lock(None, "a", 10, 5, 5, **kw)[0] == "acquired"

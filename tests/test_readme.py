@@ -51,6 +51,7 @@ def blocks(text: str) -> list[Block]:
     ]
 
 
+@pytest.mark.unit
 def test_the_readme_blocks_are_found_and_every_skipped_one_says_why():
     found = blocks(README.read_text())
     assert sum(b.lang == "python" for b in found) >= 8 and sum(b.lang == "bash" for b in found) >= 5

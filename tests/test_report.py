@@ -146,6 +146,7 @@ def test_the_window_bounds_what_is_read(busy):
     assert all(since <= d["store_ts"] < until for d in data["dead_letters"])
 
 
+@pytest.mark.unit
 def test_bucket_width_follows_the_window_and_the_tick_interval():
     assert bucket_ms(110_000, 10_000) == 10_000
     assert bucket_ms(86_400_000, 60_000) == 900_000  # a day of one-minute ticks: 15 min buckets

@@ -20,6 +20,7 @@ from deltamq.storage import Storage, describe_cause, normalize_location
 
 
 # --- locations and options (no server) --------------------------------------------------------
+@pytest.mark.unit
 def test_locations_are_normalised_and_bad_ones_named():
     assert normalize_location("s3a://bucket/wh/") == "s3://bucket/wh"
     assert normalize_location("file:///tmp/wh") == "/tmp/wh"
@@ -36,6 +37,7 @@ def test_locations_are_normalised_and_bad_ones_named():
         normalize_location("/tmp/t[1]/wh")  # Sail reads [1] as a glob
 
 
+@pytest.mark.unit
 def test_options_come_from_the_environment_and_explicit_ones_win():
     env = {"AWS_REGION": "eu-west-1", "AWS_ACCESS_KEY_ID": "env-key", "AZURE_X": "no", "HOME": "/root"}
     s = Storage("s3://bucket/wh", {"aws_access_key_id": "mine"}, env=env)
@@ -50,6 +52,7 @@ def test_options_come_from_the_environment_and_explicit_ones_win():
     assert Storage("/tmp/wh", env=env).delta_rs_options() == {}
 
 
+@pytest.mark.unit
 def test_classic_spark_gets_s3a_paths_and_conf_lines():
     s = Storage(
         "s3://bucket/wh",
@@ -65,6 +68,7 @@ def test_classic_spark_gets_s3a_paths_and_conf_lines():
     assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
 
 
+@pytest.mark.unit
 def test_a_store_without_conditional_writes_is_refused_naming_the_setting():
     with pytest.raises(UnsafeStorage, match="AWS_CONDITIONAL_PUT='disabled'.*If-None-Match"):
         Storage("s3://bucket/wh", {"AWS_CONDITIONAL_PUT": "disabled"}, env={})
@@ -74,6 +78,7 @@ def test_a_store_without_conditional_writes_is_refused_naming_the_setting():
         Storage("s3://bucket/wh", {"bad name": "x"}, env={})
 
 
+@pytest.mark.unit
 def test_causes_are_told_apart():
     assert describe_cause(OSError("404 Not Found: <Code>NoSuchBucket</Code>")) == "the bucket does not exist"
     assert "credentials" in describe_cause(OSError("403 Forbidden <Code>InvalidAccessKeyId</Code>"))

@@ -54,6 +54,7 @@ def test_next_due_sees_levels_timers_and_suspended_queues(broker, clock):
     assert wake.next_due(ctx, t0 + 30_000) == t0 + 3 * 3_600_000  # past the head: the timer
 
 
+@pytest.mark.unit
 def test_a_loop_busy_promoting_ticks_again_without_reading_the_next_due_time():
     """With work falling due densely (a promote pass handling more per ms than the tick's
     length), the next tick starts at once; a sparse pass lets the loop read the due time."""
