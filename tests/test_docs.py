@@ -3,11 +3,11 @@ cite exists, and nothing cites a file a person who clones the repository does no
 
 from __future__ import annotations
 
-import pytest
-
 import re
 import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # "docs/behaviour.md §3", "behaviour.md §3" (inside docs/), "docs/storage.md"
