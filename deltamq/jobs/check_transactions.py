@@ -194,7 +194,10 @@ def _with_check_times(props: Column, times: Column) -> Column:
 def output_kinds() -> Column:
     """What a handled entry writes (``ids.KIND_TXN_*``), by its ``cls`` and ``state``."""
     cls, state = F.col("cls"), F.col("state")
-    one = lambda kind: F.array(F.lit(kind))  # noqa: E731
+
+    def one(kind: int) -> Column:
+        return F.array(F.lit(kind))
+
     return (
         F.when(cls == "discard", one(ids.KIND_TXN_DISCARD))
         .when(
@@ -618,7 +621,8 @@ def first_pending_op(wh: Warehouse, new_half: int, head: int, ops: DataFrame) ->
         .agg(F.min("op_offset").alias("first"))
         .collect()[0]
     )
-    return row["first"]
+    first: int | None = row["first"]
+    return first
 
 
 def pending(ctx: Context, now: int) -> list[dict[str, Any]]:

@@ -43,7 +43,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from deltamq import ids
 from deltamq.config import TOMBSTONE_RETENTION, tombstone_retention
@@ -168,7 +168,7 @@ def _lost_race(e: Exception) -> bool:
     return name == "CommitFailedError" or (name == "DeltaError" and _RACE.search(str(e)) is not None)
 
 
-def _set_tombstone_retention(table, name: str, wanted: str) -> bool:
+def _set_tombstone_retention(table: Any, name: str, wanted: str) -> bool:
     """Set :data:`TOMBSTONE_RETENTION` on a delta-rs ``table`` unless it has ``wanted``;
     True when it committed. A lost race is left for the next pass."""
     if table.metadata().configuration.get(TOMBSTONE_RETENTION) == wanted:

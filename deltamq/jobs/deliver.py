@@ -29,7 +29,7 @@ import logging
 import os
 import pickle
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -43,7 +43,7 @@ from deltamq.constants import FailReason
 from deltamq.consumer import COLUMNAR_COLUMNS, ImportPathListener, is_columnar, resolve_listener
 from deltamq.filters import compile_sql92, parse_tag_expression, tags_match
 from deltamq.jobs import sendback
-from deltamq.jobs.listener_worker import Home
+from deltamq.jobs.listener_worker import Home, Outcome, Span
 from deltamq.tables.bodies import join_bodies, read_bodies
 from deltamq.tables.offsets import (
     START,
@@ -58,6 +58,8 @@ from deltamq.tables.offsets import (
 from deltamq.tables.ranges import queue_ranges
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from deltamq.config import GroupConfig, Subscription
     from deltamq.context import Context
     from deltamq.engine import Views
@@ -88,9 +90,9 @@ class Memory:
             self.bytes_per_message = max(1.0, body_bytes / messages)
 
 
-def _parallelism(spark) -> int:
+def _parallelism(spark: SparkSession) -> int:
     try:
-        return max(1, int(spark.conf.get("spark.default.parallelism", "0")) or (os.cpu_count() or 1))
+        return max(1, int(spark.conf.get("spark.default.parallelism", "0") or 0) or (os.cpu_count() or 1))
     except Exception:  # noqa: BLE001 - engines without the setting
         return os.cpu_count() or 1
 
@@ -161,7 +163,8 @@ def _listener_bytes(ctx: Context, group: str, path: str | None) -> bytes | None:
 
     fn = ctx.catalog.listeners.get(group)
     if fn is not None:
-        return cloudpickle.dumps(fn)
+        pickled: bytes = cloudpickle.dumps(fn)  # type: ignore[no-untyped-call]
+        return pickled
     if path:
         return pickle.dumps(ImportPathListener(path))
     return None
@@ -322,7 +325,9 @@ _ORDER = ["consumer_group", "client_id", "topic", "queue_id", "queue_offset"]
 _MESSAGE_COLUMNS = list(COLUMNAR_COLUMNS)
 
 
-def _out_rows(rows, kind: str, outcome=None, n: int | None = None, nbytes: int | None = None):
+def _out_rows(
+    rows: pa.Table, kind: str, outcome: Outcome | None = None, n: int | None = None, nbytes: int | None = None
+) -> pa.Table:
     """Output rows for the input ``rows`` (a pyarrow Table) with one outcome."""
     k = rows.num_rows
     const = {
@@ -341,7 +346,7 @@ def _out_rows(rows, kind: str, outcome=None, n: int | None = None, nbytes: int |
     return pa.Table.from_arrays(arrays, schema=_OUT_ARROW)
 
 
-def _runs(table, keys: list[str]) -> list[tuple[int, int, tuple]]:
+def _runs(table: pa.Table, keys: list[str]) -> list[tuple[int, int, tuple[Any, ...]]]:
     """(start, length, key values) of the runs of equal ``keys`` in a table sorted by them."""
     counts = (
         table.select([*keys, "queue_offset"])
@@ -363,9 +368,9 @@ def _make_consumer(
     timeout_s: dict[str, float],
     tries: int,
     orderly: frozenset[str] = frozenset(),
-    home=None,
-):
-    def consume_partition(batches):
+    home: Home | None = None,
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    def consume_partition(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow.compute as pc
 
         from deltamq.jobs.listener_worker import Outcome, consume
@@ -394,7 +399,7 @@ def _make_consumer(
         out = []
         for start, length, (group, client) in _runs(table, ["consumer_group", "client_id"]):
 
-            def call(lo: int, n: int, size: int, group=group, client=client):
+            def call(lo: int, n: int, size: int, group: str = group, client: str = client) -> list[Span]:
                 got = consume(
                     listeners[group],
                     group,

@@ -54,17 +54,21 @@ class Outcome:
     error: str | None = None
 
 
-def _send(stream, obj: Any) -> None:
+Reply = tuple[bool, int, int, "str | None", bool]
+"""A worker's answer to one chunk: (ok, ack index, requested level, error, setup failed)."""
+
+
+def _send(stream: IO[bytes], obj: Any) -> None:
     _send_raw(stream, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def _send_raw(stream, data) -> None:
+def _send_raw(stream: IO[bytes], data: bytes) -> None:
     stream.write(struct.pack(">Q", len(data)))
     stream.write(data)
     stream.flush()
 
 
-def _recv_raw(stream) -> bytes:
+def _recv_raw(stream: IO[bytes]) -> bytes:
     head = stream.read(8)
     if len(head) < 8:
         raise EOFError("worker stream closed")
@@ -72,10 +76,10 @@ def _recv_raw(stream) -> bytes:
     data = stream.read(size)
     if len(data) < size:
         raise EOFError("worker stream closed mid-frame")
-    return data
+    return bytes(data)
 
 
-def _recv(stream) -> Any:
+def _recv(stream: IO[bytes]) -> Any:
     return pickle.loads(_recv_raw(stream))
 
 
@@ -98,7 +102,7 @@ def read_chunk(ipc: bytes) -> Any:
     return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
 
 
-def stored_messages(chunk: Any) -> list:
+def stored_messages(chunk: Any) -> list[Any]:
     """The StoredMessage objects of a chunk (IPC bytes or a RecordBatch), as the listener
     sees them."""
     from deltamq.message import StoredMessage, stored_fields
@@ -194,7 +198,7 @@ class _Worker:
                 "listener worker did not start (the listener could not be loaded?); see its stderr"
             ) from e
 
-    def call(self, group: str, instance: str | None, ipc: Any, timeout_s: float) -> tuple | str:
+    def call(self, group: str, instance: str | None, ipc: Any, timeout_s: float) -> Reply | str:
         """The worker's reply to one chunk, or "poison" (it died) or "timeout" (it was killed)."""
         try:
             _send(self.stdin, (group, instance))
@@ -203,7 +207,8 @@ class _Worker:
             if not ready:
                 self.kill()
                 return "timeout"
-            return _recv(self.stdout)
+            reply: Reply = _recv(self.stdout)
+            return reply
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError, pickle.UnpicklingError):
             self.kill()
             return "poison"
@@ -310,7 +315,7 @@ def consume(
             tries_left = poison_tries - 1  # the chunk's call was the first try of each message
             for i in range(chunk.num_rows):
                 one = to_ipc(chunk.slice(i, 1))
-                result: tuple | str = reply
+                result: Reply | str = reply
                 for _ in range(tries_left):
                     result = worker.call(group, instance, one, timeout_s)
                     if isinstance(result, tuple):
@@ -326,7 +331,7 @@ def consume(
     return spans
 
 
-def _apply(reply: tuple, start: int, n: int) -> list[Span]:
+def _apply(reply: Reply, start: int, n: int) -> list[Span]:
     ok, ack, level, error, setup = reply
     if setup:  # the listener could not even be loaded: no message was consumed
         return [(start, n, Outcome(False, reason=FailReason.SETUP, error=error))]

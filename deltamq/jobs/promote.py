@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
@@ -260,7 +260,7 @@ def _summary(wh: Warehouse, state: PromoteState, due: DataFrame) -> DataFrame:
     return grouped.unionByName(timer_hi)
 
 
-def _summarise(rows) -> _DueSummary:
+def _summarise(rows: list[Any]) -> _DueSummary:
     s = _DueSummary()
     for r in rows:
         if r["topic"] is None:  # the timer queue's last offset
@@ -298,8 +298,8 @@ def run(
     ctx: Context,
     now: int,
     *,
-    fence=None,
-    index_fence=None,
+    fence: Callable[[], None] | None = None,
+    index_fence: Callable[[], None] | None = None,
     dispatched: DispatchState | None = None,
     later: Callable[[Callable[[], None]], None] | None = None,
     memory: Memory | None = None,
@@ -460,7 +460,7 @@ def write_progress(
     advance_offsets(wh, PROMOTE_GROUP, rows, now, also=also)
 
 
-def pending(wh: Warehouse) -> dict[str, list[dict]]:
+def pending(wh: Warehouse) -> dict[str, list[dict[str, Any]]]:
     """What is held: per level (pending, oldest due, saved offset) and timers by due day."""
     state = load_state(wh)
     cq = wh.ref("consume_queue")

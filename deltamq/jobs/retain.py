@@ -58,6 +58,8 @@ from deltamq.tables.sqltext import sql_long, sql_str
 
 if TYPE_CHECKING:
     from deltamq.context import Context
+    from deltamq.jobs.check_transactions import CheckState
+    from deltamq.jobs.promote import PromoteState
 
 JOB = "retain"
 
@@ -183,7 +185,7 @@ def _record_run(ctx: Context, memory: Memory, now: int) -> None:
 
 
 # --- 1. the index -----------------------------------------------------------------------------
-def _stays(cut: int, dlq_cut: int, promote, check) -> str:
+def _stays(cut: int, dlq_cut: int, promote: PromoteState, check: CheckState) -> str:
     """SQL: a consume_queue row that must stay (whatever the prefix rule adds)."""
     promoted_to = " ".join(f"WHEN {q} THEN {sql_long(o)}" for q, o in sorted(promote.level_offsets.items()))
     level_offset = f"CASE queue_id {promoted_to} ELSE 0 END" if promoted_to else "0"

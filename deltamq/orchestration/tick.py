@@ -17,7 +17,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol
 
 from deltamq import ids
 from deltamq.clock import ms_to_iso, to_ms
@@ -70,9 +71,10 @@ class TickResult:
         return all(j.status != "FAILED" for j in self.jobs)
 
     @property
-    def delivered(self) -> Any:
-        """The deliver job's result (``deliver.DeliverResult``), or None when it did not run."""
-        return next((j.result for j in self.jobs if j.job == "deliver"), None)
+    def delivered(self) -> deliver.DeliverResult | None:
+        """The deliver job's result, or None when it did not run."""
+        found = next((j.result for j in self.jobs if j.job == "deliver"), None)
+        return found if isinstance(found, deliver.DeliverResult) else None
 
     @property
     def setup_errors(self) -> tuple[tuple[str, str], ...]:
@@ -133,18 +135,27 @@ _GROUP_COUNTS = (
 )
 _LABELS = {"dead_lettered": "dead-lettered", "setup_failed": "not handed over"}
 
-JobFn = Callable[..., Any]
-"""A step: ``(runner, now, fence, runs so far) -> JobRun | None`` (None: it did not run)."""
+Fence = Callable[[], None]
+"""Checks that the caller still holds its lease; raises LeaseLost otherwise."""
 
 
-def _dispatch(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
+class JobFn(Protocol):
+    """A step of the tick: given the runner, ``now``, the fence of its lease and the runs
+    of the tick so far, its run — or None when it did not run."""
+
+    def __call__(
+        self, runner: TickRunner, now: int, fence: Fence, runs: list[JobRun], /
+    ) -> JobRun | None: ...
+
+
+def _dispatch(runner: TickRunner, now: int, fence: Fence, runs: list[JobRun]) -> JobRun:
     r = dispatch.run(runner.ctx, now, fence=fence)
     return JobRun(
         job="dispatch", status="OK", rows_in=r.rows_in, rows_out=r.rows_out, details=r.details, result=r
     )
 
 
-def _promote(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
+def _promote(runner: TickRunner, now: int, fence: Fence, runs: list[JobRun]) -> JobRun:
     index_fence = dispatched = None
     if "dispatch" in runner.jobs:  # dispatch's lease is ours too: promote indexes its copies
         runner.leases.renew_due(["dispatch"], runner.terms)
@@ -166,7 +177,7 @@ def _promote(runner: TickRunner, now: int, fence: Callable[[], None], runs: list
     )
 
 
-def _redispatch(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun | None:
+def _redispatch(runner: TickRunner, now: int, fence: Fence, runs: list[JobRun]) -> JobRun | None:
     """Dispatch again only if promote wrote copies it did not index itself (or found
     copies of a killed pass): a message due at ``now`` is then visible in its real topic
     in this same tick."""
@@ -179,7 +190,7 @@ def _redispatch(runner: TickRunner, now: int, fence: Callable[[], None], runs: l
     )
 
 
-def _deliver(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
+def _deliver(runner: TickRunner, now: int, fence: Fence, runs: list[JobRun]) -> JobRun:
     r = deliver.run(runner.ctx, now, fence=fence, memory=runner.deliver_memory)
     return JobRun(
         job="deliver",
@@ -206,7 +217,7 @@ def _listener_errors(r: deliver.DeliverResult) -> str | None:
     return text[:MAX_ERROR_CHARS]
 
 
-def _pull_expiry(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
+def _pull_expiry(runner: TickRunner, now: int, fence: Fence, runs: list[JobRun]) -> JobRun:
     """Pull deliveries not acked within their invisible time: RECONSUME_LATER."""
     from deltamq import pull
 
@@ -214,7 +225,7 @@ def _pull_expiry(runner: TickRunner, now: int, fence: Callable[[], None], runs: 
     return JobRun(job="pull_expiry", status="OK", rows_in=n, rows_out=n, details={"expired": n})
 
 
-def _sink(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun | None:
+def _sink(runner: TickRunner, now: int, fence: Fence, runs: list[JobRun]) -> JobRun | None:
     """Exactly-once Delta sinks: each sink group's new messages MERGEd into its table."""
     from deltamq import sink
 
@@ -250,7 +261,7 @@ def _check_transactions(
     )
 
 
-def _retain(runner: TickRunner, now: int, fence: Callable[[], None], runs: list[JobRun]) -> JobRun:
+def _retain(runner: TickRunner, now: int, fence: Fence, runs: list[JobRun]) -> JobRun:
     r = retain.run(runner.ctx, now, fence=fence, memory=runner.retain_memory)
     return JobRun(
         job="retain",
@@ -370,7 +381,7 @@ class TickRunner:
                 continue
             try:
                 self.leases.renew_due([lease], self.terms)
-                run = fn(self, now_ms, lambda n=lease: self.leases.check([n]), runs)
+                run = fn(self, now_ms, partial(self.leases.check, [lease]), runs)
                 if run is None and len(self.jobs) == 1:
                     # one job kind on its own (`deltamq job`, an Airflow task): a step that
                     # had nothing to do is recorded too, so every run says what it did

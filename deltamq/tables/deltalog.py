@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from deltamq.errors import DeltaMQError
 
@@ -27,8 +27,8 @@ class AddedFile:
     path: str  # absolute
     partition_values: dict[str, str | None]
     num_records: int | None
-    min_values: dict
-    max_values: dict
+    min_values: dict[str, Any]
+    max_values: dict[str, Any]
     size: int | None = None  # bytes, as the log recorded it
 
 

@@ -136,7 +136,7 @@ class Warehouse:
 
     def init(
         self, levels: str | None = None, *, config: BrokerConfig, target_version: int = SCHEMA_VERSION
-    ) -> dict:
+    ) -> dict[str, Any]:
         """Create missing tables, upgrade older ones, seed levels (``levels``, else
         ``config.delay_levels`` on a new warehouse). Idempotent.
 
