@@ -66,10 +66,11 @@ def parse_levels(level_string: str) -> list[tuple[int, int, str]]:
 class CommitPolicy:
     """How a commit that lost a race is retried: at most ``retries`` times, after
     ``backoff_ms`` doubling with each try. Passed with each commit (Engine.commit), as
-    delta-rs passes its commit properties with each write."""
+    delta-rs passes its commit properties with each write. The defaults are
+    BrokerConfig's ``commit_retries`` and ``commit_backoff_ms``."""
 
-    retries: int = 8
-    backoff_ms: int = 50
+    retries: int
+    backoff_ms: int
 
 
 # settings the engine and the warehouse are opened with: a broker keeps them for its life

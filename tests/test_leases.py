@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from deltamq.config import CommitPolicy
+from deltamq.config import BrokerConfig
 from deltamq.errors import ClockError, LeaseHeld, LeaseLost
 from deltamq.orchestration.leases import Leases, LeaseTerms
 
-TERMS = LeaseTerms(60_000, CommitPolicy())
-SHORT = LeaseTerms(1000, CommitPolicy())
+TERMS = LeaseTerms.of(BrokerConfig())
+SHORT = LeaseTerms(1000, TERMS.commits)
 
 _ACQUIRE = textwrap.dedent(
     """

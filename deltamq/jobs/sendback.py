@@ -17,7 +17,7 @@ then a hash of (group, topic, queue, offset).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import date
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -61,23 +61,10 @@ class Decision:
     dlq_reason: DlqReason | None = None
 
 
-DELIVERY_COLUMNS = (
-    "topic",
-    "queue_id",
-    "queue_offset",
-    "msg_id",
-    "cl_batch_id",
-    "cl_batch_pos",
-    "cl_date",
-    "reconsume_times",
-)
-"""The consume_queue columns a send-back needs of its delivery (:func:`failure`)."""
-
-
 @dataclass(frozen=True)
 class Delivered:
-    """A delivered consume_queue row, as much of it as a send-back needs (the
-    :data:`DELIVERY_COLUMNS`)."""
+    """A delivered consume_queue row, as much of it as a send-back needs (its fields are
+    the :data:`DELIVERY_COLUMNS`)."""
 
     topic: str
     queue_id: int
@@ -91,16 +78,12 @@ class Delivered:
     @classmethod
     def of(cls, row: Mapping[str, Any] | Any) -> Delivered:
         """From a row (a ``Row`` or a mapping) holding the :data:`DELIVERY_COLUMNS`."""
-        return cls(
-            topic=row["topic"],
-            queue_id=row["queue_id"],
-            queue_offset=row["queue_offset"],
-            msg_id=row["msg_id"],
-            cl_batch_id=row["cl_batch_id"],
-            cl_batch_pos=row["cl_batch_pos"],
-            cl_date=row["cl_date"],
-            reconsume_times=row["reconsume_times"] or 0,
-        )
+        values = {c: row[c] for c in DELIVERY_COLUMNS}
+        return cls(**values | {"reconsume_times": values["reconsume_times"] or 0})
+
+
+DELIVERY_COLUMNS = tuple(f.name for f in fields(Delivered))
+"""The consume_queue columns a send-back needs of its delivery (:func:`failure`)."""
 
 
 class Failure(NamedTuple):

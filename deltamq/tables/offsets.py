@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from deltamq.constants import DISPATCH_GROUP
 from deltamq.schemas import TABLES
-from deltamq.tables.sqltext import USER_GROUPS, sql_bool, sql_int, sql_long, sql_queues, sql_str
+from deltamq.tables.sqltext import USER_GROUPS, sql_bool, sql_in, sql_int, sql_long, sql_queues, sql_str
 
 if TYPE_CHECKING:
     from deltamq.tables.warehouse import Warehouse
@@ -174,7 +174,7 @@ def positions(
     if groups is not None:
         if not groups:
             return {}
-        where.append(f"consumer_group IN ({', '.join(sql_str(g) for g in groups)})")
+        where.append(f"consumer_group IN {sql_in(groups)}")
     if queues is not None:
         where.append(sql_queues(queues))
     rows = wh.engine.rows(
@@ -230,7 +230,7 @@ def progress(wh: Warehouse, wanted: Mapping[str, Sequence[str] | None]) -> dict[
     for group, topics in sorted(wanted.items()):
         cond = f"consumer_group = {sql_str(group)}"
         if topics is not None:
-            cond += f" AND topic IN ({', '.join(sql_str(t) for t in topics)})"
+            cond += f" AND topic IN {sql_in(topics)}"
         conds.append(f"({cond})")
     rows = wh.engine.rows(
         f"SELECT consumer_group, topic, queue_id, next_offset, progress_version, attempt_ts "
