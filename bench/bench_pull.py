@@ -90,7 +90,7 @@ def measure(root: Path, n: int = 100_000, batch: int = 1000, clients: int = 1) -
     """Pull + ack ``n`` messages with ``clients`` client processes at ``batch``; the
     figures and the checks (``handed_out_once``, ``acked_offsets``, ``in_flight``)."""
     from deltamq import pull
-    from deltamq.tables.offsets import load_dispatch_state
+    from deltamq.tables.consume_queue import load_dispatch_state
 
     wh = Path(root) / f"pull-{n}-{clients}"
     b = prepare(wh, n)

@@ -33,7 +33,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 os.environ.setdefault("RUST_LOG", "error")
 
-from faultload import FaultLoad  # noqa: E402
+from support.faultload import FaultLoad  # noqa: E402
 
 from deltamq import Broker, FakeClock  # noqa: E402
 

@@ -33,13 +33,9 @@ from deltamq.errors import AlreadyExists, ConfigError, SystemTopicError, Unknown
 from deltamq.filters import validate_expression
 from deltamq.message import validate_group_name, validate_topic_name
 from deltamq.sending import Topics
-from deltamq.tables.offsets import (
-    OffsetsMerge,
-    advance_offsets,
-    group_has_offsets,
-    load_dispatch_state,
-    source,
-)
+from deltamq.tables import consume_queue
+from deltamq.tables.consume_queue import load_dispatch_state
+from deltamq.tables.offsets import OffsetsMerge, advance_offsets, group_has_offsets, source
 from deltamq.tables.sqltext import sql_bool, sql_int, sql_long, sql_str
 from deltamq.transactions import CheckConfig, validate_table_check
 
@@ -294,13 +290,10 @@ class Catalog(Topics):
             return {q: 0 for q in heads}
         if mode == "LAST_OFFSET":
             return heads
-        firsts = {
-            r["queue_id"]: r["lo"]
-            for r in self.engine.rows(
-                f"SELECT queue_id, min(queue_offset) AS lo FROM {self.warehouse.ref('consume_queue')} "
-                f"WHERE topic = {sql_str(topic)} AND store_ts >= {sql_long(timestamp)} GROUP BY queue_id"
-            )
-        }
+        stored = (
+            {} if timestamp is None else consume_queue.minimums(self.warehouse, topic, stored_from=timestamp)
+        )
+        firsts = {q: lo for (_, q), lo in stored.items()}
         return {q: firsts.get(q, head) for q, head in heads.items()}
 
     def _init_offsets(self, cfg: GroupConfig, topic: str) -> None:

@@ -1,4 +1,4 @@
-"""Crash points for the crash harness (tests/crash.py).
+"""Crash points for the crash harness (tests/support/crash.py).
 
 Jobs call :func:`point` at the places a kill matters (before and after each commit).
 Normally it does nothing. With ``DELTAMQ_CRASH_AT=<name>[:<n>]`` in the environment the

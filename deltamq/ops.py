@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame
@@ -33,8 +34,10 @@ from deltamq.filters import subscription_filter
 from deltamq.message import Message, validate_group_name
 from deltamq.orchestration.leases import Leases, LeaseTerms
 from deltamq.producer import Producer
+from deltamq.tables import consume_queue
 from deltamq.tables.bodies import join_bodies, read_bodies
-from deltamq.tables.offsets import QueueKey, forget, group_positions, load_dispatch_state, positions
+from deltamq.tables.consume_queue import load_dispatch_state
+from deltamq.tables.offsets import QueueKey, forget, group_positions, positions
 
 if TYPE_CHECKING:
     from deltamq.context import Context
@@ -439,8 +442,8 @@ def rebuild_index(ctx: Context, leases: Leases, now: int) -> dict[str, int]:
     wh = ctx.warehouse
     _check_replayable(wh)
     leases.acquire(JOB_NAMES, LeaseTerms.of(ctx.config), last_now=now)
-    before = wh.engine.rows(f"SELECT count(*) AS n FROM {wh.ref('consume_queue')}")[0]["n"]
-    ctx.commit(lambda: wh.engine.execute(f"DELETE FROM {wh.ref('consume_queue')}"), what="consume_queue")
+    before = consume_queue.count(wh)
+    ctx.commit(partial(consume_queue.wipe, wh), what="consume_queue")
     ctx.commit(lambda: forget(wh, DISPATCH_GROUP), what="offsets")
     passes = rows = 0
     while True:
@@ -450,7 +453,7 @@ def rebuild_index(ctx: Context, leases: Leases, now: int) -> dict[str, int]:
         rows += r.rows_out
         if not r.commits_read:
             break
-    after = wh.engine.rows(f"SELECT count(*) AS n FROM {wh.ref('consume_queue')}")[0]["n"]
+    after = consume_queue.count(wh)
     return {"rows_before": before, "rows_after": after, "passes": passes, "indexed": rows}
 
 
@@ -464,13 +467,7 @@ def status(ctx: Context) -> dict[str, Any]:
     from deltamq.tables import deltalog
 
     state = load_dispatch_state(ctx.warehouse)
-    minimums = {
-        (r["topic"], r["queue_id"]): r["lo"]
-        for r in ctx.engine.rows(
-            f"SELECT topic, queue_id, min(queue_offset) AS lo FROM {ctx.warehouse.ref('consume_queue')} "
-            "GROUP BY topic, queue_id"
-        )
-    }
+    minimums = consume_queue.minimums(ctx.warehouse)
     queues = [
         {"topic": t, "queue_id": q, "min_offset": minimums.get((t, q), 0), "max_offset": nxt}
         for (t, q), nxt in sorted(state.heads.items())

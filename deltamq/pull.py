@@ -79,7 +79,8 @@ from deltamq.filters import subscriptions_filter
 from deltamq.message import StoredMessage, stored_fields, validate_group_name
 from deltamq.schemas import SCHEMA_VERSION, TABLES
 from deltamq.tables.bodies import read_bodies
-from deltamq.tables.offsets import OffsetsMerge, forward, load_dispatch_state, source
+from deltamq.tables.consume_queue import load_dispatch_state
+from deltamq.tables.offsets import OffsetsMerge, forward, source
 from deltamq.tables.ranges import any_of, queue_offsets, queue_ranges
 from deltamq.tables.sqltext import sql_int, sql_long, sql_queues, sql_str
 

@@ -23,7 +23,6 @@ now only.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 from deltamq import ids
@@ -31,7 +30,8 @@ from deltamq.clock import ms_to_iso
 from deltamq.constants import DLQ_PREFIX, JOB_STEPS, RETRY_PREFIX, is_system_topic
 from deltamq.jobs.deliver import BACKLOG_KEY
 from deltamq.ops import group_lag
-from deltamq.tables.offsets import load_dispatch_state
+from deltamq.tables import consume_queue
+from deltamq.tables.consume_queue import load_dispatch_state
 from deltamq.tables.ranges import queue_ranges
 from deltamq.tables.sqltext import sql_in, sql_long, sql_str
 
@@ -228,15 +228,7 @@ def _arrivals(
     start = lo - lo % width
     if not topics:
         return {**_no_arrivals(), "bucket_ms": width}
-    rows = ctx.engine.rows(
-        f"SELECT topic, CAST(floor((store_ts - {sql_long(start)}) / {width}) AS BIGINT) AS k, count(*) AS n "
-        f"FROM {ctx.warehouse.ref('consume_queue')} WHERE topic IN {sql_in(topics)} "
-        f"AND cl_batch_id >= {sql_long(start << ids.BATCH_RANDOM_BITS)} "
-        f"AND store_ts >= {sql_long(lo)} AND store_ts < {sql_long(hi)} GROUP BY topic, k"
-    )
-    counts: dict[str, dict[int, int]] = defaultdict(dict)
-    for r in rows:
-        counts[r["topic"]][r["k"]] = r["n"]
+    counts = consume_queue.arrivals(ctx.warehouse, topics, start, lo, hi, width)
     buckets = range((hi - start + width - 1) // width)
     return {
         "bucket_ms": width,

@@ -39,7 +39,8 @@ from deltamq.filters import subscriptions_filter
 from deltamq.message import validate_group_name
 from deltamq.storage import normalize_location
 from deltamq.tables.bodies import join_bodies, read_bodies
-from deltamq.tables.offsets import advance_offsets, load_dispatch_state, positions
+from deltamq.tables.consume_queue import load_dispatch_state
+from deltamq.tables.offsets import advance_offsets, positions
 from deltamq.tables.ranges import queue_ranges
 from deltamq.tables.sqltext import sql_str
 

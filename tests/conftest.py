@@ -17,9 +17,8 @@ from types import SimpleNamespace
 import pytest
 
 os.environ.setdefault("RUST_LOG", "error")
-sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import WarehouseSetup  # noqa: E402
+from support.helpers import WarehouseSetup  # noqa: E402
 
 from deltamq import Broker, FakeClock  # noqa: E402
 from deltamq.engine import SQL_RECORDERS  # noqa: E402
@@ -245,7 +244,7 @@ def warehouse_with(broker, tmp_path):
         broker, log = wh.broker, wh.log
 
     ``queues`` defaults to the broker's default. With ``group``: a group created from
-    ``FIRST_OFFSET`` with a ``listeners.Recorder(log, recorder)`` listener (no listener
+    ``FIRST_OFFSET`` with a ``support.listeners.Recorder(log, recorder)`` listener (no listener
     for ``recorder=None``), subscribed with ``expression``; other keywords go to
     ``Broker.create_group``. ``log`` names the listener log in ``tmp_path``. More groups:
     ``wh.add_group(...)``."""
@@ -272,7 +271,7 @@ def warehouse_with(broker, tmp_path):
 
 @pytest.fixture
 def env_listener_log(request, tmp_path, monkeypatch) -> Path:
-    """Where `listeners:env_recorder` writes: its DELTAMQ_TEST_LOG. The embedded engine
+    """Where `support.listeners:env_recorder` writes: its DELTAMQ_TEST_LOG. The embedded engine
     ships this process's environment to listener workers; a cluster's workers have the
     cluster's own (set when the `cluster` fixture started it)."""
     if ENGINE in REMOTE_ENGINES:

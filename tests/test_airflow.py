@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from listeners import read_log
+from support.listeners import read_log
 
 from deltamq import Message
 
@@ -81,9 +81,9 @@ def test_the_dags_import_without_errors_and_without_spark(airflow_env):
 @pytest.mark.slow
 @pytest.mark.spark  # also on Apache Spark's Connect server: DELTAMQ_SPARK_REMOTE alone points the DAG there
 def test_the_tick_dag_moves_a_message_from_send_to_consumed(airflow_env, broker, tmp_path, env_listener_log):
-    log = env_listener_log  # where listeners:env_recorder writes, wherever the engine runs it
+    log = env_listener_log  # where support.listeners:env_recorder writes, wherever the engine runs it
     broker.create_topic("orders", queues=2)
-    broker.create_group("billing", "listeners:env_recorder", consume_from="FIRST_OFFSET")
+    broker.create_group("billing", "support.listeners:env_recorder", consume_from="FIRST_OFFSET")
     broker.subscribe("billing", "orders")
     mid = broker.producer("shop").send(Message("orders", b"order-1"))
     env = dict(airflow_env, DELTAMQ_TEST_LOG=str(log))

@@ -8,7 +8,7 @@ import re
 
 import pytest
 from conftest import table_versions
-from listeners import Checks, Recorder, read_log
+from support.listeners import Checks, Recorder, read_log
 
 from deltamq import Broker, Message
 from deltamq.cli import main

@@ -4,7 +4,7 @@ logged and dropped, never retried (docs/behaviour.md §3)."""
 from __future__ import annotations
 
 import pytest
-from listeners import Recorder, read_log
+from support.listeners import Recorder, read_log
 
 from deltamq import Message
 from deltamq.errors import ConfigError

@@ -114,7 +114,7 @@ def test_operating_commands(tmp_path, capsys):
     for args in (
         ("init",),
         ("topic", "create", "orders", "--queues", "1"),
-        ("group", "create", "w", "--listener", "listeners:always_fail", "--max-reconsume-times", "0"),
+        ("group", "create", "w", "--listener", "support.listeners:always_fail", "--max-reconsume-times", "0"),
         ("subscribe", "w", "orders"),
     ):
         assert _run(capsys, *args, "--warehouse", wh)[0] == 0

@@ -396,7 +396,7 @@ def test_status_shows_every_group_and_folds_empty_delay_levels(broker, clock, ca
     broker.create_group("puller")  # pull: subscribed before any message, no offset rows
     broker.subscribe("puller", "orders")
     broker.create_group("idle")  # not subscribed
-    broker.create_group("pusher", "listeners:env_recorder", consume_from="FIRST_OFFSET")
+    broker.create_group("pusher", "support.listeners:env_recorder", consume_from="FIRST_OFFSET")
     broker.subscribe("pusher", "orders")
     p = broker.producer("shop")
     p.send_batch([Message("orders", str(i)) for i in range(3)], queue_keys=["a", "b", "c"])
@@ -465,7 +465,7 @@ def test_a_broadcasting_push_group_can_be_created_from_the_command_line(tmp_path
             "--mode",
             "BROADCASTING",
             "--listener",
-            "listeners:env_recorder",
+            "support.listeners:env_recorder",
             "--instances",
             "web-1, web-2",
             "--warehouse",

@@ -8,11 +8,11 @@ import os
 
 import pytest
 from deltalake import DeltaTable
-from listeners import Recorder
+from support.listeners import Recorder
 
 from deltamq import Message
 from deltamq.jobs import compact
-from deltamq.tables.offsets import load_dispatch_state
+from deltamq.tables.consume_queue import load_dispatch_state
 
 DAY = 86_400_000
 

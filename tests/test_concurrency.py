@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from concurrent_roles import ScaledClock, progress
-from faultload import FaultLoad
+from support.concurrent_roles import ScaledClock, progress
+from support.faultload import FaultLoad
 
 from deltamq.errors import LeaseHeld
 from deltamq.orchestration.tick import TickRunner
@@ -42,7 +42,7 @@ def run_concurrently(broker, clock, wh: Path, seconds: float = SECONDS, runners:
         subprocess.Popen(
             [
                 sys.executable,
-                str(HERE / "concurrent_roles.py"),
+                str(HERE / "support" / "concurrent_roles.py"),
                 role,
                 str(wh),
                 str(base),

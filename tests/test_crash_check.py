@@ -4,7 +4,7 @@ reaches its real topic at most once, and each one its table says is committed, e
 from __future__ import annotations
 
 import pytest
-from crash import CrashRounds
+from support.crash import CrashRounds
 
 from deltamq.jobs import dispatch
 

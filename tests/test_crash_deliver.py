@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from crash import CrashRounds, run_job
-from listeners import read_log
+from support.crash import CrashRounds, run_job
+from support.listeners import read_log
 
 from deltamq import Message
 from deltamq.jobs import dispatch
@@ -25,7 +25,7 @@ POINTS = [
 
 def test_deliver_survives_kills(broker, clock, tmp_path):
     broker.create_topic("orders", queues=4)
-    broker.create_group("g", "listeners:env_fail_odd", consume_from="FIRST_OFFSET")
+    broker.create_group("g", "support.listeners:env_fail_odd", consume_from="FIRST_OFFSET")
     broker.subscribe("g", "orders")
     wh, log = tmp_path / "wh", tmp_path / "calls.jsonl"
     crashes = CrashRounds(wh, POINTS, seed=7, delay=(0.1, 1.2), random_rounds=2)

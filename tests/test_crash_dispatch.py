@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from crash import CrashRounds
-from helpers import hint_matches_the_index
+from support.crash import CrashRounds
+from support.helpers import hint_matches_the_index
 
 from deltamq import Message
 from deltamq.constants import Prop

@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from crash import CrashRounds
-from helpers import hint_matches_the_index
+from support.crash import CrashRounds
+from support.helpers import hint_matches_the_index
 
 from deltamq import Message
 from deltamq.dq.conservation import check_dispatch

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from crash import CrashRounds
+from support.crash import CrashRounds
 
 from deltamq import Message
 from deltamq.dq.suites import run as check

@@ -8,7 +8,7 @@ from __future__ import annotations
 from functools import partial
 
 import pytest
-from crash import CrashRounds
+from support.crash import CrashRounds
 
 from deltamq.jobs import dispatch
 
@@ -22,7 +22,9 @@ KEYS = 100
 
 def test_sink_is_exactly_once_under_kills(broker, clock, tmp_path, spark, warehouse_with):
     warehouse_with("orders", queues=4, group="lake", recorder=None, pull_batch_size=25)
-    sink = broker.sink_to_table("lake", str(tmp_path / "orders_sink"), ["order_id"], "listeners:order_rows")
+    sink = broker.sink_to_table(
+        "lake", str(tmp_path / "orders_sink"), ["order_id"], "support.listeners:order_rows"
+    )
     crashes = CrashRounds(
         tmp_path / "wh", POINTS, seed=9, delay=(0.0, 0.4), each=2, random_rounds=4, want=12, most_random=16
     )

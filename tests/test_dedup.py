@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from listeners import read_log
+from support.listeners import read_log
 
 from deltamq import Message
 from deltamq.errors import ConfigError

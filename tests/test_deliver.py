@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from listeners import Recorder, read_log
+from support.listeners import Recorder, read_log
 
 from deltamq import Message
 from deltamq.config import parse_levels
@@ -266,7 +266,7 @@ def test_a_listener_given_as_an_import_path_runs_where_the_engine_runs(broker, c
     import uuid
 
     broker.create_topic("orders", queues=2)
-    broker.create_group("g", "listeners:env_recorder", consume_from="FIRST_OFFSET")
+    broker.create_group("g", "support.listeners:env_recorder", consume_from="FIRST_OFFSET")
     broker.subscribe("g", "orders")
     run = uuid.uuid4().hex
     broker.producer("p").send_batch([Message("orders", f"{run}-{i}") for i in range(6)])
@@ -279,7 +279,7 @@ def test_a_listener_given_as_an_import_path_runs_where_the_engine_runs(broker, c
 def test_listeners_see_the_broker_process_environment(broker, clock, tmp_path, monkeypatch):
     """Sail runs listener code in its own server process: the workers still get the
     environment and path the broker's process has when it delivers."""
-    from listeners import EnvEcho
+    from support.listeners import EnvEcho
 
     log = tmp_path / "env.jsonl"
     broker.create_topic("t", queues=1)
@@ -387,7 +387,7 @@ def test_a_columnar_listener_gets_record_batches_and_its_ack_index_counts_rows(
     broker.create_topic("orders", queues=1)
     broker.create_group(
         "g",
-        "listeners:columnar_fail_from_marker",
+        "support.listeners:columnar_fail_from_marker",
         consume_from="FIRST_OFFSET",
         consume_message_batch_max_size=10,
     )

@@ -228,8 +228,8 @@ def test_offsets_continue_across_runs(orders, clock):
 
 
 @pytest.mark.plan
-def test_plan_dispatch_routes_and_numbers(spark):
-    from deltamq.jobs.dispatch import plan_dispatch
+def test_plan_index_routes_and_numbers(spark):
+    from deltamq.tables.consume_queue import plan_index
 
     rows = spark.createDataFrame(
         [
@@ -245,7 +245,7 @@ def test_plan_dispatch_routes_and_numbers(spark):
         "batch_id bigint, born_ts bigint",
     )
     heads = spark.createDataFrame([("t", 0, 40)], "topic string, queue_id int, next_offset bigint")
-    out = {r["msg_id"]: r for r in plan_dispatch(rows, heads, [(1, 1000), (2, 5000)]).collect()}
+    out = {r["msg_id"]: r for r in plan_index(rows, heads, [(1, 1000), (2, 5000)]).collect()}
     assert (out["m1"]["topic"], out["m1"]["queue_id"], out["m1"]["queue_offset"]) == ("t", 0, 40)
     assert (out["m3"]["queue_offset"], out["m5"]["queue_offset"]) == (41, 42)  # bad DELAY: plain
     assert (out["m2"]["topic"], out["m2"]["queue_id"], out["m2"]["due_ts"]) == (SCHEDULE_TOPIC, 1, 6000)

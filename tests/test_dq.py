@@ -8,7 +8,7 @@ import shutil
 from datetime import timedelta
 
 import pytest
-from listeners import Recorder
+from support.listeners import Recorder
 
 from deltamq import Broker, FakeClock, Message
 from deltamq.dq.suites import run

@@ -184,7 +184,7 @@ def _alive(pid: int) -> bool:
 def test_an_oversized_embedded_server_is_replaced_between_ticks(tmp_path, clock):
     """Sail frees memory only with its process (docs/engines.md): a tick that finds the
     server over embedded_max_rss_mb replaces it, and every broker carries on."""
-    from listeners import Recorder, read_log
+    from support.listeners import Recorder, read_log
 
     from deltamq.sail import EmbeddedServer as _EmbeddedServer
 

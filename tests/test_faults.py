@@ -6,7 +6,7 @@ twice; at the end nothing lost. bench/reliability.py runs the same for 500 kills
 from __future__ import annotations
 
 import pytest
-from faultload import FaultLoad
+from support.faultload import FaultLoad
 
 # subprocess-heavy: the slow tier (pytest -m slow)
 pytestmark = pytest.mark.slow

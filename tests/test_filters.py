@@ -111,7 +111,7 @@ def test_quotes_and_sql_inside_literals_match_literally(spark):
 
 
 def test_sql92_subscription_end_to_end(broker, clock, tmp_path):
-    from listeners import Recorder, read_log
+    from support.listeners import Recorder, read_log
 
     from deltamq import Message
 

@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 import pytest
-from listeners import Recorder
+from support.listeners import Recorder
 
 from deltamq import Message
 from deltamq.cli import main
@@ -24,8 +24,8 @@ def test_a_listener_path_that_cannot_be_imported_is_refused_when_named(broker, t
         ListenerUnavailable, match=r"'nosuch_mod:fn' cannot be imported: No module named 'nosuch_mod'"
     ):
         broker.create_group("g", "nosuch_mod:fn")
-    with pytest.raises(ListenerUnavailable, match=r"'listeners:no_such_function' cannot be imported"):
-        broker.create_group("g", "listeners:no_such_function")
+    with pytest.raises(ListenerUnavailable, match=r"'support.listeners:no_such_function' cannot be imported"):
+        broker.create_group("g", "support.listeners:no_such_function")
     with pytest.raises(ListenerUnavailable, match=r"check listener 'nosuch_mod:check'"):
         broker.producer("shop", check_listener="nosuch_mod:check")
     assert "g" not in broker.groups() and "shop" not in broker.check_configs()

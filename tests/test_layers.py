@@ -172,3 +172,33 @@ def test_the_checker_sees_imports_inside_functions(tmp_path):
     """The layering check is not vacuous: an import inside a function body is found."""
     assert "deltamq.broker" in _imports("deltamq.cli.demo") or "deltamq.broker" in _imports("deltamq.cli")
     assert "deltamq.jobs.promote" in _imports("deltamq.ops")  # imported inside ops.status
+
+
+# Each hot control table has one owner module in deltamq/tables/ that writes every SQL
+# statement over it; others use its typed functions (or read it as a DataFrame).
+# deltamq/dq/ is the exception on purpose: its checks are an independent SQL audit of
+# the tables, and auditing through the code being audited would prove less.
+SQL_OWNERS = {
+    "offsets": "deltamq/tables/offsets.py",
+    "consume_queue": "deltamq/tables/consume_queue.py",
+    "commit_log": "deltamq/tables/commit_log.py",
+}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("table", sorted(SQL_OWNERS))
+def test_only_the_owner_writes_sql_against_a_hot_table(table):
+    import re
+
+    reference = re.compile(r"""\.ref\(\s*['"]""" + table + r"""['"]\s*\)""")
+    root = PACKAGE.parent
+    offenders = [
+        f"{path.relative_to(root)}:{n}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if str(path.relative_to(root)) != SQL_OWNERS[table]
+        and "deltamq/dq/" not in str(path.relative_to(root))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if reference.search(line)
+    ]
+    assert not offenders, f"SQL over {table} outside {SQL_OWNERS[table]}: {offenders}"
+    assert reference.search(Path(root / SQL_OWNERS[table]).read_text()), "the check would find a reference"

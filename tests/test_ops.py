@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from listeners import Recorder, read_log
+from support.listeners import Recorder, read_log
 
 from deltamq import Message
 from deltamq.errors import ConfigError

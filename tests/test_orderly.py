@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import partial
 
 import pytest
-from listeners import read_log
+from support.listeners import read_log
 
 from deltamq import Message
 

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 from conftest import table_versions
-from helpers import hint_matches_the_index
+from support.helpers import hint_matches_the_index
 
 from deltamq import Broker, Message
 from deltamq.config import parse_levels
@@ -371,14 +371,14 @@ def test_promote_alone_leaves_the_index_to_dispatch(orders, clock):
     t0 = clock.now_ms()
     orders.producer("p").send_batch([Message("orders", f"d{i}", delay_level=1) for i in range(3)])
     dispatch.run(orders.context, t0)
-    r = promote.run(orders.context, t0 + 1000)  # no index_fence: dispatch's lease is not ours
+    r = promote.run(orders.context, t0 + 1000)  # indexes=False: dispatch's lease is not ours
     assert r.rows_out == 3 and r.indexed == 0 and _visible(orders) == []
     assert dispatch.run(orders.context, t0 + 1000).rows_out == 3
     assert sorted(_visible(orders)) == ["d0", "d1", "d2"]
 
 
 def test_a_runner_remembers_promote_state_and_an_older_memory_writes_nothing_twice(orders, clock):
-    from helpers import recorded_sql
+    from support.helpers import recorded_sql
 
     from deltamq.dq.conservation import check_dispatch
     from deltamq.jobs import dispatch, promote
@@ -405,7 +405,7 @@ def test_a_runner_remembers_promote_state_and_an_older_memory_writes_nothing_twi
 
 
 def test_a_runner_forgets_promote_state_once_another_runner_held_the_lease(orders, clock):
-    from helpers import recorded_sql
+    from support.helpers import recorded_sql
 
     from deltamq.orchestration.tick import TickRunner
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from listeners import Recorder, read_log
+from support.listeners import Recorder, read_log
 
 from deltamq import Broker, FakeClock, Message, TxState
 from deltamq.engine import SQL_RECORDERS

@@ -11,7 +11,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from listeners import Recorder, read_log
+from support.listeners import Recorder, read_log
 
 from deltamq import Message
 from deltamq.dq.suites import run as check
@@ -155,7 +155,7 @@ def test_a_pass_killed_after_its_index_commit_still_moves_the_groups_left_behind
     """Killed between deleting a queue's prefix and moving the groups below it, the next
     pass moves them although it has nothing left to delete; and a queue emptied altogether
     keeps its head as the groups' offset, which the data-quality suite accepts."""
-    from crash import Crashed, crash_at
+    from support.crash import Crashed, crash_at
 
     from deltamq.jobs import dispatch
 

@@ -13,7 +13,7 @@ import re
 
 import pytest
 from conftest import table_versions
-from helpers import recorded_sql
+from support.helpers import recorded_sql
 
 from deltamq import Message
 from deltamq.cli import main
@@ -59,7 +59,7 @@ def _try(fn, *args, **kwargs):
 def test_user_text_reaches_sql_only_as_escaped_literals(broker, clock):
     with recorded_sql() as recorded:
         broker.create_topic("orders", queues=2)
-        broker.create_group("push", "listeners:always_fail")
+        broker.create_group("push", "support.listeners:always_fail")
         broker.create_group("pulled")
         broker.subscribe("push", "orders", f"color = '{SQL92_FORM}' OR n > 1", "SQL92")
         broker.subscribe("pulled", "orders", f"{MARK}x || b")

@@ -4,7 +4,7 @@ so that replays change nothing."""
 from __future__ import annotations
 
 import pytest
-from listeners import order_rows, order_rows_without_guard
+from support.listeners import order_rows, order_rows_without_guard
 
 from deltamq import Message
 from deltamq.errors import ConfigError
@@ -74,7 +74,7 @@ def test_sink_configuration_errors_name_the_bad_value(lake, tmp_path):
     lake.create_group("pushed", lambda m: None)
     with pytest.raises(ConfigError, match="push listener"):
         lake.sink_to_table("pushed", table, ["order_id"], order_rows)
-    sink = lake.sink_to_table("lake", table, ["order_id"], "listeners:order_rows")
+    sink = lake.sink_to_table("lake", table, ["order_id"], "support.listeners:order_rows")
     with pytest.raises(ConfigError, match="is a sink"):
         lake.pull_consumer("lake", "c1")
     assert sink.read().count() == 0  # created empty

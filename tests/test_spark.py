@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ENGINE, SPARK_ENGINES, broker_config
-from listeners import read_log
+from support.listeners import read_log
 
 from deltamq import Broker, Message
 from deltamq.errors import UnsafeStorage
@@ -40,7 +40,7 @@ def _env(**extra: str) -> dict[str, str]:
 def test_brokers_over_one_classic_session_keep_their_own_views_and_utc(tmp_path):
     log = tmp_path / "listener.jsonl"
     out = subprocess.run(
-        [sys.executable, str(TESTS / "spark_classic_job.py"), str(tmp_path)],
+        [sys.executable, str(TESTS / "support" / "spark_classic_job.py"), str(tmp_path)],
         capture_output=True, text=True, timeout=900, env=_env(DELTAMQ_TEST_LOG=str(log)),
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-4000:]
@@ -68,7 +68,7 @@ def test_spark_submit_runs_a_tick_classic_and_over_spark_connect(broker, clock, 
 
     broker.create_topic("t", queues=2)
     log = tmp_path / "listener.jsonl"
-    broker.create_group("g", "listeners:env_recorder", consume_from="FIRST_OFFSET")
+    broker.create_group("g", "support.listeners:env_recorder", consume_from="FIRST_OFFSET")
     broker.subscribe("g", "t")
     broker.producer("p").send_batch([Message("t", f"a{i}".encode()) for i in range(3)])
     wh = broker.warehouse.location

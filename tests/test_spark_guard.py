@@ -63,7 +63,7 @@ def test_every_recorded_statement_parses_with_apache_spark(tmp_path, request):
     path = tmp_path / "statements.json"
     path.write_text(json.dumps(statements))
     out = subprocess.run(
-        [sys.executable, str(HERE / "spark_guard_parse.py"), str(path)],
+        [sys.executable, str(HERE / "support" / "spark_guard_parse.py"), str(path)],
         capture_output=True,
         text=True,
         timeout=600,

@@ -214,14 +214,14 @@ def _s3_client(s3_server):
 def test_a_deleted_object_is_named_by_the_tick_and_doctor_and_nothing_is_lost(
     broker, clock, location, s3_server, env_listener_log, monkeypatch
 ):
-    from listeners import read_log
+    from support.listeners import read_log
 
     from deltamq import Message
     from deltamq.cli import main
     from deltamq.errors import TableDamaged
 
     broker.create_topic("orders", queues=2)
-    broker.create_group("g", "listeners:env_recorder", consume_from="FIRST_OFFSET")
+    broker.create_group("g", "support.listeners:env_recorder", consume_from="FIRST_OFFSET")
     broker.subscribe("g", "orders")
     broker.producer("p").send_batch([Message("orders", f"m{i}") for i in range(4)])
     prefix = location.removeprefix(f"s3://{s3_server.bucket}/")

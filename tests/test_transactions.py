@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from crash import crash_at
-from listeners import Checks, read_log
+from support.crash import crash_at
+from support.listeners import Checks, read_log
 
 from deltamq import Message
 from deltamq.constants import TRANS_CHECK_MAX_TIME_TOPIC, Prop, TxState
@@ -338,11 +338,11 @@ def test_import_path_check_listener_is_found_by_another_process(setup, clock, tm
     from deltamq import Broker
 
     broker, log = setup
-    producer = broker.producer("shop", check_listener="listeners:check_by_body")
+    producer = broker.producer("shop", check_listener="support.listeners:check_by_body")
     # a check listener whose module was importable when registered and is gone now (a path
     # that cannot be imported is refused when registered: test_first_hour.py)
-    broker.catalog._set_check("lost", listener="listeners:no_such_function")
-    assert broker.check_configs()["shop"].listener == "listeners:check_by_body"
+    broker.catalog._set_check("lost", listener="support.listeners:no_such_function")
+    assert broker.check_configs()["shop"].listener == "support.listeners:check_by_body"
     for body in ("COMMIT", "ROLLBACK", "maybe"):
         producer.send_in_transaction(Message("orders", body), lambda m, a: TxState.UNKNOWN)
     broker.producer("lost").send_in_transaction(Message("orders", "COMMIT"), lambda m, a: None)

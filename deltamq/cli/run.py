@@ -105,6 +105,6 @@ def _loop(broker, args: argparse.Namespace) -> int:
 
 def _ready() -> None:
     """Say the broker is open and the job about to run (for a harness that kills jobs at
-    random times: tests/crash.py sets DELTAMQ_READY_LINE)."""
+    random times: tests/support/crash.py sets DELTAMQ_READY_LINE)."""
     if os.environ.get("DELTAMQ_READY_LINE"):
         print("READY", flush=True)

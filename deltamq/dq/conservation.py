@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from deltamq.constants import Prop, SysFlag
-from deltamq.tables.offsets import load_dispatch_state
+from deltamq.tables.consume_queue import load_dispatch_state
 
 if TYPE_CHECKING:
     from deltamq.engine import Views
@@ -60,12 +60,11 @@ def _check_dispatch(wh: Warehouse, views: Views, dispatched_only: bool) -> Dispa
     indexed = rows(f"SELECT count(*) AS n FROM {cq}")[0]["n"]
     missing = f"(SELECT c.* FROM {cl} c LEFT ANTI JOIN {cq} q ON c.msg_id = q.msg_id)"
     if dispatched_only:
-        from deltamq.jobs import dispatch
-        from deltamq.tables import deltalog
+        from deltamq.tables import commit_log, deltalog
 
         version = load_dispatch_state(wh).version
         later = deltalog.commits_after(wh.storage, wh.uri("commit_log"), version, 10**9)
-        new = dispatch.read_new_rows(wh, later)
+        new = commit_log.read_added(wh, later)
         if new is not None:
             undispatched = views.add(new.select("msg_id"), "undispatched")
             missing = f"(SELECT m.* FROM {missing} m LEFT ANTI JOIN {undispatched} u ON m.msg_id = u.msg_id)"

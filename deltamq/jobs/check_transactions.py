@@ -61,11 +61,11 @@ from deltamq.constants import (
     Prop,
     TxState,
 )
-from deltamq.jobs.dispatch import int_prop
 from deltamq.message import StoredMessage
 from deltamq.tables import deltalog
 from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns
-from deltamq.tables.offsets import advance_offsets, load_dispatch_state, progress
+from deltamq.tables.consume_queue import int_prop, load_dispatch_state
+from deltamq.tables.offsets import advance_offsets, progress
 from deltamq.transactions import CheckConfig, ask_state, settle_kinds, table_states, transaction_rows
 
 if TYPE_CHECKING:

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from deltamq import ids
 from deltamq.config import TOMBSTONE_RETENTION, tombstone_retention
-from deltamq.tables.offsets import load_dispatch_state
+from deltamq.tables.consume_queue import load_dispatch_state
 
 if TYPE_CHECKING:
     from deltamq.context import Context

@@ -45,16 +45,8 @@ from deltamq.filters import compile_sql92, parse_tag_expression, tags_match
 from deltamq.jobs import sendback
 from deltamq.jobs.listener_worker import Home, Outcome, Span
 from deltamq.tables.bodies import join_bodies, read_bodies
-from deltamq.tables.offsets import (
-    START,
-    OffsetsMerge,
-    Position,
-    QueueKey,
-    forward,
-    load_dispatch_state,
-    positions,
-    source,
-)
+from deltamq.tables.consume_queue import load_dispatch_state
+from deltamq.tables.offsets import START, OffsetsMerge, Position, QueueKey, forward, positions, source
 from deltamq.tables.ranges import queue_ranges
 
 if TYPE_CHECKING:

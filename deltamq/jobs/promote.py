@@ -44,19 +44,11 @@ from deltamq.constants import (
     TRANS_HALF_TOPIC,
     Prop,
 )
-from deltamq.jobs import dispatch
-from deltamq.jobs.dispatch import TIMER_SLOT_MS
-from deltamq.tables import deltalog
+from deltamq.tables import consume_queue
 from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns, restored_message, stored_ids
-from deltamq.tables.offsets import (
-    DispatchState,
-    ProgressRow,
-    advance_offsets,
-    load_dispatch_state,
-    progress,
-)
+from deltamq.tables.consume_queue import TIMER_SLOT_MS
+from deltamq.tables.offsets import ProgressRow, advance_offsets, progress
 from deltamq.tables.ranges import any_of, merge_ranges
-from deltamq.tables.sqltext import sql_long, sql_str
 
 if TYPE_CHECKING:
     from deltamq.context import Context
@@ -84,6 +76,7 @@ class PromoteResult:
     skipped_half: int
     already_stored: int
     indexed: int = 0  # copies indexed by this pass (the rest wait for dispatch)
+    progress: Progress | None = None  # left to the caller to commit (``defer_progress``)
 
     @property
     def details(self) -> dict[str, int]:
@@ -299,25 +292,23 @@ def run(
     now: int,
     *,
     fence: Callable[[], None] | None = None,
-    index_fence: Callable[[], None] | None = None,
-    dispatched: DispatchState | None = None,
-    later: Callable[[Callable[[], None]], None] | None = None,
+    indexes: bool = False,
+    defer_progress: bool = False,
     memory: Memory | None = None,
 ) -> PromoteResult:
     """Promote everything due at ``now``; outputs first, offsets last.
 
-    ``fence`` is called before the output commit (lease check). ``index_fence`` is given
-    by a caller that holds dispatch's lease too (a tick) and checks both leases: promote
-    then indexes its copies in ``consume_queue`` itself, as dispatch would
-    (:func:`index_copies`), so no second dispatch is needed, and ``index_fence`` replaces
-    ``fence`` before the output commit. Without it the copies wait for the next dispatch.
-    ``dispatched``: where dispatch stands, when the caller knows it (the dispatch step of
-    the same tick, under the same lease); otherwise it is read. ``later``: when promote
-    indexed its copies, its progress commit is handed to ``later`` for the caller to run
-    after its other steps (a tick: after deliver), so the copies reach their listeners
-    one commit sooner. Outputs are committed by then; a progress commit that never runs
-    (a kill, a failed step) only makes the next pass find its copies already stored.
-    ``memory``: the state the runner's last pass left committed (:class:`Memory`).
+    ``fence`` is called before the output commit (lease check). ``indexes``: the caller
+    holds dispatch's lease too and ``fence`` checks both (a tick): promote then indexes
+    its copies itself (``consume_queue.index_appended``), so no second dispatch is
+    needed; otherwise the copies wait for the next dispatch. ``defer_progress``: the
+    progress commit is left to the caller (the result's ``progress``, committed with
+    :func:`commit_progress`), which a tick does after deliver so the copies reach their
+    listeners one commit sooner; outputs are committed by then, and a progress commit
+    that never runs (a kill, a failed step) only makes the next pass find its copies
+    already stored. Without it, or when nothing was indexed, the pass commits its
+    progress itself. ``memory``: the state the runner's last pass left committed
+    (:class:`Memory`), updated once the progress is committed.
     """
     wh, engine = ctx.warehouse, ctx.engine
     spark = engine.spark
@@ -343,42 +334,29 @@ def run(
         written = to_write - already
         faults.point("promote.before_output_commit")
         if written:
-            # with index_fence (both leases) checked here, the index commit that follows at
-            # once needs no second check: its MERGE finds rows a racing dispatcher wrote
-            check = index_fence or fence
-            if check:
-                check()
+            # with both leases checked here (``indexes``), the index commit that follows
+            # at once needs no second check: its MERGE finds rows a racing dispatcher wrote
+            if fence:
+                fence()
             out = messages if not already else messages.join(stored, "msg_id", "left_anti")
             ctx.commit(lambda: wh.append("commit_log", out), what=JOB)
         faults.point("promote.after_output_commit")
-        if written and not already and index_fence is not None and s.queues_known:
-            first = iter([dispatched])  # a retry after a conflict reads dispatch's state again
-            indexed, hint = ctx.commit(
-                lambda: index_copies(wh, levels, written, s.by_queue, next(first, None)), what="dispatch"
+        if written and not already and indexes and s.queues_known:
+            done = ctx.commit(
+                lambda: consume_queue.index_appended(wh, levels, written, s.by_queue, job=JOB),
+                what="dispatch",
             )
+            if done is not None:
+                indexed, hint = done.rows_out, (done.to_version, done.queues)
     timer_next = state.timer_next_offset if s.timer_hi is None else s.timer_hi + 1
     # Nothing handled and no new timers: commit nothing (an idle tick stays idle). The
     # watermark may lag; the next window (watermark, now] still covers what it missed.
+    left: Progress | None = None
     if s.new_levels or timer_next != state.timer_next_offset or s.timers:
-
-        def progress() -> None:
-            ctx.commit(
-                lambda: write_progress(wh, s.new_levels, now, timer_next, now, dispatch_hint=hint),
-                what="offsets",
-            )
-            if memory is not None:  # values only move forward, as in the MERGE
-                levels_after = dict(state.level_offsets)
-                for q, o in s.new_levels.items():
-                    levels_after[q] = max(levels_after.get(q, 0), o)
-                memory.state = PromoteState(
-                    levels_after, max(state.timer_watermark, now), max(state.timer_next_offset, timer_next)
-                )
-            faults.point("promote.after_progress_commit")
-
-        if later is not None and indexed:
-            later(progress)  # the copies are visible: hand them over first
-        else:
-            progress()
+        left = Progress(state, s.new_levels, now, timer_next, hint)
+        if not (defer_progress and indexed):
+            commit_progress(ctx, left, memory)
+            left = None
     else:
         if memory is not None:
             memory.state = state
@@ -391,50 +369,50 @@ def run(
         skipped_half=s.skipped,
         already_stored=already,
         indexed=indexed,
+        progress=left,
     )
 
 
-def index_copies(
-    wh: Warehouse,
-    levels: list[tuple[int, int]],
-    written: int,
-    by_queue: dict[tuple[str, int], int],
-    state: DispatchState | None = None,
-) -> tuple[int, DispatchHint | None]:
-    """Index the copies promote just appended, when their commit is the only one dispatch
-    has not indexed: the rows are then exactly those dispatch would write (the same plan,
-    :func:`dispatch.plan_dispatch`, over the same commit after the same heads), and the
-    index row carries the commit's version (``cl_version``) as dispatch's own do, so
-    dispatch's state (``load_dispatch_state``) counts them as indexed and never indexes
-    them again. Otherwise (a producer's commit came between, a rewrite, committed
-    transactional messages to de-duplicate) nothing is done and dispatch indexes them.
+@dataclass(frozen=True)
+class Progress:
+    """A pass's progress, to commit: the state it started from, the levels' new next
+    offsets, the due watermark reached (``now``), the timer queue's next offset, and
+    dispatch's hint when the pass indexed its copies."""
 
-    A copy is indexed in its real topic and queue: its DELAY / timer properties are gone,
-    and it is no half message (those go to the half topic when first dispatched, never
-    to a schedule queue), so it takes the plain route and the heads of its queues move by
-    ``by_queue``. Returns (rows indexed, dispatch's new hint to write with promote's
-    progress); the hint also carries heads the old hint lacked (``stale``). ``state``:
-    dispatch's, when known (else read).
-    """
-    state = state or load_dispatch_state(wh)
-    commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), state.version, 2)
-    if len(commits) != 1 or not _only_copies(commits[0], written) or dispatch.may_hold_commits(commits):
-        return 0, None
-    version = commits[0].version
-    rows = dispatch.read_new_rows(wh, commits)
-    if rows is None:
-        return 0, None
-    plan = dispatch.plan_dispatch(rows, dispatch.heads_frame(wh, state.heads), levels)
-    dispatch.merge_index(wh, plan, version, version)
-    faults.point("promote.after_index_commit")
-    heads = dict(state.stale) | {q: state.heads.get(q, 0) + n for q, n in by_queue.items()}
-    return written, (version, heads)
+    start: PromoteState
+    levels: dict[int, int]
+    watermark: int
+    timer_next: int
+    dispatch_hint: DispatchHint | None = None
+
+    def after(self) -> PromoteState:
+        """The state once committed (values only move forward, as in the MERGE)."""
+        levels = dict(self.start.level_offsets)
+        for q, o in self.levels.items():
+            levels[q] = max(levels.get(q, 0), o)
+        return PromoteState(
+            levels,
+            max(self.start.timer_watermark, self.watermark),
+            max(self.start.timer_next_offset, self.timer_next),
+        )
 
 
-def _only_copies(commit: deltalog.Commit, written: int) -> bool:
-    """A blind append of exactly ``written`` rows (file statistics), as promote's is."""
-    counts = [f.num_records for f in commit.files]
-    return not commit.rewrite and bool(counts) and None not in counts and sum(counts) == written  # type: ignore[arg-type]
+def commit_progress(ctx: Context, progress: Progress, memory: Memory | None = None) -> None:
+    """Commit a pass's :class:`Progress` (and remember it in ``memory``)."""
+    ctx.commit(
+        lambda: write_progress(
+            ctx.warehouse,
+            progress.levels,
+            progress.watermark,
+            progress.timer_next,
+            progress.watermark,
+            dispatch_hint=progress.dispatch_hint,
+        ),
+        what="offsets",
+    )
+    if memory is not None:
+        memory.state = progress.after()
+    faults.point("promote.after_progress_commit")
 
 
 def write_progress(
@@ -463,41 +441,20 @@ def write_progress(
 def pending(wh: Warehouse) -> dict[str, list[dict[str, Any]]]:
     """What is held: per level (pending, oldest due, saved offset) and timers by due day."""
     state = load_state(wh)
-    cq = wh.ref("consume_queue")
     levels = wh.levels()
-    held_levels = (
-        " OR ".join(
-            f"(slot = {lvl - 1} AND queue_offset >= {sql_long(state.level_offsets.get(lvl - 1, 0))})"
-            for lvl, _ in levels
-        )
-        or "FALSE"
-    )
-    rows = {
-        r["queue_id"]: r
-        for r in wh.engine.rows(
-            f"SELECT queue_id, count(*) AS n, min(due_ts) AS oldest_due FROM {cq} "
-            f"WHERE topic = {sql_str(SCHEDULE_TOPIC)} AND ({held_levels}) GROUP BY queue_id"
-        )
-    }
+    held = consume_queue.held_levels(wh, state.level_offsets, levels)
     per_level = [
         {
             "level": lvl,
             "delay_ms": delay,
             "offset": state.level_offsets.get(lvl - 1, 0),
-            "pending": rows[lvl - 1]["n"] if lvl - 1 in rows else 0,
-            "oldest_due": rows[lvl - 1]["oldest_due"] if lvl - 1 in rows else None,
+            "pending": held[lvl - 1][0] if lvl - 1 in held else 0,
+            "oldest_due": held[lvl - 1][1] if lvl - 1 in held else None,
         }
         for lvl, delay in levels
     ]
-    timers = wh.engine.rows(
-        f"SELECT date_from_unix_date(CAST(floor(due_ts / {ids.DAY_MS}) AS INT)) AS due_day, count(*) AS n, "
-        f"min(due_ts) AS first_due FROM {cq} WHERE topic = {sql_str(TIMER_TOPIC)} "
-        f"AND (due_ts > {sql_long(state.timer_watermark)} "
-        f"OR queue_offset >= {sql_long(state.timer_next_offset)}) GROUP BY 1 ORDER BY 1"
-    )
+    timers = consume_queue.held_timers(wh, state.timer_watermark, state.timer_next_offset)
     return {
         "levels": per_level,
-        "timers": [
-            {"due_day": str(r["due_day"]), "pending": r["n"], "first_due": r["first_due"]} for r in timers
-        ],
+        "timers": [{"due_day": str(day), "pending": n, "first_due": first} for day, n, first in timers],
     }

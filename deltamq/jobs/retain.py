@@ -37,29 +37,24 @@ from typing import TYPE_CHECKING, Any
 
 from deltamq import dedup, faults, ids
 from deltamq.constants import (
-    DLQ_PREFIX,
     RETAIN_GROUP,
-    SCHEDULE_TOPIC,
     TIMER_TOPIC,
-    TRANS_HALF_TOPIC,
-    TRANS_OP_HALF_TOPIC,
 )
+from deltamq.tables import commit_log, consume_queue
+from deltamq.tables.consume_queue import load_dispatch_state
 from deltamq.tables.offsets import (
     OffsetsMerge,
     QueueKey,
     advance_offsets,
     forward,
     group_positions,
-    load_dispatch_state,
     progress,
     source,
 )
-from deltamq.tables.sqltext import sql_long, sql_str
+from deltamq.tables.sqltext import sql_long
 
 if TYPE_CHECKING:
     from deltamq.context import Context
-    from deltamq.jobs.check_transactions import CheckState
-    from deltamq.jobs.promote import PromoteState
 
 JOB = "retain"
 
@@ -185,16 +180,18 @@ def _record_run(ctx: Context, memory: Memory, now: int) -> None:
 
 
 # --- 1. the index -----------------------------------------------------------------------------
-def _stays(cut: int, dlq_cut: int, promote: PromoteState, check: CheckState) -> str:
-    """SQL: a consume_queue row that must stay (whatever the prefix rule adds)."""
-    promoted_to = " ".join(f"WHEN {q} THEN {sql_long(o)}" for q, o in sorted(promote.level_offsets.items()))
-    level_offset = f"CASE queue_id {promoted_to} ELSE 0 END" if promoted_to else "0"
-    return (
-        f"(store_ts >= {sql_long(cut)} "
-        f"OR (topic LIKE '{DLQ_PREFIX}%' AND store_ts >= {sql_long(dlq_cut)}) "
-        f"OR (topic = {sql_str(SCHEDULE_TOPIC)} AND queue_offset >= {level_offset}) "
-        f"OR (topic = {sql_str(TRANS_HALF_TOPIC)} AND queue_offset >= {sql_long(check.half_offset)}) "
-        f"OR (topic = {sql_str(TRANS_OP_HALF_TOPIC)} AND queue_offset >= {sql_long(check.op_offset)}))"
+def _held(ctx: Context) -> consume_queue.HeldState:
+    """Where promote and check-back stand: what retention must not remove."""
+    from deltamq.jobs import check_transactions, promote
+
+    p = promote.load_state(ctx.warehouse)
+    c = check_transactions.load_state(ctx.warehouse)
+    return consume_queue.HeldState(
+        level_offsets=p.level_offsets,
+        timer_watermark=p.timer_watermark,
+        timer_next_offset=p.timer_next_offset,
+        half_offset=c.half_offset,
+        op_offset=c.op_offset,
     )
 
 
@@ -204,42 +201,22 @@ def _trim_index(ctx: Context, cut: int, dlq_cut: int) -> tuple[int, int, int, di
     of every queue above 0, not only of those trimmed now: a pass killed after this
     commit left groups behind, and its re-run moves them (a queue emptied altogether has
     its head, dispatch's next offset, as its minimum)."""
-    from deltamq.jobs import check_transactions, promote
-
     wh = ctx.warehouse
-    cq = wh.ref("consume_queue")
-    p = promote.load_state(wh)
-    c = check_transactions.load_state(wh)
-    stays = _stays(cut, dlq_cut, p, c)
-    heads = ctx.engine.rows(
-        f"SELECT topic, queue_id, min(queue_offset) AS lo, max(queue_offset) + 1 AS head, "
-        f"min(CASE WHEN {stays} THEN queue_offset END) AS keep FROM {cq} "
-        f"WHERE topic <> {sql_str(TIMER_TOPIC)} GROUP BY topic, queue_id"
-    )
+    held = _held(ctx)
     moves: dict[tuple[str, int], int] = {}
     minimums = {q: h for q, h in load_dispatch_state(wh).heads.items() if h > 0 and q[0] != TIMER_TOPIC}
     index_rows = 0
-    for r in heads:
-        keep = r["head"] if r["keep"] is None else r["keep"]  # nothing must stay: all of it goes
-        minimums[(r["topic"], r["queue_id"])] = keep
-        if keep > r["lo"]:
-            moves[(r["topic"], r["queue_id"])] = keep
-            index_rows += keep - r["lo"]
+    for e in consume_queue.extents(wh, cut, dlq_cut, held):
+        keep = e.head if e.keep is None else e.keep  # nothing must stay: all of it goes
+        minimums[(e.topic, e.queue_id)] = keep
+        if keep > e.low:
+            moves[(e.topic, e.queue_id)] = keep
+            index_rows += keep - e.low
     if moves:
-        values = ", ".join(f"({sql_str(t)}, {q}, {sql_long(m)})" for (t, q), m in sorted(moves.items()))
-        statement = (
-            f"MERGE INTO {cq} t USING (SELECT * FROM VALUES {values} AS v(topic, queue_id, keep_from)) s "
-            "ON t.topic = s.topic AND t.queue_id = s.queue_id AND t.queue_offset < s.keep_from "
-            "WHEN MATCHED THEN DELETE"
-        )
-        ctx.commit(lambda: ctx.engine.execute(statement), what="consume_queue")
-    timers = (
-        f"topic = {sql_str(TIMER_TOPIC)} AND store_ts < {sql_long(cut)} "
-        f"AND due_ts <= {sql_long(p.timer_watermark)} AND queue_offset < {sql_long(p.timer_next_offset)}"
-    )
-    timer_rows = _count(ctx, f"SELECT count(*) AS n FROM {cq} WHERE {timers}")
+        ctx.commit(partial(consume_queue.trim, wh, moves), what="consume_queue")
+    timer_rows = consume_queue.expired_timers(wh, cut, held)
     if timer_rows:
-        ctx.commit(lambda: ctx.engine.execute(f"DELETE FROM {cq} WHERE {timers}"), what="consume_queue")
+        ctx.commit(partial(consume_queue.delete_expired_timers, wh, cut, held), what="consume_queue")
     return index_rows, timer_rows, len(moves), {q: m for q, m in minimums.items() if m > 0}
 
 
@@ -294,23 +271,11 @@ def _trim_bodies(ctx: Context, cut: int) -> tuple[int, int, int]:
         )
         for f in c.files
     }
-    days = [
-        r["store_date"]
-        for r in ctx.engine.rows(
-            f"SELECT DISTINCT store_date FROM {wh.ref('commit_log')} "
-            f"WHERE store_date < DATE'{cut_day.isoformat()}'"
-        )
-        if r["store_date"].isoformat() not in undispatched
-    ]
+    days = [d for d in commit_log.days_before(wh, cut_day) if d.isoformat() not in undispatched]
     if not days:
         return 0, 0, 0
-    needed: dict[Any, list[int]] = {d: [] for d in days}
-    for r in ctx.engine.rows(
-        f"SELECT DISTINCT cl_date, cl_batch_id FROM {wh.ref('consume_queue')} "
-        f"WHERE cl_date < DATE'{cut_day.isoformat()}'"
-    ):
-        if r["cl_date"] in needed:
-            needed[r["cl_date"]].append(r["cl_batch_id"])
+    pointed_at = consume_queue.batches_before(wh, cut_day)
+    needed = {d: pointed_at.get(d, set()) for d in days}
     table = wh.delta_rs("commit_log")
     removed = kept = 0
     for day in sorted(days):

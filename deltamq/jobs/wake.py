@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from deltamq.constants import SCHEDULE_TOPIC, TIMER_TOPIC
 from deltamq.jobs import check_transactions, promote
-from deltamq.jobs.dispatch import TIMER_SLOT_MS
+from deltamq.tables.consume_queue import earliest_due_query
 from deltamq.tables.offsets import earliest_resume_query
-from deltamq.tables.sqltext import sql_long, sql_str
+from deltamq.tables.sqltext import sql_long
 
 if TYPE_CHECKING:
     from deltamq.context import Context
@@ -30,22 +29,13 @@ def next_due(ctx: Context, after: int, levels: int | None = None) -> int | None:
     wh = ctx.warehouse
     state = promote.load_state(wh)
     n_levels = ctx.catalog.max_delay_level() if levels is None else levels
-    heads = " OR ".join(
-        f"(slot = {q} AND queue_offset = {sql_long(state.level_offsets.get(q, 0))})" for q in range(n_levels)
-    )
-    watermark = max(state.timer_watermark, after)
-    cq, deliveries = wh.ref("consume_queue"), wh.ref("deliveries")
+    level_heads = {q: state.level_offsets.get(q, 0) for q in range(n_levels)}
     parts = [
-        f"SELECT min(due_ts) AS d FROM {cq} WHERE topic = {sql_str(TIMER_TOPIC)} "
-        f"AND slot >= {watermark // TIMER_SLOT_MS} AND due_ts > {sql_long(watermark)}",
+        *earliest_due_query(wh, level_heads, max(state.timer_watermark, after), after),
         earliest_resume_query(wh, after),
-        f"SELECT min(invisible_until) AS d FROM {deliveries} WHERE invisible_until > {sql_long(after)}",
+        f"SELECT min(invisible_until) AS d FROM {wh.ref('deliveries')} "
+        f"WHERE invisible_until > {sql_long(after)}",
     ]
-    if heads:
-        parts.append(
-            f"SELECT min(due_ts) AS d FROM {cq} WHERE topic = {sql_str(SCHEDULE_TOPIC)} AND ({heads}) "
-            f"AND due_ts > {sql_long(after)}"
-        )
     found = [r["d"] for r in ctx.engine.rows(" UNION ALL ".join(parts)) if r["d"] is not None]
     check = check_transactions.load_state(wh)
     if check.head > check.half_offset and check.last_pass is not None:

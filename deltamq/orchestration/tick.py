@@ -27,7 +27,6 @@ from deltamq.errors import ClockError, LeaseHeld
 from deltamq.jobs import check_transactions, deliver, dispatch, promote, retain, wake
 from deltamq.orchestration.leases import Lease, Leases, LeaseTerms, wall_ms
 from deltamq.tables.integrity import diagnose
-from deltamq.tables.offsets import DispatchState
 
 if TYPE_CHECKING:
     from deltamq.context import Context
@@ -156,22 +155,17 @@ def _dispatch(runner: TickRunner, now: int, fence: Fence, runs: list[JobRun]) ->
 
 
 def _promote(runner: TickRunner, now: int, fence: Fence, runs: list[JobRun]) -> JobRun:
-    index_fence = dispatched = None
-    if "dispatch" in runner.jobs:  # dispatch's lease is ours too: promote indexes its copies
+    indexes = "dispatch" in runner.jobs  # dispatch's lease is ours too: promote indexes its copies
+    if indexes:
         runner.leases.renew_due(["dispatch"], runner.terms)
-        index_fence = lambda: runner.leases.check(["promote", "dispatch"])  # noqa: E731
-        done = next((r.result for r in runs if r.job == "dispatch" and r.status == "OK"), None)
-        if done is not None:  # where this tick's dispatch left the index (the hint is written)
-            dispatched = DispatchState(done.to_version, done.heads)
+        fence = partial(runner.leases.check, ["promote", "dispatch"])
     r = promote.run(
-        runner.ctx,
-        now,
-        fence=fence,
-        index_fence=index_fence,
-        dispatched=dispatched,
-        later=lambda commit: runner.later.append(("promote", commit)),
-        memory=runner.promote_memory,
+        runner.ctx, now, fence=fence, indexes=indexes, defer_progress=True, memory=runner.promote_memory
     )
+    if r.progress is not None:  # committed after deliver: the copies reach their listeners first
+        runner.later.append(
+            ("promote", partial(promote.commit_progress, runner.ctx, r.progress, runner.promote_memory))
+        )
     return JobRun(
         job="promote", status="OK", rows_in=r.rows_in, rows_out=r.rows_out, details=r.details, result=r
     )

@@ -255,36 +255,18 @@ def group_positions(wh: Warehouse, queues: Iterable[tuple[str, int]] | None = No
     return {k: p.next_offset for k, p in positions(wh, queues=queues).items()}
 
 
-@dataclass(frozen=True)
-class DispatchState:
-    """Where dispatch stands: last commit_log version indexed, next offset per queue."""
-
-    version: int
-    heads: dict[tuple[str, int], int] = field(default_factory=dict)
-    stale: dict[tuple[str, int], int] = field(default_factory=dict)  # heads the hint lacked
-
-
-def load_dispatch_state(wh: Warehouse) -> DispatchState:
-    """Dispatch's hint in ``offsets`` (``%DISPATCH%`` rows) corrected by the
-    ``consume_queue`` rows newer than it: the queue heads every reader of the index uses."""
-    rows = wh.engine.rows(
-        f"SELECT topic, queue_id, next_offset, progress_version FROM {wh.ref('offsets')} "
-        f"WHERE consumer_group = {sql_str(DISPATCH_GROUP)}"
-    )
+def dispatch_hint(wh: Warehouse) -> tuple[int, dict[tuple[str, int], int]]:
+    """Dispatch's hint (``%DISPATCH%`` rows): the commit_log version it recorded as
+    indexed (-1: none) and the next offset it recorded per queue. The index may be ahead
+    of it (``consume_queue.load_dispatch_state`` corrects it)."""
     version = -1
     heads: dict[tuple[str, int], int] = {}
-    for r in rows:
+    for r in wh.engine.rows(
+        f"SELECT topic, queue_id, next_offset, progress_version FROM {wh.ref('offsets')} "
+        f"WHERE consumer_group = {sql_str(DISPATCH_GROUP)}"
+    ):
         if r["queue_id"] == -1:
             version = max(version, r["progress_version"] if r["progress_version"] is not None else -1)
         else:
             heads[(r["topic"], r["queue_id"])] = r["next_offset"]
-    tail = wh.engine.rows(
-        f"SELECT topic, queue_id, max(queue_offset) + 1 AS next_offset, max(cl_version) AS v "
-        f"FROM {wh.ref('consume_queue')} WHERE cl_version > {sql_long(version)} GROUP BY topic, queue_id"
-    )
-    stale: dict[tuple[str, int], int] = {}
-    for r in tail:
-        key = (r["topic"], r["queue_id"])
-        heads[key] = stale[key] = max(heads.get(key, 0), r["next_offset"])
-        version = max(version, r["v"])
-    return DispatchState(version, heads, stale)
+    return version, heads

@@ -18,7 +18,7 @@ def main(root: str) -> None:
     brokers = [Broker.open(f"{root}/wh{i}", spark=spark, clock=clock) for i in range(2)]
     for i, b in enumerate(brokers):
         b.create_topic("orders", queues=2)
-        b.create_group("g", "listeners:env_recorder", consume_from="FIRST_OFFSET")
+        b.create_group("g", "support.listeners:env_recorder", consume_from="FIRST_OFFSET")
         b.subscribe("g", "orders")
         b.producer("p").send_batch([Message("orders", f"w{i}-m{j}".encode()) for j in range(i + 2)])
         b.tick(clock.now_ms())

@@ -129,7 +129,7 @@ def env_fail_odd(messages, context):
 
 
 def check_by_body(message):
-    """A transaction check listener (import path ``listeners:check_by_body``): the body
+    """A transaction check listener (import path ``support.listeners:check_by_body``): the body
     names the state."""
     return message.body.decode()
 

@@ -28,8 +28,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from crash import RUNNER_ID, run_job
-
 from deltamq import Broker, Message
 from deltamq.constants import (
     DLQ_PREFIX,
@@ -44,6 +42,7 @@ from deltamq.constants import (
 from deltamq.dq.accounting import account
 from deltamq.dq.conservation import check_dispatch
 from deltamq.orchestration.tick import TickRunner
+from support.crash import RUNNER_ID, run_job
 
 # Crash points a tick of this workload reaches (retain's and pull expiry's only now and
 # then: those rounds end without a kill, and the random-time kills cover the rest).
@@ -104,13 +103,15 @@ class FaultLoad:
         b = self.broker
         b.create_topic("orders", queues=4)
         b.create_topic("fifo", queues=2, ordered=True)
-        b.create_group("push", "listeners:fail_odd_once", consume_from="FIRST_OFFSET")
+        b.create_group("push", "support.listeners:fail_odd_once", consume_from="FIRST_OFFSET")
         b.subscribe("push", "orders")
-        b.create_group("seq", "listeners:suspend_marked_once", orderly=True, consume_from="FIRST_OFFSET")
+        b.create_group(
+            "seq", "support.listeners:suspend_marked_once", orderly=True, consume_from="FIRST_OFFSET"
+        )
         b.subscribe("seq", "fifo")
         b.create_group("puller", consume_from="FIRST_OFFSET", invisible_time_ms=30_000)
         b.subscribe("puller", "orders")
-        b.producer("shop", check_listener="listeners:check_by_prefix")
+        b.producer("shop", check_listener="support.listeners:check_by_prefix")
         self.puller = b.pull_consumer("puller", "c1")
 
     # --- one round ----------------------------------------------------------------------------

@@ -11,10 +11,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from listeners import Recorder
-
 from deltamq import Broker
 from deltamq.engine import SQL_RECORDERS
+from support.listeners import Recorder
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """One process of the concurrency test (tests/test_concurrency.py): a tick runner, a
 producer or a pull client, on a shared warehouse and a shared accelerated clock.
 
-    python concurrent_roles.py <role> <warehouse> <base_ms> <wall0_s> <speed> <for_s> <seed>
+    python tests/support/concurrent_roles.py <role> <warehouse> <base_ms> <wall0_s> <speed> <for_s> <seed>
+
+Run with tests/ on ``PYTHONPATH`` (tests/test_concurrency.py sets it), so ``support`` imports.
 
 Every process computes the same ``now`` from the wall clock (``ScaledClock``), so all
 of them live on one timeline running ``speed`` times faster than real time. A runner
@@ -18,10 +20,9 @@ import random
 import sys
 import time
 
-from faultload import FaultLoad
-
 from deltamq import Broker
 from deltamq.errors import LeaseHeld
+from support.faultload import FaultLoad
 
 
 class ScaledClock:

@@ -47,7 +47,7 @@ def run_job(
     optionally kill it at a crash point or after a random time."""
     extra = env or {}
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent.parent), env.get("PYTHONPATH", "")])
     env.update(extra)
     env["RUST_LOG"] = "error"
     env["DELTAMQ_READY_LINE"] = "1"  # the child prints READY right before its job runs
