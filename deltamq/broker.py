@@ -410,16 +410,16 @@ class Broker:
 
     def status(self) -> dict[str, Any]:
         """Topics, queues, undispatched messages, delay levels, timers, group lag, dead
-        letters, transactions, pull clients and recent job runs (:func:`deltamq.ops.status`)."""
-        from deltamq import ops
+        letters, transactions, pull clients and recent job runs (:func:`deltamq.inspection.status`)."""
+        from deltamq import inspection
 
-        return ops.status(self.context)
+        return inspection.status(self.context)
 
     def recent_runs(self, limit: int = 10) -> list[dict[str, Any]]:
         """The last ``limit`` ticks' job rows (``job_runs``)."""
-        from deltamq import ops
+        from deltamq import inspection
 
-        return ops.recent_runs(self.context, limit)
+        return inspection.recent_runs(self.context, limit)
 
     # --- ticking ---------------------------------------------------------------------------
     @property

@@ -870,7 +870,7 @@ def handles_column(handles: Iterable[str]) -> Column:
     return any_of(F.col("receipt_handle").between(v[0], v[-1]) for v in by_prefix.values())
 
 
-def _open(ctx: Context, cond: Column, sent_only: Column | None = None) -> DataFrame:
+def open_deliveries(ctx: Context, cond: Column, sent_only: Column | None = None) -> DataFrame:
     log = ctx.warehouse.read("deliveries").where(cond)
     sent = log.where(F.col("state") == INFLIGHT)
     if sent_only is not None:
@@ -881,7 +881,9 @@ def _open(ctx: Context, cond: Column, sent_only: Column | None = None) -> DataFr
 
 def open_rows(ctx: Context, cond: Column, sent_only: Column | None = None) -> list[tuple]:
     """INFLIGHT rows matching ``cond`` (and ``sent_only``) that no row has ended yet."""
-    return [tuple(r) for r in _open(ctx, cond, sent_only).select(*_LOG_SCHEMA.fieldNames()).collect()]
+    return [
+        tuple(r) for r in open_deliveries(ctx, cond, sent_only).select(*_LOG_SCHEMA.fieldNames()).collect()
+    ]
 
 
 @dataclass
@@ -1076,40 +1078,3 @@ def expire(ctx: Context, now: int, *, fence=None) -> int:
         fence()
     fold(ctx, now, logs)
     return n
-
-
-def status(ctx: Context, now: int) -> list[dict[str, Any]]:
-    """Per pull group and live client: its assigned queues (the rebalance), the queues it
-    holds the lock of, and its messages in flight."""
-    wh = ctx.warehouse
-    clients = ctx.engine.rows(
-        f"SELECT consumer_group, client_id, last_seen_ts FROM {wh.ref('clients')} "
-        f"WHERE last_seen_ts >= {sql_long(now - ctx.config.client_timeout_ms)} ORDER BY 1, 2"
-    )
-    inflight = {
-        (r["consumer_group"], r["client_id"]): r["count"]
-        for r in _open(ctx, F.lit(True)).groupBy("consumer_group", "client_id").count().collect()
-    }
-    owners: dict[tuple[str, str], list[Queue]] = defaultdict(list)
-    for r in ctx.engine.rows(
-        f"SELECT consumer_group, owner, topic, queue_id FROM {wh.ref('queue_lock')} WHERE owner IS NOT NULL"
-    ):
-        owners[(r["consumer_group"], r["owner"])].append((r["topic"], r["queue_id"]))
-    by_group: dict[str, list[str]] = defaultdict(list)
-    for r in clients:
-        by_group[r["consumer_group"]].append(r["client_id"])
-    out = []
-    for r in clients:
-        group, client = r["consumer_group"], r["client_id"]
-        assigned = assign(group_queues(ctx, group), by_group[group], client)
-        out.append(
-            {
-                "group": group,
-                "client": client,
-                "last_seen": r["last_seen_ts"],
-                "assigned": assigned,
-                "locked": sorted(owners.get((group, client), [])),
-                "in_flight": inflight.get((group, client), 0),
-            }
-        )
-    return out

@@ -14,7 +14,7 @@ Over the window [since, until) asked:
 
 Now (cost independent of the history): the queue heads (``load_dispatch_state``) and
 every group's offsets — its lag per queue and the store time of the oldest message it
-has not consumed — and the transactions pending (``check_transactions.pending``).
+has not consumed — and the transactions pending (``inspection.transactions``).
 
 Each deliver pass records every push group's backlog when it began (``job_runs.details``
 ``backlog.<group>``), so lag over time is per group; pull and sink groups have their lag
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 from deltamq import ids
 from deltamq.clock import ms_to_iso
 from deltamq.constants import DLQ_PREFIX, JOB_STEPS, RETRY_PREFIX, is_system_topic
+from deltamq.inspection import group_lag, transactions
 from deltamq.jobs.deliver import BACKLOG_KEY
-from deltamq.ops import group_lag
 from deltamq.tables import consume_queue
 from deltamq.tables.consume_queue import load_dispatch_state
 from deltamq.tables.ranges import queue_ranges
@@ -87,8 +87,6 @@ def collect(
     lag = _lag(ctx, state.heads, now)
     topics = {t: v for t, v in ctx.catalog.topics().items() if not is_system_topic(t)}
     in_window = arrivals["totals"]
-    from deltamq.jobs import check_transactions
-
     return {
         "warehouse": ctx.warehouse.location,
         "now": now,
@@ -121,7 +119,7 @@ def collect(
         "groups": _groups(groups, kinds, subscriptions, lag, state.heads, in_window, now),
         "lag": lag,
         "dead_letters": _recent_dead_letters(ctx, since, until, recent),
-        "transactions": check_transactions.pending(ctx, now),
+        "transactions": transactions(ctx, now),
         "errors": _errors(ctx, since, until, recent) if any(series["errors"]) else [],
     }
 

@@ -64,7 +64,7 @@ from deltamq.constants import (
 from deltamq.message import StoredMessage
 from deltamq.tables import deltalog
 from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns
-from deltamq.tables.consume_queue import int_prop, load_dispatch_state
+from deltamq.tables.consume_queue import int_prop
 from deltamq.tables.offsets import advance_offsets, progress
 from deltamq.transactions import CheckConfig, ask_state, settle_kinds, table_states, transaction_rows
 
@@ -232,7 +232,7 @@ def plan_outputs(handled: DataFrame, now: int) -> DataFrame:
 
 
 # --- reading --------------------------------------------------------------------------------
-def _queue(wh: Warehouse, topic: str, lo: int, hi: int) -> DataFrame:
+def system_queue(wh: Warehouse, topic: str, lo: int, hi: int) -> DataFrame:
     """Entries ``[lo, hi)`` of queue 0 of a transaction system topic (pruned by offset)."""
     return wh.read("consume_queue").where(
         (F.col("topic") == F.lit(topic))
@@ -245,7 +245,7 @@ def _queue(wh: Warehouse, topic: str, lo: int, hi: int) -> DataFrame:
 
 def read_ops(wh: Warehouse, lo: int, hi: int) -> DataFrame:
     """Op records ``[lo, hi)``: queue offset and the transaction each settles."""
-    return _queue(wh, TRANS_OP_HALF_TOPIC, lo, hi).select(
+    return system_queue(wh, TRANS_OP_HALF_TOPIC, lo, hi).select(
         F.col("queue_offset").alias("op_offset"), F.col("properties").getItem(Prop.TRAN_ID).alias("tran_id")
     )
 
@@ -432,7 +432,7 @@ def classify(ctx: Context, views: Views, state: CheckState, ops: DataFrame, pass
     read) and the count per class before it."""
     wh, engine, cfg = ctx.warehouse, ctx.engine, ctx.config
     classified = plan_classes(
-        _queue(wh, TRANS_HALF_TOPIC, state.half_offset, state.head),
+        system_queue(wh, TRANS_HALF_TOPIC, state.half_offset, state.head),
         ops,
         pass_now,
         timeout_ms=cfg.transaction_timeout_ms,
@@ -612,7 +612,7 @@ def first_pending_op(wh: Warehouse, new_half: int, head: int, ops: DataFrame) ->
     """Offset of the first op record whose transaction has a half entry in
     ``[new_half, head)`` (not walked yet); None when every op record read is done."""
     waiting = (
-        _queue(wh, TRANS_HALF_TOPIC, new_half, head)
+        system_queue(wh, TRANS_HALF_TOPIC, new_half, head)
         .select(F.coalesce(F.col("properties").getItem(Prop.TRAN_ID), F.col("msg_id")).alias("w_tran"))
         .distinct()
     )
@@ -625,51 +625,10 @@ def first_pending_op(wh: Warehouse, new_half: int, head: int, ops: DataFrame) ->
     return first
 
 
-def pending(ctx: Context, now: int) -> list[dict[str, Any]]:
-    """Per producer group: half messages not settled (at or after the half offset),
-    the oldest age, the most checks so far, and messages discarded."""
-    wh = ctx.warehouse
-    state = load_state(wh)
-    indexed = load_dispatch_state(wh)
-    head = indexed.heads.get((TRANS_HALF_TOPIC, 0), 0)
-    ops = _queue(wh, TRANS_OP_HALF_TOPIC, 0, indexed.heads.get((TRANS_OP_HALF_TOPIC, 0), 0)).select(
-        F.col("properties").getItem(Prop.TRAN_ID).alias("op_tran")
-    )
-    half = _queue(wh, TRANS_HALF_TOPIC, state.half_offset, head)
-    tran = F.coalesce(F.col("properties").getItem(Prop.TRAN_ID), F.col("msg_id"))
-    live = half.withColumn("tran", tran).join(ops, F.col("tran") == F.col("op_tran"), "left_anti")
-    out: dict[str, dict[str, Any]] = {}
-    for r in (
-        live.groupBy(F.col("properties").getItem(Prop.PGROUP).alias("pg"))
-        .agg(
-            F.count_distinct("tran").alias("n"),
-            F.min(F.coalesce("born_ts", "store_ts")).alias("oldest_born"),
-            F.max(
-                F.coalesce(int_prop(F.col("properties"), Prop.TRANSACTION_CHECK_TIMES, 12), F.lit(0))
-            ).alias("max_checks"),
-        )
-        .collect()
-    ):
-        out[r["pg"]] = {
-            "producer_group": r["pg"],
-            "pending": r["n"],
-            "oldest_age_ms": now - r["oldest_born"],
-            "max_checks": r["max_checks"],
-            "discarded": 0,
-        }
-    discarded = engine_discards(wh, indexed.heads.get((TRANS_CHECK_MAX_TIME_TOPIC, 0), 0))
-    for pg, n in discarded.items():
-        out.setdefault(
-            pg,
-            {"producer_group": pg, "pending": 0, "oldest_age_ms": None, "max_checks": None, "discarded": 0},
-        )["discarded"] = n
-    return [out[k] for k in sorted(out, key=str)]
-
-
 def engine_discards(wh: Warehouse, head: int) -> dict[str, int]:
     """Discarded half messages (TRANS_CHECK_MAX_TIME_TOPIC) per producer group."""
     rows = (
-        _queue(wh, TRANS_CHECK_MAX_TIME_TOPIC, 0, head)
+        system_queue(wh, TRANS_CHECK_MAX_TIME_TOPIC, 0, head)
         .groupBy(F.col("properties").getItem(Prop.PGROUP).alias("pg"))
         .count()
         .collect()

@@ -436,25 +436,3 @@ def write_progress(
             (t, q, o, None) for (t, q), o in sorted(heads.items())
         ]
     advance_offsets(wh, PROMOTE_GROUP, rows, now, also=also)
-
-
-def pending(wh: Warehouse) -> dict[str, list[dict[str, Any]]]:
-    """What is held: per level (pending, oldest due, saved offset) and timers by due day."""
-    state = load_state(wh)
-    levels = wh.levels()
-    held = consume_queue.held_levels(wh, state.level_offsets, levels)
-    per_level = [
-        {
-            "level": lvl,
-            "delay_ms": delay,
-            "offset": state.level_offsets.get(lvl - 1, 0),
-            "pending": held[lvl - 1][0] if lvl - 1 in held else 0,
-            "oldest_due": held[lvl - 1][1] if lvl - 1 in held else None,
-        }
-        for lvl, delay in levels
-    ]
-    timers = consume_queue.held_timers(wh, state.timer_watermark, state.timer_next_offset)
-    return {
-        "levels": per_level,
-        "timers": [{"due_day": str(day), "pending": n, "first_due": first} for day, n, first in timers],
-    }
