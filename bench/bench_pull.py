@@ -89,7 +89,7 @@ def prepare(wh: Path, n: int) -> Broker:
 def measure(root: Path, n: int = 100_000, batch: int = 1000, clients: int = 1) -> dict:
     """Pull + ack ``n`` messages with ``clients`` client processes at ``batch``; the
     figures and the checks (``handed_out_once``, ``acked_offsets``, ``in_flight``)."""
-    from deltamq import pull
+    from deltamq.tables import deliveries
     from deltamq.tables.consume_queue import load_dispatch_state
 
     wh = Path(root) / f"pull-{n}-{clients}"
@@ -127,7 +127,9 @@ def measure(root: Path, n: int = 100_000, batch: int = 1000, clients: int = 1) -
     acked = b.sql(
         "SELECT sum(next_offset) AS n FROM offsets WHERE consumer_group = 'workers' AND topic = 'orders'"
     ).collect()[0]["n"]
-    in_flight = sum(d - a for (t, _), (a, d) in pull.positions(b.context, "workers").items() if t == "orders")
+    in_flight = sum(
+        d - a for (t, _), (a, d) in deliveries.positions(b.warehouse, "workers").items() if t == "orders"
+    )
     b.close()
     shutil.rmtree(wh, ignore_errors=True)
     return {

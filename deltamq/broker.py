@@ -38,10 +38,10 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from deltamq.dq.suites import QualityResult
+    from deltamq.jobs.sink import Sink
     from deltamq.ops import ResendResult
     from deltamq.orchestration.tick import TickResult, TickRunner
     from deltamq.pull import PullConsumer
-    from deltamq.sink import Sink
 
 
 class Broker:
@@ -348,14 +348,14 @@ class Broker:
         key_columns: str | list[str],
         transform: Callable[..., Any] | str | None = None,
     ) -> Sink:
-        """Make ``group`` an exactly-once Delta sink (see :mod:`deltamq.sink`): each sink
+        """Make ``group`` an exactly-once Delta sink (see :mod:`deltamq.jobs.sink`): each sink
         pass (the tick's ``sink`` job) MERGEs the group's new messages into the Delta table
         at ``table_path`` on ``key_columns``, guarded so that a replay after any crash
         changes nothing. ``transform`` (a callable or ``"package.module:function"``) maps
-        the messages DataFrame (:data:`deltamq.sink.MESSAGE_SCHEMA`) to the table's rows and
+        the messages DataFrame (:data:`deltamq.jobs.sink.MESSAGE_SCHEMA`) to the table's rows and
         must keep ``_deltamq_order``. A missing table is created (empty) now.
-        Returns the :class:`~deltamq.sink.Sink`."""
-        from deltamq import sink
+        Returns the :class:`~deltamq.jobs.sink.Sink`."""
+        from deltamq.jobs import sink
 
         return sink.configure(self.context, group, table_path, key_columns, transform)
 

@@ -236,7 +236,7 @@ class Catalog(Topics):
         self.listeners.pop(name, None)
 
     def set_sink(self, group: str, table: str, keys: Sequence[str], transform_path: str | None) -> None:
-        """Store a group's exactly-once sink (validated by :mod:`deltamq.sink`)."""
+        """Store a group's exactly-once sink (validated by :mod:`deltamq.jobs.sink`)."""
         keys_sql = "array(" + ", ".join(sql_str(k) for k in keys) + ")"
         self._commit(
             "group_config",

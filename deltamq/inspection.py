@@ -23,7 +23,7 @@ from deltamq.constants import (
     Prop,
 )
 from deltamq.jobs import check_transactions, promote
-from deltamq.tables import consume_queue, deltalog
+from deltamq.tables import consume_queue, deliveries, deltalog
 from deltamq.tables.consume_queue import int_prop, load_dispatch_state
 from deltamq.tables.offsets import QueueKey, positions
 from deltamq.tables.sqltext import sql_long
@@ -244,7 +244,7 @@ def pull_clients(ctx: Context, now: int) -> list[dict[str, Any]]:
     )
     inflight = {
         (r["consumer_group"], r["client_id"]): r["count"]
-        for r in pull.open_deliveries(ctx, F.lit(True))
+        for r in deliveries.open_deliveries(ctx.warehouse, F.lit(True))
         .groupBy("consumer_group", "client_id")
         .count()
         .collect()

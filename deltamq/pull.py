@@ -69,39 +69,43 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from deltamq import dedup, faults
-from deltamq.engine import is_commit_conflict
 from deltamq.errors import ConfigError, UnknownGroup
 from deltamq.filters import subscriptions_filter
+from deltamq.jobs import pull_expiry
 from deltamq.message import StoredMessage, stored_fields, validate_group_name
-from deltamq.schemas import SCHEMA_VERSION, TABLES
+from deltamq.tables import deliveries
 from deltamq.tables.bodies import read_bodies
 from deltamq.tables.consume_queue import load_dispatch_state
-from deltamq.tables.offsets import OffsetsMerge, forward, source
-from deltamq.tables.ranges import any_of, queue_offsets, queue_ranges
-from deltamq.tables.sqltext import sql_int, sql_long, sql_queues, sql_str
+from deltamq.tables.deliveries import (
+    ACKED,
+    INFLIGHT,
+    NACKED,
+    PASSED,
+    REVOKED,
+    TAKEN,
+    LockEntry,
+    ended,
+    handles_column,
+    queues_column,
+)
+from deltamq.tables.ranges import queue_ranges
+from deltamq.tables.sqltext import sql_long, sql_str
 
 if TYPE_CHECKING:
     from deltamq.context import Context
 
 Queue = tuple[str, int]
 
-# states of the deliveries log (docs/behaviour.md §6)
-INFLIGHT, PASSED, TAKEN = "INFLIGHT", "PASSED", "TAKEN"
-ACKED, NACKED, EXPIRED, REVOKED = "ACKED", "NACKED", "EXPIRED", "REVOKED"
-ENDED = (ACKED, NACKED, EXPIRED, REVOKED)
 WINDOW = 10
 """A pull reserves at most this many batches ahead in the lock row (up to the queue's head)."""
 RESERVE_MS = 2_000
 """A reservation counts this long after the owner's last lock write; the owner writes its
 lock row again before it hands out from a reservation older than half of it, and checks
 its lock after a pull that took longer than that (the fence)."""
-_LOG_SCHEMA = TABLES["deliveries"].columns_at(SCHEMA_VERSION)
-_ARROW_TYPES = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64()}
-_ARROW_LOG = pa.schema([(f.name, _ARROW_TYPES[f.dataType.simpleString()]) for f in _LOG_SCHEMA.fields])
 
 
 @dataclass(frozen=True)
@@ -139,15 +143,6 @@ def assign(queues: Sequence[Queue], clients: Sequence[str], me: str) -> list[Que
 
 
 # --- the access lock (pure) -----------------------------------------------------------------
-@dataclass(frozen=True)
-class LockEntry:
-    owner: str
-    last_access_ts: int
-    last_delivered_offset: int  # the delivered offset last seen (the no-change counter's reference)
-    no_change_count: int = 0
-    delivered_offset: int | None = None  # the end of the owner's last reserved range
-
-
 _NOBODY = LockEntry("", 0, 0)
 
 
@@ -263,8 +258,10 @@ class PullConsumer:
         if any(h.reserved > h.position for h in self._held.values()):
 
             def attempt() -> None:
-                locks = read_locks(self.ctx, self.group)
-                write_locks(self.ctx, self.group, self._give_back(locks, set(self._held), now))
+                locks = deliveries.read_locks(self.ctx.warehouse, self.group)
+                deliveries.write_locks(
+                    self.ctx.warehouse, self.group, self._give_back(locks, set(self._held), now)
+                )
 
             self.ctx.commit(attempt, what="queue_lock")
         self._held.clear()
@@ -368,7 +365,7 @@ class PullConsumer:
         if time.monotonic() - started >= RESERVE_MS / 2000.0:
             # fence: a pull that took long may have lost a queue (its owner paused past the
             # lock timeout); it returns nothing from it, and what it recorded ends
-            current = read_locks(self.ctx, self.group)
+            current = deliveries.read_locks(self.ctx.warehouse, self.group)
             lost = {q for q in takes if (current.get(q) or _NOBODY).owner != self.client_id}
             gone = [m.row for m in handouts if m.topic_queue in lost]
             if gone:
@@ -419,9 +416,9 @@ class PullConsumer:
         def attempt() -> None:
             plans.clear()
             taken.clear()
-            locks = read_locks(self.ctx, self.group)
+            locks = deliveries.read_locks(self.ctx.warehouse, self.group)
             unknown = [q for q in mine if q not in self._held or (locks.get(q) or _NOBODY).owner != me]
-            derived = positions(self.ctx, self.group, unknown) if unknown else {}
+            derived = deliveries.positions(self.ctx.warehouse, self.group, unknown) if unknown else {}
             changes = []
             left = budget
             for q in mine:
@@ -470,9 +467,9 @@ class PullConsumer:
                     changes.append((q, entry, LockEntry(me, now, grown, count, grown)))
                 plans[q] = _Plan(start, end, grown, write)
             changes += self._give_back(locks, set(self._held) - mine_set, now)
-            write_locks(self.ctx, self.group, changes)
+            deliveries.write_locks(self.ctx.warehouse, self.group, changes)
             if any(p.write for p in plans.values()):
-                after = read_locks(self.ctx, self.group)
+                after = deliveries.read_locks(self.ctx.warehouse, self.group)
                 for q, p in list(plans.items()):
                     got = after.get(q)
                     if p.write and not (
@@ -484,9 +481,9 @@ class PullConsumer:
                         del plans[q]
 
         if any(q not in self._held for q in mine):
-            existing = read_locks(self.ctx, self.group)
+            existing = deliveries.read_locks(self.ctx.warehouse, self.group)
             if any(q not in existing for q in mine):
-                ensure_lock_rows(self.ctx, self.group, mine)
+                _ensure_lock_rows(self.ctx, self.group, mine)
         self.ctx.commit(attempt, what="queue_lock")
         for q in list(self._held):
             if q not in plans:
@@ -525,7 +522,11 @@ class PullConsumer:
         if not taken:
             return []
         cond = (F.col("consumer_group") == self.group) & queues_column(taken)
-        rows = [ended(r, REVOKED) for r in open_rows(self.ctx, cond) if r[1] != self.client_id]
+        rows = [
+            ended(r, REVOKED)
+            for r in deliveries.open_rows(self.ctx.warehouse, cond)
+            if r[1] != self.client_id
+        ]
         for (t, q), start in sorted(taken.items()):
             rows.append((self.group, self.client_id, t, q, start - 1, None, _handle(), now, None, TAKEN))
         return rows
@@ -595,7 +596,7 @@ class PullConsumer:
         if found:
             append_log(self.ctx, [ended(r, ACKED) for r in found])
         if self._cfg.dedup_key and found:
-            self._record_keys([_as_dict(r) for r in found], now)
+            self._record_keys([deliveries.as_dict(r) for r in found], now)
         for h in handles:
             self._sent.pop(h, None)
         return len(found)
@@ -622,14 +623,14 @@ class PullConsumer:
         if unsure:
             wanted = set(unsure)
             cond = (F.col("consumer_group") == self.group) & handles_column(unsure)
-            sure += [r for r in open_rows(self.ctx, cond) if r[6] in wanted]
+            sure += [r for r in deliveries.open_rows(self.ctx.warehouse, cond) if r[6] in wanted]
         return sure
 
     def _record_keys(self, acked: list[dict[str, Any]], now: int) -> None:
         """Keys of acknowledged messages (docs/behaviour.md §7), from their consume_queue rows."""
         rows = (
             self.ctx.warehouse.read("consume_queue")
-            .where(_at_offsets(acked))
+            .where(deliveries.at_offsets(acked))
             .select(dedup.key_column(self._cfg.dedup_key or "").alias("k"), "msg_id")
             .collect()
         )
@@ -651,7 +652,7 @@ class PullConsumer:
             raise ConfigError(f"delay_level={delay_level!r} must be an integer or None")
         self._keep_alive(now)
         found = self._in_flight(handles, now)
-        send_back(self.ctx, [_as_dict(r) for r in found], delay_level or 0, "nack")
+        pull_expiry.send_back(self.ctx, [deliveries.as_dict(r) for r in found], delay_level or 0, "nack")
         if found:
             append_log(self.ctx, [ended(r, NACKED) for r in found])
         for h in handles:
@@ -689,11 +690,6 @@ def _handle() -> str:
     return secrets.token_hex(14)
 
 
-def _at_offsets(rows: Iterable[dict[str, Any]]):
-    """consume_queue rows at the (topic, queue, offset) of ``rows`` (deliveries)."""
-    return queue_offsets((r["topic"], r["queue_id"], r["queue_offset"]) for r in rows)
-
-
 _HEX = re.compile("[0-9a-f]+")
 
 
@@ -706,6 +702,15 @@ def _handles(handles: Iterable[str]) -> list[str]:
             raise ConfigError(f"{h!r} is not a receipt handle (hex text returned by pull)")
         out.append(h)
     return sorted(set(out))
+
+
+def append_log(ctx: Context, rows: list[tuple]) -> None:
+    """Append ``rows`` to the deliveries log, in one commit."""
+    ctx.commit(partial(deliveries.append, ctx.warehouse, rows), what="deliveries")
+
+
+def _ensure_lock_rows(ctx: Context, group: str, queues: Iterable[Queue]) -> None:
+    ctx.commit(partial(deliveries.ensure_lock_rows, ctx.warehouse, group, list(queues)), what="queue_lock")
 
 
 # --- shared reads and writes ----------------------------------------------------------------
@@ -735,346 +740,4 @@ def live_clients(ctx: Context, group: str, now: int) -> list[str]:
     return sorted({r["client_id"] for r in rows})
 
 
-_LOCK_COLUMNS = (
-    "topic",
-    "queue_id",
-    "owner",
-    "last_access_ts",
-    "last_delivered_offset",
-    "no_change_count",
-    "delivered_offset",
-)
-
-
-def read_locks(ctx: Context, group: str) -> dict[Queue, LockEntry | None]:
-    """Lock rows of the group; a queue whose row has no owner maps to None."""
-    rows = (
-        ctx.warehouse.read("queue_lock")
-        .where(F.col("consumer_group") == group)
-        .select(*_LOCK_COLUMNS)
-        .collect()
-    )
-    return {
-        (r["topic"], r["queue_id"]): None
-        if r["owner"] is None
-        else LockEntry(
-            r["owner"],
-            r["last_access_ts"],
-            r["last_delivered_offset"] or 0,
-            r["no_change_count"] or 0,
-            r["delivered_offset"],
-        )
-        for r in rows
-    }
-
-
-def ensure_lock_rows(ctx: Context, group: str, queues: Iterable[Queue]) -> None:
-    """Ownerless lock rows for ``queues`` that have none. Taking a lock is then always an
-    update of an existing row: concurrent takers conflict (a non-append commit) or fail
-    the compare-and-set, never both insert. Two racing inserts here leave identical
-    ownerless rows, which every later update changes together."""
-    values = ", ".join(f"({sql_str(group)}, {sql_str(t)}, {q})" for t, q in sorted(queues))
-    if not values:
-        return
-    statement = (
-        f"MERGE INTO {ctx.warehouse.ref('queue_lock')} t USING (SELECT * FROM VALUES {values} "
-        "AS v(consumer_group, topic, queue_id)) s "
-        "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
-        "WHEN NOT MATCHED THEN INSERT (consumer_group, topic, queue_id, owner, last_access_ts, "
-        "last_delivered_offset, no_change_count, delivered_offset) VALUES (s.consumer_group, s.topic, "
-        "s.queue_id, CAST(NULL AS STRING), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), 0, "
-        "CAST(NULL AS BIGINT))"
-    )
-    ctx.commit(lambda: ctx.engine.execute(statement), what="queue_lock")
-
-
-def write_locks(ctx: Context, group: str, changes: list[tuple[Queue, LockEntry | None, LockEntry]]) -> None:
-    """Compare-and-set: each (existing, see :func:`ensure_lock_rows`) row changes only if it
-    still is what was read."""
-    changes = [c for c in changes if c[1] != c[2]]
-    if not changes:
-        return
-    values = ", ".join(
-        f"({sql_str(group)}, {sql_str(t)}, {q}, {sql_str(old.owner if old else None)}, "
-        f"{sql_long(old.last_access_ts if old else None)}, {sql_str(new.owner)}, "
-        f"{sql_long(new.last_access_ts)}, "
-        f"{sql_long(new.last_delivered_offset)}, {sql_int(new.no_change_count)}, "
-        f"{sql_long(new.delivered_offset)})"
-        for (t, q), old, new in changes
-    )
-    ctx.engine.execute(
-        f"MERGE INTO {ctx.warehouse.ref('queue_lock')} t USING (SELECT * FROM VALUES {values} AS v("
-        "consumer_group, topic, queue_id, exp_owner, exp_access, owner, last_access_ts, "
-        "last_delivered_offset, no_change_count, delivered_offset)) s "
-        "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
-        "WHEN MATCHED AND t.owner <=> s.exp_owner AND t.last_access_ts <=> s.exp_access THEN UPDATE SET "
-        "t.owner = s.owner, t.last_access_ts = s.last_access_ts, "
-        "t.last_delivered_offset = s.last_delivered_offset, t.no_change_count = s.no_change_count, "
-        "t.delivered_offset = s.delivered_offset"
-    )
-
-
-def read_positions(ctx: Context, groups: Iterable[str]) -> dict[tuple[str, str, int], tuple[int, int | None]]:
-    """The stored positions, per (group, topic, queue): (acknowledged offset, delivered
-    offset or None)."""
-    names = sorted(set(groups))
-    if not names:
-        return {}
-    rows = (
-        ctx.warehouse.read("offsets")
-        .where(F.col("consumer_group").isin(names) & (F.col("client_id") == ""))
-        .select("consumer_group", "topic", "queue_id", "next_offset", "delivered_offset")
-        .collect()
-    )
-    return {
-        (r["consumer_group"], r["topic"], r["queue_id"]): (r["next_offset"] or 0, r["delivered_offset"])
-        for r in rows
-    }
-
-
 # --- the deliveries log ---------------------------------------------------------------------
-def append_log(ctx: Context, rows: list[tuple]) -> None:
-    """Append rows (in the table's column order) to the deliveries log: a blind append,
-    which never conflicts with another client's."""
-    columns = list(zip(*rows, strict=True))
-    table = pa.Table.from_arrays(
-        [pa.array(c, type=t) for c, t in zip(columns, _ARROW_LOG.types, strict=True)], schema=_ARROW_LOG
-    )
-    df = ctx.engine.spark.createDataFrame(table)
-    ctx.commit(lambda: ctx.warehouse.append("deliveries", df), what="deliveries")
-
-
-def ended(row: tuple, state: str) -> tuple:
-    """The row that ends the delivery ``row`` (an INFLIGHT row): same handle, client,
-    queue position and delivery time."""
-    return (*row[:8], None, state)
-
-
-def _as_dict(row: tuple) -> dict[str, Any]:
-    return dict(zip(_LOG_SCHEMA.fieldNames(), row, strict=True))
-
-
-def queues_column(queues: Iterable[Queue]) -> Column:
-    return any_of((F.col("topic") == t) & (F.col("queue_id") == q) for t, q in sorted(queues))
-
-
-def handles_column(handles: Iterable[str]) -> Column:
-    """Log rows whose handle is within the ranges the handles form (one per pull: a
-    pull's handles share a prefix), a predicate file statistics can prune by."""
-    by_prefix: dict[str, list[str]] = defaultdict(list)
-    for h in sorted(handles):
-        by_prefix[h[:-6]].append(h)
-    if len(by_prefix) > 64:
-        hs = sorted(handles)
-        return F.col("receipt_handle").between(hs[0], hs[-1])
-    return any_of(F.col("receipt_handle").between(v[0], v[-1]) for v in by_prefix.values())
-
-
-def open_deliveries(ctx: Context, cond: Column, sent_only: Column | None = None) -> DataFrame:
-    log = ctx.warehouse.read("deliveries").where(cond)
-    sent = log.where(F.col("state") == INFLIGHT)
-    if sent_only is not None:
-        sent = sent.where(sent_only)
-    over = log.where(F.col("state").isin(*ENDED)).select(F.col("receipt_handle").alias("_ended"))
-    return sent.join(over, F.col("receipt_handle") == F.col("_ended"), "left_anti")
-
-
-def open_rows(ctx: Context, cond: Column, sent_only: Column | None = None) -> list[tuple]:
-    """INFLIGHT rows matching ``cond`` (and ``sent_only``) that no row has ended yet."""
-    return [
-        tuple(r) for r in open_deliveries(ctx, cond, sent_only).select(*_LOG_SCHEMA.fieldNames()).collect()
-    ]
-
-
-@dataclass
-class _QueueLog:
-    """One queue's rows in the log, summed up."""
-
-    taken_ts: int | None = None  # the latest TAKEN row: rows delivered before it are old
-    inflight_lo: int | None = None  # lowest offset in flight (any epoch)
-    due: int | None = None  # earliest invisible time of those in flight
-    last: int | None = None  # highest offset handed out or passed since the latest TAKEN
-    old_hi: int | None = None  # highest offset of rows older than the latest TAKEN
-    lowest: int | None = None  # lowest offset of any row
-    seen_ts: int | None = None  # the latest delivery time read (later rows came after the read)
-
-
-def _summary(ctx: Context, group: str | None = None, queues: Iterable[Queue] | None = None) -> dict:
-    """{(group, topic, queue): _QueueLog} of the log (one statement)."""
-    where = []
-    if group is not None:
-        where.append(f"consumer_group = {sql_str(group)}")
-    if queues is not None:
-        where.append(sql_queues(queues))
-    ended_states = ", ".join(sql_str(s) for s in ENDED)
-    statement = (
-        "SELECT consumer_group, topic, queue_id, ts, cls, min(off) AS lo, max(off) AS hi, "
-        "min(due) AS due FROM (SELECT consumer_group, topic, queue_id, "
-        "receipt_handle, min(delivered_ts) AS ts, min(queue_offset) AS off, "
-        f"min(CASE WHEN state = {sql_str(INFLIGHT)} THEN invisible_until END) AS due, "
-        f"CASE WHEN max(CASE WHEN state = {sql_str(TAKEN)} THEN 1 ELSE 0 END) = 1 THEN 'T' "
-        f"WHEN max(CASE WHEN state = {sql_str(REVOKED)} THEN 1 ELSE 0 END) = 1 THEN 'R' "
-        f"WHEN max(CASE WHEN state IN ({ended_states}) THEN 1 ELSE 0 END) = 1 THEN 'D' "
-        f"WHEN max(CASE WHEN state = {sql_str(INFLIGHT)} THEN 1 ELSE 0 END) = 1 THEN 'I' "
-        f"ELSE 'D' END AS cls FROM {ctx.warehouse.ref('deliveries')}"
-        + (f" WHERE {' AND '.join(where)}" if where else "")
-        + " GROUP BY consumer_group, topic, queue_id, receipt_handle) h "
-        "GROUP BY consumer_group, topic, queue_id, ts, cls"
-    )
-    rows = ctx.engine.rows(statement)
-    out: dict[tuple[str, str, int], _QueueLog] = defaultdict(_QueueLog)
-    for r in rows:
-        if r["cls"] == "T":
-            s = out[(r["consumer_group"], r["topic"], r["queue_id"])]
-            if s.taken_ts is None or r["ts"] > s.taken_ts:
-                s.taken_ts = r["ts"]
-    for r in rows:
-        s = out[(r["consumer_group"], r["topic"], r["queue_id"])]
-        s.lowest = r["lo"] if s.lowest is None else min(s.lowest, r["lo"])
-        s.seen_ts = r["ts"] if s.seen_ts is None else max(s.seen_ts, r["ts"])
-        if r["cls"] == "I":
-            s.inflight_lo = r["lo"] if s.inflight_lo is None else min(s.inflight_lo, r["lo"])
-            s.due = r["due"] if s.due is None else min(s.due, r["due"])
-        if s.taken_ts is not None and r["ts"] < s.taken_ts:
-            s.old_hi = r["hi"] if s.old_hi is None else max(s.old_hi, r["hi"])
-        elif r["cls"] != "R":
-            s.last = r["hi"] if s.last is None else max(s.last, r["hi"])
-    return dict(out)
-
-
-def _position(s: _QueueLog | None, stored: tuple[int, int | None] | None) -> tuple[int, int]:
-    """(acknowledged, delivered) of one queue: its log summary on top of its stored row."""
-    acked_s, delivered_s = stored or (0, None)
-    base = delivered_s if delivered_s is not None else acked_s
-    if s is None:
-        return acked_s, base
-    if s.taken_ts is not None:  # a takeover restarted the queue where its TAKEN row says
-        base = 0
-    delivered = base if s.last is None else max(base, s.last + 1)
-    acked = delivered if s.inflight_lo is None else min(s.inflight_lo, delivered)
-    return acked, delivered
-
-
-def positions(
-    ctx: Context, group: str, queues: Iterable[Queue] | None = None
-) -> dict[Queue, tuple[int, int]]:
-    """Per queue of ``group`` (only ``queues`` if given): (acknowledged offset, delivered
-    offset) now — the log read first, then the stored offsets (the fold writes offsets
-    before it deletes log rows, so this order never misses a position)."""
-    wanted = None if queues is None else sorted(set(queues))
-    logs = _summary(ctx, group, wanted)
-    stored = read_positions(ctx, [group])
-    keys = {(t, q) for g, t, q in logs} | {(t, q) for g, t, q in stored if g == group}
-    if wanted is not None:
-        keys = set(wanted)
-    return {k: _position(logs.get((group, *k)), stored.get((group, *k))) for k in sorted(keys)}
-
-
-def fold(ctx: Context, now: int, logs: dict | None = None) -> int:
-    """Fold the deliveries log into ``offsets`` (next and delivered offsets; a takeover's
-    restart included), then delete the rows below each queue's acknowledged offset (all
-    ended). Returns the rows' queues folded. A delete that meets a concurrent append is
-    left to the next fold."""
-    logs = _summary(ctx) if logs is None else logs
-    if not logs:
-        return 0
-    stored = read_positions(ctx, {g for g, _, _ in logs})
-    merge = OffsetsMerge(("next_offset", "delivered_offset", "restart"), now, extra={"restart": "boolean"})
-    drops = []
-    for (group, t, q), s in sorted(logs.items()):
-        old = stored.get((group, t, q))
-        acked, delivered = _position(s, old)
-        if old is None or old[0] != acked or old[1] != delivered or s.taken_ts is not None:
-            restart = s.taken_ts is not None
-            merge.add(group, t, q, next_offset=acked, delivered_offset=delivered, restart=restart)
-        if s.lowest is None or s.lowest >= acked:
-            continue  # nothing ended below the acknowledged offset yet
-        # A takeover appended after the log was read leaves a TAKEN row just below the
-        # acknowledged offset: it is the new owner's start and stays.
-        keep = f" AND NOT (state = {sql_str(TAKEN)} AND delivered_ts > {sql_long(s.seen_ts or 0)})"
-        if s.taken_ts is not None and s.old_hi is not None and s.old_hi >= acked:
-            # the previous owners' rows above the acknowledged offset still count until the
-            # new owner's acks pass them: only their rows go (the TAKEN row and the new
-            # owner's rows after it say where the queue restarted)
-            keep = f" AND delivered_ts < {sql_long(s.taken_ts)}"
-        at = f"consumer_group = {sql_str(group)} AND topic = {sql_str(t)} AND queue_id = {int(q)}"
-        drops.append(f"({at} AND queue_offset < {sql_long(acked)}{keep})")
-    update = {
-        "next_offset": forward("next_offset"),
-        "delivered_offset": "CASE WHEN s.restart THEN s.delivered_offset "
-        "ELSE greatest(coalesce(t.delivered_offset, 0), s.delivered_offset) END",
-    }
-    insert = {"next_offset": source("next_offset"), "delivered_offset": source("delivered_offset")}
-    if merge.rows:
-        ctx.commit(partial(merge.execute, ctx.warehouse, update, insert), what="offsets")
-    faults.point("pull_expiry.after_offsets_commit")
-    if drops:
-        statement = f"DELETE FROM {ctx.warehouse.ref('deliveries')} WHERE {' OR '.join(drops)}"
-        for pause in (0.02, 0.05, 0.1, 0.0):  # clients keep appending: a few tries, then the next fold
-            try:
-                ctx.engine.execute(statement)
-                break
-            except Exception as e:
-                if not is_commit_conflict(e):
-                    raise
-                time.sleep(pause)
-    return len(logs)
-
-
-def send_back(ctx: Context, rows: list[dict[str, Any]], level: int, why: str) -> None:
-    """Failed pull deliveries (nacked or expired) → the retry / DLQ path, ids derived from
-    the delivery (its time and queue position), already-stored ones skipped."""
-    if not rows:
-        return
-    from deltamq.jobs import sendback
-
-    wh = ctx.warehouse
-    groups = ctx.catalog.groups()
-    max_level = ctx.catalog.max_delay_level()
-    pred = _at_offsets(rows)
-    index = {
-        (x["topic"], x["queue_id"], x["queue_offset"]): x.asDict()
-        for x in wh.read("consume_queue").where(pred).select(*sendback.DELIVERY_COLUMNS).collect()
-    }
-    failures: list[sendback.Failure] = []
-    for r in rows:
-        src = index.get((r["topic"], r["queue_id"], r["queue_offset"]))
-        if src is None:
-            continue
-        failures.append(
-            sendback.failure(
-                groups[r["consumer_group"]],
-                sendback.Delivered.of(src),
-                attempt_ts=r["delivered_ts"],
-                requested_level=level,
-                reason=None,
-                max_level=max_level,
-                error=f"pull: {why}",
-            )
-        )
-    if failures:
-        sendback.store(ctx, failures)
-
-
-def expire(ctx: Context, now: int, *, fence=None) -> int:
-    """The tick's ``pull_expiry`` step. Deliveries not acked within their invisible time:
-    RECONSUME_LATER (retry / DLQ path), then ended in the log; then the log is folded into
-    ``offsets`` (:func:`fold`). Returns how many expired. An empty log costs one read."""
-    logs = _summary(ctx)
-    if not logs:
-        return 0
-    n = 0
-    if any(s.due is not None and s.due <= now for s in logs.values()):
-        rows = open_rows(ctx, F.lit(True), F.col("invisible_until") <= F.lit(now))
-        if rows:
-            if fence:
-                fence()
-            send_back(ctx, [_as_dict(r) for r in rows], 0, "not acked within the invisible time")
-            faults.point("pull_expiry.after_sendback_commit")
-            append_log(ctx, [ended(r, EXPIRED) for r in rows])
-            n = len(rows)
-            logs = _summary(ctx)
-    if fence:
-        fence()
-    fold(ctx, now, logs)
-    return n

@@ -53,7 +53,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "deltamq.jobs",
             "deltamq.jobs.*",
             "deltamq.pull",
-            "deltamq.sink",
             "deltamq.dq",
             "deltamq.dq.*",
             "deltamq.ops",

@@ -6,7 +6,8 @@ import pytest
 
 from deltamq import Message
 from deltamq.errors import ConfigError
-from deltamq.pull import RESERVE_MS, LockEntry, allocate_averagely, decide_lock, positions
+from deltamq.pull import RESERVE_MS, LockEntry, allocate_averagely, decide_lock
+from deltamq.tables.deliveries import positions
 
 SECOND = 1_000
 
@@ -137,7 +138,7 @@ def test_owner_timeout_hands_the_queue_over_from_the_acked_offset(pulled, clock,
     assert bodies(taken) == ["q0m1", "q0m2"]  # from the acked offset, a's in-flight ones again
     assert a.ack([got[1].receipt_handle], now=later) == 0  # revoked by the takeover
     # the log says where queue 0 stands; the tick's pull_expiry step folds it into offsets
-    assert positions(broker.context, "workers", [("orders", 0)]) == {("orders", 0): (1, 3)}
+    assert positions(broker.warehouse, "workers", [("orders", 0)]) == {("orders", 0): (1, 3)}
     broker.tick(later)
     offsets = broker.sql(
         "SELECT next_offset, delivered_offset FROM offsets WHERE consumer_group = 'workers' "
@@ -153,7 +154,7 @@ def test_out_of_order_acks_move_the_acked_offset_to_the_lowest_unacked(pulled, c
     assert [m.queue_offset for m in got] == [0, 1, 2, 3, 4]
 
     def acked():
-        return positions(broker.context, "workers", [("orders", 0)])[("orders", 0)][0]
+        return positions(broker.warehouse, "workers", [("orders", 0)])[("orders", 0)][0]
 
     assert a.ack([got[3].receipt_handle, got[1].receipt_handle], now=t) == 2
     assert acked() == 0
@@ -369,7 +370,7 @@ def test_three_client_processes_pull_and_ack_everything_once(pulled, clock, tmp_
     assert sorted(b for b, _, _ in handed) == sorted(expected)  # each once
     assert len({(q, o) for _, q, o in handed}) == len(handed)
     assert all(got.values()), {c: len(v) for c, v in got.items()}  # each client got its share
-    assert positions(pulled.context, "workers", [("orders", q) for q in range(4)]) == {
+    assert positions(pulled.warehouse, "workers", [("orders", q) for q in range(4)]) == {
         ("orders", q): (per_queue + 5, per_queue + 5) for q in range(4)
     }
     pulled.tick(clock.now_ms() + 1)  # the pull_expiry step folds the log into offsets
@@ -406,7 +407,7 @@ def test_a_fold_after_a_takeover_keeps_the_new_owners_acked_position(pulled, clo
     assert b.ack([m.receipt_handle for m in taken], now=later) == 2
     for k in range(2):  # the first fold deletes the rows below the acked offset, the next reads what is left
         broker.tick(later + 1 + k)
-        assert positions(broker.context, "workers", [("orders", 0)]) == {("orders", 0): (2, 2)}
+        assert positions(broker.warehouse, "workers", [("orders", 0)]) == {("orders", 0): (2, 2)}
     c = broker.pull_consumer("workers", "c")
     much_later = later + broker.config.client_timeout_ms + 10
     again = [m for m in c.pull(10, now=much_later) if m.queue_id == 0]
@@ -416,17 +417,18 @@ def test_a_fold_after_a_takeover_keeps_the_new_owners_acked_position(pulled, clo
 def test_a_fold_keeps_a_takeover_that_came_after_it_read_the_log(pulled, clock, broker):
     """The fold reads the log, then deletes the rows below the acknowledged offset: a
     takeover appended in between (its TAKEN row sits just below that offset) survives."""
-    from deltamq import pull
+    from deltamq.jobs import pull_expiry
+    from deltamq.tables import deliveries
 
     t = clock.now_ms()
     a = broker.pull_consumer("workers", "a")
     got = [m for m in a.pull(4, now=t) if m.queue_id == 0]
     assert a.ack([got[0].receipt_handle, got[1].receipt_handle], now=t) == 2  # acked: 2; q0m2, q0m3 in flight
-    logs = pull._summary(broker.context)  # what the fold read
+    logs = deliveries.summary(broker.warehouse)  # what the fold read
     b = broker.pull_consumer("workers", "b")
     later = t + broker.config.client_timeout_ms + 1
     assert bodies([m for m in b.pull(1, now=later) if m.queue_id == 0]) == ["q0m2"]  # TAKEN at offset 1
-    pull.fold(broker.context, later, logs)
-    assert positions(broker.context, "workers", [("orders", 0)]) == {("orders", 0): (2, 3)}
+    pull_expiry.fold(broker.context, later, logs)
+    assert positions(broker.warehouse, "workers", [("orders", 0)]) == {("orders", 0): (2, 3)}
     rest = [m for m in b.pull(10, now=later + 1) if m.queue_id == 0]
     assert bodies(rest) == ["q0m3", "q0m4"]  # a's q0m3 again (revoked), then the new one

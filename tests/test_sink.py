@@ -8,7 +8,7 @@ from support.listeners import order_rows, order_rows_without_guard
 
 from deltamq import Message
 from deltamq.errors import ConfigError
-from deltamq.sink import SinkError
+from deltamq.jobs.sink import SinkError
 
 
 @pytest.fixture

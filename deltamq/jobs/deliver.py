@@ -29,21 +29,20 @@ import logging
 import os
 import pickle
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from pyspark.sql import functions as F
 
 from deltamq import dedup, faults
 from deltamq.constants import FailReason
-from deltamq.consumer import COLUMNAR_COLUMNS, ImportPathListener, is_columnar, resolve_listener
+from deltamq.consumer import ImportPathListener, is_columnar, resolve_listener
 from deltamq.filters import compile_sql92, parse_tag_expression, tags_match
-from deltamq.jobs import sendback
-from deltamq.jobs.listener_worker import Home, Outcome, Span
+from deltamq.jobs import consume_partition, sendback
+from deltamq.jobs.listener_worker import Home
 from deltamq.tables.bodies import join_bodies, read_bodies
 from deltamq.tables.consume_queue import load_dispatch_state
 from deltamq.tables.offsets import START, OffsetsMerge, Position, QueueKey, forward, positions, source
@@ -280,174 +279,6 @@ def _seed(ctx: Context, memory: Memory, now: int) -> None:
         memory.learn(rows[0]["n"], rows[0]["b"])
 
 
-# --- the listener call (runs inside the engine) ---------------------------------------------
-# What the consumer returns: a row per message that was not consumed ("fail": its outcome
-# and what the send-back needs), a row per consumed message whose group de-duplicates
-# ("key"), and one row per group and instance with the number consumed ("count"). A pass
-# that consumes everything returns a handful of rows, whatever its size.
-_OUT_ARROW = pa.schema(
-    [
-        ("kind", pa.string()),
-        ("consumer_group", pa.string()),
-        ("client_id", pa.string()),
-        ("topic", pa.string()),
-        ("queue_id", pa.int32()),
-        ("queue_offset", pa.int64()),
-        ("msg_id", pa.string()),
-        ("cl_date", pa.date32()),
-        ("cl_batch_id", pa.int64()),
-        ("cl_batch_pos", pa.int64()),
-        ("reconsume_times", pa.int32()),
-        ("dkey", pa.string()),
-        ("ok", pa.bool_()),
-        ("level", pa.int32()),
-        ("reason", pa.string()),
-        ("error", pa.string()),
-        ("n", pa.int64()),
-        ("nbytes", pa.int64()),
-    ]
-)
-_OUT_SCHEMA = (
-    "kind string, consumer_group string, client_id string, topic string, queue_id int, queue_offset bigint, "
-    "msg_id string, cl_date date, cl_batch_id bigint, cl_batch_pos bigint, reconsume_times int, dkey string, "
-    "ok boolean, level int, reason string, error string, n bigint, nbytes bigint"
-)
-_ORDER = ["consumer_group", "client_id", "topic", "queue_id", "queue_offset"]
-# the columns a listener worker receives (it builds StoredMessage objects from them)
-_MESSAGE_COLUMNS = list(COLUMNAR_COLUMNS)
-
-
-def _out_rows(
-    rows: pa.Table, kind: str, outcome: Outcome | None = None, n: int | None = None, nbytes: int | None = None
-) -> pa.Table:
-    """Output rows for the input ``rows`` (a pyarrow Table) with one outcome."""
-    k = rows.num_rows
-    const = {
-        "kind": pa.array([kind] * k, pa.string()),
-        "ok": pa.array([outcome.ok if outcome else None] * k, pa.bool_()),
-        "level": pa.array([outcome.level if outcome else None] * k, pa.int32()),
-        "reason": pa.array([outcome.reason.value if outcome and outcome.reason else None] * k, pa.string()),
-        "error": pa.array([outcome.error if outcome else None] * k, pa.string()),
-        "n": pa.array([n] * k, pa.int64()),
-        "nbytes": pa.array([nbytes] * k, pa.int64()),
-    }
-    arrays = [
-        const[f.name] if f.name in const else rows.column(f.name).combine_chunks().cast(f.type)
-        for f in _OUT_ARROW
-    ]
-    return pa.Table.from_arrays(arrays, schema=_OUT_ARROW)
-
-
-def _runs(table: pa.Table, keys: list[str]) -> list[tuple[int, int, tuple[Any, ...]]]:
-    """(start, length, key values) of the runs of equal ``keys`` in a table sorted by them."""
-    counts = (
-        table.select([*keys, "queue_offset"])
-        .group_by(keys, use_threads=False)
-        .aggregate([("queue_offset", "count")])
-        .to_pylist()
-    )
-    out, start = [], 0
-    for c in counts:
-        n = c["queue_offset_count"]
-        out.append((start, n, tuple(c[k] for k in keys)))
-        start += n
-    return out
-
-
-def _make_consumer(
-    listeners: dict[str, bytes],
-    batch: dict[str, int],
-    timeout_s: dict[str, float],
-    tries: int,
-    orderly: frozenset[str] = frozenset(),
-    home: Home | None = None,
-) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    def consume_partition(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow.compute as pc
-
-        from deltamq.jobs.listener_worker import Outcome, consume
-
-        batches = list(batches)
-        if not batches:
-            return
-        # Orderly groups' partitions hold whole queues (the input is partitioned by queue)
-        # and need all of a queue's rows, in offset order, before the first call.
-        table = pa.Table.from_batches(batches)
-        if table.num_rows == 0:
-            return
-        # Rows of one group and instance in offset order (orderly groups need it; for the
-        # others it only keeps each chunk tidy, so a partition holding a single concurrent
-        # group keeps its arrival order rather than paying for a copy of every body).
-        order = pc.sort_indices(table.select(_ORDER), [(c, "ascending") for c in _ORDER])
-        single = pc.count_distinct(table.column("consumer_group")).as_py() == 1 and (
-            pc.count_distinct(table.column("client_id")).as_py() == 1
-        )
-        in_order = pc.all(pc.equal(order, pa.array(range(table.num_rows), pa.uint64()))).as_py()
-        if not in_order and not (single and table.column("consumer_group")[0].as_py() not in orderly):
-            # (take on a table of many chunks is pathologically slow: 4.5 s for 1M rows
-            # of 1 KiB, 0.2 s once combined)
-            table = table.combine_chunks().take(order)
-        messages = table.select(_MESSAGE_COLUMNS)
-        out = []
-        for start, length, (group, client) in _runs(table, ["consumer_group", "client_id"]):
-
-            def call(lo: int, n: int, size: int, group: str = group, client: str = client) -> list[Span]:
-                got = consume(
-                    listeners[group],
-                    group,
-                    messages.slice(lo, n),
-                    size,
-                    timeout_s[group],
-                    tries,
-                    instance=client or None,
-                    home=home,
-                )
-                return [(lo + i, k, o) for i, k, o in got]
-
-            spans = []
-            if group in orderly:
-                runs = _runs(table.slice(start, length), ["topic", "queue_id"])
-                for q_start, q_len, _ in runs:
-                    q_start += start
-                    for lo in range(q_start, q_start + q_len, batch[group]):
-                        n = min(batch[group], q_start + q_len - lo)
-                        got = call(lo, n, n)
-                        failed = [o for _, _, o in got if not o.ok]
-                        if not failed:
-                            spans += got
-                            continue
-                        # the whole chunk is suspended together (RocketMQ); the rest waits
-                        spans.append(
-                            (lo, n, Outcome(False, reason=FailReason.SUSPEND, error=failed[0].error))
-                        )
-                        if lo + n < q_start + q_len:
-                            spans.append(
-                                (
-                                    lo + n,
-                                    q_start + q_len - lo - n,
-                                    Outcome(False, reason=FailReason.NOT_DELIVERED),
-                                )
-                            )
-                        break
-            else:
-                spans = call(start, length, batch[group])
-            consumed = 0
-            for lo, n, o in spans:
-                rows = table.slice(lo, n)
-                if o.ok:
-                    consumed += n
-                    keyed = rows.filter(pc.is_valid(rows.column("dkey")))
-                    if keyed.num_rows:
-                        out.append(_out_rows(keyed, "key"))
-                else:
-                    out.append(_out_rows(rows, "fail", o))
-            body_bytes = pc.sum(pc.binary_length(messages.column("body").slice(start, length))).as_py()
-            out.append(_out_rows(table.slice(start, 1), "count", n=consumed, nbytes=body_bytes or 0))
-        yield from pa.concat_tables(out).to_batches()
-
-    return consume_partition
-
-
 # --- running: plan → take → consume → decide → write --------------------------------------------
 @dataclass(frozen=True)
 class Pass:
@@ -682,10 +513,16 @@ def consume(ctx: Context, work: Pass, taken: Taken) -> Consumed:
         bodies,
         ["body", "born_ts", "flag", "sys_flag", "properties"],
     ).select(
-        "consumer_group", "client_id", *_MESSAGE_COLUMNS, "cl_date", "cl_batch_id", "cl_batch_pos", "dkey"
+        "consumer_group",
+        "client_id",
+        *consume_partition.MESSAGE_COLUMNS,
+        "cl_date",
+        "cl_batch_id",
+        "cl_batch_pos",
+        "dkey",
     )
     orderly = frozenset(g for g, cfg in groups.items() if cfg.orderly)
-    consumer = _make_consumer(
+    consumer = consume_partition.make_consumer(
         {g: work.listeners[g] for g in groups},
         {g: cfg.consume_batch_size for g, cfg in groups.items()},
         {g: cfg.consume_timeout_ms / 1000.0 for g, cfg in groups.items()},
@@ -708,7 +545,7 @@ def consume(ctx: Context, work: Pass, taken: Taken) -> Consumed:
     keys: list[tuple[str, str, str]] = []
     by_group: dict[str, int] = {}
     consumed = body_bytes = 0
-    for r in msgs.mapInArrow(consumer, _OUT_SCHEMA).collect():
+    for r in msgs.mapInArrow(consumer, consume_partition.OUT_SCHEMA).collect():
         if r["kind"] == "fail":
             failures.append(Failed.of(r))
         elif r["kind"] == "key":

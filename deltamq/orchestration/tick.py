@@ -24,7 +24,7 @@ from deltamq import ids
 from deltamq.clock import ms_to_iso, to_ms
 from deltamq.constants import JOB_NAMES, JOB_STEPS, MAX_ERROR_CHARS
 from deltamq.errors import ClockError, LeaseHeld
-from deltamq.jobs import check_transactions, deliver, dispatch, promote, retain, wake
+from deltamq.jobs import check_transactions, deliver, dispatch, promote, pull_expiry, retain, wake
 from deltamq.orchestration.leases import Lease, Leases, LeaseTerms, wall_ms
 from deltamq.tables.integrity import diagnose
 
@@ -213,15 +213,13 @@ def _listener_errors(r: deliver.DeliverResult) -> str | None:
 
 def _pull_expiry(runner: TickRunner, now: int, fence: Fence, runs: list[JobRun]) -> JobRun:
     """Pull deliveries not acked within their invisible time: RECONSUME_LATER."""
-    from deltamq import pull
-
-    n = pull.expire(runner.ctx, now, fence=fence)
+    n = pull_expiry.expire(runner.ctx, now, fence=fence)
     return JobRun(job="pull_expiry", status="OK", rows_in=n, rows_out=n, details={"expired": n})
 
 
 def _sink(runner: TickRunner, now: int, fence: Fence, runs: list[JobRun]) -> JobRun | None:
     """Exactly-once Delta sinks: each sink group's new messages MERGEd into its table."""
-    from deltamq import sink
+    from deltamq.jobs import sink
 
     delivered = next((r.result for r in runs if r.job == "deliver"), None)
     if delivered is not None and not delivered.sinks:

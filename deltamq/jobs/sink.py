@@ -36,6 +36,7 @@ from deltamq.config import GroupConfig, Subscription
 from deltamq.constants import Prop
 from deltamq.errors import ConfigError, DeltaMQError, UnknownGroup
 from deltamq.filters import subscriptions_filter
+from deltamq.jobs import deliver
 from deltamq.message import validate_group_name
 from deltamq.storage import normalize_location
 from deltamq.tables.bodies import join_bodies, read_bodies
@@ -227,10 +228,10 @@ def order_column() -> F.Column:
     )
 
 
-def run(ctx: Context, now: int, *, fence=None, only: str | None = None) -> list[SinkResult]:
+def run(
+    ctx: Context, now: int, *, fence: Callable[[], None] | None = None, only: str | None = None
+) -> list[SinkResult]:
     """One pass of every sink (or of group ``only``)."""
-    from deltamq.jobs import deliver
-
     groups = ctx.catalog.groups()
     sinks = configs(ctx, groups)
     if only is not None:
@@ -253,7 +254,9 @@ def run(ctx: Context, now: int, *, fence=None, only: str | None = None) -> list[
     return results
 
 
-def _pass(ctx: Context, cfg: SinkConfig, takes: list, now: int, subs: list[Subscription]) -> SinkResult:
+def _pass(
+    ctx: Context, cfg: SinkConfig, takes: list[deliver.QueueTake], now: int, subs: list[Subscription]
+) -> SinkResult:
     wh = ctx.warehouse
     pred = queue_ranges((t.topic, t.queue_id, t.lo, t.hi) for t in takes)
     matches = subscriptions_filter(s for s in subs if s.consumer_group == cfg.group)

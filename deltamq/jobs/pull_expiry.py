@@ -1,0 +1,137 @@
+"""The tick's ``pull_expiry`` step (docs/behaviour.md §6): deliveries not acked within
+their invisible time take the retry / DLQ path, then the deliveries log is folded into
+``offsets`` and the rows below each queue's acknowledged offset are deleted. A nack
+sends back through the same :func:`send_back`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import functions as F
+
+from deltamq import faults
+from deltamq.engine import is_commit_conflict
+from deltamq.tables import deliveries
+from deltamq.tables.deliveries import EXPIRED, TAKEN, ended
+from deltamq.tables.offsets import OffsetsMerge, forward, source
+from deltamq.tables.sqltext import sql_long, sql_str
+
+if TYPE_CHECKING:
+    from deltamq.context import Context
+
+
+def fold(ctx: Context, now: int, logs: dict[tuple[str, str, int], deliveries.QueueLog] | None = None) -> int:
+    """Fold the deliveries log into ``offsets`` (next and delivered offsets; a takeover's
+    restart included), then delete the rows below each queue's acknowledged offset (all
+    ended). Returns the rows' queues folded. A delete that meets a concurrent append is
+    left to the next fold."""
+    logs = deliveries.summary(ctx.warehouse) if logs is None else logs
+    if not logs:
+        return 0
+    stored = deliveries.read_positions(ctx.warehouse, {g for g, _, _ in logs})
+    merge = OffsetsMerge(("next_offset", "delivered_offset", "restart"), now, extra={"restart": "boolean"})
+    drops = []
+    for (group, t, q), s in sorted(logs.items()):
+        old = stored.get((group, t, q))
+        acked, delivered = deliveries.position(s, old)
+        if old is None or old[0] != acked or old[1] != delivered or s.taken_ts is not None:
+            restart = s.taken_ts is not None
+            merge.add(group, t, q, next_offset=acked, delivered_offset=delivered, restart=restart)
+        if s.lowest is None or s.lowest >= acked:
+            continue  # nothing ended below the acknowledged offset yet
+        # A takeover appended after the log was read leaves a TAKEN row just below the
+        # acknowledged offset: it is the new owner's start and stays.
+        keep = f" AND NOT (state = {sql_str(TAKEN)} AND delivered_ts > {sql_long(s.seen_ts or 0)})"
+        if s.taken_ts is not None and s.old_hi is not None and s.old_hi >= acked:
+            # the previous owners' rows above the acknowledged offset still count until the
+            # new owner's acks pass them: only their rows go (the TAKEN row and the new
+            # owner's rows after it say where the queue restarted)
+            keep = f" AND delivered_ts < {sql_long(s.taken_ts)}"
+        at = f"consumer_group = {sql_str(group)} AND topic = {sql_str(t)} AND queue_id = {int(q)}"
+        drops.append(f"({at} AND queue_offset < {sql_long(acked)}{keep})")
+    update = {
+        "next_offset": forward("next_offset"),
+        "delivered_offset": "CASE WHEN s.restart THEN s.delivered_offset "
+        "ELSE greatest(coalesce(t.delivered_offset, 0), s.delivered_offset) END",
+    }
+    insert = {"next_offset": source("next_offset"), "delivered_offset": source("delivered_offset")}
+    if merge.rows:
+        ctx.commit(partial(merge.execute, ctx.warehouse, update, insert), what="offsets")
+    faults.point("pull_expiry.after_offsets_commit")
+    if drops:
+        statement = f"DELETE FROM {ctx.warehouse.ref('deliveries')} WHERE {' OR '.join(drops)}"
+        for pause in (0.02, 0.05, 0.1, 0.0):  # clients keep appending: a few tries, then the next fold
+            try:
+                ctx.engine.execute(statement)
+                break
+            except Exception as e:
+                if not is_commit_conflict(e):
+                    raise
+                time.sleep(pause)
+    return len(logs)
+
+
+def send_back(ctx: Context, rows: list[dict[str, Any]], level: int, why: str) -> None:
+    """Failed pull deliveries (nacked or expired) → the retry / DLQ path, ids derived from
+    the delivery (its time and queue position), already-stored ones skipped."""
+    if not rows:
+        return
+    from deltamq.jobs import sendback
+
+    wh = ctx.warehouse
+    groups = ctx.catalog.groups()
+    max_level = ctx.catalog.max_delay_level()
+    pred = deliveries.at_offsets(rows)
+    index = {
+        (x["topic"], x["queue_id"], x["queue_offset"]): x.asDict()
+        for x in wh.read("consume_queue").where(pred).select(*sendback.DELIVERY_COLUMNS).collect()
+    }
+    failures: list[sendback.Failure] = []
+    for r in rows:
+        src = index.get((r["topic"], r["queue_id"], r["queue_offset"]))
+        if src is None:
+            continue
+        failures.append(
+            sendback.failure(
+                groups[r["consumer_group"]],
+                sendback.Delivered.of(src),
+                attempt_ts=r["delivered_ts"],
+                requested_level=level,
+                reason=None,
+                max_level=max_level,
+                error=f"pull: {why}",
+            )
+        )
+    if failures:
+        sendback.store(ctx, failures)
+
+
+def expire(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -> int:
+    """The tick's ``pull_expiry`` step. Deliveries not acked within their invisible time:
+    RECONSUME_LATER (retry / DLQ path), then ended in the log; then the log is folded into
+    ``offsets`` (:func:`fold`). Returns how many expired. An empty log costs one read."""
+    logs = deliveries.summary(ctx.warehouse)
+    if not logs:
+        return 0
+    n = 0
+    if any(s.due is not None and s.due <= now for s in logs.values()):
+        rows = deliveries.open_rows(ctx.warehouse, F.lit(True), F.col("invisible_until") <= F.lit(now))
+        if rows:
+            if fence:
+                fence()
+            send_back(ctx, [deliveries.as_dict(r) for r in rows], 0, "not acked within the invisible time")
+            faults.point("pull_expiry.after_sendback_commit")
+            ctx.commit(
+                partial(deliveries.append, ctx.warehouse, [ended(r, EXPIRED) for r in rows]),
+                what="deliveries",
+            )
+            n = len(rows)
+            logs = deliveries.summary(ctx.warehouse)
+    if fence:
+        fence()
+    fold(ctx, now, logs)
+    return n

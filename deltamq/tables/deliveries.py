@@ -1,0 +1,284 @@
+"""The pull clients' tables: the deliveries log (``deliveries``) and the access locks
+(``queue_lock``), their reads and writes (docs/behaviour.md §6; the protocol is
+``deltamq/pull.py``'s). Each function takes the warehouse; a write is one statement
+and the caller commits it (``Context.commit``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from deltamq.schemas import SCHEMA_VERSION, TABLES
+from deltamq.tables.ranges import any_of, queue_offsets
+from deltamq.tables.sqltext import sql_int, sql_long, sql_queues, sql_str
+
+if TYPE_CHECKING:
+    from deltamq.tables.warehouse import Warehouse
+
+Queue = tuple[str, int]
+LogRow = tuple[Any, ...]
+"""A row of the deliveries log, in the table's column order."""
+
+# states of the deliveries log (docs/behaviour.md §6)
+INFLIGHT, PASSED, TAKEN = "INFLIGHT", "PASSED", "TAKEN"
+ACKED, NACKED, EXPIRED, REVOKED = "ACKED", "NACKED", "EXPIRED", "REVOKED"
+ENDED = (ACKED, NACKED, EXPIRED, REVOKED)
+_LOG_SCHEMA = TABLES["deliveries"].columns_at(SCHEMA_VERSION)
+_ARROW_TYPES = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64()}
+_ARROW_LOG = pa.schema([(f.name, _ARROW_TYPES[f.dataType.simpleString()]) for f in _LOG_SCHEMA.fields])
+
+
+# --- the access locks -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LockEntry:
+    owner: str
+    last_access_ts: int
+    last_delivered_offset: int  # the delivered offset last seen (the no-change counter's reference)
+    no_change_count: int = 0
+    delivered_offset: int | None = None  # the end of the owner's last reserved range
+
+
+_LOCK_COLUMNS = (
+    "topic",
+    "queue_id",
+    "owner",
+    "last_access_ts",
+    "last_delivered_offset",
+    "no_change_count",
+    "delivered_offset",
+)
+
+
+def read_locks(wh: Warehouse, group: str) -> dict[Queue, LockEntry | None]:
+    """Lock rows of the group; a queue whose row has no owner maps to None."""
+    rows = wh.read("queue_lock").where(F.col("consumer_group") == group).select(*_LOCK_COLUMNS).collect()
+    return {
+        (r["topic"], r["queue_id"]): None
+        if r["owner"] is None
+        else LockEntry(
+            r["owner"],
+            r["last_access_ts"],
+            r["last_delivered_offset"] or 0,
+            r["no_change_count"] or 0,
+            r["delivered_offset"],
+        )
+        for r in rows
+    }
+
+
+def ensure_lock_rows(wh: Warehouse, group: str, queues: Iterable[Queue]) -> None:
+    """Ownerless lock rows for ``queues`` that have none. Taking a lock is then always an
+    update of an existing row: concurrent takers conflict (a non-append commit) or fail
+    the compare-and-set, never both insert. Two racing inserts here leave identical
+    ownerless rows, which every later update changes together. The caller commits."""
+    values = ", ".join(f"({sql_str(group)}, {sql_str(t)}, {q})" for t, q in sorted(queues))
+    if not values:
+        return
+    statement = (
+        f"MERGE INTO {wh.ref('queue_lock')} t USING (SELECT * FROM VALUES {values} "
+        "AS v(consumer_group, topic, queue_id)) s "
+        "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
+        "WHEN NOT MATCHED THEN INSERT (consumer_group, topic, queue_id, owner, last_access_ts, "
+        "last_delivered_offset, no_change_count, delivered_offset) VALUES (s.consumer_group, s.topic, "
+        "s.queue_id, CAST(NULL AS STRING), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), 0, "
+        "CAST(NULL AS BIGINT))"
+    )
+    wh.engine.execute(statement)
+
+
+def write_locks(wh: Warehouse, group: str, changes: list[tuple[Queue, LockEntry | None, LockEntry]]) -> None:
+    """Compare-and-set: each (existing, see :func:`ensure_lock_rows`) row changes only if it
+    still is what was read."""
+    changes = [c for c in changes if c[1] != c[2]]
+    if not changes:
+        return
+    values = ", ".join(
+        f"({sql_str(group)}, {sql_str(t)}, {q}, {sql_str(old.owner if old else None)}, "
+        f"{sql_long(old.last_access_ts if old else None)}, {sql_str(new.owner)}, "
+        f"{sql_long(new.last_access_ts)}, "
+        f"{sql_long(new.last_delivered_offset)}, {sql_int(new.no_change_count)}, "
+        f"{sql_long(new.delivered_offset)})"
+        for (t, q), old, new in changes
+    )
+    wh.engine.execute(
+        f"MERGE INTO {wh.ref('queue_lock')} t USING (SELECT * FROM VALUES {values} AS v("
+        "consumer_group, topic, queue_id, exp_owner, exp_access, owner, last_access_ts, "
+        "last_delivered_offset, no_change_count, delivered_offset)) s "
+        "ON t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id "
+        "WHEN MATCHED AND t.owner <=> s.exp_owner AND t.last_access_ts <=> s.exp_access THEN UPDATE SET "
+        "t.owner = s.owner, t.last_access_ts = s.last_access_ts, "
+        "t.last_delivered_offset = s.last_delivered_offset, t.no_change_count = s.no_change_count, "
+        "t.delivered_offset = s.delivered_offset"
+    )
+
+
+def read_positions(
+    wh: Warehouse, groups: Iterable[str]
+) -> dict[tuple[str, str, int], tuple[int, int | None]]:
+    """The stored positions, per (group, topic, queue): (acknowledged offset, delivered
+    offset or None)."""
+    names = sorted(set(groups))
+    if not names:
+        return {}
+    rows = (
+        wh.read("offsets")
+        .where(F.col("consumer_group").isin(names) & (F.col("client_id") == ""))
+        .select("consumer_group", "topic", "queue_id", "next_offset", "delivered_offset")
+        .collect()
+    )
+    return {
+        (r["consumer_group"], r["topic"], r["queue_id"]): (r["next_offset"] or 0, r["delivered_offset"])
+        for r in rows
+    }
+
+
+# --- the deliveries log ---------------------------------------------------------------------
+def at_offsets(rows: Iterable[dict[str, Any]]) -> Column:
+    """consume_queue rows at the (topic, queue, offset) of ``rows`` (deliveries)."""
+    return queue_offsets((r["topic"], r["queue_id"], r["queue_offset"]) for r in rows)
+
+
+def append(wh: Warehouse, rows: list[LogRow]) -> None:
+    """Append rows (in the table's column order) to the deliveries log: a blind append,
+    which never conflicts with another client's. The caller commits."""
+    columns = list(zip(*rows, strict=True))
+    table = pa.Table.from_arrays(
+        [pa.array(c, type=t) for c, t in zip(columns, _ARROW_LOG.types, strict=True)], schema=_ARROW_LOG
+    )
+    df = wh.engine.spark.createDataFrame(table)
+    wh.append("deliveries", df)
+
+
+def ended(row: LogRow, state: str) -> LogRow:
+    """The row that ends the delivery ``row`` (an INFLIGHT row): same handle, client,
+    queue position and delivery time."""
+    return (*row[:8], None, state)
+
+
+def as_dict(row: LogRow) -> dict[str, Any]:
+    return dict(zip(_LOG_SCHEMA.fieldNames(), row, strict=True))
+
+
+def queues_column(queues: Iterable[Queue]) -> Column:
+    return any_of((F.col("topic") == t) & (F.col("queue_id") == q) for t, q in sorted(queues))
+
+
+def handles_column(handles: Iterable[str]) -> Column:
+    """Log rows whose handle is within the ranges the handles form (one per pull: a
+    pull's handles share a prefix), a predicate file statistics can prune by."""
+    by_prefix: dict[str, list[str]] = defaultdict(list)
+    for h in sorted(handles):
+        by_prefix[h[:-6]].append(h)
+    if len(by_prefix) > 64:
+        hs = sorted(handles)
+        return F.col("receipt_handle").between(hs[0], hs[-1])
+    return any_of(F.col("receipt_handle").between(v[0], v[-1]) for v in by_prefix.values())
+
+
+def open_deliveries(wh: Warehouse, cond: Column, sent_only: Column | None = None) -> DataFrame:
+    log = wh.read("deliveries").where(cond)
+    sent = log.where(F.col("state") == INFLIGHT)
+    if sent_only is not None:
+        sent = sent.where(sent_only)
+    over = log.where(F.col("state").isin(*ENDED)).select(F.col("receipt_handle").alias("_ended"))
+    return sent.join(over, F.col("receipt_handle") == F.col("_ended"), "left_anti")
+
+
+def open_rows(wh: Warehouse, cond: Column, sent_only: Column | None = None) -> list[LogRow]:
+    """INFLIGHT rows matching ``cond`` (and ``sent_only``) that no row has ended yet."""
+    return [
+        tuple(r) for r in open_deliveries(wh, cond, sent_only).select(*_LOG_SCHEMA.fieldNames()).collect()
+    ]
+
+
+@dataclass
+class QueueLog:
+    """One queue's rows in the log, summed up."""
+
+    taken_ts: int | None = None  # the latest TAKEN row: rows delivered before it are old
+    inflight_lo: int | None = None  # lowest offset in flight (any epoch)
+    due: int | None = None  # earliest invisible time of those in flight
+    last: int | None = None  # highest offset handed out or passed since the latest TAKEN
+    old_hi: int | None = None  # highest offset of rows older than the latest TAKEN
+    lowest: int | None = None  # lowest offset of any row
+    seen_ts: int | None = None  # the latest delivery time read (later rows came after the read)
+
+
+def summary(
+    wh: Warehouse, group: str | None = None, queues: Iterable[Queue] | None = None
+) -> dict[tuple[str, str, int], QueueLog]:
+    """{(group, topic, queue): QueueLog} of the log (one statement)."""
+    where = []
+    if group is not None:
+        where.append(f"consumer_group = {sql_str(group)}")
+    if queues is not None:
+        where.append(sql_queues(queues))
+    ended_states = ", ".join(sql_str(s) for s in ENDED)
+    statement = (
+        "SELECT consumer_group, topic, queue_id, ts, cls, min(off) AS lo, max(off) AS hi, "
+        "min(due) AS due FROM (SELECT consumer_group, topic, queue_id, "
+        "receipt_handle, min(delivered_ts) AS ts, min(queue_offset) AS off, "
+        f"min(CASE WHEN state = {sql_str(INFLIGHT)} THEN invisible_until END) AS due, "
+        f"CASE WHEN max(CASE WHEN state = {sql_str(TAKEN)} THEN 1 ELSE 0 END) = 1 THEN 'T' "
+        f"WHEN max(CASE WHEN state = {sql_str(REVOKED)} THEN 1 ELSE 0 END) = 1 THEN 'R' "
+        f"WHEN max(CASE WHEN state IN ({ended_states}) THEN 1 ELSE 0 END) = 1 THEN 'D' "
+        f"WHEN max(CASE WHEN state = {sql_str(INFLIGHT)} THEN 1 ELSE 0 END) = 1 THEN 'I' "
+        f"ELSE 'D' END AS cls FROM {wh.ref('deliveries')}"
+        + (f" WHERE {' AND '.join(where)}" if where else "")
+        + " GROUP BY consumer_group, topic, queue_id, receipt_handle) h "
+        "GROUP BY consumer_group, topic, queue_id, ts, cls"
+    )
+    rows = wh.engine.rows(statement)
+    out: dict[tuple[str, str, int], QueueLog] = defaultdict(QueueLog)
+    for r in rows:
+        if r["cls"] == "T":
+            s = out[(r["consumer_group"], r["topic"], r["queue_id"])]
+            if s.taken_ts is None or r["ts"] > s.taken_ts:
+                s.taken_ts = r["ts"]
+    for r in rows:
+        s = out[(r["consumer_group"], r["topic"], r["queue_id"])]
+        s.lowest = r["lo"] if s.lowest is None else min(s.lowest, r["lo"])
+        s.seen_ts = r["ts"] if s.seen_ts is None else max(s.seen_ts, r["ts"])
+        if r["cls"] == "I":
+            s.inflight_lo = r["lo"] if s.inflight_lo is None else min(s.inflight_lo, r["lo"])
+            s.due = r["due"] if s.due is None else min(s.due, r["due"])
+        if s.taken_ts is not None and r["ts"] < s.taken_ts:
+            s.old_hi = r["hi"] if s.old_hi is None else max(s.old_hi, r["hi"])
+        elif r["cls"] != "R":
+            s.last = r["hi"] if s.last is None else max(s.last, r["hi"])
+    return dict(out)
+
+
+def position(s: QueueLog | None, stored: tuple[int, int | None] | None) -> tuple[int, int]:
+    """(acknowledged, delivered) of one queue: its log summary on top of its stored row."""
+    acked_s, delivered_s = stored or (0, None)
+    base = delivered_s if delivered_s is not None else acked_s
+    if s is None:
+        return acked_s, base
+    if s.taken_ts is not None:  # a takeover restarted the queue where its TAKEN row says
+        base = 0
+    delivered = base if s.last is None else max(base, s.last + 1)
+    acked = delivered if s.inflight_lo is None else min(s.inflight_lo, delivered)
+    return acked, delivered
+
+
+def positions(
+    wh: Warehouse, group: str, queues: Iterable[Queue] | None = None
+) -> dict[Queue, tuple[int, int]]:
+    """Per queue of ``group`` (only ``queues`` if given): (acknowledged offset, delivered
+    offset) now — the log read first, then the stored offsets (the fold writes offsets
+    before it deletes log rows, so this order never misses a position)."""
+    wanted = None if queues is None else sorted(set(queues))
+    logs = summary(wh, group, wanted)
+    stored = read_positions(wh, [group])
+    keys = {(t, q) for g, t, q in logs} | {(t, q) for g, t, q in stored if g == group}
+    if wanted is not None:
+        keys = set(wanted)
+    return {k: position(logs.get((group, *k)), stored.get((group, *k))) for k in sorted(keys)}
