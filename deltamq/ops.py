@@ -32,13 +32,14 @@ from deltamq.constants import (
 from deltamq.errors import ConfigError, OperationError
 from deltamq.filters import subscription_filter
 from deltamq.message import Message, validate_group_name
-from deltamq.orchestration.leases import Leases, LeaseTerms
 from deltamq.producer import Producer
 from deltamq.tables import consume_queue
 from deltamq.tables.bodies import join_bodies, read_bodies
+from deltamq.tables.leases import Leases, LeaseTerms
 from deltamq.tables.offsets import QueueKey, forget, group_positions
 
 if TYPE_CHECKING:
+    from deltamq.config import GroupConfig, Subscription
     from deltamq.context import Context
     from deltamq.tables.warehouse import Warehouse
 
@@ -293,6 +294,21 @@ def trace(ctx: Context, msg_id: str) -> list[dict[str, Any]]:
     floor = _id_floor(msg_id)
     root = _lineage_root(ctx, msg_id, floor)
     floor = min(floor, _id_floor(root))
+    index = _lineage_index(ctx, root, floor)
+    subs = ctx.catalog.subscriptions()
+    rows = _indexed_rows(index, subs)
+    if not rows:
+        return _undispatched(ctx, root, floor)
+    offsets = group_positions(ctx.warehouse, {(r["topic"], r["queue_id"]) for r in rows})
+    copies = _sent_back(ctx, {_lineage(r) for r in rows}, floor)
+    groups = ctx.catalog.groups()
+    return [_trace_event(r, root, _states_per_group(r, subs, groups, offsets, copies)) for r in rows]
+
+
+def _lineage_index(ctx: Context, root: str, floor: int) -> DataFrame:
+    """The ``consume_queue`` rows of message ``root`` and its copies (``UNIQ_KEY`` or
+    ``TRAN_ID`` = ``root``), and of the resends of its dead letters (new messages that name
+    the dead letter in ``RESENT_FROM``)."""
     props = F.col("properties")
     of_id = (
         (F.col("msg_id") == F.lit(root))
@@ -305,7 +321,12 @@ def trace(ctx: Context, msg_id: str) -> list[dict[str, Any]]:
     letters = [r["msg_id"] for r in cq.where(dead).select("msg_id").collect()]
     if letters:
         of_id = of_id | props.getItem(Prop.RESENT_FROM).isin(*letters)
-    subs = ctx.catalog.subscriptions()
+    return cq.where(of_id)
+
+
+def _indexed_rows(index: DataFrame, subs: list[Subscription]) -> list[dict[str, Any]]:
+    """The rows of ``index`` in commit order, each with ``_sub<i>``: whether subscription
+    ``subs[i]`` matches it (null when the row is not on that subscription's topic)."""
     matched = [
         F.when(F.col("topic") == s.topic, subscription_filter(s)).alias(f"_sub{i}")
         for i, s in enumerate(subs)
@@ -320,51 +341,57 @@ def trace(ctx: Context, msg_id: str) -> list[dict[str, Any]]:
         "reconsume_times",
         "properties",
     ]
-    rows = [
-        r.asDict() for r in cq.where(of_id).select(*columns, "cl_version", "cl_batch_pos", *matched).collect()
-    ]
+    rows = [r.asDict() for r in index.select(*columns, "cl_version", "cl_batch_pos", *matched).collect()]
     rows.sort(key=lambda r: (r["cl_version"], r["cl_batch_pos"], r["topic"]))  # commit order
-    if not rows:
-        return _undispatched(ctx, root, floor)
-    offsets = group_positions(ctx.warehouse, {(r["topic"], r["queue_id"]) for r in rows})
+    return rows
 
-    def lineage(r: dict[str, Any]) -> str:
-        return (r["properties"] or {}).get(Prop.UNIQ_KEY) or r["msg_id"]
 
-    copies = _sent_back(ctx, {lineage(r) for r in rows}, floor)
-    groups = ctx.catalog.groups()
-    out = []
-    for r in rows:
-        states = []
-        for i, sub in enumerate(subs):
-            cfg = groups.get(sub.consumer_group)
-            if sub.topic != r["topic"] or cfg is None:
-                continue
-            for client in cfg.clients:
-                name = sub.consumer_group + (f"/{client}" if client else "")
-                state = _group_state(
-                    r,
-                    bool(r[f"_sub{i}"]),
-                    offsets.get(QueueKey(cfg.name, client, r["topic"], r["queue_id"])),
-                    copies.get((lineage(r), cfg.name, (r["reconsume_times"] or 0) + 1)),
-                )
-                states.append(f"{name}: {state}")
-        stored = r["properties"] or {}
-        out.append(
-            {
-                "store_ts": r["store_ts"],
-                "event": _kind(r, root),
-                "topic": r["topic"],
-                "queue_id": r["queue_id"],
-                "queue_offset": r["queue_offset"],
-                "msg_id": r["msg_id"],
-                "due_ts": r["due_ts"],
-                "reconsume_times": r["reconsume_times"] or 0,
-                "error": stored.get(Prop.LAST_ERROR),
-                "groups": sorted(states),
-            }
-        )
-    return out
+def _lineage(r: dict[str, Any]) -> str:
+    """The id of the message the index row ``r`` is a copy of (its ``UNIQ_KEY``), or its own."""
+    return (r["properties"] or {}).get(Prop.UNIQ_KEY) or r["msg_id"]
+
+
+def _states_per_group(
+    r: dict[str, Any],
+    subs: list[Subscription],
+    groups: dict[str, GroupConfig],
+    offsets: dict[QueueKey, int],
+    copies: dict[tuple[str, str, int], dict[str, Any]],
+) -> list[str]:
+    """``"<group>[/<client>]: <state>"`` for every group (and client) subscribed to the
+    topic of index row ``r``, sorted (see :func:`_group_state`)."""
+    states = []
+    for i, sub in enumerate(subs):
+        cfg = groups.get(sub.consumer_group)
+        if sub.topic != r["topic"] or cfg is None:
+            continue
+        for client in cfg.clients:
+            name = sub.consumer_group + (f"/{client}" if client else "")
+            state = _group_state(
+                r,
+                bool(r[f"_sub{i}"]),
+                offsets.get(QueueKey(cfg.name, client, r["topic"], r["queue_id"])),
+                copies.get((_lineage(r), cfg.name, (r["reconsume_times"] or 0) + 1)),
+            )
+            states.append(f"{name}: {state}")
+    return sorted(states)
+
+
+def _trace_event(r: dict[str, Any], root: str, groups: list[str]) -> dict[str, Any]:
+    """The trace entry of index row ``r`` (of the lineage of ``root``), with the groups' states."""
+    stored = r["properties"] or {}
+    return {
+        "store_ts": r["store_ts"],
+        "event": _kind(r, root),
+        "topic": r["topic"],
+        "queue_id": r["queue_id"],
+        "queue_offset": r["queue_offset"],
+        "msg_id": r["msg_id"],
+        "due_ts": r["due_ts"],
+        "reconsume_times": r["reconsume_times"] or 0,
+        "error": stored.get(Prop.LAST_ERROR),
+        "groups": groups,
+    }
 
 
 def _group_state(

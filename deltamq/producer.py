@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, Row, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -264,7 +264,25 @@ class Producer(BaseProducer):
         Every id must be a half message of this producer group and every state valid, or
         nothing is written. Returns the number of transactions per state.
         """
-        spark = self.ctx.engine.spark
+        given = self._given_states(states)
+        n, batches = _check_given_states(given)
+        counts = {s.value: 0 for s in TxState}
+        if not n:
+            return counts
+        halves = self._half_messages(batches)
+        for r in self._found_states(given, halves):
+            counts[r["state"]] = r["n"]
+        if counts["COMMIT"] or counts["ROLLBACK"]:
+            chosen = halves.join(given, F.col("msg_id") == F.col("tran_id")).drop("tran_id")
+            self._end(chosen, self.ctx.clock.now_ms())
+        return counts
+
+    def _given_states(self, states: Mapping[str, TxState | str] | DataFrame) -> DataFrame:
+        """The states asked, as a DataFrame ``tran_id, state`` with the states' names.
+
+        A DataFrame needs both columns; a mapping's ids must parse as message ids and its
+        states be :class:`TxState` values (or their names), else :class:`InvalidTransaction`.
+        """
         if isinstance(states, DataFrame):
             missing = [c for c in ("tran_id", "state") if c not in states.columns]
             if missing:
@@ -283,42 +301,22 @@ class Producer(BaseProducer):
                     pairs.append((tran_id, TxState.of(st).value))
                 except ValueError as e:
                     raise InvalidTransaction(f"transaction {tran_id!r}: {e}") from None
-            given = spark.createDataFrame(pairs, "tran_id string, state string")
-        given = given.withColumn("state", state_name(F.col("state")))
-        check = given.agg(
-            F.count(F.lit(1)).alias("n"),
-            F.count(F.when(~F.col("state").isin(*_STATES) | F.col("state").isNull(), 1)).alias("bad_states"),
-            F.first(
-                F.when(~F.col("state").isin(*_STATES) | F.col("state").isNull(), F.col("state")), True
-            ).alias("bad_state"),
-            F.count(F.when(~F.coalesce(F.col("tran_id").rlike("^[0-9A-F]{24}$"), F.lit(False)), 1)).alias(
-                "bad_ids"
-            ),
-            F.count_distinct("tran_id").alias("distinct_ids"),
-            F.collect_set(F.conv(F.substring("tran_id", 1, 16), 16, 10).cast("bigint")).alias("batches"),
-        ).collect()[0]
-        if check["bad_states"]:
-            raise InvalidTransaction(
-                f"{check['bad_states']} states are not allowed (e.g. {check['bad_state']!r}); "
-                "allowed: COMMIT, ROLLBACK, UNKNOWN"
-            )
-        if check["bad_ids"]:
-            raise InvalidTransaction(
-                f"{check['bad_ids']} transaction ids are not deltamq message ids "
-                "(24 or 32 upper-case hex digits)"
-            )
-        if check["distinct_ids"] != check["n"]:
-            raise InvalidTransaction(f"{check['n'] - check['distinct_ids']} transaction ids are given twice")
-        counts = {s.value: 0 for s in TxState}
-        if not check["n"]:
-            return counts
-        batches = [b for b in check["batches"] if b is not None]
-        halves = read_bodies(
+            given = self.ctx.engine.spark.createDataFrame(pairs, "tran_id string, state string")
+        return given.withColumn("state", state_name(F.col("state")))
+
+    def _half_messages(self, batches: list[int]) -> DataFrame:
+        """The stored half messages (prepared, ``TRAN_MSG``) of the producer batches ``batches``."""
+        return read_bodies(
             self.ctx.warehouse, (ids.store_date(b >> ids.BATCH_RANDOM_BITS) for b in batches), batches
         ).where(
             (F.col("properties").getItem(Prop.TRAN_MSG) == F.lit("true"))
             & (F.col("sys_flag").bitwiseAND(F.lit(0xC)) == F.lit(SysFlag.TRANSACTION_PREPARED_TYPE))
         )
+
+    def _found_states(self, given: DataFrame, halves: DataFrame) -> list[Row]:
+        """The number of transactions ``given`` per state (rows ``state, n``), once every id
+        is found among ``halves`` and belongs to this producer group, else
+        :class:`InvalidTransaction` naming (up to five of) the ids that are not."""
         found = given.join(
             halves.select(F.col("msg_id").alias("half_id"), F.col("producer_group").alias("pg")),
             F.col("tran_id") == F.col("half_id"),
@@ -343,12 +341,7 @@ class Producer(BaseProducer):
             raise InvalidTransaction(
                 f"transactions {other} belong to other producer groups, not {self.group!r}"
             )
-        for r in by_state:
-            counts[r["state"]] = r["n"]
-        if counts["COMMIT"] or counts["ROLLBACK"]:
-            chosen = halves.join(given, F.col("msg_id") == F.col("tran_id")).drop("tran_id")
-            self._end(chosen, self.ctx.clock.now_ms())
-        return counts
+        return by_state
 
     def _end(self, halves: DataFrame, now: int) -> None:
         """Append the rows that end ``halves`` (commit_log rows + ``state``) in one commit,
@@ -396,6 +389,38 @@ class Producer(BaseProducer):
         for name, dtype in _DF_OPTIONAL.items():
             out = out.withColumn(name, F.col(name).cast(dtype) if name in fields else F.lit(None).cast(dtype))
         return out.withColumn("body", F.col("body").cast("binary"))
+
+
+def _check_given_states(given: DataFrame) -> tuple[int, list[int]]:
+    """Check the states given to :meth:`Producer.end_transactions` in one pass: every state
+    allowed, every id a deltamq message id, no id twice (else :class:`InvalidTransaction`).
+
+    Returns the number of transactions and the producer batches their ids name.
+    """
+    check = given.agg(
+        F.count(F.lit(1)).alias("n"),
+        F.count(F.when(~F.col("state").isin(*_STATES) | F.col("state").isNull(), 1)).alias("bad_states"),
+        F.first(F.when(~F.col("state").isin(*_STATES) | F.col("state").isNull(), F.col("state")), True).alias(
+            "bad_state"
+        ),
+        F.count(F.when(~F.coalesce(F.col("tran_id").rlike("^[0-9A-F]{24}$"), F.lit(False)), 1)).alias(
+            "bad_ids"
+        ),
+        F.count_distinct("tran_id").alias("distinct_ids"),
+        F.collect_set(F.conv(F.substring("tran_id", 1, 16), 16, 10).cast("bigint")).alias("batches"),
+    ).collect()[0]
+    if check["bad_states"]:
+        raise InvalidTransaction(
+            f"{check['bad_states']} states are not allowed (e.g. {check['bad_state']!r}); "
+            "allowed: COMMIT, ROLLBACK, UNKNOWN"
+        )
+    if check["bad_ids"]:
+        raise InvalidTransaction(
+            f"{check['bad_ids']} transaction ids are not deltamq message ids (24 or 32 upper-case hex digits)"
+        )
+    if check["distinct_ids"] != check["n"]:
+        raise InvalidTransaction(f"{check['n'] - check['distinct_ids']} transaction ids are given twice")
+    return check["n"], [b for b in check["batches"] if b is not None]
 
 
 _REFUSED = "deltamq refused a row: "

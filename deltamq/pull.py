@@ -406,7 +406,6 @@ class PullConsumer:
         starts where it handed out last (from the log when this client has no memory of
         the queue: a range reserved by a pull killed before recording is handed out again);
         a new owner at the acknowledged offset."""
-        cfg = self.ctx.config
         me = self.client_id
         window = max(budget, 1) * WINDOW
         plans: dict[Queue, _Plan] = {}
@@ -423,62 +422,21 @@ class PullConsumer:
             left = budget
             for q in mine:
                 entry = locks.get(q)
-                h = self._held.get(q)
-                if h is not None and entry is not None and entry.owner == me:
-                    verdict, start = "held", h.position
-                    reserved = max(
-                        start, entry.delivered_offset if entry.delivered_offset is not None else start
-                    )
-                    count = entry.no_change_count
-                else:
-                    acked, delivered = derived.get(q, (0, 0))
-                    seen = delivered  # an owner's reservation counts while it is recent
-                    if entry is not None and entry.delivered_offset is not None:
-                        if entry.owner == me or now - entry.last_access_ts < RESERVE_MS:
-                            seen = max(delivered, entry.delivered_offset)
-                    verdict, new = decide_lock(
-                        entry,
-                        me,
-                        now,
-                        seen,
-                        acked,
-                        timeout_ms=cfg.lock_queue_timeout_ms,
-                        max_no_change=cfg.max_deliver_offset_no_change_times,
-                    )
-                    if verdict == "refused":
-                        changes.append((q, entry, new))
-                        continue
-                    if verdict == "acquired":
-                        start = reserved = acked
-                        if entry is not None:
-                            taken[q] = acked
-                    else:  # the owner by the table, new to this object (restarted)
-                        start, reserved = delivered, max(seen, delivered)
-                    count = new.no_change_count
-                end = min(start + max(left, 0), reserved)
-                grown = reserved
-                if start + left > reserved and heads.get(q, 0) > reserved:
-                    grown = min(heads[q], start + window)
-                    end = min(start + left, grown)
-                end = max(end, start)
-                left -= end - start
-                write = verdict != "held" or grown != reserved or h is None or self._stale(h, now)
-                if write:
-                    changes.append((q, entry, LockEntry(me, now, grown, count, grown)))
-                plans[q] = _Plan(start, end, grown, write)
+                plan, change, taken_at = self._plan_queue(
+                    entry, derived.get(q, (0, 0)), self._held.get(q), now, left, window, heads.get(q, 0)
+                )
+                if change is not None:
+                    changes.append((q, entry, change))
+                if plan is None:
+                    continue
+                if taken_at is not None:
+                    taken[q] = taken_at
+                left -= plan.end - plan.start
+                plans[q] = plan
             changes += self._give_back(locks, set(self._held) - mine_set, now)
             deliveries.write_locks(self.ctx.warehouse, self.group, changes)
             if any(p.write for p in plans.values()):
-                after = deliveries.read_locks(self.ctx.warehouse, self.group)
-                for q, p in list(plans.items()):
-                    got = after.get(q)
-                    if p.write and not (
-                        got is not None
-                        and got.owner == me
-                        and got.last_access_ts == now
-                        and got.delivered_offset == p.reserved
-                    ):
-                        del plans[q]
+                self._drop_unconfirmed(plans, now)
 
         if any(q not in self._held for q in mine):
             existing = deliveries.read_locks(self.ctx.warehouse, self.group)
@@ -493,6 +451,75 @@ class PullConsumer:
             self._held[q] = _Held(p.start, p.reserved, now if p.write or h is None else h.written)
         self._taken = {q: s for q, s in taken.items() if q in plans}
         return {q: (p.start, p.end) for q, p in plans.items()}
+
+    def _plan_queue(
+        self,
+        entry: LockEntry | None,
+        derived: tuple[int, int],
+        h: _Held | None,
+        now: int,
+        left: int,
+        window: int,
+        head: int,
+    ) -> tuple[_Plan | None, LockEntry | None, int | None]:
+        """One queue of :meth:`_lock`: (the range to hand out, or None when refused; the
+        lock row to write, if any; the acknowledged offset it starts from when this
+        client takes it over from another owner). ``derived``: its (acknowledged,
+        delivered) offsets from the log; ``left``: messages the pull may still take."""
+        cfg = self.ctx.config
+        me = self.client_id
+        taken_at = None
+        if h is not None and entry is not None and entry.owner == me:
+            verdict, start = "held", h.position
+            reserved = max(start, entry.delivered_offset if entry.delivered_offset is not None else start)
+            count = entry.no_change_count
+        else:
+            acked, delivered = derived
+            seen = delivered  # an owner's reservation counts while it is recent
+            if entry is not None and entry.delivered_offset is not None:
+                if entry.owner == me or now - entry.last_access_ts < RESERVE_MS:
+                    seen = max(delivered, entry.delivered_offset)
+            verdict, new = decide_lock(
+                entry,
+                me,
+                now,
+                seen,
+                acked,
+                timeout_ms=cfg.lock_queue_timeout_ms,
+                max_no_change=cfg.max_deliver_offset_no_change_times,
+            )
+            if verdict == "refused":
+                return None, new, None
+            if verdict == "acquired":
+                start = reserved = acked
+                if entry is not None:
+                    taken_at = acked
+            else:  # the owner by the table, new to this object (restarted)
+                start, reserved = delivered, max(seen, delivered)
+            count = new.no_change_count
+        end = min(start + max(left, 0), reserved)
+        grown = reserved
+        if start + left > reserved and head > reserved:
+            grown = min(head, start + window)
+            end = min(start + left, grown)
+        end = max(end, start)
+        write = verdict != "held" or grown != reserved or h is None or self._stale(h, now)
+        change = LockEntry(me, now, grown, count, grown) if write else None
+        return _Plan(start, end, grown, write), change, taken_at
+
+    def _drop_unconfirmed(self, plans: dict[Queue, _Plan], now: int) -> None:
+        """Read the lock rows back: a queue whose row this pass wrote but does not hold
+        as written (another client's compare-and-set won) is dropped from ``plans``."""
+        after = deliveries.read_locks(self.ctx.warehouse, self.group)
+        for q, p in list(plans.items()):
+            got = after.get(q)
+            if p.write and not (
+                got is not None
+                and got.owner == self.client_id
+                and got.last_access_ts == now
+                and got.delivered_offset == p.reserved
+            ):
+                del plans[q]
 
     def _give_back(
         self, locks: dict[Queue, LockEntry | None], queues: set[Queue], now: int

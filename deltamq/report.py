@@ -110,120 +110,182 @@ def _layout(title: str, ytitle: str, *, xtitle: str = _TIME_AXIS, dates: bool = 
 
 
 def _charts(data: dict[str, Any]) -> dict[str, Any]:
-    """The figures with data to draw, by id (a chart without data is left out)."""
-    from plotly import graph_objects as go
+    """The figures with data to draw, by id (a chart without data is left out).
 
-    out: dict[str, Any] = {}
-    # epoch ms: a date axis reads them as UTC times
-    ticks, series = data["now_ts"], data["series"]
-    marked = "lines+markers" if len(ticks) <= 150 else "lines"
-    lagging = [x for x in data["lag"] if x["lag"] > 0]
-    if data["lag"]:
-        rows = lagging or data["lag"]
-        fig = go.Figure(layout=_layout("Lag per queue, now", "messages behind", xtitle="queue", dates=False))
-        for name in dict.fromkeys(_who(x) for x in rows):
-            mine = [x for x in rows if _who(x) == name]
-            fig.add_bar(
-                name=name,
-                x=[f"{x['topic']} · q{x['queue_id']}" for x in mine],
-                y=[x["lag"] for x in mine],
-                hovertemplate="%{x}: %{y} behind<extra>" + html.escape(name) + "</extra>",
-            )
-        fig.update_layout(barmode="group", showlegend=True)
-        out["lag-now"] = fig
-    aged = [g for g in data["groups"] if g["oldest_age_ms"] is not None]
-    if aged:
-        fig = go.Figure(
-            layout=_layout(
-                "Age of the oldest message not yet consumed, now",
-                "age (seconds)",
-                xtitle="consumer group",
-                dates=False,
-                showlegend=False,
-            )
-        )
-        fig.add_bar(
-            x=[g["group"] for g in aged],
-            y=[g["oldest_age_ms"] / 1000 for g in aged],
-            text=[duration(g["oldest_age_ms"]) for g in aged],
-            textposition="auto",
-            marker_color="#d62728",
-            hovertemplate="%{x}: %{text}<extra>oldest pending</extra>",
-        )
-        out["oldest-age"] = fig
-    if ticks:
-        fig = go.Figure(
-            layout=_layout(
-                "Lag over time: each push group's backlog when a deliver pass began", "messages behind"
-            )
-        )
-        for group, values in data.get("backlog_by_group", {}).items():
-            fig.add_scatter(x=ticks, y=values, name=group, mode=marked, connectgaps=False)
-        fig.add_scatter(
-            x=ticks,
-            y=series["backlog"],
-            name="all push groups",
-            mode=marked,
-            line={"dash": "dot", "color": "#7f7f7f"},
-        )
-        out["lag-over-time"] = fig
-    arrivals = data["arrivals"]
-    user_topics = [t["topic"] for t in data["topics"] if t["topic"] in arrivals["topics"]]
-    if user_topics:
-        width = arrivals["bucket_ms"]
-        fig = go.Figure(
-            layout=_layout(
-                f"Messages in per topic (per {duration(width)}, by store time)",
-                f"messages per {duration(width)}",
-                barmode="stack",
-            )
-        )
-        for t in user_topics:
-            fig.add_bar(
-                name=t,
-                x=arrivals["start_ts"],
-                y=arrivals["topics"][t],
-                xperiod=width,
-                xperiodalignment="start",
-            )
-        out["throughput-in"] = fig
-    if ticks:
-        fig = go.Figure(layout=_layout("Messages out per tick (deliver and sinks)", "messages per tick"))
-        fig.add_scatter(
-            x=ticks, y=series["indexed"], name="indexed (dispatch)", mode="lines", line_dash="dot"
-        )
-        for key, label in _DELIVER_LINES.items():
-            if key in ("consumed", "filtered") or any(series[key]):
-                fig.add_scatter(x=ticks, y=series[key], name=label, mode=marked)
-        out["throughput-out"] = fig
-        fig = go.Figure(layout=_layout("Retries and dead letters per tick", "messages per tick"))
-        colours = {"retried": "#ff7f0e", "dead_lettered": "#d62728", "listener_errors": "#9467bd"}
-        for key, label in _FAILURE_LINES.items():
-            if key != "expired" or any(series[key]):
-                fig.add_scatter(
-                    x=ticks,
-                    y=series[key],
-                    name=label,
-                    mode=marked,
-                    line={"color": colours.get(key, "#8c564b")},
-                )
-        out["retries"] = fig
-        fig = go.Figure(layout=_layout("Job durations per tick", "duration (ms), stacked"))
-        for step in STEPS:
-            if step in data["durations_ms"]:
-                fig.add_scatter(
-                    x=ticks,
-                    y=[v or 0 for v in data["durations_ms"][step]],
-                    name=step,
-                    mode="lines",
-                    stackgroup="jobs",
-                    line={"width": 0.5},
-                )
-        out["durations"] = fig
+    The time charts are drawn only when ticks were recorded; the charts of counts get
+    whole-number y ticks.
+    """
+    ticks = data["now_ts"]
+    charts: dict[str, Any] = {
+        "lag-now": _lag_now_chart(data),
+        "oldest-age": _oldest_age_chart(data),
+        "lag-over-time": _lag_over_time_chart(data) if ticks else None,
+        "throughput-in": _throughput_in_chart(data),
+        "throughput-out": _throughput_out_chart(data) if ticks else None,
+        "retries": _retries_chart(data) if ticks else None,
+        "durations": _durations_chart(data) if ticks else None,
+    }
+    out = {key: fig for key, fig in charts.items() if fig is not None}
     for key in ("lag-now", "lag-over-time", "throughput-in", "throughput-out", "retries"):
         if key in out:
             _whole_numbers(out[key])
     return out
+
+
+def _line_mode(ticks: list[int]) -> str:
+    """Markers on the lines while the points are few enough to tell apart."""
+    return "lines+markers" if len(ticks) <= 150 else "lines"
+
+
+def _lag_now_chart(data: dict[str, Any]) -> Any | None:
+    """Lag per queue now, one bar per consumer group; only the lagging queues if any lag."""
+    from plotly import graph_objects as go
+
+    if not data["lag"]:
+        return None
+    lagging = [x for x in data["lag"] if x["lag"] > 0]
+    rows = lagging or data["lag"]
+    fig = go.Figure(layout=_layout("Lag per queue, now", "messages behind", xtitle="queue", dates=False))
+    for name in dict.fromkeys(_who(x) for x in rows):
+        mine = [x for x in rows if _who(x) == name]
+        fig.add_bar(
+            name=name,
+            x=[f"{x['topic']} · q{x['queue_id']}" for x in mine],
+            y=[x["lag"] for x in mine],
+            hovertemplate="%{x}: %{y} behind<extra>" + html.escape(name) + "</extra>",
+        )
+    fig.update_layout(barmode="group", showlegend=True)
+    return fig
+
+
+def _oldest_age_chart(data: dict[str, Any]) -> Any | None:
+    """The age of the oldest message each consumer group has not consumed, now."""
+    from plotly import graph_objects as go
+
+    aged = [g for g in data["groups"] if g["oldest_age_ms"] is not None]
+    if not aged:
+        return None
+    fig = go.Figure(
+        layout=_layout(
+            "Age of the oldest message not yet consumed, now",
+            "age (seconds)",
+            xtitle="consumer group",
+            dates=False,
+            showlegend=False,
+        )
+    )
+    fig.add_bar(
+        x=[g["group"] for g in aged],
+        y=[g["oldest_age_ms"] / 1000 for g in aged],
+        text=[duration(g["oldest_age_ms"]) for g in aged],
+        textposition="auto",
+        marker_color="#d62728",
+        hovertemplate="%{x}: %{text}<extra>oldest pending</extra>",
+    )
+    return fig
+
+
+def _lag_over_time_chart(data: dict[str, Any]) -> Any:
+    """Each push group's backlog when a deliver pass began, and all push groups' together."""
+    from plotly import graph_objects as go
+
+    ticks, series = data["now_ts"], data["series"]
+    marked = _line_mode(ticks)
+    fig = go.Figure(
+        layout=_layout(
+            "Lag over time: each push group's backlog when a deliver pass began", "messages behind"
+        )
+    )
+    for group, values in data.get("backlog_by_group", {}).items():
+        fig.add_scatter(x=ticks, y=values, name=group, mode=marked, connectgaps=False)
+    fig.add_scatter(
+        x=ticks,
+        y=series["backlog"],
+        name="all push groups",
+        mode=marked,
+        line={"dash": "dot", "color": "#7f7f7f"},
+    )
+    return fig
+
+
+def _throughput_in_chart(data: dict[str, Any]) -> Any | None:
+    """Messages in per user topic, stacked bars per arrival bucket (by store time)."""
+    from plotly import graph_objects as go
+
+    arrivals = data["arrivals"]
+    user_topics = [t["topic"] for t in data["topics"] if t["topic"] in arrivals["topics"]]
+    if not user_topics:
+        return None
+    width = arrivals["bucket_ms"]
+    fig = go.Figure(
+        layout=_layout(
+            f"Messages in per topic (per {duration(width)}, by store time)",
+            f"messages per {duration(width)}",
+            barmode="stack",
+        )
+    )
+    for t in user_topics:
+        fig.add_bar(
+            name=t,
+            x=arrivals["start_ts"],
+            y=arrivals["topics"][t],
+            xperiod=width,
+            xperiodalignment="start",
+        )
+    return fig
+
+
+def _throughput_out_chart(data: dict[str, Any]) -> Any:
+    """Messages out per tick: indexed by dispatch, and deliver's outcomes (the empty ones left out)."""
+    from plotly import graph_objects as go
+
+    ticks, series = data["now_ts"], data["series"]
+    marked = _line_mode(ticks)
+    fig = go.Figure(layout=_layout("Messages out per tick (deliver and sinks)", "messages per tick"))
+    fig.add_scatter(x=ticks, y=series["indexed"], name="indexed (dispatch)", mode="lines", line_dash="dot")
+    for key, label in _DELIVER_LINES.items():
+        if key in ("consumed", "filtered") or any(series[key]):
+            fig.add_scatter(x=ticks, y=series[key], name=label, mode=marked)
+    return fig
+
+
+def _retries_chart(data: dict[str, Any]) -> Any:
+    """Retries, dead letters and listener errors per tick (expiries only when there were some)."""
+    from plotly import graph_objects as go
+
+    ticks, series = data["now_ts"], data["series"]
+    marked = _line_mode(ticks)
+    fig = go.Figure(layout=_layout("Retries and dead letters per tick", "messages per tick"))
+    colours = {"retried": "#ff7f0e", "dead_lettered": "#d62728", "listener_errors": "#9467bd"}
+    for key, label in _FAILURE_LINES.items():
+        if key != "expired" or any(series[key]):
+            fig.add_scatter(
+                x=ticks,
+                y=series[key],
+                name=label,
+                mode=marked,
+                line={"color": colours.get(key, "#8c564b")},
+            )
+    return fig
+
+
+def _durations_chart(data: dict[str, Any]) -> Any:
+    """Each job's duration per tick, stacked, in the order of the jobs' steps."""
+    from plotly import graph_objects as go
+
+    ticks = data["now_ts"]
+    fig = go.Figure(layout=_layout("Job durations per tick", "duration (ms), stacked"))
+    for step in STEPS:
+        if step in data["durations_ms"]:
+            fig.add_scatter(
+                x=ticks,
+                y=[v or 0 for v in data["durations_ms"][step]],
+                name=step,
+                mode="lines",
+                stackgroup="jobs",
+                line={"width": 0.5},
+            )
+    return fig
 
 
 def _whole_numbers(fig: Any) -> None:

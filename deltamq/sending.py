@@ -289,41 +289,32 @@ class BaseProducer:
         topics: dict[str, int] = {}
         prepared = [self._prepare(m, now, topics) for m in messages]
         if transactional:
-            for m, _, props, level in prepared:
-                if level > 0 or Prop.TIMER_DELIVER_MS in props:
-                    raise InvalidMessage(
-                        f"{m!r} is delayed (delay_level={m.delay_level}, timer="
-                        f"{props.get(Prop.TIMER_DELIVER_MS)}); a transactional message cannot be "
-                        "delayed: send it without delay_level, deliver_at or delay"
-                    )
+            _check_not_delayed(prepared)
+        rows = self._commit_log_rows(prepared, topics, queue_keys, selector, arg, now, transactional)
+        self.ctx.append_commit_log(rows_to_arrow(rows), what="send_half" if transactional else "send")
+        return rows
+
+    def _commit_log_rows(
+        self,
+        prepared: list[tuple[Message, bytes, dict[str, str], int]],
+        topics: dict[str, int],
+        queue_keys: Sequence[str | None] | None,
+        selector: Selector | None,
+        arg: Any,
+        now: int,
+        transactional: bool,
+    ) -> list[dict[str, Any]]:
+        """The commit_log rows of the ``prepared`` messages (stored at ``now``), under one
+        fresh producer batch: message ``pos`` gets id ``msg_id(batch, pos)``."""
         max_level = self.ctx.max_delay_level()
         flag = SysFlag.TRANSACTION_PREPARED_TYPE if transactional else SysFlag.TRANSACTION_NOT_TYPE
         batch = ids.new_batch_id(now)
         day = ids.store_date(now)
         rows = []
         for pos, (m, body, props, level) in enumerate(prepared):
-            queues = topics[m.topic]
             key = queue_keys[pos] if queue_keys is not None else None
-            if selector is not None:
-                qid = selector(queues, m, arg)
-                if isinstance(qid, bool) or not isinstance(qid, int) or not 0 <= qid < queues:
-                    raise InvalidMessage(
-                        f"selector returned queue {qid!r} for topic {m.topic!r}; allowed 0..{queues - 1}"
-                    )
-            elif key is not None:
-                qid = queue_for_key(key, queues)
-            else:
-                qid = self._next_queue(m.topic, queues)
+            qid = self._queue_id(m, topics[m.topic], key, selector, arg)
             mid = ids.msg_id(batch, pos)
-            props = dict(props)
-            props[Prop.UNIQ_KEY] = mid
-            if transactional:
-                props.pop(Prop.TRANSACTION_CHECK_TIMES, None)  # the first check sets it to 1
-                props.update({Prop.TRAN_MSG: "true", Prop.PGROUP: self.group, Prop.TRAN_ID: mid})
-            if level > 0:
-                props[Prop.DELAY] = str(min(level, max_level))  # clamp, as RocketMQ's store does
-            else:
-                props.pop(Prop.DELAY, None)
             rows.append(
                 {
                     "msg_id": mid,
@@ -333,7 +324,7 @@ class BaseProducer:
                     "keys": m.keys,
                     "body": body,
                     "flag": m.flag,
-                    "properties": props,
+                    "properties": self._row_properties(props, mid, level, max_level, transactional),
                     "born_ts": m.born_ts if m.born_ts is not None else now,
                     "store_ts": now,
                     "reconsume_times": 0,
@@ -344,5 +335,46 @@ class BaseProducer:
                     "store_date": day,
                 }
             )
-        self.ctx.append_commit_log(rows_to_arrow(rows), what="send_half" if transactional else "send")
         return rows
+
+    def _queue_id(self, m: Message, queues: int, key: str | None, selector: Selector | None, arg: Any) -> int:
+        """The queue of ``m`` among its topic's ``queues``: the ``selector``'s (checked), or
+        that of its queue ``key``, or the topic's next round-robin."""
+        if selector is not None:
+            qid = selector(queues, m, arg)
+            if isinstance(qid, bool) or not isinstance(qid, int) or not 0 <= qid < queues:
+                raise InvalidMessage(
+                    f"selector returned queue {qid!r} for topic {m.topic!r}; allowed 0..{queues - 1}"
+                )
+            return qid
+        if key is not None:
+            return queue_for_key(key, queues)
+        return self._next_queue(m.topic, queues)
+
+    def _row_properties(
+        self, props: dict[str, str], mid: str, level: int, max_level: int, transactional: bool
+    ) -> dict[str, str]:
+        """The properties stored with message ``mid``: a copy of ``props`` with ``UNIQ_KEY``,
+        a half message's transaction properties, and the delay level clamped to
+        ``max_level`` (or none)."""
+        props = dict(props)
+        props[Prop.UNIQ_KEY] = mid
+        if transactional:
+            props.pop(Prop.TRANSACTION_CHECK_TIMES, None)  # the first check sets it to 1
+            props.update({Prop.TRAN_MSG: "true", Prop.PGROUP: self.group, Prop.TRAN_ID: mid})
+        if level > 0:
+            props[Prop.DELAY] = str(min(level, max_level))  # clamp, as RocketMQ's store does
+        else:
+            props.pop(Prop.DELAY, None)
+        return props
+
+
+def _check_not_delayed(prepared: list[tuple[Message, bytes, dict[str, str], int]]) -> None:
+    """Refuse a transactional batch with a delayed or timed message (a delay level or a timer)."""
+    for m, _, props, level in prepared:
+        if level > 0 or Prop.TIMER_DELIVER_MS in props:
+            raise InvalidMessage(
+                f"{m!r} is delayed (delay_level={m.delay_level}, timer="
+                f"{props.get(Prop.TIMER_DELIVER_MS)}); a transactional message cannot be "
+                "delayed: send it without delay_level, deliver_at or delay"
+            )

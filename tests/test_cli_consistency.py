@@ -19,7 +19,7 @@ import pytest
 
 from deltamq.cli import main, parser
 from deltamq.cli.parser import EXIT_STATUSES, build_parser
-from deltamq.orchestration.leases import Leases, LeaseTerms, describe_holder
+from deltamq.tables.leases import Leases, LeaseTerms, describe_holder
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -43,7 +43,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "deltamq.tables.*",
             "deltamq.dedup",
             "deltamq.transactions",
-            "deltamq.orchestration.leases",
+            "deltamq.tables.leases",
         ),
     ),
     ("catalog", ("deltamq.catalog", "deltamq.context")),
@@ -202,3 +202,24 @@ def test_only_the_owner_writes_sql_against_a_hot_table(table):
     ]
     assert not offenders, f"SQL over {table} outside {SQL_OWNERS[table]}: {offenders}"
     assert reference.search(Path(root / SQL_OWNERS[table]).read_text()), "the check would find a reference"
+
+
+MAX_MODULE_LINES = 800
+MAX_FUNCTION_LINES = 80  # the def's whole span, docstring included
+
+
+@pytest.mark.unit
+def test_modules_and_functions_stay_a_size_a_newcomer_can_read():
+    long_modules, long_functions = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        name = str(path.relative_to(PACKAGE.parent))
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            long_modules.append(f"{name} ({len(text.splitlines())} lines)")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                span = (node.end_lineno or node.lineno) - node.lineno + 1
+                if span > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{name}:{node.lineno} {node.name} ({span} lines)")
+    assert not long_modules, f"modules over {MAX_MODULE_LINES} lines: {long_modules}"
+    assert not long_functions, f"functions over {MAX_FUNCTION_LINES} lines: {long_functions}"

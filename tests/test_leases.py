@@ -11,7 +11,7 @@ import pytest
 
 from deltamq.config import BrokerConfig
 from deltamq.errors import ClockError, LeaseHeld, LeaseLost
-from deltamq.orchestration.leases import Leases, LeaseTerms
+from deltamq.tables.leases import Leases, LeaseTerms
 
 TERMS = LeaseTerms.of(BrokerConfig())
 SHORT = LeaseTerms(1000, TERMS.commits)
@@ -21,7 +21,7 @@ _ACQUIRE = textwrap.dedent(
     import sys, time
     from deltamq import Broker
     from deltamq.errors import LeaseHeld
-    from deltamq.orchestration.leases import Leases, LeaseTerms
+    from deltamq.tables.leases import Leases, LeaseTerms
     wh, holder, ttl, start_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     b = Broker.open(wh)
     b.reconfigure(lease_ttl_ms=ttl)

@@ -43,7 +43,10 @@ from deltamq.filters import subscriptions_filter
 from deltamq.tables.offsets import QueueKey, group_positions
 
 if TYPE_CHECKING:
+    from deltamq.config import GroupConfig, Subscription
     from deltamq.context import Context
+    from deltamq.jobs.promote import PromoteState
+    from deltamq.tables.warehouse import Warehouse
 
 STATES = ("held", "pending", "consumed", "retrying", "dead_lettered", "expired")
 _SAMPLE = 20
@@ -90,6 +93,20 @@ def account(ctx: Context) -> Accounting:
     order = sorted(groups)
     subs = [s for s in ctx.catalog.subscriptions() if s.consumer_group in groups]
     promote = promote_job.load_state(wh)
+    rows = _index_rows(wh, order, subs)
+    offsets = group_positions(wh)
+    chains = _sort_rows(rows)
+    still_held, lost = _held_originals(chains, promote)
+    accounts = []
+    for gi, g in enumerate(order):
+        accounts += _group_accounts(gi, groups[g], subs, chains, still_held, offsets, promote)
+    return Accounting(tuple(accounts), tuple(lost))
+
+
+def _index_rows(wh: Warehouse, order: list[str], subs: list[Subscription]) -> list[Any]:
+    """The narrow projection of ``consume_queue`` the walk needs (no bodies), collected:
+    each row's message id (``uid``), retry count (``k``) and real topic, and per group
+    ``order[gi]`` whether it matches the group's subscriptions to user topics (``m<gi>``)."""
     props = F.col("properties")
     cq = wh.read("consume_queue")
     flags = [
@@ -98,7 +115,7 @@ def account(ctx: Context) -> Accounting:
         )
         for gi, g in enumerate(order)
     ]
-    rows = cq.select(
+    return cq.select(
         "topic",
         "queue_id",
         "queue_offset",
@@ -109,11 +126,24 @@ def account(ctx: Context) -> Accounting:
         "due_ts",
         *flags,
     ).collect()
-    offsets = group_positions(wh)
+
+
+@dataclass(frozen=True)
+class _Chains:
+    """The index rows sorted for the walk (by :func:`_sort_rows`)."""
+
+    originals: list[Any]  # rows of user topics
+    visible: set[tuple[str, str, int]]  # (uid, topic, k) present in a readable topic
+    copies: dict[str, dict[str, list[Any]]]  # group -> uid -> (kind, row): held, retry or dlq
+    held_originals: dict[str, Any]  # uid -> the schedule/timer entry of a delayed or timed original
+
+
+def _sort_rows(rows: list[Any]) -> _Chains:
+    """Sort the index rows: originals (user topics), the groups' copies (retries waiting in
+    the schedule/timer topics, retry topics, DLQs) and delayed or timed originals."""
     originals: list[Any] = []
     visible: set[tuple[str, str, int]] = set()  # (uid, topic, k) present in a readable topic
     copies: dict[str, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))  # group -> uid -> rows
-    lost: list[tuple[str, str]] = []
     held_originals: dict[str, Any] = {}
     for r in rows:
         topic = r["topic"]
@@ -131,38 +161,61 @@ def account(ctx: Context) -> Accounting:
         elif not is_system_topic(topic):
             originals.append(r)
             visible.add((r["uid"], topic, r["k"]))
-    # a delayed message the schedule service passed must be visible in its real topic;
-    # one it has not passed is held (for every group subscribed to that topic)
+    return _Chains(originals, visible, copies, held_originals)
+
+
+def _held_originals(chains: _Chains, promote: PromoteState) -> tuple[list[Any], list[tuple[str, str]]]:
+    """The delayed or timed originals still held, and those lost in promotion (message id, why).
+
+    A delayed message the schedule service passed must be visible in its real topic; one
+    it has not passed is held (for every group subscribed to that topic).
+    """
     still_held: list[Any] = []
-    for uid, r in held_originals.items():
-        if (uid, r["real_topic"], r["k"]) in visible:
+    lost: list[tuple[str, str]] = []
+    for uid, r in chains.held_originals.items():
+        if (uid, r["real_topic"], r["k"]) in chains.visible:
             continue
         if _held_passed(r, promote):
             lost.append((uid, f"promoted from {r['topic']} but not in {r['real_topic']}"))
         else:
             still_held.append(r)
+    return still_held, lost
+
+
+def _group_accounts(
+    gi: int,
+    cfg: GroupConfig,
+    subs: list[Subscription],
+    chains: _Chains,
+    still_held: list[Any],
+    offsets: dict[QueueKey, int],
+    promote: PromoteState,
+) -> list[GroupAccount]:
+    """The accounts of group ``cfg`` (the ``gi``-th by name): one, or one per instance of a
+    BROADCASTING group. Each original it subscribes to is pending (its offset has not
+    passed it) or in the state its copies tell (:func:`_after_pass`); the held originals of
+    its topics are held."""
+    g = cfg.name
+    clients = list(cfg.instances or []) if cfg.mode == "BROADCASTING" else [""]
     accounts = []
-    for gi, g in enumerate(order):
-        cfg = groups[g]
-        clients = list(cfg.instances or []) if cfg.mode == "BROADCASTING" else [""]
-        for client in clients or [""]:
-            acc = GroupAccount(g if not client else f"{g}/{client}")
-            for r in originals:
-                if not r[f"m{gi}"]:
-                    continue
-                nxt = offsets.get(QueueKey(g, client, r["topic"], r["queue_id"]), 0)
-                if r["queue_offset"] >= nxt:
-                    acc.counts["pending"] += 1
-                    continue
-                state, why = _after_pass(copies[g].get(r["uid"], []), g, client, offsets, promote)
-                if state is None:
-                    acc.unaccounted.append((r["uid"], why))
-                else:
-                    acc.counts[state] += 1
-            topics = {s.topic for s in subs if s.consumer_group == g}
-            acc.counts["held"] += sum(1 for r in still_held if r["real_topic"] in topics)
-            accounts.append(acc)
-    return Accounting(tuple(accounts), tuple(lost))
+    for client in clients or [""]:
+        acc = GroupAccount(g if not client else f"{g}/{client}")
+        for r in chains.originals:
+            if not r[f"m{gi}"]:
+                continue
+            nxt = offsets.get(QueueKey(g, client, r["topic"], r["queue_id"]), 0)
+            if r["queue_offset"] >= nxt:
+                acc.counts["pending"] += 1
+                continue
+            state, why = _after_pass(chains.copies[g].get(r["uid"], []), g, client, offsets, promote)
+            if state is None:
+                acc.unaccounted.append((r["uid"], why))
+            else:
+                acc.counts[state] += 1
+        topics = {s.topic for s in subs if s.consumer_group == g}
+        acc.counts["held"] += sum(1 for r in still_held if r["real_topic"] in topics)
+        accounts.append(acc)
+    return accounts
 
 
 def _after_pass(chain, group, client, offsets, promote) -> tuple[str | None, str]:

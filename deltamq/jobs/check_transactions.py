@@ -43,7 +43,7 @@ pass waits until dispatch has indexed that append, so the copies it wrote are wa
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -488,21 +488,8 @@ def handle(
     # each entry's outputs share one position (its offset) and land in one append, so
     # an entry with any output stored is skipped whole, whatever a listener says now.
     done_positions, already = _stored_positions(wh, pass_now) if resumed else (None, 0)
-    new_half, counts = classified.new_half, classified.counts
-    todo = spark.table(classified.view).where(
-        (F.col("queue_offset") < new_half) & (F.col("cls") != "settled")
-    )
-    if done_positions is not None:
-        todo = todo.join(
-            done_positions,
-            F.col("queue_offset").bitwiseAND(F.lit(0xFFFFFFFF)) == F.col("done_pos"),
-            "left_anti",
-        )
-    keys = engine.rows(
-        f"SELECT DISTINCT cl_batch_id, cl_date FROM {classified.view} "
-        f"WHERE queue_offset < {new_half} AND cls <> 'settled'"
-    )
-    bodies = read_bodies(wh, (r["cl_date"] for r in keys), (r["cl_batch_id"] for r in keys))
+    counts = classified.counts
+    decided, bodies = _to_handle(ctx, classified, done_positions)
 
     def with_bodies(index_rows: DataFrame) -> DataFrame:
         return join_bodies(
@@ -512,27 +499,7 @@ def handle(
             msg_id="src_msg_id",
         )
 
-    decided = todo.select(
-        "queue_offset",
-        "cls",
-        "times",
-        "tran_id",
-        "properties",
-        "store_ts",
-        "cl_batch_id",
-        "cl_batch_pos",
-        "msg_id",
-    )
-    errors = 0
-    if counts["check"]:
-        configs = ctx.catalog.check_configs()
-        answer_df, errors = _answers(ctx, decided.where(F.col("cls") == "check"), configs, with_bodies)
-        decided = decided.join(answer_df, "queue_offset", "left").withColumn(
-            "state",
-            F.when(F.col("cls") == "check", F.coalesce(F.col("state"), F.lit(TxState.UNKNOWN.value))),
-        )
-    else:
-        decided = decided.withColumn("state", F.lit(None).cast("string"))
+    decided, errors = _with_answers(ctx, decided, counts, with_bodies)
     decided_view = views.add(decided, "check_decided")
     outputs = plan_outputs(with_bodies(spark.table(decided_view)), pass_now)
     # Every entry handled writes at least one row; a resumed pass may have none left.
@@ -557,6 +524,56 @@ def handle(
         # the next pass waits for dispatch to index this far (the copies written here)
         wait_version=deltalog.latest_version(wh.storage, wh.uri("commit_log")),
     )
+
+
+def _to_handle(
+    ctx: Context, classified: Classified, done_positions: DataFrame | None
+) -> tuple[DataFrame, DataFrame]:
+    """The entries before ``new_half`` that are not settled (without those an earlier
+    attempt stored: ``done_positions``), and their bodies (read by batch-id ranges)."""
+    wh, engine = ctx.warehouse, ctx.engine
+    new_half = classified.new_half
+    todo = engine.spark.table(classified.view).where(
+        (F.col("queue_offset") < new_half) & (F.col("cls") != "settled")
+    )
+    if done_positions is not None:
+        todo = todo.join(
+            done_positions,
+            F.col("queue_offset").bitwiseAND(F.lit(0xFFFFFFFF)) == F.col("done_pos"),
+            "left_anti",
+        )
+    keys = engine.rows(
+        f"SELECT DISTINCT cl_batch_id, cl_date FROM {classified.view} "
+        f"WHERE queue_offset < {new_half} AND cls <> 'settled'"
+    )
+    bodies = read_bodies(wh, (r["cl_date"] for r in keys), (r["cl_batch_id"] for r in keys))
+    columns = (
+        "queue_offset",
+        "cls",
+        "times",
+        "tran_id",
+        "properties",
+        "store_ts",
+        "cl_batch_id",
+        "cl_batch_pos",
+    )
+    return todo.select(*columns, "msg_id"), bodies
+
+
+def _with_answers(
+    ctx: Context,
+    decided: DataFrame,
+    counts: Mapping[str, int],
+    with_bodies: Callable[[DataFrame], DataFrame],
+) -> tuple[DataFrame, int]:
+    """``decided`` with a ``state`` column: the check listeners' answers for the entries
+    to check (UNKNOWN when none came), NULL for the others; and the listener errors."""
+    if not counts["check"]:
+        return decided.withColumn("state", F.lit(None).cast("string")), 0
+    configs = ctx.catalog.check_configs()
+    answer_df, errors = _answers(ctx, decided.where(F.col("cls") == "check"), configs, with_bodies)
+    state = F.when(F.col("cls") == "check", F.coalesce(F.col("state"), F.lit(TxState.UNKNOWN.value)))
+    return decided.join(answer_df, "queue_offset", "left").withColumn("state", state), errors
 
 
 def _finish(

@@ -43,9 +43,7 @@ def run(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -> D
     wh = ctx.warehouse
 
     def index() -> DispatchResult:
-        done = consume_queue.index_new(
-            wh, wh.levels(), ctx.config.dispatch_max_versions, fence=fence, job=JOB
-        )
+        done = consume_queue.index_new(wh, ctx.config.dispatch_max_versions, fence=fence, job=JOB)
         return DispatchResult(**vars(done))
 
     result = ctx.commit(index, what=JOB)

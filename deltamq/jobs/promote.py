@@ -320,34 +320,7 @@ def run(
     )
     due = plan_due(candidates, base)
     s = _summarise(_summary(wh, state, due).collect())
-    written = already = indexed = 0
-    hint: DispatchHint | None = None
-    to_write = s.n_in - s.skipped
-    if to_write > 0:
-        # Bodies and already-stored ids are looked up by narrow batch-id ranges (store
-        # times of the entries, and their due times), so the reads follow what falls due.
-        bodies = read_bodies(wh, (k[1] for k in s.keys), (k[0] for k in s.keys))
-        messages = plan_messages(due, bodies)
-        stored = stored_ids(wh, merge_ranges([k[2] for k in s.keys], gap=60_000))
-        # copies a pass killed before its progress commit left behind (ids are derived)
-        already = _copy_id(due).join(stored, "msg_id", "left_semi").count()
-        written = to_write - already
-        faults.point("promote.before_output_commit")
-        if written:
-            # with both leases checked here (``indexes``), the index commit that follows
-            # at once needs no second check: its MERGE finds rows a racing dispatcher wrote
-            if fence:
-                fence()
-            out = messages if not already else messages.join(stored, "msg_id", "left_anti")
-            ctx.commit(lambda: wh.append("commit_log", out), what=JOB)
-        faults.point("promote.after_output_commit")
-        if written and not already and indexes and s.queues_known:
-            done = ctx.commit(
-                lambda: consume_queue.index_appended(wh, levels, written, s.by_queue, job=JOB),
-                what="dispatch",
-            )
-            if done is not None:
-                indexed, hint = done.rows_out, (done.to_version, done.queues)
+    written, already, indexed, hint = _write_copies(ctx, due, s, levels, fence=fence, indexes=indexes)
     timer_next = state.timer_next_offset if s.timer_hi is None else s.timer_hi + 1
     # Nothing handled and no new timers: commit nothing (an idle tick stays idle). The
     # watermark may lag; the next window (watermark, now] still covers what it missed.
@@ -371,6 +344,50 @@ def run(
         indexed=indexed,
         progress=left,
     )
+
+
+def _write_copies(
+    ctx: Context,
+    due: DataFrame,
+    s: _DueSummary,
+    levels: list[tuple[int, int]],
+    *,
+    fence: Callable[[], None] | None,
+    indexes: bool,
+) -> tuple[int, int, int, DispatchHint | None]:
+    """Append the copies of the ``due`` entries that are not stored yet (outputs first),
+    and index them when the caller holds dispatch's lease too (``indexes``); returns
+    (copies written, copies found already stored, copies indexed, dispatch's hint)."""
+    wh = ctx.warehouse
+    written = already = 0
+    to_write = s.n_in - s.skipped
+    if to_write <= 0:
+        return 0, 0, 0, None
+    # Bodies and already-stored ids are looked up by narrow batch-id ranges (store
+    # times of the entries, and their due times), so the reads follow what falls due.
+    bodies = read_bodies(wh, (k[1] for k in s.keys), (k[0] for k in s.keys))
+    messages = plan_messages(due, bodies)
+    stored = stored_ids(wh, merge_ranges([k[2] for k in s.keys], gap=60_000))
+    # copies a pass killed before its progress commit left behind (ids are derived)
+    already = _copy_id(due).join(stored, "msg_id", "left_semi").count()
+    written = to_write - already
+    faults.point("promote.before_output_commit")
+    if written:
+        # with both leases checked here (``indexes``), the index commit that follows
+        # at once needs no second check: its MERGE finds rows a racing dispatcher wrote
+        if fence:
+            fence()
+        out = messages if not already else messages.join(stored, "msg_id", "left_anti")
+        ctx.commit(lambda: wh.append("commit_log", out), what=JOB)
+    faults.point("promote.after_output_commit")
+    if not (written and not already and indexes and s.queues_known):
+        return written, already, 0, None
+    done = ctx.commit(
+        lambda: consume_queue.index_appended(wh, levels, written, s.by_queue, job=JOB), what="dispatch"
+    )
+    if done is None:
+        return written, already, 0, None
+    return written, already, done.rows_out, (done.to_version, done.queues)
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from deltamq.clock import ms_to_iso, to_ms
 from deltamq.constants import JOB_NAMES, JOB_STEPS, MAX_ERROR_CHARS
 from deltamq.errors import ClockError, LeaseHeld
 from deltamq.jobs import check_transactions, deliver, dispatch, promote, pull_expiry, retain, wake
-from deltamq.orchestration.leases import Lease, Leases, LeaseTerms, wall_ms
 from deltamq.tables.integrity import diagnose
+from deltamq.tables.leases import Lease, Leases, LeaseTerms, wall_ms
 
 if TYPE_CHECKING:
     from deltamq.context import Context

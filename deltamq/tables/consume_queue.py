@@ -168,9 +168,9 @@ def int_prop(props: Column, key: str, digits: int) -> Column:
     return F.when(raw.rlike(f"^[0-9]{{1,{digits}}}$"), raw.cast("bigint"))
 
 
-def plan_index(rows: DataFrame, heads: DataFrame, levels: list[tuple[int, int]]) -> DataFrame:
-    """Pure plan: new commit_log rows (+ ``cl_version``) and queue heads → consume_queue rows
-    with a ``route`` column (plain / schedule / timer / half)."""
+def _routed(rows: DataFrame, levels: list[tuple[int, int]]) -> DataFrame:
+    """New commit_log rows with their ``route`` (plain / schedule / timer / half), the
+    index queue they go to (``q_topic``, ``q_id``) and their due time (``due``)."""
     max_level = max((lvl for lvl, _ in levels), default=0)
     delay_of = F.create_map(*[x for lvl, ms in levels for x in (F.lit(lvl), F.lit(ms).cast("bigint"))])
     props = F.col("properties")
@@ -192,25 +192,31 @@ def plan_index(rows: DataFrame, heads: DataFrame, levels: list[tuple[int, int]])
         .otherwise("plain")
     )
     routed = rows.withColumn("route", route).withColumn("level", level)
+    on = F.col("route")
     topic = (
-        F.when(F.col("route") == "half", F.lit(TRANS_HALF_TOPIC))
-        .when(F.col("route") == "timer", F.lit(TIMER_TOPIC))
-        .when(F.col("route") == "schedule", F.lit(SCHEDULE_TOPIC))
+        F.when(on == "half", F.lit(TRANS_HALF_TOPIC))
+        .when(on == "timer", F.lit(TIMER_TOPIC))
+        .when(on == "schedule", F.lit(SCHEDULE_TOPIC))
         .otherwise(F.col("topic"))
     )
     qid = (
-        F.when(F.col("route") == "schedule", (F.col("level") - 1).cast("int"))
-        .when(F.col("route").isin("half", "timer"), F.lit(0))
+        F.when(on == "schedule", (F.col("level") - 1).cast("int"))
+        .when(on.isin("half", "timer"), F.lit(0))
         .otherwise(F.col("queue_id"))
     )
     due = (
-        F.when(F.col("route") == "timer", timer_ms)
-        .when(
-            F.col("route") == "schedule",
-            F.col("store_ts") + F.element_at(delay_of, F.col("level").cast("int")),
-        )
+        F.when(on == "timer", timer_ms)
+        .when(on == "schedule", F.col("store_ts") + F.element_at(delay_of, F.col("level").cast("int")))
         .cast("bigint")
     )
+    return routed.withColumn("q_topic", topic).withColumn("q_id", qid).withColumn("due", due)
+
+
+def plan_index(rows: DataFrame, heads: DataFrame, levels: list[tuple[int, int]]) -> DataFrame:
+    """Pure plan: new commit_log rows (+ ``cl_version``) and queue heads → consume_queue rows
+    with a ``route`` column (plain / schedule / timer / half)."""
+    props = F.col("properties")
+    on = F.col("route")
     clean = F.map_filter(
         F.coalesce(props, F.create_map().cast("map<string,string>")),
         lambda k, v: ~k.isin(Prop.REAL_TOPIC, Prop.REAL_QID),
@@ -218,25 +224,24 @@ def plan_index(rows: DataFrame, heads: DataFrame, levels: list[tuple[int, int]])
     real = F.create_map(
         F.lit(Prop.REAL_TOPIC), F.col("topic"), F.lit(Prop.REAL_QID), F.col("queue_id").cast("string")
     )
-    new_props = F.when(F.col("route") == "plain", props).otherwise(F.map_concat(clean, real))
-    indexed = routed.select(
-        topic.alias("q_topic"),
-        qid.alias("q_id"),
+    indexed = _routed(rows, levels).select(
+        "q_topic",
+        "q_id",
         "msg_id",
         "tags",
         F.when(F.col("tags").isNotNull(), F.xxhash64("tags")).alias("tags_hash"),
         "keys",
-        new_props.alias("properties"),
+        F.when(on == "plain", props).otherwise(F.map_concat(clean, real)).alias("properties"),
         "store_ts",
-        due.alias("due_ts"),
+        F.col("due").alias("due_ts"),
         "reconsume_times",
         ids.store_date_col(F.col("store_ts")).alias("cl_date"),
         "cl_version",
         F.col("batch_id").alias("cl_batch_id"),
         F.col("batch_pos").alias("cl_batch_pos"),
         "route",
-        F.when(F.col("route") == "schedule", qid)
-        .when(F.col("route") == "timer", F.floor(due / F.lit(TIMER_SLOT_MS)))
+        F.when(on == "schedule", F.col("q_id"))
+        .when(on == "timer", F.floor(F.col("due") / F.lit(TIMER_SLOT_MS)))
         .otherwise(F.lit(0))
         .cast("int")
         .alias("slot"),
@@ -296,7 +301,6 @@ def _indexed_in(wh: Warehouse, first: int, last: int) -> list[tuple[Queue, int, 
 
 def index_new(
     wh: Warehouse,
-    levels: list[tuple[int, int]],
     max_versions: int,
     *,
     fence: Callable[[], None] | None = None,
@@ -331,7 +335,7 @@ def index_new(
     n = dropped = 0
     if rows is not None and commit_log.may_hold_commits(commits):
         rows, dropped = drop_duplicate_commits(wh, rows)
-    plan = None if rows is None else plan_index(rows, heads_frame(wh, state.heads), levels)
+    plan = None if rows is None else plan_index(rows, heads_frame(wh, state.heads), wh.levels())
     faults.point(f"{job}.before_index_commit")
     if plan is not None:
         if fence:

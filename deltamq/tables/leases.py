@@ -61,6 +61,10 @@ def describe_holder(holder: str) -> str:
     return f"{holder} (process {pid} on this host is running)"
 
 
+_Change = tuple[str, "Lease | None", int, int]
+"""(job, the lease as read, the new epoch, the last ``now`` to keep)."""
+
+
 @dataclass(frozen=True)
 class Lease:
     job: str
@@ -123,7 +127,7 @@ class Leases:
         def attempt() -> dict[str, Lease]:
             now = self.wall()
             current = self._read(jobs)
-            changes = []
+            changes: list[_Change] = []
             for job in jobs:
                 cur = current.get(job)
                 if cur and cur.holder and cur.holder != self.holder and cur.expires_at > now:
@@ -152,7 +156,7 @@ class Leases:
 
         return self.wh.engine.commit(attempt, what="leases", policy=terms.commits)
 
-    def _cas(self, changes: list, now: int, ttl_ms: int) -> None:
+    def _cas(self, changes: list[_Change], now: int, ttl_ms: int) -> None:
         selects = []
         for job, cur, epoch, keep_now in changes:
             selects.append(
