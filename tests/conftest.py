@@ -385,6 +385,45 @@ def s3_server():
         )
 
 
+@pytest.fixture(scope="session")
+def fault_proxy_server(s3_server, tmp_path_factory):
+    """The fault proxy (tests/support/fault_proxy.py) in its own process, in front of the
+    S3 API server; yields a ``Faults`` handle."""
+    from support.fault_proxy import CONTROL, Faults
+
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    command = [
+        sys.executable,
+        "-m",
+        "support.fault_proxy",
+        "--target",
+        s3_server.endpoint,
+        "--port",
+        str(port),
+    ]
+
+    def ready() -> bool:
+        import urllib.request
+
+        urllib.request.urlopen(endpoint + CONTROL, timeout=2).read()
+        return True
+
+    log = tmp_path_factory.mktemp("fault-proxy") / "proxy.log"
+    with running(command, env=env, ready=ready, what="the fault proxy", log=log):
+        yield Faults(endpoint, {**s3_server.options, "AWS_ENDPOINT_URL": endpoint})
+
+
+@pytest.fixture
+def faults(fault_proxy_server):
+    """The fault proxy with no faults set and zeroed counters, and again after the test."""
+    fault_proxy_server.reset()
+    yield fault_proxy_server
+    fault_proxy_server.reset()
+
+
 @pytest.fixture
 def s3_location(s3_server, request):
     """A fresh warehouse URI on the S3 server, one per test."""

@@ -31,7 +31,8 @@ class DispatchResult(consume_queue.Indexed):
     @property
     def details(self) -> dict[str, int]:
         out = {f"route_{k}": v for k, v in self.routes.items()} | {"commits_read": self.commits_read}
-        return out | ({"duplicate_commits": self.duplicate_commits} if self.duplicate_commits else {})
+        out |= {"duplicate_commits": self.duplicate_commits} if self.duplicate_commits else {}
+        return out | ({"repeated": self.repeated} if self.repeated else {})
 
 
 def run(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -> DispatchResult:

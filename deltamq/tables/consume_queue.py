@@ -103,6 +103,7 @@ class Indexed:
     routes: dict[str, int]
     queues: dict[Queue, int]
     duplicate_commits: int = 0  # committed messages of already committed transactions, not indexed
+    repeated: int = 0  # messages an ambiguous commit wrote again (already indexed, or twice in the pass)
     heads: dict[Queue, int] = field(default_factory=dict)
 
 
@@ -159,6 +160,57 @@ def drop_duplicate_commits(wh: Warehouse, rows: DataFrame) -> tuple[DataFrame, i
     if not dropped:
         return rows, 0
     return rows.join(F.broadcast(dups), F.col("msg_id") == F.col("dup_id"), "left_anti"), dropped
+
+
+def _batches(commits: list[deltalog.Commit]) -> tuple[set[int], bool]:
+    """The producer batches the commits' files hold (from their ``batch_id`` statistics),
+    and whether that is all of them and each batch is in one file of one commit only."""
+    seen: dict[int, int] = {}
+    exact = True
+    for c in commits:
+        for f in c.files:
+            lo, hi = f.min_values.get("batch_id"), f.max_values.get("batch_id")
+            if lo is None or lo != hi:
+                exact = False
+                continue
+            seen[lo] = seen.get(lo, 0) + 1
+    return set(seen), exact and all(n == 1 for n in seen.values())
+
+
+def drop_repeated(wh: Warehouse, rows: DataFrame, commits: list[deltalog.Commit]) -> tuple[DataFrame, int]:
+    """New rows without the messages that are already indexed or that an earlier new row
+    repeats: what an ambiguous commit leaves behind (a blind append whose write landed
+    while its writer saw an error, then written again — by the writer at the next
+    version, or by deltamq retrying it with the same ids). Every message keeps one index
+    entry, its first. Cheap when nothing repeats: one look-up of the index by the new
+    batch ids (file statistics prune it to the newest files). Returns the rows and how
+    many were dropped."""
+    batches, exact = _batches(commits)
+    found: set[int] = set()
+    if batches:
+        lo, hi = min(batches), max(batches)
+        found = {
+            r["b"]
+            for r in wh.engine.rows(
+                f"SELECT DISTINCT cl_batch_id AS b FROM {wh.ref('consume_queue')} "
+                f"WHERE cl_batch_id >= {sql_long(lo)} AND cl_batch_id <= {sql_long(hi)}"
+            )
+        } & batches
+    if exact and not found:
+        return rows, 0
+    out = rows
+    if not exact:
+        first = Window.partitionBy("msg_id").orderBy("cl_version", "batch_pos")
+        out = out.withColumn("_rn", F.row_number().over(first)).where(F.col("_rn") == 1).drop("_rn")
+    if found:
+        indexed = (
+            wh.read("consume_queue")
+            .where(F.col("cl_batch_id").isin(sorted(found)))
+            .select(F.col("msg_id").alias("_indexed"))
+        )
+        out = out.join(F.broadcast(indexed), F.col("msg_id") == F.col("_indexed"), "left_anti")
+    before, after = rows.count(), out.count()
+    return out, before - after
 
 
 def int_prop(props: Column, key: str, digits: int) -> Column:
@@ -333,6 +385,9 @@ def index_new(
     # so they must go with it
     queues: dict[Queue, int] = dict(state.stale)
     n = dropped = 0
+    repeated = 0
+    if rows is not None:
+        rows, repeated = drop_repeated(wh, rows, commits)
     if rows is not None and commit_log.may_hold_commits(commits):
         rows, dropped = drop_duplicate_commits(wh, rows)
     plan = None if rows is None else plan_index(rows, heads_frame(wh, state.heads), wh.levels())
@@ -351,11 +406,12 @@ def index_new(
         from_version=state.version,
         to_version=to_version,
         commits_read=len(commits),
-        rows_in=n + dropped,
+        rows_in=n + dropped + repeated,
         rows_out=n,
         routes=routes,
         queues=queues,
         duplicate_commits=dropped,
+        repeated=repeated,
         heads=state.heads | queues,
     )
 
