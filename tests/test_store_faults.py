@@ -4,21 +4,23 @@ against deltamq's own clients (tests/test_faults_s3.py and the slow tier)."""
 
 from __future__ import annotations
 
+import functools
 import time
 import urllib.error
 import urllib.request
 import uuid
+from typing import Any
 
 import pytest
 
 
-def _request(endpoint: str, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
-    """One signed S3 request (boto3, no retries): (HTTP status, body)."""
+@functools.cache
+def _client(endpoint: str) -> Any:
+    """A signed S3 client of ``endpoint`` that never retries (boto3)."""
     import boto3
     from botocore.config import Config
-    from botocore.exceptions import ClientError
 
-    client = boto3.client(
+    return boto3.client(
         "s3",
         endpoint_url=endpoint,
         aws_access_key_id="deltamq-test",
@@ -26,6 +28,13 @@ def _request(endpoint: str, method: str, path: str, body: bytes | None = None) -
         region_name="us-east-1",
         config=Config(retries={"total_max_attempts": 1}, s3={"addressing_style": "path"}),
     )
+
+
+def _request(endpoint: str, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+    """One signed S3 request, no retries: (HTTP status, body or error code)."""
+    from botocore.exceptions import ClientError
+
+    client = _client(endpoint)
     bucket, _, name = path.lstrip("/").partition("/")
     try:
         if method == "PUT":
@@ -86,13 +95,13 @@ def test_a_lost_ack_writes_and_then_answers_500(faults, s3_server, key):
 def test_random_faults_follow_the_seed_and_the_rates(faults, key):
     def run() -> dict[str, int]:
         faults.set(seed=3, rates={"slowdown": 0.2, "error500": 0.1}, reset_counters=True)
-        for _ in range(200):
+        for _ in range(100):
             _request(faults.endpoint, "GET", key)
         return faults.state()["faulted"]
 
     first, second = run(), run()
     assert first == second  # same seed, same faults
-    assert 20 <= first["slowdown"] <= 60 and 5 <= first["error500"] <= 35
+    assert 8 <= first["slowdown"] <= 35 and 2 <= first["error500"] <= 20
     assert first["lost_ack"] == 0  # never on a GET
 
 
