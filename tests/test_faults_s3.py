@@ -97,8 +97,8 @@ def test_a_repeated_append_dispatched_in_a_later_pass_is_not_indexed_again(fault
         p.send_dataframe(rows)
         first = b.tick()
         assert first.job("dispatch").rows_out == 2
-        again = b.sql("SELECT * FROM commit_log")  # the same rows, ids and batch
-        b.warehouse.append("commit_log", again.localCheckpoint())
+        stored = b.sql("SELECT * FROM commit_log")  # the same rows, ids and batch, again
+        b.warehouse.append("commit_log", b.spark.createDataFrame(stored.collect(), stored.schema))
         second = b.tick()
         assert second.job("dispatch").rows_out == 0 and second.job("dispatch").details["repeated"] == 2
         _assert_indexed_once(b, 2)
