@@ -359,7 +359,6 @@ def _write_copies(
     and index them when the caller holds dispatch's lease too (``indexes``); returns
     (copies written, copies found already stored, copies indexed, dispatch's hint)."""
     wh = ctx.warehouse
-    written = already = 0
     to_write = s.n_in - s.skipped
     if to_write <= 0:
         return 0, 0, 0, None

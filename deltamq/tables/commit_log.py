@@ -30,6 +30,28 @@ _FILE_SCHEMA = T.StructType(
 )
 
 
+def file_batch(f: deltalog.AddedFile) -> int | None:
+    """The one producer batch a file holds, by its ``batch_id`` statistics (None: the
+    statistics are missing or the file holds several batches)."""
+    lo, hi = f.min_values.get("batch_id"), f.max_values.get("batch_id")
+    return lo if lo is not None and lo == hi else None
+
+
+def batch_ids(commits: list[deltalog.Commit]) -> tuple[set[int], bool]:
+    """The producer batches the commits' files hold (:func:`file_batch`), and whether
+    that is all of them and each batch is in one file of one commit only."""
+    seen: dict[int, int] = {}
+    exact = True
+    for c in commits:
+        for f in c.files:
+            batch = file_batch(f)
+            if batch is None:
+                exact = False
+            else:
+                seen[batch] = seen.get(batch, 0) + 1
+    return set(seen), exact and all(n == 1 for n in seen.values())
+
+
 def read_added(wh: Warehouse, commits: list[deltalog.Commit]) -> DataFrame | None:
     """commit_log rows added by ``commits`` with their ``cl_version``.
 
@@ -46,10 +68,10 @@ def read_added(wh: Warehouse, commits: list[deltalog.Commit]) -> DataFrame | Non
     odd: dict[int, list[str]] = defaultdict(list)
     for c in commits:
         for f in c.files:
-            lo, hi = f.min_values.get("batch_id"), f.max_values.get("batch_id")
-            if lo is not None and lo == hi:
-                stat_files.append((c.version, f, lo))
-                by_batch[lo].add(c.version)
+            batch = file_batch(f)
+            if batch is not None:
+                stat_files.append((c.version, f, batch))
+                by_batch[batch].add(c.version)
             else:
                 odd[c.version].append(wh.engine_path(f.path))
     mapped: list[tuple[int, int]] = []

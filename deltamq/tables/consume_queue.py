@@ -9,7 +9,7 @@ version range. Rows are ordered by (commit version, producer batch, position); o
 are dense per queue and a deterministic function of that order. The version each row
 came from is written in the row itself (``cl_version``), so the index and its progress
 commit atomically; the ``%DISPATCH%`` rows of ``offsets`` are a hint the caller writes
-afterwards (``offsets.load_dispatch_state`` corrects a hint that lags).
+afterwards (:func:`load_dispatch_state` corrects a hint that lags).
 
 :func:`index_appended` is the same indexing for a caller that has just appended one
 commit of its own (promote's copies), done only when that commit is the one commit the
@@ -162,21 +162,6 @@ def drop_duplicate_commits(wh: Warehouse, rows: DataFrame) -> tuple[DataFrame, i
     return rows.join(F.broadcast(dups), F.col("msg_id") == F.col("dup_id"), "left_anti"), dropped
 
 
-def _batches(commits: list[deltalog.Commit]) -> tuple[set[int], bool]:
-    """The producer batches the commits' files hold (from their ``batch_id`` statistics),
-    and whether that is all of them and each batch is in one file of one commit only."""
-    seen: dict[int, int] = {}
-    exact = True
-    for c in commits:
-        for f in c.files:
-            lo, hi = f.min_values.get("batch_id"), f.max_values.get("batch_id")
-            if lo is None or lo != hi:
-                exact = False
-                continue
-            seen[lo] = seen.get(lo, 0) + 1
-    return set(seen), exact and all(n == 1 for n in seen.values())
-
-
 def drop_repeated(wh: Warehouse, rows: DataFrame, commits: list[deltalog.Commit]) -> tuple[DataFrame, int]:
     """New rows without the messages that are already indexed or that an earlier new row
     repeats: what an ambiguous commit leaves behind (a blind append whose write landed
@@ -185,7 +170,7 @@ def drop_repeated(wh: Warehouse, rows: DataFrame, commits: list[deltalog.Commit]
     entry, its first. Cheap when nothing repeats: one look-up of the index by the new
     batch ids (file statistics prune it to the newest files). Returns the rows and how
     many were dropped."""
-    batches, exact = _batches(commits)
+    batches, exact = commit_log.batch_ids(commits)
     found: set[int] = set()
     if batches:
         lo, hi = min(batches), max(batches)
