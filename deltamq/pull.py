@@ -17,8 +17,10 @@ messages, each with a ``receipt_handle``; ``consumer.ack(handles)`` /
   delivered offset is the end of the range the owner reserved: a pull reserves up to the
   queue's head, at most ``WINDOW`` batches ahead, before it hands anything out, so pulls
   inside the reservation write no lock row. Other clients count a reservation for
-  ``RESERVE_MS`` after the owner's last write, then what was handed out (a pull that
-  took longer than half of it reads its lock back before returning: the fence). Anyone
+  ``RESERVE_MS`` after the owner's last write, then what was handed out. The fence: a
+  pull that ends with its reservation older than half of ``RESERVE_MS`` rewrites its lock
+  rows by compare-and-set before returning, so a takeover racing it either misses or
+  makes the pull revoke what it handed out from that queue (never both hold). Anyone
   else is refused while the owner holds the queue; each refused attempt compares the
   queue's delivered offset with the one last seen (unchanged → the no-change counter
   goes up; changed → saved, counter reset); the owner's writes never touch the counter.
@@ -104,8 +106,8 @@ WINDOW = 10
 """A pull reserves at most this many batches ahead in the lock row (up to the queue's head)."""
 RESERVE_MS = 2_000
 """A reservation counts this long after the owner's last lock write; the owner writes its
-lock row again before it hands out from a reservation older than half of it, and checks
-its lock after a pull that took longer than that (the fence)."""
+lock row again before it hands out from a reservation older than half of it, and
+confirms its lock by compare-and-set after a pull that ends past that age (the fence)."""
 
 
 @dataclass(frozen=True)
@@ -361,15 +363,10 @@ class PullConsumer:
         if log:
             append_log(self.ctx, log)
         faults.point("pull.after_deliveries_commit")
-        lost: set[Queue] = set()
-        if time.monotonic() - started >= RESERVE_MS / 2000.0:
-            # fence: a pull that took long may have lost a queue (its owner paused past the
-            # lock timeout); it returns nothing from it, and what it recorded ends
-            current = deliveries.read_locks(self.ctx.warehouse, self.group)
-            lost = {q for q in takes if (current.get(q) or _NOBODY).owner != self.client_id}
-            gone = [m.row for m in handouts if m.topic_queue in lost]
-            if gone:
-                append_log(self.ctx, [ended(r, REVOKED) for r in gone])
+        lost = self._fence(takes, now, time.monotonic() - started)
+        gone = [m.row for m in handouts if m.topic_queue in lost]
+        if gone:
+            append_log(self.ctx, [ended(r, REVOKED) for r in gone])
         for q, (_, end) in takes.items():
             if q in lost:
                 held.pop(q, None)
@@ -382,6 +379,46 @@ class PullConsumer:
                 out.append(m.message)
         self._forget_expired(now)
         return sorted(out, key=lambda m: (m.topic, m.queue_id, m.queue_offset))
+
+    def _fence(self, takes: dict[Queue, tuple[int, int]], now: int, elapsed_s: float) -> set[Queue]:
+        """The queues of ``takes`` this client no longer holds, confirmed after handing out.
+
+        Another client counts this client's reservation for ``RESERVE_MS`` after its last
+        lock write; a pull that ends when the reservation is younger than half of that
+        needs no check. Otherwise the fence is a compare-and-set of each lock row, as this
+        client last wrote it, to a new access time: a takeover that read the row before
+        (and commits after) no longer matches, and a takeover that committed first makes
+        this write miss. Either way one client holds the queue; what this one handed out
+        from a lost queue is revoked by the caller."""
+        age_ms = {q: now - h.written + elapsed_s * 1000.0 for q, h in self._held.items()}
+        aged = [q for q, (lo, hi) in takes.items() if hi > lo and age_ms.get(q, 0) >= RESERVE_MS / 2]
+        if not aged:
+            return set()
+        stamps: dict[Queue, int] = {}
+
+        def attempt() -> None:
+            stamps.clear()
+            current = deliveries.read_locks(self.ctx.warehouse, self.group)
+            changes: list[tuple[Queue, LockEntry | None, LockEntry]] = []
+            for q in aged:
+                got, h = current.get(q), self._held[q]
+                if got is None or got.owner != self.client_id or got.last_access_ts != h.written:
+                    continue  # taken over (or changed by another writer): lost
+                stamps[q] = max(now, h.written + 1)
+                changes.append((q, got, replace(got, last_access_ts=stamps[q])))
+            faults.point("pull.before_fence_commit")
+            deliveries.write_locks(self.ctx.warehouse, self.group, changes)
+
+        self.ctx.commit(attempt, what="queue_lock")
+        after = deliveries.read_locks(self.ctx.warehouse, self.group)
+        lost = set()
+        for q in aged:
+            got = after.get(q) or _NOBODY
+            if q in stamps and got.owner == self.client_id and got.last_access_ts == stamps[q]:
+                self._held[q].written = stamps[q]
+            else:
+                lost.add(q)
+        return lost
 
     def _stale(self, h: _Held, now: int) -> bool:
         """Whether the lock row must be written before ``h`` is used: a quarter of the lock
@@ -434,6 +471,7 @@ class PullConsumer:
                 left -= plan.end - plan.start
                 plans[q] = plan
             changes += self._give_back(locks, set(self._held) - mine_set, now)
+            faults.point("pull.before_lock_commit")
             deliveries.write_locks(self.ctx.warehouse, self.group, changes)
             if any(p.write for p in plans.values()):
                 self._drop_unconfirmed(plans, now)

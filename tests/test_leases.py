@@ -81,7 +81,10 @@ def test_expired_lease_is_taken_over_and_stale_holder_is_fenced(broker):
     assert broker.sql("SELECT count(*) AS n FROM leases").collect()[0]["n"] == v
     with pytest.raises(LeaseHeld):
         new.acquire(["dispatch"], SHORT)
-    wall[0] += 1000  # expired
+    wall[0] += 1000  # expired by the wall clock, but within the allowance for clock skew
+    with pytest.raises(LeaseHeld, match="allowance for clock skew"):
+        new.acquire(["dispatch"], SHORT)
+    wall[0] += 1000  # past its expiry by one more TTL
     assert new.acquire(["dispatch"], SHORT)["dispatch"].epoch == 2
     with pytest.raises(LeaseLost, match="held by new"):
         old.check(["dispatch"])
@@ -128,8 +131,98 @@ def test_a_long_tick_renews_its_lease_between_jobs(broker):
     seq = (("a", "dispatch", slow), ("b", "dispatch", slow), ("c", "dispatch", slow))
     broker.reconfigure(lease_ttl_ms=1000)
     runner = TickRunner(broker.context, holder="long", sequence=seq)
-    runner.leases = Leases(broker.warehouse, holder="long", wall=lambda: wall[0])
+    runner.leases = Leases(broker.warehouse, holder="long", wall=lambda: wall[0], mono=lambda: wall[0])
     runner.tick(1)
     assert fenced == [1_000_700, 1_001_400, 1_002_100]
     lease = broker.sql("SELECT holder, epoch, expires_at FROM leases WHERE job = 'dispatch'").collect()[0]
     assert (lease["holder"], lease["epoch"], lease["expires_at"]) == ("long", 1, 1_002_400)
+
+
+@pytest.mark.parametrize("skew", [999, 400, -999], ids=["ahead", "a-little-ahead", "behind"])
+def test_skewed_clocks_never_let_two_holders_act(broker, skew):
+    """Two runners whose wall clocks differ by up to the TTL (1 s here), on clocks that run
+    at one rate: a holds and renews, then stops (paused or dead); b tries every 100 ms.
+    b never holds while a would still pass its own check, and b takes over within two
+    TTLs of a's last write however its clock is skewed."""
+    ttl = 1000
+    terms = LeaseTerms(ttl, TERMS.commits)
+    t = [0]  # real time, ms
+    base = 5_000_000
+    a = Leases(broker.warehouse, holder="a", wall=lambda: base + t[0], mono=lambda: t[0])
+    b = Leases(broker.warehouse, holder="b", wall=lambda: base + t[0] + skew, mono=lambda: t[0])
+    a.acquire(["retain"], terms)
+    last_write = 0
+    a_valid_at: list[int] = []
+    b_at = None
+    while b_at is None and t[0] < 6 * ttl:
+        t[0] += 100
+        if t[0] <= 1500:  # a is alive: it renews when half its time is gone
+            before = broker.sql("SELECT expires_at FROM leases WHERE job = 'retain'").collect()[0][0]
+            a.renew_due(["retain"], terms)
+            after = broker.sql("SELECT expires_at FROM leases WHERE job = 'retain'").collect()[0][0]
+            last_write = t[0] if after != before else last_write
+        try:
+            a.check(["retain"])
+            a_valid_at.append(t[0])
+        except LeaseLost:
+            pass
+        try:
+            b.acquire(["retain"], terms)
+            b_at = t[0]
+        except LeaseHeld:
+            pass
+    assert b_at is not None, "b never took the lease over"
+    assert max(a_valid_at) < b_at, (max(a_valid_at), b_at)
+    assert b_at <= last_write + 2 * ttl + 100, (last_write, b_at)
+    with pytest.raises(LeaseLost):
+        a.check(["retain"])
+
+
+def test_a_runner_whose_clock_is_behind_holds_time_and_no_timer_fires_early_beyond_the_skew(
+    warehouse_with, clock, caplog
+):
+    """Runner a's clock is 20 s ahead (less than the 60 s lease TTL), runner b's is right.
+    a fires what is due by its clock: early by at most the skew. b, taking over after a
+    released, finds its clock behind the last tick's now: it ticks at that now (time never
+    goes back, and nothing is refused), and fires the rest at their due time by its clock."""
+    from datetime import timedelta
+
+    from deltamq import Message
+    from deltamq.orchestration.tick import TickRunner
+
+    broker = warehouse_with("orders", queues=1).broker
+    skew = 20_000
+    t0 = clock.now_ms()
+    p = broker.producer("p")
+    p.send(Message("orders", "t10", delay=timedelta(seconds=10)))
+    p.send(Message("orders", "t30", delay=timedelta(seconds=30)))
+
+    def visible() -> list[str]:
+        rows = broker.sql(
+            "SELECT CAST(c.body AS STRING) AS b FROM consume_queue q JOIN commit_log c "
+            "ON c.msg_id = q.msg_id WHERE q.topic = 'orders' ORDER BY q.queue_offset"
+        ).collect()
+        return [r["b"] for r in rows]
+
+    a = TickRunner(broker.context, holder="a")
+    clock.set(t0 + 1_000)
+    a.tick(clock.now_ms() + skew)  # a's clock reads t0 + 21 s
+    assert visible() == ["t10"]  # due at t0 + 10 s: 9 s early by the true time, within the skew
+    a.release()
+    b = TickRunner(broker.context, holder="b")
+    clock.set(t0 + 2_000)
+    with caplog.at_level("WARNING"):
+        result = b.tick()
+    assert result.now == t0 + 1_000 + skew  # held at the last tick's now
+    assert "behind the warehouse's last tick" in caplog.text
+    assert visible() == ["t10"]
+    clock.set(t0 + 29_999)
+    b.tick()
+    assert visible() == ["t10"]
+    clock.set(t0 + 30_000)
+    b.tick()
+    assert visible() == ["t10", "t30"]
+    clock.set(t0 + 30_000 - broker.config.lease_ttl_ms - 1)
+    with pytest.raises(ClockError):  # a clock behind by more than the TTL is refused
+        b.tick()
+    b.release()

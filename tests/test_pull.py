@@ -432,3 +432,71 @@ def test_a_fold_keeps_a_takeover_that_came_after_it_read_the_log(pulled, clock, 
     assert positions(broker.warehouse, "workers", [("orders", 0)]) == {("orders", 0): (2, 3)}
     rest = [m for m in b.pull(10, now=later + 1) if m.queue_id == 0]
     assert bodies(rest) == ["q0m3", "q0m4"]  # a's q0m3 again (revoked), then the new one
+
+
+def _a_holds_queue_0_and_b_comes_later(broker, clock):
+    """a pulls and acks q0m0, q0m1 (reserving queue 0 up to its head); b is a client that
+    comes when a is silent past the client and lock timeouts by b's clock."""
+    t = clock.now_ms()
+    a = broker.pull_consumer("workers", "a")
+    first = [m for m in a.pull(2, now=t) if m.queue_id == 0]
+    assert bodies(first) == ["q0m0", "q0m1"]
+    assert a.ack([m.receipt_handle for m in first], now=t) == 2
+    b = broker.pull_consumer("workers", "b")
+    return t, a, b, t + broker.config.client_timeout_ms + broker.config.lock_queue_timeout_ms
+
+
+def test_a_takeover_racing_a_pulls_fence_leaves_one_holder(pulled, clock, broker, monkeypatch):
+    """The interleaving of the pull race: b (taking queue 0 over, its owner a silent past
+    the lock timeout by b's clock) reads the lock row and the log, then a's pull runs
+    whole (it hands out from its reservation, appends, and passes its fence), then b's
+    compare-and-set commits. a's fence is itself a compare-and-set of the lock row, so
+    b's commit no longer matches what b read: exactly one of them holds q0m2 and q0m3."""
+    from deltamq import faults
+
+    t, a, b, later = _a_holds_queue_0_and_b_comes_later(broker, clock)
+    from_a: list = []
+    real_point = faults.point
+
+    def interleave(name: str) -> None:
+        if name == "pull.before_lock_commit" and not from_a:
+            from_a.append(None)  # once, and not for a's own pull inside it
+            # a's pull read its clock before a pause: its reservation is young by it
+            from_a.extend(m for m in a.pull(2, now=t + RESERVE_MS // 2 - 1) if m.queue_id == 0)
+        real_point(name)
+
+    monkeypatch.setattr(faults, "point", interleave)
+    from_b = [m for m in b.pull(10, now=later) if m.queue_id == 0]
+    monkeypatch.setattr(faults, "point", real_point)
+    held_by_a = bodies(from_a[1:])
+    assert held_by_a in (["q0m2", "q0m3"], []), held_by_a
+    assert not set(held_by_a) & set(bodies(from_b)), (held_by_a, bodies(from_b))
+    # whoever lost holds nothing: a's acks count only if a kept the queue
+    assert a.ack([m.receipt_handle for m in from_a[1:]], now=later) == len(held_by_a)
+
+
+def test_a_takeover_inside_a_pulls_fence_wins_and_the_pull_returns_nothing_from_it(
+    pulled, clock, broker, monkeypatch
+):
+    """The other interleaving: a's fence has read its lock row when b's takeover commits
+    whole; a's compare-and-set then misses, so a returns nothing from queue 0 and revokes
+    what it appended, and b holds q0m2 onwards alone."""
+    from deltamq import faults
+
+    t, a, b, later = _a_holds_queue_0_and_b_comes_later(broker, clock)
+    from_b: list = []
+    real_point = faults.point
+
+    def interleave(name: str) -> None:
+        if name == "pull.before_fence_commit" and not from_b:
+            from_b.append(None)
+            from_b.extend(m for m in b.pull(10, now=later) if m.queue_id == 0)
+        real_point(name)
+
+    monkeypatch.setattr(faults, "point", interleave)
+    from_a = [m for m in a.pull(2, now=t + RESERVE_MS // 2 - 1) if m.queue_id == 0]
+    monkeypatch.setattr(faults, "point", real_point)
+    assert from_a == []
+    assert bodies(from_b[1:]) == ["q0m2", "q0m3", "q0m4"]
+    assert b.ack([m.receipt_handle for m in from_b[1:]], now=later) == 3
+    assert positions(broker.warehouse, "workers", [("orders", 0)]) == {("orders", 0): (5, 5)}

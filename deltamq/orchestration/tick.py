@@ -352,6 +352,15 @@ class TickRunner:
                 (lease.last_now for lease in held.values() if lease.last_now is not None), default=None
             )
             self.last_now = self._load_last_now(lease_now)
+        if self.last_now is not None and now is None and 0 < self.last_now - now_ms <= self.terms.ttl_ms:
+            # this runner's clock is behind the last tick's runner by less than the lease
+            # TTL (the skew leases allow): the tick holds time at the last tick's now
+            log.warning(
+                "clock %s ms behind the warehouse's last tick: ticking at its now %s",
+                self.last_now - now_ms,
+                ms_to_iso(self.last_now),
+            )
+            now_ms = self.last_now
         if self.last_now is not None and now_ms < self.last_now:
             raise ClockError(
                 f"now={now_ms} ({ms_to_iso(now_ms)}) is earlier than the warehouse's last tick "

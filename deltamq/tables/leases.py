@@ -5,7 +5,19 @@ every change of holder, and a wall-clock expiry. Taking a lease is a compare-and
 ``MERGE`` (matched only while the row still has the holder and epoch that were read),
 verified by reading the row back: of two processes racing, exactly one sees itself.
 A holder renews only when less than half its time is left, so an idle tick commits
-nothing here. Leases use the wall clock, never the broker's (possibly fake) clock.
+nothing here. Leases use real clocks, never the broker's (possibly fake) clock.
+
+Clocks of different machines disagree; leases stay exclusive while they differ by less
+than the TTL (docs/reliability.md, "Skewed clocks"):
+
+- The holder counts its lease on its own monotonic clock, from the moment *before* it
+  read the row to take or renew it, for ``ttl_ms``; past that :meth:`Leases.check`
+  fails even if the row still names it. The row's ``expires_at`` (holder's wall clock)
+  is for people and for other holders' first guess only.
+- Another holder takes a lease over only when it is released, or when its wall clock
+  is past ``expires_at`` by one more TTL (the skew allowance), or when it has watched
+  the row stay unchanged for one TTL on its own monotonic clock (a waiting runner does
+  not depend on anyone's wall clock at all).
 """
 
 from __future__ import annotations
@@ -31,6 +43,10 @@ JOB_KINDS = ("dispatch", "promote", "deliver", "sink", "check_transactions", "re
 
 def wall_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def mono_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
 
 
 def new_holder_id() -> str:
@@ -95,11 +111,24 @@ class Leases:
         warehouse: Warehouse,
         holder: str | None = None,
         wall: Callable[[], int] = wall_ms,
+        mono: Callable[[], int] = mono_ms,
     ) -> None:
         self.wh = warehouse
         self.holder = holder or new_holder_id()
         self.wall = wall
+        self.mono = mono
         self.held: dict[str, Lease] = {}
+        self.valid_until: dict[str, int] = {}  # job → the end of our lease, monotonic ms
+        self._watched: dict[str, tuple[Lease, int]] = {}  # job → (another's row, first seen)
+
+    def _lapsed(self, cur: Lease, wall_now: int, mono_now: int, ttl_ms: int) -> bool:
+        """Whether another holder's lease ``cur`` may be taken over: released, past its
+        expiry by one more TTL on this wall clock, or unchanged for a TTL on this
+        monotonic clock."""
+        seen = self._watched.get(cur.job)
+        if seen is None or seen[0] != cur:
+            self._watched[cur.job] = seen = (cur, mono_now)
+        return cur.expires_at + ttl_ms < wall_now or mono_now - seen[1] >= ttl_ms
 
     def _read(self, jobs: Sequence[str]) -> dict[str, Lease]:
         rows = self.wh.engine.rows(
@@ -125,19 +154,22 @@ class Leases:
         jobs = list(dict.fromkeys(jobs))
 
         def attempt() -> dict[str, Lease]:
+            started = self.mono()  # our lease counts from before we read the row
             now = self.wall()
             current = self._read(jobs)
             changes: list[_Change] = []
             for job in jobs:
                 cur = current.get(job)
-                if cur and cur.holder and cur.holder != self.holder and cur.expires_at > now:
-                    raise LeaseHeld(
-                        f"job {job!r} is held by {describe_holder(cur.holder)} until "
-                        f"{ms_to_iso(cur.expires_at)} UTC (epoch {cur.epoch}); "
-                        "wait for it or stop that runner"
-                    )
+                if cur and cur.holder and cur.holder != self.holder and cur.expires_at > 0:
+                    if not self._lapsed(cur, now, started, terms.ttl_ms):
+                        raise LeaseHeld(
+                            f"job {job!r} is held by {describe_holder(cur.holder)} until "
+                            f"{ms_to_iso(cur.expires_at)} UTC (epoch {cur.epoch}), taken over "
+                            f"{terms.ttl_ms} ms after that (the allowance for clock skew); "
+                            "wait for it or stop that runner"
+                        )
                 mine = cur is not None and cur.holder == self.holder and cur.expires_at > now
-                if cur is not None and mine and cur.expires_at - now > terms.ttl_ms // 2:
+                if mine and self._left(job, cur, started) > terms.ttl_ms // 2:
                     continue  # more than half its time left: no commit
                 epoch = cur.epoch if cur is not None and mine else (cur.epoch if cur else 0) + 1
                 keep_now = max(x for x in (last_now, cur.last_now if cur else None, -1) if x is not None)
@@ -151,10 +183,19 @@ class Leases:
                         raise LeaseHeld(
                             f"job {job!r} was taken by {got.holder if got else '?'} while acquiring"
                         )
+                    self.valid_until[job] = started + terms.ttl_ms
             self.held.update({j: current[j] for j in jobs})
             return {j: current[j] for j in jobs}
 
         return self.wh.engine.commit(attempt, what="leases", policy=terms.commits)
+
+    def _left(self, job: str, row: Lease | None, mono_now: int) -> int:
+        """How long our lease of ``job`` lasts still, by our monotonic clock (0 if the row
+        is not the one we wrote)."""
+        mine = self.held.get(job)
+        if row is None or mine is None or (row.holder, row.epoch) != (mine.holder, mine.epoch):
+            return 0
+        return self.valid_until.get(job, mono_now) - mono_now
 
     def _cas(self, changes: list[_Change], now: int, ttl_ms: int) -> None:
         selects = []
@@ -182,8 +223,8 @@ class Leases:
         """Renew ``jobs`` if any has half its time or less left (by what this holder last
         saw: no read otherwise). Called between jobs, so a long tick does not run a later
         job on a lease that expires under it."""
-        now = self.wall()
-        if any(j not in self.held or self.held[j].expires_at - now <= terms.ttl_ms // 2 for j in jobs):
+        now = self.mono()
+        if any(self._left(j, self.held.get(j), now) <= terms.ttl_ms // 2 for j in jobs):
             try:
                 self.acquire(jobs, terms)
             except LeaseHeld as e:  # taken over while this tick ran: fenced, as check() would
@@ -193,7 +234,7 @@ class Leases:
         """Raise LeaseLost if any of ``jobs`` is no longer ours at the epoch we took it
         (a stale holder must not write): call before committing progress."""
         current = self._read(list(jobs))
-        now = self.wall()
+        now = self.mono()
         for job in jobs:
             mine = self.held.get(job)
             got = current.get(job)
@@ -202,9 +243,10 @@ class Leases:
                     f"lease of job {job!r} is now held by {got.holder if got else 'nobody'} "
                     f"(epoch {got.epoch if got else '?'}); this runner ({self.holder}) stops writing"
                 )
-            if got.expires_at <= now:
+            if self._left(job, got, now) <= 0:
                 raise LeaseLost(
-                    f"lease of job {job!r} expired at {ms_to_iso(got.expires_at)} UTC; renew before writing"
+                    f"lease of job {job!r} ran out by this runner's clock (taken or renewed "
+                    f"{now - self.valid_until.get(job, now)} ms too long ago); renew before writing"
                 )
 
     def release(self, policy: CommitPolicy, jobs: Sequence[str] | None = None) -> None:
@@ -222,3 +264,4 @@ class Leases:
         )
         for j in jobs:
             self.held.pop(j, None)
+            self.valid_until.pop(j, None)
