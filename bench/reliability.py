@@ -12,7 +12,13 @@ With ``--concurrency SECONDS`` it also runs tests/test_concurrency.py's four tic
 producer and pull client for that long (30x accelerated clock) and writes their figures:
 lease hand-overs, commit conflicts retried, the same checks (``--kills 0``: only that).
 
+With ``--store-faults ROUNDS`` it runs tests/test_story_faults.py's story on an S3 API
+server behind the fault proxy for that many rounds and writes its figures: requests
+faulted by kind, calls that failed (each naming the store), ticks that recovered,
+messages lost, indexed twice, effects applied twice.
+
     python bench/reliability.py [--kills 500] [--per-campaign 50] [--concurrency 300]
+    python bench/reliability.py --kills 0 --store-faults 12
     python bench/reliability.py --resume bench/results/reliability-<stamp>.json [...]
 """
 
@@ -41,6 +47,7 @@ DOC = HERE.parent / "docs" / "reliability.md"
 MARKERS = {
     "kills": ("<!-- reliability:begin -->", "<!-- reliability:end -->"),
     "concurrency": ("<!-- concurrency:begin -->", "<!-- concurrency:end -->"),
+    "store-faults": ("<!-- store-faults:begin -->", "<!-- store-faults:end -->"),
 }
 
 
@@ -170,6 +177,119 @@ def concurrency(root: Path, seconds: float) -> dict:
         broker.close()
 
 
+def store_faults(root: Path, rounds: int, seed: int) -> dict:
+    """The story of tests/test_story_faults.py, longer: an S3 API server (moto) and the fault
+    proxy started here, ``rounds`` rounds with faults (the second half with SIGKILLed
+    ticks), then the faults stop and the loop catches up; the figures of both."""
+    from conftest import S3_BUCKET, _free_port, create_bucket, running, tool
+    from support.fault_proxy import CONTROL, Faults
+    from support.store_faultload import RATES, StoreFaultLoad
+
+    from deltamq import BrokerConfig
+
+    s3, proxy = f"http://127.0.0.1:{_free_port()}", f"http://127.0.0.1:{_free_port()}"
+    options = {
+        "AWS_ACCESS_KEY_ID": "deltamq-bench",
+        "AWS_SECRET_ACCESS_KEY": "deltamq-bench-secret",
+        "AWS_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": proxy,
+        "AWS_ALLOW_HTTP": "true",
+    }
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent / "tests")}
+    moto = [tool("moto_server"), "-H", "127.0.0.1", "-p", s3.rsplit(":", 1)[1]]
+    proxy_cmd = [
+        sys.executable,
+        "-m",
+        "support.fault_proxy",
+        "--target",
+        s3,
+        "--port",
+        proxy.rsplit(":", 1)[1],
+    ]
+
+    def proxy_up() -> bool:
+        import urllib.request
+
+        urllib.request.urlopen(proxy + CONTROL, timeout=2).read()
+        return True
+
+    started = time.monotonic()
+    with (
+        running(moto, env=None, ready=lambda: create_bucket(s3, S3_BUCKET), what="moto_server"),
+        running(proxy_cmd, env=env, ready=proxy_up, what="the fault proxy", log=root / "proxy.log"),
+    ):
+        faults = Faults(proxy, options)
+        location = f"s3://{S3_BUCKET}/store-faults-{seed}/wh"
+        clock = FakeClock()
+        broker = Broker.open(location, clock=clock, config=BrokerConfig(storage_options=options))
+        try:
+            load = StoreFaultLoad(broker, clock, location, faults, S3_BUCKET, seed=seed)
+            load.setup()
+            faults.set(rates=RATES, seed=seed, reset_counters=True)
+            for r in range(rounds):
+                load.round(r, kill=r >= rounds // 2)
+            during = faults.state()
+            faults.off()
+            drain_ticks = load.drain()
+            quality = broker.check_quality()
+            assert quality.success, [(f.suite, f.expectation) for f in quality.failures]
+        finally:
+            broker.close()
+    f, s = load.figures, load.store
+    return {
+        "seed": seed,
+        "rounds": rounds,
+        "rates": RATES,
+        "requests": during["requests"],
+        "faulted": during["faulted"],
+        "failed_calls": s.failed_calls,
+        "failed_ticks": s.failed_ticks,
+        "ticks_recovered": s.ticks_recovered,
+        "failed_sends": s.failed_sends,
+        "errors": s.errors[:20],
+        "store_faults_retried": broker.engine.stats.store_faults_retried,
+        "kills": f.kills,
+        "messages": f.messages,
+        "consumed": f.consumed,
+        "sink_entries": s.sink_entries,
+        "lost": f.lost,
+        "indexed_twice": f.duplicate_offsets + f.duplicate_copies,
+        "applied_twice": s.sink_twice,
+        "unaccounted": f.unaccounted,
+        "drain_ticks": drain_ticks,
+        "quality": "passed",
+        "wall_s": round(time.monotonic() - started),
+    }
+
+
+def store_faults_markdown(f: dict, name: str) -> str:
+    faulted = ", ".join(f"{k} {v}" for k, v in f["faulted"].items())
+    consumed = " / ".join(str(f["consumed"][g]) for g in ("push", "seq", "puller"))
+    rows = [
+        ("rounds (the second half with a SIGKILLed tick) / ticks killed", f"{f['rounds']} / {f['kills']}"),
+        ("requests through the proxy while faults were on", f"{f['requests']:,}"),
+        ("requests faulted, by kind", faulted),
+        ("commit attempts re-run after a store fault (in-process broker)", f"{f['store_faults_retried']}"),
+        ("calls that failed, each naming the store and the cause", f"{f['failed_calls']}"),
+        ("ticks that failed and recovered when run again", f"{f['failed_ticks']} / {f['ticks_recovered']}"),
+        ("sends that failed (their messages allowed, never required)", f"{f['failed_sends']}"),
+        ("messages sent / consumed push, orderly, pull", f"{f['messages']:,} / {consumed}"),
+        ("ticks to catch up once the faults stopped", f"{f['drain_ticks']}"),
+        ("messages lost", f"**{f['lost']}**"),
+        ("indexed twice (offsets or copies)", f"**{f['indexed_twice']}**"),
+        ("effects applied twice in the sink", f"**{f['applied_twice']}** of {f['sink_entries']} entries"),
+        ("data-quality suite", f["quality"]),
+        ("wall time", f"{f['wall_s']} s"),
+    ]
+    lines = [
+        f"`python bench/reliability.py --kills 0 --store-faults {f['rounds']}` — `bench/results/{name}`",
+        "",
+        "| figure | value |",
+        "|---|---:|",
+    ]
+    return "\n".join(lines + [f"| {a} | {b} |" for a, b in rows])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=500)
@@ -177,6 +297,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=100, help="seed of the first campaign")
     ap.add_argument("--root", default="/tmp/deltamq-reliability")
     ap.add_argument("--concurrency", type=float, default=0, metavar="SECONDS")
+    ap.add_argument(
+        "--store-faults", type=int, default=0, metavar="ROUNDS", help="the story on S3 behind the fault proxy"
+    )
     ap.add_argument(
         "--resume", type=Path, help="continue the run of this result file (its campaigns count to --kills)"
     )
@@ -219,6 +342,10 @@ def main() -> None:
         result["concurrency"] = concurrency(root, args.concurrency)
         out.write_text(json.dumps(result, indent=2) + "\n")
         write_doc("concurrency", concurrency_markdown(result["concurrency"], out.name))
+    if args.store_faults:
+        result["store_faults"] = store_faults(root, args.store_faults, args.seed)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        write_doc("store-faults", store_faults_markdown(result["store_faults"], out.name))
     print(f"wrote {out} and {DOC}")
 
 

@@ -74,7 +74,7 @@ class Catalog(Topics):
         self._commit_attempt(partial(self.engine.execute, statement), table)
 
     def _commit_attempt(self, attempt: Callable[[], Any], table: str) -> None:
-        self.engine.commit(attempt, what=table, policy=self.config.commit_policy)
+        self.warehouse.commit(attempt, what=table, policy=self.config.commit_policy)
 
     # --- topics ------------------------------------------------------------------------------
     def _topic_rows(self) -> list[tuple[str, int, str, bool]]:

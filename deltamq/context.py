@@ -65,7 +65,7 @@ class Context:
     def commit(self, attempt: Callable[[], R], *, what: str) -> R:
         """``attempt`` committed by the engine, retried on conflicts as this context's
         configuration says (``commit_retries``, ``commit_backoff_ms``)."""
-        return self.engine.commit(attempt, what=what, policy=self.config.commit_policy)
+        return self.warehouse.commit(attempt, what=what, policy=self.config.commit_policy)
 
     # --- what a producer sends through (deltamq.sending.Target) ------------------------------
     def validate_writable_topic(self, topic: Any) -> str:

@@ -108,7 +108,7 @@ def record(
     df = wh.engine.spark.createDataFrame(
         rows, "consumer_group string, dedup_key string, msg_id string, first_ts bigint"
     )
-    wh.engine.commit(lambda: wh.append("consumed_keys", df), what="consumed_keys", policy=policy)
+    wh.commit(lambda: wh.append("consumed_keys", df), what="consumed_keys", policy=policy)
 
 
 def prune(
@@ -146,7 +146,7 @@ def prune(
     cond = " OR ".join(stale)
     n = wh.engine.rows(f"SELECT count(*) AS n FROM {wh.ref('consumed_keys')} WHERE {cond}")[0]["n"]
     statement = f"DELETE FROM {wh.ref('consumed_keys')} WHERE {cond}"
-    wh.engine.commit(lambda: wh.engine.execute(statement), what="consumed_keys", policy=policy)
+    wh.commit(lambda: wh.engine.execute(statement), what="consumed_keys", policy=policy)
     return n
 
 

@@ -42,6 +42,7 @@ from deltamq import sail
 from deltamq.errors import CommitConflict, EngineError, UnsafeStorage
 from deltamq.spark_connect import connect
 from deltamq.spark_setup import DELTA_CATALOG, DELTA_EXTENSION, DELTA_PACKAGE, SESSION_TUNING
+from deltamq.storage import is_transient
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row, SparkSession
@@ -157,11 +158,12 @@ SQL_RECORDERS: list[Callable[[str], None]] = []
 
 @dataclass
 class EngineStats:
-    """Counters of one Engine: statements run, commits, conflicts retried."""
+    """Counters of one Engine: statements run, commits, conflicts and store faults retried."""
 
     statements: int = 0
     commits: int = 0
     conflicts_retried: int = 0
+    store_faults_retried: int = 0
     stale_dml_repeats: int = 0  # DML statements repeated after a read-back found them not applied
     by_job: dict[str, int] = field(default_factory=dict)
 
@@ -337,12 +339,25 @@ class Engine:
         writer.save(location)
 
     # --- commits ------------------------------------------------------------------
-    def commit(self, attempt: Callable[[], R], *, what: str, policy: CommitPolicy) -> R:
-        """Run ``attempt`` (read, plan, commit) and retry it on commit conflicts as
-        ``policy`` says (the caller's configuration: Context.commit passes it).
+    def commit(
+        self,
+        attempt: Callable[[], R],
+        *,
+        what: str,
+        policy: CommitPolicy,
+        store_error: Callable[[BaseException], Exception] | None = None,
+    ) -> R:
+        """Run ``attempt`` (read, plan, commit) and retry it on commit conflicts and on
+        transient faults of the store (throttling, resets, server errors) as ``policy``
+        says (the caller's configuration: Context.commit passes it). A store fault that
+        outlasts the retries raises ``store_error(e)`` (Context.commit: a StorageError
+        naming the warehouse and the cause).
 
         ``attempt`` must re-read whatever it needs each time it is called: a retry
-        never replays a statement built from stale values.
+        never replays a statement built from stale values. After a store fault the
+        commit may have landed (its answer was lost): the re-read sees it, and a blind
+        append repeats rows whose ids it derived before writing (docs/reliability.md,
+        "Ambiguous commits").
         """
         retries = policy.retries
         for i in range(retries + 1):
@@ -351,18 +366,25 @@ class Engine:
                 self.stats.commits += 1
                 return result
             except Exception as e:
-                if not is_commit_conflict(e):
+                conflict = is_commit_conflict(e)
+                if not conflict and not is_transient(e):
                     raise
                 if i == retries:
+                    if not conflict:
+                        raise (store_error(e) if store_error else e) from e
                     raise CommitConflict(
                         f"{what}: commit still conflicting after {retries} retries; "
                         "other writers keep committing to the same table"
                     ) from e
-                self.stats.conflicts_retried += 1
-                self.stats.by_job[what] = self.stats.by_job.get(what, 0) + 1
+                if conflict:
+                    self.stats.conflicts_retried += 1
+                    self.stats.by_job[what] = self.stats.by_job.get(what, 0) + 1
+                else:
+                    self.stats.store_faults_retried += 1
                 base = policy.backoff_ms / 1000.0
                 delay = min(2.0, base * (2**i)) * random.uniform(0.5, 1.5)
-                log.info("%s: commit conflict, retry %d in %.3fs", what, i + 1, delay)
+                cause = "commit conflict" if conflict else f"store fault ({e!s:.200})"
+                log.info("%s: %s, retry %d in %.3fs", what, cause, i + 1, delay)
                 time.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,7 @@ from deltamq.message import (
 from deltamq.schemas import COMMIT_LOG, TABLES
 from deltamq.sending import COMMIT_LOG_ARROW, BaseProducer, Selector, rows_to_arrow
 from deltamq.tables.bodies import read_bodies
+from deltamq.tables.integrity import faults_named
 from deltamq.tables.sqltext import sql_str
 from deltamq.transactions import ask_state, settle_input, settle_kinds, state_name, transaction_rows
 
@@ -96,6 +98,10 @@ class Producer(BaseProducer):
     transactions here)."""
 
     ctx: Context  # the Spark producer sends through a Context (its engine and warehouse)
+
+    def _named_faults(self) -> AbstractContextManager[None]:
+        """A fault of the store while sending is named (the warehouse, the cause)."""
+        return faults_named(self.ctx.warehouse)
 
     def send_dataframe(self, df: DataFrame, *, queue_key: str | None = None) -> DataFrame:
         """Store every row of ``df`` in one commit; returns a DataFrame of the stored
@@ -346,6 +352,10 @@ class Producer(BaseProducer):
     def _end(self, halves: DataFrame, now: int) -> None:
         """Append the rows that end ``halves`` (commit_log rows + ``state``) in one commit,
         under one fresh producer batch: positions 2k (real message) and 2k+1 (op record)."""
+        with faults_named(self.ctx.warehouse):
+            self._append_ends(halves, now)
+
+    def _append_ends(self, halves: DataFrame, now: int) -> None:
         batch = ids.new_batch_id(now)
         # one ordered window over the whole batch on purpose: positions are dense
         whole = Window.partitionBy(F.lit(0)).orderBy("msg_id")

@@ -64,7 +64,6 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -79,6 +78,7 @@ from deltamq.errors import ConfigError, UnknownGroup
 from deltamq.filters import subscriptions_filter
 from deltamq.jobs import pull_expiry
 from deltamq.message import StoredMessage, stored_fields, validate_group_name
+from deltamq.rebalance import assign
 from deltamq.tables import deliveries
 from deltamq.tables.bodies import read_bodies
 from deltamq.tables.consume_queue import load_dispatch_state
@@ -90,10 +90,12 @@ from deltamq.tables.deliveries import (
     REVOKED,
     TAKEN,
     LockEntry,
+    decide_lock,
     ended,
     handles_column,
     queues_column,
 )
+from deltamq.tables.integrity import faults_named
 from deltamq.tables.ranges import queue_ranges
 from deltamq.tables.sqltext import sql_long, sql_str
 
@@ -117,61 +119,7 @@ class PulledMessage(StoredMessage):
     receipt_handle: str = ""
 
 
-# --- rebalancing (pure) ---------------------------------------------------------------------
-def allocate_averagely(queues: Sequence[Queue], clients: Sequence[str], me: str) -> list[Queue]:
-    """RocketMQ's AllocateMessageQueueAveragely: both lists sorted, ``me``'s contiguous
-    share (the first ``len(queues) % len(clients)`` clients get one more)."""
-    mqs, cids = sorted(queues), sorted(set(clients))
-    if me not in cids or not mqs:
-        return []
-    index, n, k = cids.index(me), len(mqs), len(cids)
-    mod = n % k
-    if n <= k:
-        size = 1
-    elif mod > 0 and index < mod:
-        size = n // k + 1
-    else:
-        size = n // k
-    start = index * size if mod > 0 and index < mod else index * size + mod
-    return [mqs[(start + i) % n] for i in range(max(0, min(size, n - start)))]
-
-
-def assign(queues: Sequence[Queue], clients: Sequence[str], me: str) -> list[Queue]:
-    """``me``'s queues: per topic (RocketMQ's rebalanceByTopic), its averagely share."""
-    by_topic: dict[str, list[Queue]] = defaultdict(list)
-    for q in queues:
-        by_topic[q[0]].append(q)
-    return sorted(q for qs in by_topic.values() for q in allocate_averagely(qs, clients, me))
-
-
-# --- the access lock (pure) -----------------------------------------------------------------
 _NOBODY = LockEntry("", 0, 0)
-
-
-def decide_lock(
-    entry: LockEntry | None,
-    me: str,
-    now: int,
-    delivered: int,
-    acked: int,
-    *,
-    timeout_ms: int,
-    max_no_change: int,
-) -> tuple[str, LockEntry]:
-    """docs/behaviour.md §6 for one pull attempt of ``me``: ("acquired" | "owner" | "refused", the
-    entry to store)."""
-    if entry is None:
-        return "acquired", LockEntry(me, now, delivered, 0, delivered)
-    if entry.owner == me:
-        return "owner", LockEntry(me, now, delivered, entry.no_change_count, entry.delivered_offset)
-    if delivered == entry.last_delivered_offset:
-        count, seen = entry.no_change_count + 1, entry.last_delivered_offset
-    else:
-        count, seen = 0, delivered
-    hold_timeout = now - entry.last_access_ts > timeout_ms
-    if hold_timeout or (delivered == acked and count >= max_no_change):
-        return "acquired", LockEntry(me, now, delivered, 0, entry.delivered_offset)
-    return "refused", LockEntry(entry.owner, entry.last_access_ts, seen, count, entry.delivered_offset)
 
 
 # --- the consumer ---------------------------------------------------------------------------
@@ -305,7 +253,8 @@ class PullConsumer:
             raise ConfigError(f"wait_ms={wait_ms!r} must be an integer >= 0")
         deadline = time.monotonic() + wait_ms / 1000.0
         while True:
-            got = self._pull(max_messages, self._now(now))
+            with faults_named(self.ctx.warehouse):
+                got = self._pull(max_messages, self._now(now))
             left = deadline - time.monotonic()
             if got or now is not None or left <= 0:
                 return got
@@ -652,6 +601,10 @@ class PullConsumer:
     def ack(self, handles: Iterable[str], now: int | None = None) -> int:
         """Acknowledge messages (any order). Returns how many handles were in flight; a
         handle that expired, was nacked or revoked by a takeover is not counted."""
+        with faults_named(self.ctx.warehouse):
+            return self._ack(handles, now)
+
+    def _ack(self, handles: Iterable[str], now: int | None) -> int:
         now = self._now(now)
         handles = _handles(handles)
         if not handles:
@@ -709,6 +662,10 @@ class PullConsumer:
     def nack(self, handles: Iterable[str], delay_level: int | None = None, now: int | None = None) -> int:
         """Give messages back: each is retried through ``%RETRY%<group>`` (level
         ``delay_level``, default 3 + retries; < 0: straight to ``%DLQ%<group>``)."""
+        with faults_named(self.ctx.warehouse):
+            return self._nack(handles, delay_level, now)
+
+    def _nack(self, handles: Iterable[str], delay_level: int | None, now: int | None) -> int:
         now = self._now(now)
         handles = _handles(handles)
         if not handles:

@@ -12,6 +12,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -285,14 +286,20 @@ class BaseProducer:
             raise InvalidMessage(
                 f"queue_keys has {len(queue_keys)} entries for {len(messages)} messages; give one per message"
             )
-        now = self.ctx.clock.now_ms()
-        topics: dict[str, int] = {}
-        prepared = [self._prepare(m, now, topics) for m in messages]
-        if transactional:
-            _check_not_delayed(prepared)
-        rows = self._commit_log_rows(prepared, topics, queue_keys, selector, arg, now, transactional)
-        self.ctx.append_commit_log(rows_to_arrow(rows), what="send_half" if transactional else "send")
+        with self._named_faults():
+            now = self.ctx.clock.now_ms()
+            topics: dict[str, int] = {}
+            prepared = [self._prepare(m, now, topics) for m in messages]
+            if transactional:
+                _check_not_delayed(prepared)
+            rows = self._commit_log_rows(prepared, topics, queue_keys, selector, arg, now, transactional)
+            self.ctx.append_commit_log(rows_to_arrow(rows), what="send_half" if transactional else "send")
         return rows
+
+    def _named_faults(self) -> AbstractContextManager[None]:
+        """Where a fault of the store while sending is named (the Spark producer: by the
+        warehouse; the Spark-free one names its own)."""
+        return nullcontext()
 
     def _commit_log_rows(
         self,

@@ -36,13 +36,22 @@ no or rejected credentials, access denied, an unreachable endpoint): :class:`Sto
 from __future__ import annotations
 
 import os
+import random
 import re
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from functools import partial
+from typing import Any, Literal, TypeVar
 from urllib.parse import unquote
 
 from deltamq.errors import ConfigError, StorageError, UnsafeStorage
+
+T = TypeVar("T")
+
+STORE_ATTEMPTS = 4
+"""Tries of one idempotent request of the storage seam after transient faults (the engine
+and delta-rs retry their own requests; commits re-run their attempt: Engine.commit)."""
 
 Kind = Literal["local", "s3", "azure", "gcs"]
 
@@ -286,6 +295,21 @@ class Storage:
             self._fs = PyFileSystem(DeltaStorageHandler(self.location, self.delta_rs_options()))
         return self._fs
 
+    def _retrying(self, action: str, path: str, request: Callable[[], T]) -> T:
+        """``request()`` to the object store. Every request made here is idempotent (list,
+        read, look up, delete), so a transient fault (``is_transient``) is tried again,
+        with back-off, up to ``STORE_ATTEMPTS`` times; what fails is a StorageError
+        naming ``path`` and the cause."""
+        for attempt in range(STORE_ATTEMPTS):
+            try:
+                return request()
+            except Exception as e:  # noqa: BLE001 - every store error becomes a StorageError
+                if attempt + 1 < STORE_ATTEMPTS and is_transient(e):
+                    time.sleep(0.05 * 2**attempt * (1 + random.random()))
+                    continue
+                raise self.error(action, path, e) from e
+        raise AssertionError("unreachable")  # pragma: no cover
+
     def _key(self, path: str) -> str:
         """A path under the location as the remote filesystem names it (relative)."""
         root = self.location.rstrip("/") + "/"
@@ -322,11 +346,8 @@ class Storage:
         from pyarrow.fs import FileSelector, FileType
 
         key = self._key(directory)
-        try:
-            selector = FileSelector(key, allow_not_found=True, recursive=recursive)
-            infos = self._remote().get_file_info(selector)
-        except Exception as e:  # noqa: BLE001 - every store error becomes a StorageError
-            raise self.error("list", directory, e) from e
+        selector = FileSelector(key, allow_not_found=True, recursive=recursive)
+        infos = self._retrying("list", directory, lambda: self._remote().get_file_info(selector))
         return [
             Entry(
                 i.path[len(key) :].lstrip("/") if recursive else i.base_name,
@@ -344,11 +365,13 @@ class Storage:
                     return fh.read()
             except OSError as e:
                 raise self.error("read", path, e) from e
-        try:
+
+        def read() -> str:
             with self._remote().open_input_stream(self._key(path)) as fh:
-                return fh.read().decode("utf-8")
-        except Exception as e:  # noqa: BLE001
-            raise self.error("read", path, e) from e
+                text: str = fh.read().decode("utf-8")
+                return text
+
+        return self._retrying("read", path, read)
 
     def sizes(self, paths: Iterable[str]) -> dict[str, int | None]:
         """Each path's size in bytes, None for a missing file."""
@@ -367,10 +390,7 @@ class Storage:
 
         out = {}
         for p in paths:
-            try:
-                info = self._remote().get_file_info(self._key(p))
-            except Exception as e:  # noqa: BLE001
-                raise self.error("read", p, e) from e
+            info = self._retrying("read", p, partial(self._remote().get_file_info, self._key(p)))
             out[p] = info.size if info.type == FileType.File else None
         return out
 
@@ -386,12 +406,12 @@ class Storage:
             except OSError as e:
                 raise self.error("delete", path, e) from e
         try:
-            self._remote().delete_file(self._key(path))
+            self._retrying("delete", path, partial(self._remote().delete_file, self._key(path)))
             return True
-        except FileNotFoundError:
-            return False
-        except Exception as e:  # noqa: BLE001
-            raise self.error("delete", path, e) from e
+        except StorageError as e:
+            if isinstance(e.__cause__, FileNotFoundError):
+                return False
+            raise
 
     def is_delta_table(self, path: str) -> bool:
         """Whether ``path`` holds a Delta table (its ``_delta_log`` has a commit or a
@@ -411,6 +431,28 @@ class Storage:
             if len(value) >= 6:
                 detail = detail.replace(value, "***")
         return StorageError(f"cannot {action} {path}: {describe_cause(cause)} ({detail})")
+
+
+# faults a store shows under load or at a hiccup, worth trying again (S3's own advice):
+# throttling, resets, server errors; 5xx as numbers of their own (see the 403 note below)
+_TRANSIENT_TEXT = (
+    r"Connection reset|os error 104|Broken pipe|connection closed before|IncompleteMessage|"
+    r"SlowDown|Slow Down|Service Unavailable|InternalError|Internal Server Error|"
+    r"(?<![\d.])50[0234](?![\d.])"
+)
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) is a transient fault of the
+    store: the same request may succeed when tried again."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if re.search(_TRANSIENT_TEXT, f"{type(e).__name__}: {e}", re.IGNORECASE):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 _CAUSES: tuple[tuple[str, str], ...] = (
@@ -433,6 +475,11 @@ _CAUSES: tuple[tuple[str, str], ...] = (
     (
         r"AccessDenied|Access Denied|Forbidden|(?<![\d.])403(?![\d.])|AuthorizationFailure|PermissionDenied",
         "access denied",
+    ),
+    (
+        _TRANSIENT_TEXT,
+        "the store failed the request (throttled, a reset connection or a server error: a "
+        "transient fault; a write may or may not have landed)",
     ),
     (
         r"Connection refused|error sending request|dns error|failed to lookup|timed out|timeout|"
@@ -463,4 +510,12 @@ def _detail(error: BaseException) -> str:
     return text if len(text) <= 500 else text[:500] + " …"
 
 
-__all__ = ["Entry", "Storage", "canonical_options", "describe_cause", "kind_of", "normalize_location"]
+__all__ = [
+    "Entry",
+    "Storage",
+    "canonical_options",
+    "describe_cause",
+    "is_transient",
+    "kind_of",
+    "normalize_location",
+]

@@ -11,7 +11,7 @@ import pytest
 from deltamq import Broker, BrokerConfig, Message
 from deltamq.config import CommitPolicy
 from deltamq.engine import Engine, is_commit_conflict
-from deltamq.errors import CommitConflict, ConfigError, EngineError
+from deltamq.errors import CommitConflict, ConfigError, EngineError, StorageError
 
 
 def test_two_brokers_in_one_process_share_the_server(tmp_path, clock):
@@ -110,6 +110,32 @@ def test_commit_gives_up_after_bounded_retries(tmp_path, clock):
         b.context.commit(always, what="unit")
     with pytest.raises(ValueError):  # other errors are not retried
         b.context.commit(lambda: (_ for _ in ()).throw(ValueError("boom")), what="unit")
+    b.close()
+
+
+def test_store_faults_are_retried_and_then_named(tmp_path, clock):
+    """A transient fault of the store (a reset connection, 503 SlowDown, a 500) re-runs the
+    attempt like a conflict; one that outlasts the retries is a StorageError naming the
+    warehouse and the cause. (The proxy tests make the store fail for real:
+    tests/test_story_faults.py.)"""
+    b = Broker.open(tmp_path / "w", clock=clock, config=BrokerConfig(commit_retries=2, commit_backoff_ms=1))
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError("Connection reset by peer (os error 104)")
+        return "done"
+
+    before = b.engine.stats.store_faults_retried
+    assert b.context.commit(flaky, what="unit") == "done"
+    assert b.engine.stats.store_faults_retried - before == 2
+
+    def down():
+        raise RuntimeError("Generic S3 error: Error after 10 retries: HTTP status 503 <Code>SlowDown</Code>")
+
+    with pytest.raises(StorageError, match=r"cannot commit unit to the warehouse at .*/w: the store failed"):
+        b.context.commit(down, what="unit")
     b.close()
 
 

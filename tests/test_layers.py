@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "deltamq.consumer",
             "deltamq.filters",
             "deltamq.sending",
+            "deltamq.rebalance",
             "deltamq.demo_listeners",
         ),
     ),

@@ -6,8 +6,9 @@ import pytest
 
 from deltamq import Message
 from deltamq.errors import ConfigError
-from deltamq.pull import RESERVE_MS, LockEntry, allocate_averagely, decide_lock
-from deltamq.tables.deliveries import positions
+from deltamq.pull import RESERVE_MS
+from deltamq.rebalance import allocate_averagely
+from deltamq.tables.deliveries import LockEntry, decide_lock, positions
 
 SECOND = 1_000
 

@@ -16,7 +16,7 @@ from conftest import _free_port, running, tool
 from deltamq import Broker
 from deltamq.config import BrokerConfig
 from deltamq.errors import ConfigError, StorageError, UnsafeStorage, WarehouseNotFound
-from deltamq.storage import Storage, describe_cause, normalize_location
+from deltamq.storage import Storage, describe_cause, is_transient, normalize_location
 
 
 # --- locations and options (no server) --------------------------------------------------------
@@ -88,6 +88,13 @@ def test_causes_are_told_apart():
     # a retry time holding the digits 403 is no refusal (seen once: "in 2.009354039s")
     refused = "Error performing GET in 2.009354039s, after 10 retries - tcp connect error: Connection refused"
     assert describe_cause(OSError(refused)) == "the endpoint cannot be reached"
+    for transient in (
+        "Connection reset by peer (os error 104)",
+        "503 <Code>SlowDown</Code>",
+        "HTTP status 500",
+    ):
+        assert is_transient(OSError(transient)) and "transient fault" in describe_cause(OSError(transient))
+    assert not is_transient(OSError(refused)) and not is_transient(OSError("retry in 2.500123s"))
 
 
 # --- against the S3 API server ----------------------------------------------------------------

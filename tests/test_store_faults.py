@@ -109,3 +109,23 @@ def test_bad_settings_are_refused_with_the_kinds_allowed(faults):
     with pytest.raises(urllib.error.HTTPError) as e:
         faults.set(rates={"meteor": 1.0})
     assert b"meteor" in e.value.read()
+
+
+def test_the_storage_seam_tries_a_faulted_request_again_and_names_what_fails(faults, s3_server, key):
+    """deltamq's storage seam through the proxy: a reset and a 503 on the next two reads of
+    a file are tried again; a store that keeps failing is a StorageError naming the file
+    and the cause."""
+    from deltamq.errors import StorageError
+    from deltamq.storage import Storage
+
+    assert _request(s3_server.endpoint, "PUT", key, b"hello")[0] == 200
+    root = f"s3://{s3_server.bucket}"
+    storage = Storage(root, faults.options, env={})
+    path = root + key.removeprefix(f"/{s3_server.bucket}")
+    for kind in ("reset", "slowdown"):
+        faults.set(once=[{"kind": kind, "method": "GET", "path_regex": key + "$"}], reset_counters=True)
+        assert storage.read_text(path) == "hello"
+        assert faults.state()["faulted"][kind] == 1
+    faults.set(rates={"slowdown": 1.0}, once=[])
+    with pytest.raises(StorageError, match=rf"cannot read {path}: .*transient fault"):
+        storage.read_text(path)

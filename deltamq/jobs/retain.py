@@ -150,7 +150,10 @@ def run(
     faults.point("retain.after_index_commit")
     skipped, moved = _skip_consumers(ctx, minimums, now)
     faults.point("retain.after_offsets_commit")
-    days, body_rows, kept = _trim_bodies(ctx, cut)
+    # a delete whose commit was refused (a concurrent writer, or its own commit landing
+    # while its answer was lost: delta-rs then sees "a concurrent transaction deleted
+    # data this operation read") is planned again from the table as it now is
+    days, body_rows, kept = ctx.commit(partial(_trim_bodies, ctx, cut), what="commit_log")
     faults.point("retain.after_bodies_commit")
     pruned = _prune_bookkeeping(ctx, now)
     from deltamq.jobs import compact

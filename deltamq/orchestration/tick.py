@@ -25,7 +25,7 @@ from deltamq.clock import ms_to_iso, to_ms
 from deltamq.constants import JOB_NAMES, JOB_STEPS, MAX_ERROR_CHARS
 from deltamq.errors import ClockError, LeaseHeld
 from deltamq.jobs import check_transactions, deliver, dispatch, promote, pull_expiry, retain, wake
-from deltamq.tables.integrity import diagnose
+from deltamq.tables.integrity import diagnose, faults_named
 from deltamq.tables.leases import Lease, Leases, LeaseTerms, wall_ms
 
 if TYPE_CHECKING:
@@ -340,10 +340,8 @@ class TickRunner:
         candidates = [x for x in (row["m"], lease_last_now) if x is not None]
         return max(candidates) if candidates else None
 
-    def tick(self, now: int | datetime | None = None) -> TickResult:
-        """Run one tick at ``now`` (default: the broker's clock)."""
-        now_ms = self.ctx.clock.now_ms() if now is None else to_ms(now)
-        self.ctx.engine.recycle_if_large(self.ctx.config.embedded_max_rss_mb)
+    def _take_leases(self, now_ms: int) -> None:
+        """The tick's leases (and, at the first tick, the warehouse's last ``now``)."""
         first = self.last_now is None
         held = self.leases.acquire(self.jobs, self.terms, last_now=now_ms)
         self._forget_if_fenced(held)
@@ -352,6 +350,13 @@ class TickRunner:
                 (lease.last_now for lease in held.values() if lease.last_now is not None), default=None
             )
             self.last_now = self._load_last_now(lease_now)
+
+    def tick(self, now: int | datetime | None = None) -> TickResult:
+        """Run one tick at ``now`` (default: the broker's clock)."""
+        now_ms = self.ctx.clock.now_ms() if now is None else to_ms(now)
+        self.ctx.engine.recycle_if_large(self.ctx.config.embedded_max_rss_mb)
+        with faults_named(self.ctx.warehouse):
+            self._take_leases(now_ms)
         if self.last_now is not None and now is None and 0 < self.last_now - now_ms <= self.terms.ttl_ms:
             # this runner's clock is behind the last tick's runner by less than the lease
             # TTL (the skew leases allow): the tick holds time at the last tick's now

@@ -56,6 +56,32 @@ _LOCK_COLUMNS = (
 )
 
 
+def decide_lock(
+    entry: LockEntry | None,
+    me: str,
+    now: int,
+    delivered: int,
+    acked: int,
+    *,
+    timeout_ms: int,
+    max_no_change: int,
+) -> tuple[str, LockEntry]:
+    """docs/behaviour.md §6 for one pull attempt of ``me``: ("acquired" | "owner" | "refused", the
+    entry to store)."""
+    if entry is None:
+        return "acquired", LockEntry(me, now, delivered, 0, delivered)
+    if entry.owner == me:
+        return "owner", LockEntry(me, now, delivered, entry.no_change_count, entry.delivered_offset)
+    if delivered == entry.last_delivered_offset:
+        count, seen = entry.no_change_count + 1, entry.last_delivered_offset
+    else:
+        count, seen = 0, delivered
+    hold_timeout = now - entry.last_access_ts > timeout_ms
+    if hold_timeout or (delivered == acked and count >= max_no_change):
+        return "acquired", LockEntry(me, now, delivered, 0, entry.delivered_offset)
+    return "refused", LockEntry(entry.owner, entry.last_access_ts, seen, count, entry.delivered_offset)
+
+
 def read_locks(wh: Warehouse, group: str) -> dict[Queue, LockEntry | None]:
     """Lock rows of the group; a queue whose row has no owner maps to None."""
     rows = wh.read("queue_lock").where(F.col("consumer_group") == group).select(*_LOCK_COLUMNS).collect()

@@ -17,11 +17,14 @@ on a local path and on an object store, where a deleted object is the usual dama
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from deltamq.errors import DeltaMQError, TableDamaged
 from deltamq.schemas import TABLES
+from deltamq.storage import is_transient
 
 if TYPE_CHECKING:
     from deltamq.storage import Storage
@@ -102,10 +105,30 @@ def table_damaged(damage: list[Damage]) -> TableDamaged:
     )
 
 
+@contextmanager
+def faults_named(warehouse: Warehouse) -> Iterator[None]:
+    """Errors of the block pass through :func:`diagnose`: a store fault or a damaged file
+    leaves it as the deltamq error that names the warehouse and the cause."""
+    try:
+        yield
+    except Exception as raised:
+        named = diagnose(warehouse, raised)
+        if named is raised:
+            raise
+        raise named from raised
+
+
 def diagnose(warehouse: Warehouse, error: BaseException) -> BaseException:
     """``TableDamaged`` (chained from ``error``) if ``error`` came from a damaged data
-    file, else ``error`` itself."""
-    if isinstance(error, DeltaMQError) or not _FILE_ERROR.search(str(error)):
+    file; a ``StorageError`` naming the warehouse if it is a transient fault of the store
+    (throttling, a reset, a server error); else ``error`` itself."""
+    if isinstance(error, DeltaMQError):
+        return error
+    if is_transient(error):
+        named = warehouse.storage.error("read from or write to the warehouse at", warehouse.location, error)
+        named.__cause__ = error
+        return named
+    if not _FILE_ERROR.search(str(error)):
         return error
     try:
         damage = damaged_files(warehouse)
@@ -118,4 +141,4 @@ def diagnose(warehouse: Warehouse, error: BaseException) -> BaseException:
     return damaged
 
 
-__all__ = ["Damage", "check_added", "damaged_files", "diagnose", "table_damaged"]
+__all__ = ["Damage", "check_added", "damaged_files", "diagnose", "faults_named", "table_damaged"]

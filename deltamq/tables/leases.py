@@ -187,7 +187,7 @@ class Leases:
             self.held.update({j: current[j] for j in jobs})
             return {j: current[j] for j in jobs}
 
-        return self.wh.engine.commit(attempt, what="leases", policy=terms.commits)
+        return self.wh.commit(attempt, what="leases", policy=terms.commits)
 
     def _left(self, job: str, row: Lease | None, mono_now: int) -> int:
         """How long our lease of ``job`` lasts still, by our monotonic clock (0 if the row
@@ -254,7 +254,7 @@ class Leases:
         jobs = list(jobs or self.held)
         if not jobs:
             return
-        self.wh.engine.commit(
+        self.wh.commit(
             lambda: self.wh.engine.execute(
                 f"UPDATE {self.wh.ref('leases')} SET expires_at = 0 "
                 f"WHERE job IN {sql_in(jobs)} AND holder = {sql_str(self.holder)}"

@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from deltamq.config import TOMBSTONE_RETENTION, BrokerConfig, parse_levels, tombstone_retention
+from deltamq.config import TOMBSTONE_RETENTION, BrokerConfig, CommitPolicy, parse_levels, tombstone_retention
 from deltamq.errors import ConfigError, SchemaVersionError, WarehouseNotFound
 from deltamq.schemas import SCHEMA_VERSION, TABLES, TableSpec
 from deltamq.storage import Storage, normalize_location
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from deltamq.engine import Engine
+
+R = TypeVar("R")
 
 __all__ = ["Warehouse", "normalize_location"]
 
@@ -95,8 +98,19 @@ class Warehouse:
     def table_columns(self, table: str) -> list[str]:
         return self.read(table).schema.fieldNames()
 
+    def commit(self, attempt: Callable[[], R], *, what: str, policy: CommitPolicy) -> R:
+        """``attempt`` committed by the engine (retried on conflicts and store faults as
+        ``policy`` says); a store fault that outlasts the retries is a StorageError
+        naming this warehouse and the cause."""
+        named = partial(self.store_error, what)
+        return self.engine.commit(attempt, what=what, policy=policy, store_error=named)
+
+    def store_error(self, what: str, error: BaseException) -> Exception:
+        """A StorageError: committing ``what`` to this warehouse failed, with the cause."""
+        return self.storage.error(f"commit {what} to the warehouse at", self.location, error)
+
     def _commit(self, attempt: Callable[[], None], what: str, config: BrokerConfig) -> None:
-        self.engine.commit(attempt, what=what, policy=config.commit_policy)
+        self.commit(attempt, what=what, policy=config.commit_policy)
 
     def _create(self, spec: TableSpec, version: int, config: BrokerConfig) -> None:
         schema = spec.columns_at(version)

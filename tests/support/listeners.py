@@ -229,3 +229,15 @@ def columnar_fail_from_marker(batch, context):
 def consume_all(messages, context):
     """Import-path listener that consumes everything (the tick results count it)."""
     return ConsumeStatus.CONSUME_SUCCESS
+
+
+def ledger_rows(df):
+    """Sink transform (``support.listeners:ledger_rows``): one row per entry, keyed by the
+    message key; the body is the amount. A replayed entry must not add a row."""
+    from pyspark.sql import functions as F
+
+    return df.select(
+        F.col("keys").alias("entry"),
+        F.col("body").cast("string").cast("long").alias("amount"),
+        "_deltamq_order",
+    )
