@@ -371,7 +371,9 @@ class Engine:
                     raise
                 if i == retries:
                     if not conflict:
-                        raise (store_error(e) if store_error else e) from e
+                        if store_error is None:
+                            raise
+                        raise store_error(e) from e
                     raise CommitConflict(
                         f"{what}: commit still conflicting after {retries} retries; "
                         "other writers keep committing to the same table"

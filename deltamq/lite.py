@@ -28,7 +28,7 @@ from deltamq.config import BrokerConfig
 from deltamq.constants import SCHEMA_VERSION
 from deltamq.errors import SchemaVersionError, WarehouseNotFound
 from deltamq.sending import BaseProducer, Topics
-from deltamq.storage import Storage
+from deltamq.storage import Storage, is_transient
 
 
 def _deltalake():
@@ -110,10 +110,11 @@ class Warehouse(Topics):
                 )
                 return
             except Exception as e:
-                if type(e).__name__ != "CommitFailedError":
+                # refused by the conflict checker, or a transient fault of the store (the
+                # rows carry ids derived before the write: a repeat is indexed once)
+                again = type(e).__name__ == "CommitFailedError" or is_transient(e)
+                if not again or attempt == self.config.commit_retries:
                     raise self.storage.error("append to", self.storage.join("commit_log"), e) from e
-                if attempt == self.config.commit_retries:
-                    raise
                 time.sleep(self.config.commit_backoff_ms / 1000.0 * (attempt + 1) * (1 + random.random()))
 
 

@@ -333,27 +333,28 @@ class PullConsumer:
         """The queues of ``takes`` this client no longer holds, confirmed after handing out.
 
         Another client counts this client's reservation for ``RESERVE_MS`` after its last
-        lock write; a pull that ends when the reservation is younger than half of that
-        needs no check. Otherwise the fence is a compare-and-set of each lock row, as this
-        client last wrote it, to a new access time: a takeover that read the row before
-        (and commits after) no longer matches, and a takeover that committed first makes
-        this write miss. Either way one client holds the queue; what this one handed out
-        from a lost queue is revoked by the caller."""
+        lock write (by its own clock: pull clients' clocks must agree within half of
+        that); a pull that ends when the reservation is younger than half of that (and of
+        ``lock_queue_timeout_ms``) needs no check. Otherwise the fence is a
+        compare-and-set of each lock row, as this client last wrote it, to a new access
+        time: a takeover that read the row before (and commits after) no longer matches,
+        and a takeover that committed first makes this write miss. Either way one client
+        holds the queue; what this one handed out from a lost queue is revoked by the
+        caller."""
+        young_ms = min(RESERVE_MS, self.ctx.config.lock_queue_timeout_ms) / 2
         age_ms = {q: now - h.written + elapsed_s * 1000.0 for q, h in self._held.items()}
-        aged = [q for q, (lo, hi) in takes.items() if hi > lo and age_ms.get(q, 0) >= RESERVE_MS / 2]
+        aged = [q for q, (lo, hi) in takes.items() if hi > lo and age_ms.get(q, 0) >= young_ms]
         if not aged:
             return set()
-        stamps: dict[Queue, int] = {}
+        stamps = {q: max(now, self._held[q].written + 1) for q in aged}
 
         def attempt() -> None:
-            stamps.clear()
             current = deliveries.read_locks(self.ctx.warehouse, self.group)
             changes: list[tuple[Queue, LockEntry | None, LockEntry]] = []
             for q in aged:
                 got, h = current.get(q), self._held[q]
                 if got is None or got.owner != self.client_id or got.last_access_ts != h.written:
-                    continue  # taken over (or changed by another writer): lost
-                stamps[q] = max(now, h.written + 1)
+                    continue  # taken over, or already stamped (a retry after a lost answer)
                 changes.append((q, got, replace(got, last_access_ts=stamps[q])))
             faults.point("pull.before_fence_commit")
             deliveries.write_locks(self.ctx.warehouse, self.group, changes)
@@ -363,7 +364,7 @@ class PullConsumer:
         lost = set()
         for q in aged:
             got = after.get(q) or _NOBODY
-            if q in stamps and got.owner == self.client_id and got.last_access_ts == stamps[q]:
+            if got.owner == self.client_id and got.last_access_ts == stamps[q]:
                 self._held[q].written = stamps[q]
             else:
                 lost.add(q)

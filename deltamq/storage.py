@@ -45,7 +45,7 @@ from functools import partial
 from typing import Any, Literal, TypeVar
 from urllib.parse import unquote
 
-from deltamq.errors import ConfigError, StorageError, UnsafeStorage
+from deltamq.errors import ConfigError, DeltaMQError, StorageError, UnsafeStorage
 
 T = TypeVar("T")
 
@@ -437,8 +437,10 @@ class Storage:
 # throttling, resets, server errors; 5xx as numbers of their own (see the 403 note below)
 _TRANSIENT_TEXT = (
     r"Connection reset|os error 104|Broken pipe|connection closed before|IncompleteMessage|"
-    r"SlowDown|Slow Down|Service Unavailable|InternalError|Internal Server Error|"
-    r"(?<![\d.])50[0234](?![\d.])"
+    r"<Code>(?:SlowDown|InternalError|ServiceUnavailable|RequestTimeout)</Code>|SlowDown|"
+    r"Service Unavailable|Internal Server Error|Bad Gateway|Gateway Timeout|"
+    # a 5xx only where it is an HTTP status: never an epoch, a task id or a bucket name
+    r"(?:HTTP status|status code|status:?|HTTP/1\.[01]|HTTP error|response code)\s*50[0234](?![\d.])"
 )
 
 
@@ -449,9 +451,11 @@ def is_transient(error: BaseException) -> bool:
     e: BaseException | None = error
     while e is not None and id(e) not in seen:
         seen.add(id(e))
+        if isinstance(e, DeltaMQError):  # deltamq's own (a StorageError is already named)
+            return False
         if re.search(_TRANSIENT_TEXT, f"{type(e).__name__}: {e}", re.IGNORECASE):
             return True
-        e = e.__cause__ or e.__context__
+        e = e.__cause__
     return False
 
 

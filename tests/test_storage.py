@@ -88,13 +88,26 @@ def test_causes_are_told_apart():
     # a retry time holding the digits 403 is no refusal (seen once: "in 2.009354039s")
     refused = "Error performing GET in 2.009354039s, after 10 retries - tcp connect error: Connection refused"
     assert describe_cause(OSError(refused)) == "the endpoint cannot be reached"
-    for transient in (
+    faults = (
         "Connection reset by peer (os error 104)",
-        "503 <Code>SlowDown</Code>",
-        "HTTP status 500",
-    ):
+        "Error after 3 retries: <Code>SlowDown</Code>",
+        "Generic S3 error: HTTP status 500 Internal Server Error",
+        "Server returned non-2xx status code: 503 Service Unavailable",
+    )
+    for transient in faults:
         assert is_transient(OSError(transient)) and "transient fault" in describe_cause(OSError(transient))
-    assert not is_transient(OSError(refused)) and not is_transient(OSError("retry in 2.500123s"))
+    # numbers that are not a status: an epoch, a process id, a task id, a bucket, a file name
+    others = (
+        refused,
+        "retry in 2.500123s",
+        "job 'dispatch' is held by host:503:ab12 until 2026-01-01 (epoch 502)",
+        "Task 3 in stage 7.0 failed (TID 504)",
+        "s3://acme-500/wh/commit_log/part-00000-500e-4b1c.snappy.parquet: No such file",
+    )
+    for other in others:
+        assert not is_transient(OSError(other)), other
+    named = StorageError("cannot read s3://b/x: the store failed the request (Connection reset)")
+    assert not is_transient(named)  # named already: not retried again, not wrapped twice
 
 
 # --- against the S3 API server ----------------------------------------------------------------

@@ -709,12 +709,26 @@ def _result(work: Pass, taken: Taken, consumed: Consumed, decided: Decided) -> D
 
 
 def _record_attempts(ctx: Context, takes: list[QueueTake], now: int) -> None:
-    """Mark the attempt in flight on every queue taken (``attempts`` + 1, its ``attempt_ts``)."""
-    merge = OffsetsMerge(("next_offset", "attempt_ts"), now)
+    """Mark the attempt in flight on every queue taken (``attempts`` + 1, its ``attempt_ts``).
+    The count written is the one read when the take was planned, plus one: a commit re-run
+    after its answer was lost (it landed) writes the same count again, never one more."""
+    merge = OffsetsMerge(("next_offset", "attempts", "attempt_ts"), now)
     for t in takes:
-        merge.add(t.group, t.topic, t.queue_id, t.client, next_offset=t.lo, attempt_ts=t.attempt_ts)
-    update = {"attempts": "coalesce(t.attempts, 0) + 1", "attempt_ts": source("attempt_ts")}
-    insert = {"next_offset": source("next_offset"), "attempts": "1", "attempt_ts": source("attempt_ts")}
+        merge.add(
+            t.group,
+            t.topic,
+            t.queue_id,
+            t.client,
+            next_offset=t.lo,
+            attempts=t.attempts + 1,
+            attempt_ts=t.attempt_ts,
+        )
+    update = {"attempts": source("attempts"), "attempt_ts": source("attempt_ts")}
+    insert = {
+        "next_offset": source("next_offset"),
+        "attempts": source("attempts"),
+        "attempt_ts": source("attempt_ts"),
+    }
     ctx.commit(partial(merge.execute, ctx.warehouse, update, insert), what="offsets")
 
 

@@ -341,15 +341,17 @@ class TickRunner:
         return max(candidates) if candidates else None
 
     def _take_leases(self, now_ms: int) -> None:
-        """The tick's leases (and, at the first tick, the warehouse's last ``now``)."""
-        first = self.last_now is None
+        """The tick's leases, and the warehouse's last ``now`` at the first tick and
+        whenever a lease changed hands since this runner's last tick."""
         held = self.leases.acquire(self.jobs, self.terms, last_now=now_ms)
+        moved = any(self._epochs.get(job) != lease.epoch for job, lease in held.items())
         self._forget_if_fenced(held)
-        if first:
+        if self.last_now is None or moved:  # first tick, or another runner may have ticked since
             lease_now = max(
                 (lease.last_now for lease in held.values() if lease.last_now is not None), default=None
             )
-            self.last_now = self._load_last_now(lease_now)
+            loaded = self._load_last_now(lease_now)
+            self.last_now = max((x for x in (loaded, self.last_now) if x is not None), default=None)
 
     def tick(self, now: int | datetime | None = None) -> TickResult:
         """Run one tick at ``now`` (default: the broker's clock)."""

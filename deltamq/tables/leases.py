@@ -157,17 +157,24 @@ class Leases:
             started = self.mono()  # our lease counts from before we read the row
             now = self.wall()
             current = self._read(jobs)
+            read_at = self.mono()  # another's row is watched from after we read it
+            others = [
+                c
+                for c in (current.get(job) for job in jobs)
+                if c and c.holder and c.holder != self.holder and c.expires_at > 0
+            ]
+            held = [c for c in others if not self._lapsed(c, now, read_at, terms.ttl_ms)]
+            if held:
+                first = held[0]
+                raise LeaseHeld(
+                    f"job {first.job!r} is held by {describe_holder(first.holder)} until "
+                    f"{ms_to_iso(first.expires_at)} UTC (epoch {first.epoch}), taken over "
+                    f"{terms.ttl_ms} ms after that (the allowance for clock skew); "
+                    "wait for it or stop that runner"
+                )
             changes: list[_Change] = []
             for job in jobs:
                 cur = current.get(job)
-                if cur and cur.holder and cur.holder != self.holder and cur.expires_at > 0:
-                    if not self._lapsed(cur, now, started, terms.ttl_ms):
-                        raise LeaseHeld(
-                            f"job {job!r} is held by {describe_holder(cur.holder)} until "
-                            f"{ms_to_iso(cur.expires_at)} UTC (epoch {cur.epoch}), taken over "
-                            f"{terms.ttl_ms} ms after that (the allowance for clock skew); "
-                            "wait for it or stop that runner"
-                        )
                 mine = cur is not None and cur.holder == self.holder and cur.expires_at > now
                 if mine and self._left(job, cur, started) > terms.ttl_ms // 2:
                     continue  # more than half its time left: no commit

@@ -29,7 +29,7 @@ T = TypeVar("T")
 RATES = {"slowdown": 0.02, "reset": 0.01, "error500": 0.01, "lost_ack": 0.01}
 """Per request: 5 % of all requests faulted, in the proportions S3 shows under load."""
 
-_CAUSE = re.compile(r"(?i)503|500|slow ?down|internal ?error|reset|connection|timed? ?out|retr")
+_CAUSE = re.compile(r"the store failed the request|the endpoint cannot be reached|the store refused the request")
 
 
 @dataclass
