@@ -198,3 +198,27 @@ def test_a_lost_ack_on_retentions_delete_is_repaired_by_the_next_pass(faults, s3
         assert not check.duplicated and not check.duplicate_offsets, check.describe()
     finally:
         b.close()
+
+
+def test_an_outage_is_named_and_the_loop_catches_up_after_it(faults, s3_server, clock):
+    """The store answers every request 503 SlowDown for a while: a send and a tick fail
+    with an error naming the warehouse and the cause (after the engine's own retries and
+    deltamq's), nothing is half-written, and once the store answers again the same calls
+    go through and the message is consumed once."""
+    b = _open(faults, s3_server, clock, "outage")
+    try:
+        b.create_topic("t", queues=1)
+        b.create_group("g", "support.listeners:consume_all")
+        b.subscribe("g", "t")
+        b.reconfigure(commit_retries=1, commit_backoff_ms=10)
+        faults.set(rates={"slowdown": 1.0})
+        with pytest.raises(StorageError, match=rf"{b.warehouse.location}.*the store failed the request"):
+            b.producer("p").send(Message("t", b"during"))
+        with pytest.raises(StorageError, match=rf"{b.warehouse.location}.*the store failed the request"):
+            b.tick()
+        faults.off()
+        b.producer("p").send(Message("t", b"after"))
+        assert _consume_everything(b, clock, ticks=2) == 1
+        _assert_indexed_once(b, 1)
+    finally:
+        b.close()
