@@ -29,7 +29,10 @@ T = TypeVar("T")
 RATES = {"slowdown": 0.02, "reset": 0.01, "error500": 0.01, "lost_ack": 0.01}
 """Per request: 5 % of all requests faulted, in the proportions S3 shows under load."""
 
-_CAUSE = re.compile(r"the store failed the request|the endpoint cannot be reached|the store refused the request")
+# deltamq's own words for a store's failure (storage.describe_cause), not the store's
+_CAUSE = re.compile(
+    r"the store failed the request|the endpoint cannot be reached|the store refused the request"
+)
 
 
 @dataclass
