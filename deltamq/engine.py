@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from deltamq import sail
-from deltamq.errors import CommitConflict, EngineError, UnsafeStorage
+from deltamq.errors import CommitConflict, EngineError, UnsafeStorage, cause_chain
 from deltamq.spark_connect import connect
 from deltamq.spark_setup import DELTA_CATALOG, DELTA_EXTENSION, DELTA_PACKAGE, SESSION_TUNING
 from deltamq.storage import is_transient
@@ -125,10 +125,7 @@ def is_commit_conflict(exc: BaseException) -> bool:
     """True when ``exc`` says another writer's commit landed first: a Delta conflict
     exception (classic or over Spark Connect, by class or error condition), or Sail's
     failed commit. Looks through ``__cause__`` chains."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
+    for e in cause_chain(exc):
         if _condition(e) in DELTA_CONFLICT_CONDITIONS or _java_classes(e) & DELTA_CONFLICT_CLASSES:
             return True
         text = str(e)
@@ -137,7 +134,6 @@ def is_commit_conflict(exc: BaseException) -> bool:
         # a py4j error whose Delta class was not converted names it in its text
         if any(name in text for name in DELTA_CONFLICT_CLASSES):
             return True
-        e = e.__cause__
     return False
 
 

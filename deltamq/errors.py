@@ -7,6 +7,8 @@ deltamq's hierarchy.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class DeltaMQError(Exception):
     """Base class of every deltamq error."""
@@ -133,3 +135,13 @@ class ListenerUnavailable(ConfigError):
 
 class UnsafeStorage(ConfigError):
     """The store cannot make concurrent Delta commits safe with the settings given."""
+
+
+def cause_chain(error: BaseException) -> Iterator[BaseException]:
+    """``error``, then each error it was raised from (``__cause__``), each once."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__

@@ -352,7 +352,7 @@ class Producer(BaseProducer):
     def _end(self, halves: DataFrame, now: int) -> None:
         """Append the rows that end ``halves`` (commit_log rows + ``state``) in one commit,
         under one fresh producer batch: positions 2k (real message) and 2k+1 (op record)."""
-        with faults_named(self.ctx.warehouse):
+        with self._named_faults():
             self._append_ends(halves, now)
 
     def _append_ends(self, halves: DataFrame, now: int) -> None:

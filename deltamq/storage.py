@@ -45,7 +45,7 @@ from functools import partial
 from typing import Any, Literal, TypeVar
 from urllib.parse import unquote
 
-from deltamq.errors import ConfigError, DeltaMQError, StorageError, UnsafeStorage
+from deltamq.errors import ConfigError, DeltaMQError, StorageError, UnsafeStorage, cause_chain
 
 T = TypeVar("T")
 
@@ -447,15 +447,11 @@ _TRANSIENT_TEXT = (
 def is_transient(error: BaseException) -> bool:
     """Whether ``error`` (or an error it was raised from) is a transient fault of the
     store: the same request may succeed when tried again."""
-    seen: set[int] = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
+    for e in cause_chain(error):
         if isinstance(e, DeltaMQError):  # deltamq's own (a StorageError is already named)
             return False
         if re.search(_TRANSIENT_TEXT, f"{type(e).__name__}: {e}", re.IGNORECASE):
             return True
-        e = e.__cause__
     return False
 
 
