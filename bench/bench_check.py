@@ -32,7 +32,7 @@ def run(root: Path, n: int) -> dict:
     wh = root / f"check-{n}"
     shutil.rmtree(wh, ignore_errors=True)
     clock = FakeClock()
-    b = Broker.open(wh, clock=clock)
+    b = Broker.init(wh, clock=clock)
     b.create_topic("orders", queues=4)
     spark = b.engine.spark
     state_path = str(root / f"check-state-{n}")

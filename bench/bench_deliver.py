@@ -32,7 +32,7 @@ def one(root: Path, n: int, batch: int, listener: str, sql92: str | None = None)
     wh = root / f"wh-{n}-{batch}-{listener}"
     shutil.rmtree(wh, ignore_errors=True)
     clock = FakeClock()
-    b = Broker.open(wh, clock=clock)
+    b = Broker.init(wh, clock=clock)
     b.create_topic("bench", queues=4)
     b.create_group(
         "g",

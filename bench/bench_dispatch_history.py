@@ -22,7 +22,7 @@ HERE = Path(__file__).parent
 
 def main(steps: int = 10, step_rows: int = 1_000_000, root: str = "/tmp/deltamq-bench-history") -> None:
     shutil.rmtree(root, ignore_errors=True)
-    b = Broker.open(root)
+    b = Broker.init(root)
     b.create_topic("t")
     p = b.producer("p")
     spark = b.engine.spark

@@ -42,7 +42,7 @@ def run(root: Path, n: int) -> dict:
     wh = root / f"dq-{n}"
     shutil.rmtree(wh, ignore_errors=True)
     clock = FakeClock()
-    b = Broker.open(wh, clock=clock)
+    b = Broker.init(wh, clock=clock)
     b.create_topic("orders", queues=4)
     spark = b.engine.spark
     body = "CAST(repeat(sha2(CAST(id AS STRING), 256), 16) AS BINARY) AS body"

@@ -48,7 +48,7 @@ if kind == "lite":
     producer = Producer(wh, "lite-producer")
 else:
     from deltamq import Broker
-    producer = Broker.open(wh).producer("spark-producer")
+    producer = Broker.init(wh).producer("spark-producer")
 producer.send(Message("bench", b"warm-up"))
 time.sleep(max(0.0, go - time.time()))
 sent, spent = 1, []
@@ -82,7 +82,7 @@ def bulk(root: Path, n: int, listener: str = LISTENER) -> dict:
     shutil.rmtree(wh, ignore_errors=True)
     staging = root / f"loop-staging-{n}"
     clock = FakeClock()
-    b = Broker.open(wh, clock=clock)
+    b = Broker.init(wh, clock=clock)
     _group(b, listener)
     if not staging.exists():
         b.spark.range(n).selectExpr("'bench' AS topic", f"{body_expr()} AS body").write.parquet(str(staging))
@@ -119,7 +119,7 @@ def sustained(
     """Two producer processes for ``seconds`` while ``deltamq tick --loop`` runs."""
     wh = root / "loop-sustained"
     shutil.rmtree(wh, ignore_errors=True)
-    b = Broker.open(wh)
+    b = Broker.init(wh)
     _group(b, listener)
     b.close()
     env = _env()
@@ -148,7 +148,7 @@ def sustained(
         sent.append(json.loads(out.strip().splitlines()[-1]))
     stopped = time.time()
     total_sent = sum(s["sent"] for s in sent)
-    b = Broker.open(wh)
+    b = Broker.init(wh)
     consumed_sql = "SELECT coalesce(sum(next_offset), 0) AS n FROM offsets WHERE consumer_group = 'g'"
     at_stop = b.sql(consumed_sql).collect()[0]["n"]
     drained = None

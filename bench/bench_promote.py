@@ -41,7 +41,7 @@ def held_tick_cost(root: Path, held: int) -> dict:
     wh = root / f"held-{held}"
     shutil.rmtree(wh, ignore_errors=True)
     clock = FakeClock()
-    b = Broker.open(wh, clock=clock)
+    b = Broker.init(wh, clock=clock)
     b.create_topic("t")
     spark = b.engine.spark
     t0 = clock.now_ms()
@@ -99,7 +99,7 @@ def lateness(
     log = root / "lateness-listener.log"
     for old in root.glob(f"{log.name}.*"):
         old.unlink()
-    b = Broker.open(wh)
+    b = Broker.init(wh)
     b.create_topic("t")
     b.create_group("g", "bench_listeners:record_due", consume_from="FIRST_OFFSET")
     b.subscribe("g", "t")

@@ -41,7 +41,7 @@ CLIENT = """
 import json, sys, time
 from deltamq import Broker
 wh, me, batch, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-broker = Broker.open(wh)
+broker = Broker.init(wh)
 consumer = broker.pull_consumer("workers", me)
 broker.engine.rows("SELECT 1")
 time.sleep(max(0.0, go - time.time()))
@@ -72,7 +72,7 @@ def prepare(wh: Path, n: int) -> Broker:
     """A warehouse with ``n`` 1 KiB messages dispatched into 4 queues of topic ``orders``
     and a pull group ``workers`` subscribed from the first offset."""
     shutil.rmtree(wh, ignore_errors=True)
-    b = Broker.open(wh)
+    b = Broker.init(wh)
     b.create_topic("orders", queues=4)
     b.create_group("workers", consume_from="FIRST_OFFSET")
     b.subscribe("workers", "orders")

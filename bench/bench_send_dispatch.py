@@ -43,7 +43,7 @@ def du(path: Path) -> int:
 def run_size(root: Path, n: int) -> dict:
     wh_dir = root / f"wh-{n}"
     shutil.rmtree(wh_dir, ignore_errors=True)
-    broker = Broker.open(wh_dir)
+    broker = Broker.init(wh_dir)
     broker.create_topic("bench", queues=4)
     spark = broker.engine.spark
     staging = root / f"staging-{n}"

@@ -93,7 +93,7 @@ def run(root: Path, ticks: int, block: int, compact: bool, pull: bool, save=lamb
     wh_dir = root / f"ticks-{compact}"
     shutil.rmtree(wh_dir, ignore_errors=True)
     clock = FakeClock()
-    b = Broker.open(wh_dir, clock=clock)
+    b = Broker.init(wh_dir, clock=clock)
     b.reconfigure(compact=compact, vacuum_retention_ms=60_000, log_retention_ms=1_000)
     b.create_topic("orders", queues=4)
     b.create_group("workers", None if pull else "bench_listeners:ok", consume_from="FIRST_OFFSET")

@@ -55,7 +55,7 @@ def campaign(root: Path, seed: int, kills: int) -> dict:
     wh = root / f"campaign-{seed}"
     shutil.rmtree(wh, ignore_errors=True)
     clock = FakeClock()
-    broker = Broker.open(wh, clock=clock)
+    broker = Broker.init(wh, clock=clock)
     load = FaultLoad(broker, clock, wh, seed=seed)
     load.setup()
     error = None
@@ -170,7 +170,7 @@ def concurrency(root: Path, seconds: float) -> dict:
     wh = root / "concurrency"
     shutil.rmtree(wh, ignore_errors=True)
     clock = FakeClock()
-    broker = Broker.open(wh, clock=clock)
+    broker = Broker.init(wh, clock=clock)
     try:
         return run_concurrently(broker, clock, wh, seconds=seconds)
     finally:
@@ -221,7 +221,7 @@ def store_faults(root: Path, rounds: int, seed: int) -> dict:
         faults = Faults(proxy, options)
         location = f"s3://{S3_BUCKET}/store-faults-{seed}/wh"
         clock = FakeClock()
-        broker = Broker.open(location, clock=clock, config=BrokerConfig(storage_options=options))
+        broker = Broker.init(location, clock=clock, config=BrokerConfig(storage_options=options))
         try:
             load = StoreFaultLoad(broker, clock, location, faults, S3_BUCKET, seed=seed)
             load.setup()

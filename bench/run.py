@@ -152,7 +152,7 @@ def _setup(root: Path, name: str, n: int, listener: str = "ok") -> tuple[str | P
     else:
         wh = f"{WAREHOUSE_ROOT}/{name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}"
     clock = FakeClock()
-    b = Broker.open(wh, clock=clock)
+    b = Broker.init(wh, clock=clock)
     b.create_topic("bench", queues=4)
     b.create_group(
         "g",

@@ -25,11 +25,12 @@ _EXPORTS = {
     "TxState": "deltamq.constants",
     "TickResult": "deltamq.orchestration.tick",
     "GroupConfig": "deltamq.config",
+    "register": "deltamq.broker",
 }
 __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
-    from deltamq.broker import Broker  # noqa: F401
+    from deltamq.broker import Broker, register  # noqa: F401
     from deltamq.clock import FakeClock, SystemClock  # noqa: F401
     from deltamq.config import BrokerConfig, GroupConfig  # noqa: F401
     from deltamq.constants import TxState  # noqa: F401

@@ -19,14 +19,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from deltamq.catalog import Catalog, new_group_config
 from deltamq.clock import Clock, SystemClock, to_ms
 from deltamq.config import BrokerConfig, ConsumeFrom, GroupConfig, MessageModel, Subscription
 from deltamq.context import Context
 from deltamq.engine import Engine
-from deltamq.errors import ConfigError, DeltaMQError
+from deltamq.errors import ConfigError, DeltaMQError, InUse
 from deltamq.message import validate_group_name
 from deltamq.producer import Producer
 from deltamq.tables.sqlguard import check_read_only
@@ -96,16 +96,31 @@ class Broker:
         spark: SparkSession | None = None,
         clock: Clock | None = None,
         config: BrokerConfig | None = None,
-        create: bool = True,
+        create: bool = False,
         levels: str | None = None,
     ) -> Broker:
-        """Open (and by default create) the warehouse at ``warehouse``.
+        """Open the warehouse at ``warehouse``; raise :class:`WarehouseNotFound` (creating
+        nothing) if there is none, unless ``create=True`` (or :meth:`init`).
 
         ``remote`` is a Spark Connect URL; ``spark`` an existing session (classic or
         Connect); neither means the embedded Sail engine. ``clock`` defaults to the
-        system clock. A new warehouse is initialised; an existing one must be at this
-        release's schema version (``deltamq init`` upgrades older ones).
+        system clock. An existing warehouse must be at this release's schema version
+        (``Broker.init`` or ``deltamq init`` upgrades older ones). ``levels`` (e.g.
+        ``"1s 5s 1m"``) sets the delay levels of a warehouse being created.
         """
+        return cls._open(warehouse, remote, spark, clock, config, "create" if create else "open", levels)
+
+    @classmethod
+    def _open(
+        cls,
+        warehouse: str | os.PathLike[str],
+        remote: str | None,
+        spark: SparkSession | None,
+        clock: Clock | None,
+        config: BrokerConfig | None,
+        how: Literal["open", "create", "init"],
+        levels: str | None,
+    ) -> Broker:
         if config is None:
             config = BrokerConfig.from_env(None, **({"remote": remote} if remote else {}))
         elif remote:
@@ -113,10 +128,26 @@ class Broker:
         engine = Engine.open(config, spark=spark)
         wh = Warehouse(engine, warehouse, storage_options=config.storage_options)
         broker = cls(wh, clock or SystemClock(), config)
-        if create and wh.schema_version() is None:
+        if how == "init" or (how == "create" and wh.schema_version() is None):
             wh.init(levels, config=config)
         wh.ensure_ready()
         return broker
+
+    @classmethod
+    def init(
+        cls,
+        warehouse: str | os.PathLike[str],
+        *,
+        remote: str | None = None,
+        spark: SparkSession | None = None,
+        clock: Clock | None = None,
+        config: BrokerConfig | None = None,
+        levels: str | None = None,
+    ) -> Broker:
+        """Create the warehouse at ``warehouse``, or upgrade an older one in place, and open
+        it: what ``deltamq init`` does. Idempotent; ``levels`` (e.g. ``"1s 5s 1m"``)
+        replaces the delay levels when given."""
+        return cls._open(warehouse, remote, spark, clock, config, "init", levels)
 
     def close(self) -> None:
         """Release this broker's leases and stop its Spark session (the embedded
@@ -145,8 +176,13 @@ class Broker:
             check_read_only(query)
         # Re-registered on every call: Sail resolves a temp view's Delta snapshot when the
         # view is created, so a view made earlier would not see later commits.
-        self.warehouse.register_views()
+        self.warehouse.register_views(query)  # the tables and views the query names
         return self.engine.sql(query)
+
+    def register(self, database: str = "deltamq") -> list[str]:
+        """Name the warehouse's tables and views ``database.<name>`` in this broker's Spark
+        session catalog (see :func:`deltamq.register` for another session)."""
+        return self.warehouse.register_catalog(database)
 
     def table(self, name: str) -> DataFrame:
         """A table as a DataFrame."""
@@ -171,9 +207,22 @@ class Broker:
         """Change a topic's queue count, permission or order flag."""
         self.catalog.update_topic(name, queues=queues, perm=perm, ordered=ordered)
 
-    def delete_topic(self, name: str) -> None:
+    def delete_topic(self, name: str, *, force: bool = False) -> None:
         """Delete a topic's configuration and its subscriptions. Stored messages stay
-        until retention removes them (docs/behaviour.md §8); producers are refused at once."""
+        until retention removes them (docs/behaviour.md §8); producers are refused at once.
+        A topic that groups subscribe to is refused (:class:`InUse`, naming each group and
+        the messages it has not consumed) unless ``force``."""
+        from deltamq.inspection import topic_subscribers
+
+        self.catalog.require_topic(name)
+        subscribers = topic_subscribers(self.context, name)
+        if subscribers and not force:
+            listed = ", ".join(f"{g} ({n} not consumed)" for g, n in sorted(subscribers.items()))
+            raise InUse(
+                f"topic {name!r} has subscriptions that deleting it drops: {listed}; "
+                f"{sum(subscribers.values())} messages unconsumed in all. Unsubscribe first, "
+                "or delete with force=True (CLI: --force)"
+            )
         self.catalog.delete_topic(name)
 
     def topics(self) -> dict[str, dict[str, Any]]:
@@ -243,8 +292,21 @@ class Broker:
         )
         self.catalog.create_group(cfg, listener, exist_ok=exist_ok)
 
-    def delete_group(self, name: str) -> None:
-        """Delete a group's configuration, subscriptions and offsets."""
+    def delete_group(self, name: str, *, force: bool = False) -> None:
+        """Delete a group's configuration, subscriptions and offsets. A group with messages
+        not consumed yet, retries waiting or pulled messages not acked is refused
+        (:class:`InUse`, with the counts) unless ``force``."""
+        from deltamq.inspection import group_holdings
+
+        self.catalog.require_group(name)
+        held = group_holdings(self.context, name)
+        if any(held.values()) and not force:
+            raise InUse(
+                f"consumer group {name!r} still has {held['unconsumed']} messages not consumed, "
+                f"{held['in_retry']} retries waiting and {held['in_flight']} pulled and not "
+                "acked, which deleting it drops; consume them, or delete with force=True "
+                "(CLI: --force)"
+            )
         self.catalog.delete_group(name)
 
     # --- subscriptions --------------------------------------------------------------------
@@ -440,3 +502,21 @@ class Broker:
 
 
 __all__ = ["Broker", "DeltaMQError"]
+
+
+def register(
+    spark: SparkSession,
+    warehouse: str | os.PathLike[str],
+    *,
+    database: str = "deltamq",
+    config: BrokerConfig | None = None,
+) -> list[str]:
+    """Name a warehouse's tables (external Delta tables) and views ``database.<name>`` in
+    ``spark``'s catalog, so ``spark.sql("SELECT * FROM mq.messages")`` works in a notebook
+    or ``spark-sql``: on Apache Spark with delta-spark (persistent with a Hive metastore,
+    for the session otherwise) and on Sail. Returns the names registered. ``config``
+    carries storage options (credentials come from the environment by default)."""
+    config = config or BrokerConfig.from_env(None)
+    engine = Engine.open(config, spark=spark)
+    wh = Warehouse(engine, warehouse, storage_options=config.storage_options)
+    return wh.register_catalog(database)

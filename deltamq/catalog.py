@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
@@ -28,8 +29,15 @@ from deltamq.config import (
     Subscription,
 )
 from deltamq.constants import DLQ_PREFIX, MAX_QUEUES, Perm, dlq_topic, is_system_topic, retry_topic
-from deltamq.consumer import resolve_listener
-from deltamq.errors import AlreadyExists, ConfigError, SystemTopicError, UnknownGroup, UnknownTopic
+from deltamq.consumer import IN_PROCESS, resolve_listener
+from deltamq.errors import (
+    AlreadyExists,
+    ConfigError,
+    InProcessListener,
+    SystemTopicError,
+    UnknownGroup,
+    UnknownTopic,
+)
 from deltamq.filters import validate_expression
 from deltamq.message import validate_group_name, validate_topic_name
 from deltamq.sending import Topics
@@ -144,10 +152,15 @@ class Catalog(Topics):
         )
         self._load_topics()
 
-    def delete_topic(self, name: str) -> None:
+    def require_topic(self, name: str, hint: str = "") -> None:
+        """Raise UnknownTopic (naming the topics there are) unless ``name`` exists."""
         validate_topic_name(name)
         if self._topic(name) is None:
-            raise UnknownTopic(f"topic {name!r} does not exist")
+            known = ", ".join(sorted(t for t in self._topics if not is_system_topic(t))) or "none"
+            raise UnknownTopic(f"topic {name!r} does not exist (topics: {known}){hint}")
+
+    def delete_topic(self, name: str) -> None:
+        self.require_topic(name)
         for table in ("subscription", "topic_config"):
             self._commit(table, f"DELETE FROM {self.warehouse.ref(table)} WHERE topic = {sql_str(name)}")
         self._load_topics()
@@ -173,7 +186,8 @@ class Catalog(Topics):
     def require_group(self, name: str, hint: str = "") -> GroupConfig:
         cfg = self.group(validate_group_name(name))
         if cfg is None:
-            raise UnknownGroup(f"consumer group {name!r} does not exist{hint}")
+            known = ", ".join(self.groups()) or "none"
+            raise UnknownGroup(f"consumer group {name!r} does not exist (groups: {known}){hint}")
         return cfg
 
     def create_group(
@@ -426,7 +440,18 @@ def listener_path(
         raise ConfigError(f"{what} {listener!r} is neither a callable nor an import path")
     registry[group] = listener
     owner = inspect.getmodule(listener)
-    qualname = getattr(listener, "__qualname__", "")
-    if owner is None or "<" in qualname or owner.__name__ == "__main__":
-        return None  # in-process only: jobs started elsewhere cannot import it
+    qualname = getattr(listener, "__qualname__", None)  # an object with __call__ has none
+    if owner is None or qualname is None or "<" in qualname or owner.__name__ == "__main__":
+        # in-process only: jobs started elsewhere cannot import it; they say so (exit 4)
+        name = qualname or f"{type(listener).__qualname__} object"
+        where = f"{owner.__name__ if owner else '?'}:{name}"
+        warnings.warn(
+            f"{what} {where} of {group!r} is a callable that exists only in this process: "
+            "ticks run here deliver to it, but `deltamq tick`, Airflow and spark-submit "
+            "cannot (they fail, naming the group); give an import path "
+            "'package.module:function' to run it anywhere",
+            InProcessListener,
+            stacklevel=4,
+        )
+        return IN_PROCESS + where
     return f"{owner.__name__}:{qualname}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The warehouse schema version this release writes."""
 
 # --- system topics -------------------------------------------------------------
@@ -52,6 +52,12 @@ GROUP_MAX_LENGTH = TOPIC_MAX_LENGTH - len(RETRY_PREFIX)
 
 # --- message limits ------------------------------------------------------------
 MAX_BODY_BYTES = 4 * 1024 * 1024
+# states of the pull deliveries log (docs/behaviour.md §6; deltamq/tables/deliveries.py)
+INFLIGHT, PASSED, TAKEN = "INFLIGHT", "PASSED", "TAKEN"
+ACKED, NACKED, EXPIRED, REVOKED = "ACKED", "NACKED", "EXPIRED", "REVOKED"
+ENDED = (ACKED, NACKED, EXPIRED, REVOKED)
+"""States that end an INFLIGHT row of the same receipt handle."""
+
 DEFAULT_QUEUES = 4
 MAX_QUEUES = 1024
 DEFAULT_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"

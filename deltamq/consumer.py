@@ -43,6 +43,23 @@ class ConsumeOrderlyStatus(StrEnum):
     SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUSPEND_CURRENT_QUEUE_A_MOMENT"
 
 
+_FAILED_IN_WORDS = {
+    "RECONSUME_LATER": "the listener asked for the messages again later (RECONSUME_LATER)",
+    "SUSPEND_CURRENT_QUEUE_A_MOMENT": "the listener asked to pause the queue a moment "
+    "(SUSPEND_CURRENT_QUEUE_A_MOMENT)",
+}
+
+
+def failed_status_text(status: Any) -> str:
+    """Why a listener call that raised nothing did not succeed, in words (``LAST_ERROR``)."""
+    if isinstance(status, str) and status in _FAILED_IN_WORDS:
+        return _FAILED_IN_WORDS[status]
+    return (
+        f"the listener returned {status!r}, which is not a status: return ConsumeStatus."
+        "CONSUME_SUCCESS (ConsumeOrderlyStatus.SUCCESS) or RECONSUME_LATER"
+    )
+
+
 SUCCESS_STATUSES = ("CONSUME_SUCCESS", "SUCCESS")
 
 
@@ -105,8 +122,21 @@ def is_columnar(listener: Any) -> bool:
     return bool(getattr(listener, _COLUMNAR, False))
 
 
+IN_PROCESS = "in-process:"
+"""Prefix of the ``listener`` stored for a callable that only exists in the process that
+registered it (a lambda, a nested function, a function of ``__main__``): the group is a
+push group everywhere, and a process that does not have the callable says so."""
+
+
 def resolve_listener(path: str, what: str = "listener") -> Listener:
     """Import ``package.module:function`` (the form stored in ``group_config``)."""
+    if path.startswith(IN_PROCESS):
+        raise ListenerUnavailable(
+            f"{what} {path[len(IN_PROCESS) :]!r} is a callable registered in the process that "
+            "created it, and this process does not have it; to run it from `deltamq tick`, "
+            "Airflow or spark-submit, give an import path 'package.module:function' of a "
+            "module those processes can import (or run the tick in that process)"
+        )
     module_name, sep, attr = path.partition(":")
     if not sep:
         raise ConfigError(f"{what} {path!r} is not an import path 'package.module:function'")

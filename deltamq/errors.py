@@ -123,6 +123,11 @@ class StorageError(DeltaMQError, OSError):
     """A warehouse location cannot be listed, read or written; names the URI and the cause."""
 
 
+class InUse(DeltaMQError, RuntimeError):
+    """A delete that would drop subscriptions or messages not yet consumed (pass
+    ``force=True`` / ``--force`` to delete anyway)."""
+
+
 class WarehouseNotFound(DeltaMQError, FileNotFoundError):
     """No deltamq warehouse at the location given (and the command does not create one)."""
 
@@ -145,3 +150,9 @@ def cause_chain(error: BaseException) -> Iterator[BaseException]:
         seen.add(id(e))
         yield e
         e = e.__cause__
+
+
+class InProcessListener(UserWarning):
+    """A listener given as a callable that only this process has (a lambda, a nested
+    function, a function of ``__main__``): other processes that tick the warehouse cannot
+    deliver to it and fail naming the group."""

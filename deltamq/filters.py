@@ -66,7 +66,16 @@ def validate_expression(expression: str, expr_type: str = "TAG") -> str:
     if expr_type == "SQL92":
         parse_sql92(expression)
         return expression.strip()
-    tags = parse_tag_expression(expression)
+    try:
+        tags = parse_tag_expression(expression)
+    except FilterSyntaxError as e:
+        try:
+            parse_sql92(expression)
+        except FilterSyntaxError:
+            raise e from None
+        raise FilterSyntaxError(
+            f"{e}. It reads as an SQL92 filter: subscribe with type='SQL92' (CLI: --type SQL92)"
+        ) from None
     return "*" if tags is None else " || ".join(tags)
 
 

@@ -23,7 +23,7 @@ from deltamq.constants import (
     Prop,
 )
 from deltamq.jobs import check_transactions, promote
-from deltamq.tables import consume_queue, deliveries, deltalog
+from deltamq.tables import commit_log, consume_queue, deliveries, deltalog
 from deltamq.tables.consume_queue import int_prop, load_dispatch_state
 from deltamq.tables.offsets import QueueKey, positions
 from deltamq.tables.sqltext import sql_long
@@ -33,6 +33,47 @@ if TYPE_CHECKING:
     from deltamq.tables.warehouse import Warehouse
 
 Queue = tuple[str, int]
+
+
+# --- what a delete would drop ----------------------------------------------------------------
+def topic_subscribers(ctx: Context, topic: str) -> dict[str, int]:
+    """The consumer groups subscribed to ``topic`` and, for each, how many of the topic's
+    messages it has not consumed yet (its lag over the topic's queues)."""
+    groups = sorted({s.consumer_group for s in ctx.catalog.subscriptions() if s.topic == topic})
+    if not groups:
+        return {}
+    heads = {k: v for k, v in load_dispatch_state(ctx.warehouse).heads.items() if k[0] == topic}
+    lag = _lag(ctx, heads)
+    return {g: sum(x["lag"] for x in lag if x["group"] == g) for g in groups}
+
+
+def group_holdings(ctx: Context, group: str) -> dict[str, int]:
+    """What deleting ``group`` would drop: ``unconsumed`` (its lag over every topic it
+    subscribes to, its promoted retries included), ``in_retry`` (its retries still waiting
+    in a delay level) and ``in_flight`` (pulled, not yet acked)."""
+    wh = ctx.warehouse
+    retries = RETRY_PREFIX + group
+    topics = {s.topic for s in ctx.catalog.subscriptions(group)}
+    dispatched = load_dispatch_state(wh)
+    heads = {k: v for k, v in dispatched.heads.items() if k[0] in topics}
+    unconsumed = sum(x["lag"] for x in _lag(ctx, heads) if x["group"] == group)
+    # stored but not indexed yet (a retry written by the last tick's deliver, say)
+    commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), dispatched.version, 1_000_000)
+    added = commit_log.read_added(wh, commits) if commits else None
+    new_retries = 0
+    if added is not None:
+        real = F.coalesce(F.col("properties")[Prop.REAL_TOPIC], F.col("topic"))
+        row = added.select(
+            F.sum((real == retries).cast("long")).alias("r"),
+            F.sum(
+                (real.isin(sorted(topics - {retries})) if topics - {retries} else F.lit(False)).cast("long")
+            ).alias("u"),
+        ).collect()[0]
+        new_retries, unconsumed = row["r"] or 0, unconsumed + (row["u"] or 0)
+    state = promote.load_state(wh)
+    in_retry = new_retries + consume_queue.held_for(wh, state.level_offsets, wh.levels(), retries)
+    in_flight = deliveries.in_flight(wh, group)
+    return {"unconsumed": unconsumed, "in_retry": in_retry, "in_flight": in_flight}
 
 
 # --- the warehouse at a glance ----------------------------------------------------------------
@@ -76,12 +117,18 @@ def status(ctx: Context) -> dict[str, Any]:
     }
 
 
-def group_lag(ctx: Context, heads: dict[tuple[str, int], int]) -> list[dict[str, Any]]:
+def _lag(ctx: Context, heads: dict[tuple[str, int], int]) -> list[dict[str, Any]]:
+    return group_lag(ctx, heads, queues=list(heads)) if heads else []
+
+
+def group_lag(
+    ctx: Context, heads: dict[tuple[str, int], int], queues: list[tuple[str, int]] | None = None
+) -> list[dict[str, Any]]:
     """Per consumer group (and BROADCASTING instance), topic and queue: its next offset and
     lag — from its offset rows, and for each subscribed queue with messages but no offset
     row yet, from offset 0 (where deliver, pull clients and sinks start such a queue)."""
     rows: dict[tuple[str, str, str, int], dict[str, Any]] = {}
-    for key, at in positions(ctx.warehouse).items():
+    for key, at in positions(ctx.warehouse, queues=queues).items():
         head = heads.get((key.topic, key.queue_id), 0)
         rows[key] = {
             "group": key.group,

@@ -197,6 +197,23 @@ def validate_flag(flag: Any) -> int:
     return flag
 
 
+def delay_ms(delay: Any) -> int:
+    """A timer's ``delay`` in milliseconds: a ``timedelta`` of zero or more (the CLI's
+    ``--delay-ms`` and a send file's ``delay_ms`` are checked here too, for one message)."""
+    if isinstance(delay, timedelta):
+        ms = int(delay / timedelta(milliseconds=1))
+    elif isinstance(delay, int) and not isinstance(delay, bool):
+        ms = delay
+    else:
+        raise InvalidTimer(f"delay must be a datetime.timedelta, got {delay!r}")
+    if ms < 0:
+        raise InvalidTimer(
+            f"a delay of {ms} ms is not allowed: a delay is 0 or more milliseconds "
+            "(0 sends a plain message; to deliver at a time, give deliver_at)"
+        )
+    return ms
+
+
 def timer_due_ms(message: Message, props: Mapping[str, str], now_ms: int, horizon_ms: int) -> int | None:
     """The absolute due time of a timer message (``deliver_at``, ``delay`` or a
     ``TIMER_DELIVER_MS`` property), checked against the horizon; None for no timer."""
@@ -219,7 +236,10 @@ def timer_due_ms(message: Message, props: Mapping[str, str], now_ms: int, horizo
     if message.delay is not None:
         if not isinstance(message.delay, timedelta):
             raise InvalidTimer(f"delay must be a datetime.timedelta, got {message.delay!r}")
-        due = now_ms + int(message.delay / timedelta(milliseconds=1))
+        ms = delay_ms(message.delay)
+        if ms == 0:
+            return None  # no delay: a plain message
+        due = now_ms + ms
     elif message.deliver_at is not None:
         try:
             due = to_ms(message.deliver_at)
@@ -246,7 +266,9 @@ def check_timer_horizon(due: int, now_ms: int, horizon_ms: int) -> int:
         )
     if due < now_ms - horizon_ms:
         raise InvalidTimer(
-            f"timer due at {ms_to_iso(due)} is {(now_ms - due) / 86_400_000:.1f} days in the past; "
-            f"at most {horizon_ms / 86_400_000:g} days are allowed (timer_horizon_ms={horizon_ms})"
+            f"timer due at {ms_to_iso(due)} is {(now_ms - due) / 86_400_000:.1f} days in the past: "
+            "a timer already due is delivered at once, but one more than "
+            f"{horizon_ms / 86_400_000:g} days late (timer_horizon_ms={horizon_ms}) is taken for a "
+            "mistake; check the time, or send without a timer to deliver now"
         )
     return due

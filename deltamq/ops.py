@@ -80,8 +80,10 @@ def dead_letters(
     """Dead letters (``%DLQ%<group>`` entries) selected by group, store-time range
     [since, until), ids (the dead letter's or the original's) and/or an SQL predicate over
     the ``consume_queue`` row (``properties['DLQ_REASON'] = 'max_reconsume'``, ``keys``…)."""
-    if group is not None:
-        validate_group_name(group)
+    if group is not None and ctx.catalog.group(validate_group_name(group)) is None:
+        # a deleted group's dead letters stay selectable: its %DLQ% topic remains
+        if DLQ_PREFIX + group not in ctx.catalog.topics():
+            ctx.catalog.require_group(group, " and it has no dead letters")
     cq = ctx.warehouse.read("consume_queue")
     topics = F.col("topic") == F.lit(DLQ_PREFIX + group) if group else F.col("topic").startswith(DLQ_PREFIX)
     pred = topics & _time_range(since, until)
@@ -125,6 +127,24 @@ class ResendResult:
     msg_ids: tuple[str, ...]
 
 
+def resent_as(ctx: Context, letters: list[dict[str, Any]]) -> dict[str, str]:
+    """Of dead letters (rows with ``msg_id`` and ``cl_batch_id``), those resent already:
+    ``{dead letter id: the resent message's id}`` (read from the letters' store time on)."""
+    if not letters:
+        return {}
+    floor = min(r["cl_batch_id"] for r in letters) >> ids.BATCH_RANDOM_BITS << ids.BATCH_RANDOM_BITS
+    return {
+        r["f"]: r["msg_id"]
+        for r in ctx.warehouse.read("commit_log")
+        .where(
+            (F.col("batch_id") >= F.lit(floor))
+            & F.col("properties").getItem(Prop.RESENT_FROM).isin(*[r["msg_id"] for r in letters])
+        )
+        .select(F.col("properties").getItem(Prop.RESENT_FROM).alias("f"), "msg_id")
+        .collect()
+    }
+
+
 def resend(ctx: Context, letters: DataFrame, *, rate_per_s: float | None = None) -> ResendResult:
     """Send dead letters back to their original topic as new messages (same body, tags,
     keys and user properties; ``RESENT_FROM`` = the dead letter's id), at most
@@ -135,17 +155,7 @@ def resend(ctx: Context, letters: DataFrame, *, rate_per_s: float | None = None)
     rows = [r.asDict() for r in letters.collect()]
     if not rows:
         return ResendResult(selected=0, resent=0, already_resent=0, msg_ids=())
-    floor = min(r["cl_batch_id"] for r in rows) >> ids.BATCH_RANDOM_BITS << ids.BATCH_RANDOM_BITS
-    done = {
-        r["f"]
-        for r in ctx.warehouse.read("commit_log")
-        .where(
-            (F.col("batch_id") >= F.lit(floor))
-            & F.col("properties").getItem(Prop.RESENT_FROM).isin(*[r["msg_id"] for r in rows])
-        )
-        .select(F.col("properties").getItem(Prop.RESENT_FROM).alias("f"))
-        .collect()
-    }
+    done = resent_as(ctx, rows)
     todo = [r for r in rows if r["msg_id"] not in done]
     for r in todo:
         if not r["original_topic"]:

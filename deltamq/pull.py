@@ -74,6 +74,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from deltamq import dedup, faults
+from deltamq.constants import ACKED, INFLIGHT, NACKED, PASSED, REVOKED, TAKEN
 from deltamq.errors import ConfigError, UnknownGroup
 from deltamq.filters import subscriptions_filter
 from deltamq.jobs import pull_expiry
@@ -83,12 +84,6 @@ from deltamq.tables import deliveries
 from deltamq.tables.bodies import read_bodies
 from deltamq.tables.consume_queue import load_dispatch_state
 from deltamq.tables.deliveries import (
-    ACKED,
-    INFLIGHT,
-    NACKED,
-    PASSED,
-    REVOKED,
-    TAKEN,
     LockEntry,
     decide_lock,
     ended,

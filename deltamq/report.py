@@ -196,15 +196,17 @@ def _lag_over_time_chart(data: dict[str, Any]) -> Any:
             "Lag over time: each push group's backlog when a deliver pass began", "messages behind"
         )
     )
-    for group, values in data.get("backlog_by_group", {}).items():
-        fig.add_scatter(x=ticks, y=values, name=group, mode=marked, connectgaps=False)
-    fig.add_scatter(
-        x=ticks,
-        y=series["backlog"],
-        name="all push groups",
-        mode=marked,
-        line={"dash": "dot", "color": "#7f7f7f"},
-    )
+    groups = data.get("backlog_by_group", {})
+    if len(groups) != 1:  # drawn first, so each group's line stays on top of it
+        fig.add_scatter(
+            x=ticks,
+            y=series["backlog"],
+            name="all push groups",
+            mode="lines",
+            line={"dash": "dot", "color": "#bbbbbb", "width": 1.5},
+        )
+    for group, values in groups.items():
+        fig.add_scatter(x=ticks, y=values, name=group, mode=marked, connectgaps=False, line={"width": 2.5})
     return fig
 
 
@@ -254,17 +256,25 @@ def _retries_chart(data: dict[str, Any]) -> Any:
     from plotly import graph_objects as go
 
     ticks, series = data["now_ts"], data["series"]
-    marked = _line_mode(ticks)
     fig = go.Figure(layout=_layout("Retries and dead letters per tick", "messages per tick"))
     colours = {"retried": "#ff7f0e", "dead_lettered": "#d62728", "listener_errors": "#9467bd"}
+    # listener errors are bars behind the lines: a failure usually is a retry too, and
+    # equal lines would hide each other
+    fig.add_bar(
+        x=ticks,
+        y=series["listener_errors"],
+        name=_FAILURE_LINES["listener_errors"],
+        marker={"color": colours["listener_errors"], "opacity": 0.35},
+    )
+    dashes = {"retried": "solid", "dead_lettered": "dash", "expired": "dot"}
     for key, label in _FAILURE_LINES.items():
-        if key != "expired" or any(series[key]):
+        if key != "listener_errors" and (key != "expired" or any(series[key])):
             fig.add_scatter(
                 x=ticks,
                 y=series[key],
                 name=label,
-                mode=marked,
-                line={"color": colours.get(key, "#8c564b")},
+                mode="lines+markers",
+                line={"color": colours.get(key, "#8c564b"), "dash": dashes.get(key, "solid"), "width": 2.5},
             )
     return fig
 
@@ -439,11 +449,14 @@ def _dead_letters_table(data: dict[str, Any]) -> str:
             f'<span class="nw">{_e(d["keys"])}</span>',
             f'<span class="err" title="{_e(d["last_error"])}">{_e((d["last_error"] or "")[:120])}</span>',
             f"<code>deltamq msg show {_e(d['msg_id'])}</code>",
+            f'<span class="ok">resent as <code>{_e(d["resent_as"])}</code></span>'
+            if d.get("resent_as")
+            else '<span class="empty">not resent</span>',
         ]
         for d in letters
     ]
     return _table(
-        ["stored", "group", "original topic", "reason", "retries", "keys", "last error", "trace"],
+        ["stored", "group", "original topic", "reason", "retries", "keys", "last error", "trace", "resent"],
         rows,
     )
 
@@ -474,12 +487,13 @@ def _errors_table(data: dict[str, Any]) -> str:
         [
             f'<span class="nw">{_e(_when(x["time"]))}</span>',
             _e(x["job"]),
-            _e(x["status"]),
+            # a job that ran but whose listeners failed is OK as a job: say both
+            _e(x["status"] if x["status"] != "OK" else "ran; its listeners failed"),
             f'<span class="err">{_e(x["error"][:300])}</span>',
         ]
         for x in data["errors"]
     ]
-    return "<h3>Latest job runs with errors</h3>" + _table(["tick", "job", "status", "error"], rows)
+    return "<h3>Latest job runs with errors</h3>" + _table(["tick", "job", "outcome", "error"], rows)
 
 
 def _chart_div(charts: dict[str, Any], key: str, empty: str) -> str:
@@ -517,6 +531,7 @@ th{text-align:left;font-weight:600;color:#5b6475;border-bottom:2px solid #e3e6eb
 td{border-bottom:1px solid #eef0f3;padding:5px 8px;vertical-align:top}
 table.num td{white-space:nowrap}
 .bad{color:#c62828;font-weight:600}
+.ok{color:#2e7d32}
 .err{color:#6b3a3a;font-family:ui-monospace,Menlo,monospace;font-size:12px}
 code{background:#f0f2f5;padding:1px 5px;border-radius:4px;font-size:12px;white-space:nowrap}
 .empty{color:#7a8294;font-style:italic;margin:6px 0}

@@ -343,6 +343,7 @@ def _recent_dead_letters(
         .limit(int(limit))
         .collect()
     )
+    resent = ops.resent_as(ctx, [r.asDict() for r in rows])
     return [
         {
             "time": ms_to_iso(r["store_ts"]),
@@ -355,6 +356,7 @@ def _recent_dead_letters(
             "keys": r["keys"],
             "msg_id": r["msg_id"],
             "origin_id": r["origin_id"],
+            "resent_as": resent.get(r["msg_id"]),
         }
         for r in rows
     ]

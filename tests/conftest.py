@@ -229,7 +229,7 @@ def broker_config(store: str, request) -> object:
 
 @pytest.fixture
 def broker(location, store, clock, request):
-    b = Broker.open(location, clock=clock, config=broker_config(store, request))
+    b = Broker.init(location, clock=clock, config=broker_config(store, request))
     yield b
     b.close()
 

@@ -337,7 +337,7 @@ def test_every_command_prints_one_json_document_with_json(tmp_path, capsys):
         ("doctor",),
         ("report", "--html", str(tmp_path / "r.html")),
         ("rebuild-index",),
-        ("group", "delete", "puller"),
+        ("group", "delete", "puller", "--force"),
     ]
     docs = {}
     for command in commands:
@@ -478,5 +478,5 @@ def test_a_broadcasting_push_group_can_be_created_from_the_command_line(tmp_path
     assert main(["group", "list", "--warehouse", wh, "--json"]) == 0
     from deltamq import Broker
 
-    with Broker.open(wh, create=False) as b:
+    with Broker.open(wh) as b:
         assert b.groups()["fanout"].instances == ("web-1", "web-2")

@@ -71,13 +71,16 @@ def run_concurrently(broker, clock, wh: Path, seconds: float = SECONDS, runners:
     load.figures.transactions = 2 * produced["rounds"]
     clock.set(ScaledClock(base, wall0, SPEED).now_ms())
     load.runner = TickRunner(broker.context, holder="drainer")
-    deadline = time.time() + 3 * TTL_MS / 1000
-    while True:  # an abandoned lease expires after its TTL
+    started = time.time()
+    deadline = started + 3 * TTL_MS / 1000
+    waits: list[str] = []
+    while True:  # an abandoned lease is taken over after it stayed unchanged for its TTL
         try:
             load.runner.tick(clock.now_ms())
             break
-        except LeaseHeld:
-            assert time.time() < deadline, "a lease outlived its TTL"
+        except LeaseHeld as e:
+            waits.append(f"{time.time() - started:.1f} s: {e}")
+            assert time.time() < deadline, "a lease outlived its TTL:\n" + "\n".join(waits)
             time.sleep(0.5)
     drain_ticks = load.drain()
     leases = broker.sql("SELECT job, epoch FROM leases").collect()

@@ -19,7 +19,7 @@ _PRODUCER = textwrap.dedent(
     import sys, time
     from deltamq import Broker, Message
     wh, name, batches, start_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-    b = Broker.open(wh)
+    b = Broker.init(wh)
     p = b.producer(name)
     time.sleep(max(0.0, start_at - time.time()))
     for i in range(batches):

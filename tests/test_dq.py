@@ -24,7 +24,7 @@ def busy_template(tmp_path_factory, _spark_source):
     once; each test breaks its own copy."""
     root = tmp_path_factory.mktemp("busy")
     clock = FakeClock(1_767_225_600_000)
-    broker = Broker.open(root / "wh", clock=clock)
+    broker = Broker.init(root / "wh", clock=clock)
     broker.create_topic("orders", queues=2)
     broker.create_group("billing", Recorder(root / "b.jsonl", "fail_twice"), consume_from="FIRST_OFFSET")
     broker.subscribe("billing", "orders")
@@ -66,7 +66,7 @@ def busy_template(tmp_path_factory, _spark_source):
 def busy(busy_template, tmp_path):
     template, now = busy_template
     shutil.copytree(template, tmp_path / "busy")
-    broker = Broker.open(tmp_path / "busy", clock=FakeClock(now))
+    broker = Broker.init(tmp_path / "busy", clock=FakeClock(now))
     yield broker
     broker.close()
 

@@ -15,8 +15,8 @@ from deltamq.errors import CommitConflict, ConfigError, EngineError, StorageErro
 
 
 def test_two_brokers_in_one_process_share_the_server(tmp_path, clock):
-    a = Broker.open(tmp_path / "a", clock=clock)
-    b = Broker.open(tmp_path / "b", clock=clock)
+    a = Broker.init(tmp_path / "a", clock=clock)
+    b = Broker.init(tmp_path / "b", clock=clock)
     assert Engine.embedded_running()
     a.create_topic("t1")
     b.create_topic("t2")
@@ -35,7 +35,7 @@ def test_embedded_server_stops_and_restarts_cleanly(tmp_path):
         import os, sys
         from deltamq import Broker
         from deltamq.engine import Engine
-        b = Broker.open({str(tmp_path / "w")!r})
+        b = Broker.init({str(tmp_path / "w")!r})
         b.create_topic("t")
         b.close()
         Engine.shutdown_embedded()
@@ -64,7 +64,7 @@ def test_remote_mode_against_a_spark_connect_endpoint(tmp_path, broker):
     from deltamq.sail import EmbeddedServer as _EmbeddedServer
 
     url = _EmbeddedServer.url()
-    b = Broker.open(tmp_path / "r", remote=url)
+    b = Broker.init(tmp_path / "r", remote=url)
     assert b.engine.mode == "remote"
     b.create_topic("t")
     b.producer("p").send(Message("t", b"x"))
@@ -101,7 +101,7 @@ def test_commit_retries_replan_and_are_counted(broker):
 
 
 def test_commit_gives_up_after_bounded_retries(tmp_path, clock):
-    b = Broker.open(tmp_path / "w", clock=clock, config=BrokerConfig(commit_retries=2, commit_backoff_ms=1))
+    b = Broker.init(tmp_path / "w", clock=clock, config=BrokerConfig(commit_retries=2, commit_backoff_ms=1))
 
     def always():
         raise RuntimeError("(io.delta.exceptions.ConcurrentAppendException) files were added")
@@ -118,7 +118,7 @@ def test_store_faults_are_retried_and_then_named(tmp_path, clock):
     attempt like a conflict; one that outlasts the retries is a StorageError naming the
     warehouse and the cause. (The proxy tests make the store fail for real:
     tests/test_story_faults.py.)"""
-    b = Broker.open(tmp_path / "w", clock=clock, config=BrokerConfig(commit_retries=2, commit_backoff_ms=1))
+    b = Broker.init(tmp_path / "w", clock=clock, config=BrokerConfig(commit_retries=2, commit_backoff_ms=1))
     calls = []
 
     def flaky():
@@ -143,7 +143,7 @@ def test_real_conflicts_between_two_writers_are_retried(tmp_path, clock):
     """Two sessions MERGE into one row at once; losers re-plan; no increment is lost."""
     import threading
 
-    brokers = [Broker.open(tmp_path / "w", clock=clock) for _ in range(2)]
+    brokers = [Broker.init(tmp_path / "w", clock=clock) for _ in range(2)]
     brokers[0].create_topic("t", queues=1)
     n = 8
 
@@ -215,8 +215,8 @@ def test_an_oversized_embedded_server_is_replaced_between_ticks(tmp_path, clock)
     from deltamq.sail import EmbeddedServer as _EmbeddedServer
 
     log = tmp_path / "calls.jsonl"
-    small = Broker.open(tmp_path / "w", clock=clock, config=BrokerConfig(embedded_max_rss_mb=1))
-    other = Broker.open(tmp_path / "o", clock=clock)  # default limit, same server
+    small = Broker.init(tmp_path / "w", clock=clock, config=BrokerConfig(embedded_max_rss_mb=1))
+    other = Broker.init(tmp_path / "o", clock=clock)  # default limit, same server
     other.create_topic("o")
     small.create_topic("t", queues=2)
     small.create_group("g", Recorder(log), consume_from="FIRST_OFFSET")
@@ -258,7 +258,7 @@ def test_the_embedded_server_dies_with_its_process_and_is_restarted_if_it_dies_a
         import os, signal, sys, time
         from deltamq import Broker
         from deltamq.sail import EmbeddedServer as _EmbeddedServer
-        b = Broker.open({str(tmp_path / "w")!r})
+        b = Broker.init({str(tmp_path / "w")!r})
         b.create_topic("t")
         first = _EmbeddedServer._proc.pid
         os.kill(first, signal.SIGKILL)  # the server dies on its own (e.g. the OOM killer)

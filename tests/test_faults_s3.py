@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 def _open(faults, s3_server, clock, name: str) -> Broker:
     location = f"s3://{s3_server.bucket}/{name}-{uuid.uuid4().hex[:8]}/wh"
-    return Broker.open(location, clock=clock, config=BrokerConfig(storage_options=faults.options))
+    return Broker.init(location, clock=clock, config=BrokerConfig(storage_options=faults.options))
 
 
 def _commit_of(table: str) -> str:

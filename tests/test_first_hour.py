@@ -109,7 +109,7 @@ def test_listener_workers_are_not_shadowed_by_a_deltamq_folder_in_the_current_di
             f"""
             from deltamq import Broker, FakeClock, Message
 
-            with Broker.open({str(tmp_path / "wh")!r}, clock=FakeClock()) as b:
+            with Broker.init({str(tmp_path / "wh")!r}, clock=FakeClock()) as b:
                 b.create_topic("t", queues=1)
                 b.create_group("g", "shadow_listener:ok", consume_from="FIRST_OFFSET")
                 b.subscribe("g", "t")

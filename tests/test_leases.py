@@ -178,6 +178,28 @@ def test_skewed_clocks_never_let_two_holders_act(broker, skew):
         a.check(["retain"])
 
 
+@pytest.mark.parametrize(("holder_ttl", "taker_ttl"), [(1000, 60_000), (60_000, 1000)])
+def test_a_lease_is_taken_over_after_the_holders_ttl_not_the_takers(broker, holder_ttl, taker_ttl):
+    """Runners configured with different TTLs: the taker waits for the TTL the holder
+    wrote into the row (its own TTL would be too long to wait, or too short to be safe)."""
+    t = [0]
+    a = Leases(broker.warehouse, holder="a", wall=lambda: 5_000_000 + t[0], mono=lambda: t[0])
+    b = Leases(broker.warehouse, holder="b", wall=lambda: 5_000_000 + t[0], mono=lambda: t[0])
+    a.acquire(["retain"], LeaseTerms(holder_ttl, TERMS.commits))
+    assert broker.sql("SELECT ttl_ms FROM leases WHERE job = 'retain'").collect()[0][0] == holder_ttl
+    taker = LeaseTerms(taker_ttl, TERMS.commits)
+    with pytest.raises(LeaseHeld, match=f"taken over {holder_ttl} ms after that"):
+        b.acquire(["retain"], taker)  # b starts watching the row
+    t[0] = holder_ttl - 1  # a's lease is still valid by a's own clock
+    a.check(["retain"])
+    with pytest.raises(LeaseHeld):
+        b.acquire(["retain"], taker)
+    t[0] = holder_ttl + 1  # watched unchanged for the holder's TTL
+    assert b.acquire(["retain"], taker)["retain"].holder == "b"
+    with pytest.raises(LeaseLost):
+        a.check(["retain"])
+
+
 def test_a_runner_whose_clock_is_behind_holds_time_and_no_timer_fires_early_beyond_the_skew(
     warehouse_with, clock, caplog
 ):

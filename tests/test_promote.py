@@ -82,7 +82,7 @@ def test_level_above_maximum_behaves_as_the_maximum(orders, clock):
 
 
 def test_custom_level_string(tmp_path, clock):
-    b = Broker.open(tmp_path / "custom", clock=clock, levels="1s 2s 4s")
+    b = Broker.init(tmp_path / "custom", clock=clock, levels="1s 2s 4s")
     b.create_topic("t")
     t0 = clock.now_ms()
     b.producer("p").send_batch([Message("t", f"L{i}", delay_level=i) for i in (1, 2, 3, 7)])

@@ -74,7 +74,7 @@ def busy(tmp_path_factory):
     """(broker, clock, what was sent, listener logs) of a warehouse with some traffic."""
     root = tmp_path_factory.mktemp("report")
     clock = FakeClock(START)
-    broker = Broker.open(str(root / "wh"), clock=clock)
+    broker = Broker.init(str(root / "wh"), clock=clock)
     sent = _traffic(broker, clock, root)
     yield broker, clock, sent, root
     broker.close()
@@ -184,9 +184,24 @@ def test_the_page_in_headless_chromium(busy, tmp_path):
     if chromium is None:
         pytest.skip("no Chromium on PATH (Debian: apt-get install chromium); the browser test needs one")
     broker, _, _, _ = busy
+    first = broker.dead_letters(group="shipping").orderBy("store_ts").first()
+    resent = broker.resend_dead_letters(msg_ids=[first["msg_id"]]).msg_ids[0]  # the last test on busy
     page, shot = tmp_path / "report.html", tmp_path / "report.png"
     data = write_html(broker.context, str(page))
     text = page.read_text(encoding="utf-8")
+    figures = json.loads(
+        html.unescape(re.search(r'id="deltamq-figures">(.*?)</script>', text, re.S).group(1))  # type: ignore[union-attr]
+    )
+    # no line hides under another: listener errors are bars behind the retry and dead-letter
+    # lines; the all-groups backlog is drawn first, thin, under each group's line
+    retries = [(t["type"], t["name"]) for t in figures["retries"]["data"]]
+    assert retries[0] == ("bar", "listener errors") and {"sent back for retry", "dead-lettered"} <= {
+        name for kind, name in retries[1:] if kind == "scatter"
+    }
+    dead = next(t for t in figures["retries"]["data"] if t["name"] == "dead-lettered")
+    assert dead["line"]["dash"] == "dash"
+    lag = [t["name"] for t in figures["lag-over-time"]["data"]]
+    assert lag[0] == "all push groups" and set(lag[1:]) == {"billing", "shipping", "ledger"}
     # one self-contained file: plotly.js inline, nothing loaded from elsewhere
     assert "<script src" not in text and "<link" not in text and "Plotly.newPlot" in text
     run = subprocess.run(
@@ -231,6 +246,10 @@ def test_the_page_in_headless_chromium(busy, tmp_path):
         assert re.match(r"\d\d:\d\d(:\d\d)?", charts[key]["first_xtick"]), charts[key]
     assert charts["lag-now"]["first_xtick"].startswith("payments · q")
     assert charts["durations"]["traces"] == len(data["durations_ms"])
+    # the dead-letter table marks the resent letter; a job that ran with failing listeners
+    # is not shown as a bare OK beside its error
+    assert f"resent as <code>{resent}</code>" in run.stdout and "not resent" in run.stdout
+    assert "ran; its listeners failed" in run.stdout
     assert _png_size(shot) == (1400, 2400) and shot.stat().st_size > 50_000
     # DELTAMQ_REPORT_SCREENSHOT=PATH keeps a copy (docs/report.png is this test's page)
     if target := os.environ.get("DELTAMQ_REPORT_SCREENSHOT"):

@@ -87,7 +87,7 @@ def test_an_older_message_merged_in_a_later_pass_does_not_overwrite_a_newer_one(
     """Queues advance independently: with one message per queue per pass, the older
     message of key A (queue 0, offset 2) is merged two passes after the newer one (queue 1,
     offset 0). The replay guard keeps the newer; a plain upsert would go back to 'old'."""
-    lake.delete_group("lake")
+    lake.delete_group("lake", force=True)
     lake.create_group("lake", consume_from="FIRST_OFFSET", pull_batch_size=1)
     lake.subscribe("lake", "orders")
     sink = lake.sink_to_table("lake", str(tmp_path / "s"), ["order_id"], order_rows)

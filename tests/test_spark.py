@@ -102,7 +102,7 @@ def test_spark_submit_runs_a_tick_classic_and_over_spark_connect(broker, clock, 
 
 def test_an_s3_warehouse_is_refused_on_apache_spark_naming_the_way_out(s3_location, request):
     with pytest.raises(UnsafeStorage) as e:
-        Broker.open(s3_location, config=broker_config("s3", request))
+        Broker.init(s3_location, config=broker_config("s3", request))
     text = str(e.value)
     assert s3_location in text and "S3SingleDriverLogStore" in text and "engine='embedded'" in text
 

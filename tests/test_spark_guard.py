@@ -33,7 +33,7 @@ def classic_env(**extra: str) -> dict[str, str]:
 
 def _workload(path: Path) -> None:
     """Make sure the common statements are recorded even when this test runs alone."""
-    b = Broker.open(path, clock=FakeClock())
+    b = Broker.init(path, clock=FakeClock())
     b.create_topic("t", exist_ok=True)
     b.create_group("g", exist_ok=True)
     b.subscribe("g", "t", "A || B")
@@ -41,8 +41,8 @@ def _workload(path: Path) -> None:
     b.tick()
     b.status()
     b.update_topic("t", queues=8)
-    b.delete_group("g")
-    b.delete_topic("t")
+    b.delete_group("g", force=True)
+    b.delete_topic("t", force=True)
     b.close()
 
 

@@ -124,7 +124,7 @@ def _objects(s3_server, prefix: str) -> list[str]:
 def test_a_missing_bucket_is_named(s3_server):
     config = BrokerConfig(storage_options=s3_server.options)
     with pytest.raises(StorageError, match=r"s3://no-such-bucket-here/wh.*the bucket does not exist"):
-        Broker.open("s3://no-such-bucket-here/wh", config=config)
+        Broker.init("s3://no-such-bucket-here/wh", config=config)
 
 
 def test_an_unreachable_endpoint_is_named(s3_server):
@@ -132,7 +132,7 @@ def test_an_unreachable_endpoint_is_named(s3_server):
     config = BrokerConfig(storage_options=_options(s3_server, AWS_ENDPOINT_URL=dead))
     started = time.monotonic()
     with pytest.raises(StorageError, match=r"s3://deltamq-test/x/wh.*the endpoint cannot be reached"):
-        Broker.open("s3://deltamq-test/x/wh", config=config)
+        Broker.init("s3://deltamq-test/x/wh", config=config)
     assert time.monotonic() - started < 60
 
 
@@ -152,9 +152,7 @@ def test_read_only_commands_on_a_uri_without_a_warehouse_create_nothing(s3_serve
     assert _objects(s3_server, "typo") == []
     with pytest.raises(WarehouseNotFound, match="deltamq init"):
         Broker.open(
-            f"s3://{s3_server.bucket}/typo/wh",
-            config=BrokerConfig(storage_options=s3_server.options),
-            create=False,
+            f"s3://{s3_server.bucket}/typo/wh", config=BrokerConfig(storage_options=s3_server.options)
         )
     assert _objects(s3_server, "typo") == []
 
@@ -196,14 +194,14 @@ def test_credentials_the_store_rejects_are_named(s3_with_auth):
     with pytest.raises(
         StorageError, match=r"s3://locked/wh.*no credentials, or credentials the store rejects"
     ):
-        Broker.open("s3://locked/wh", config=config)
+        Broker.init("s3://locked/wh", config=config)
 
 
 def test_access_denied_is_named(s3_with_auth):
     endpoint, key, secret = s3_with_auth
     config = BrokerConfig(storage_options=_auth_options(endpoint, key, secret))
     with pytest.raises(StorageError, match=r"s3://locked/wh.*access denied"):
-        Broker.open("s3://locked/wh", config=config)
+        Broker.init("s3://locked/wh", config=config)
 
 
 @pytest.mark.slow  # ~9 s: the credential chain's own time-outs
@@ -271,7 +269,7 @@ import json, sys, time
 from deltamq import Broker, Message
 wh, me, go, stop = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
 import os
-broker = Broker.open(wh, create=False)
+broker = Broker.open(wh)
 time.sleep(max(0.0, go - time.time()))
 groups, ids, i = [], [], 0
 while i < 10 or (broker.engine.stats.conflicts_retried == 0 and i < 40 and not os.path.exists(stop)):

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 def test_the_story_under_store_faults_then_kills_then_none(faults, s3_server, clock):
     location = f"s3://{s3_server.bucket}/story-faults-{uuid.uuid4().hex[:8]}/wh"
-    b = Broker.open(location, clock=clock, config=BrokerConfig(storage_options=faults.options))
+    b = Broker.init(location, clock=clock, config=BrokerConfig(storage_options=faults.options))
     try:
         load = StoreFaultLoad(b, clock, location, faults, s3_server.bucket, seed=32)
         load.setup()

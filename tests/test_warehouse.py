@@ -28,7 +28,7 @@ def test_default_levels_seeded(broker):
 
 
 def test_levels_configurable_at_init(tmp_path):
-    b = Broker.open(tmp_path / "custom", levels="2s 1m 3h")
+    b = Broker.init(tmp_path / "custom", levels="2s 1m 3h")
     assert b.warehouse.levels() == [(1, 2000), (2, 60_000), (3, 10_800_000)]
     assert b.max_delay_level() == 3
     b.close()
@@ -63,6 +63,7 @@ def test_upgrade_v1_warehouse_in_place(tmp_path, broker):
         "offsets": ["delivered_offset"],
         "queue_lock": ["delivered_offset"],
         "job_runs": ["details"],
+        "leases": ["ttl_ms"],
     }
     upgraded = Broker.open(tmp_path / "old")
     assert upgraded.topics()["kept"]["queues"] == 2

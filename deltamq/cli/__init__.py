@@ -54,6 +54,7 @@ COMMANDS: dict[str, Handler] = {
     "topic": admin.topic,
     "group": admin.group,
     "subscribe": admin.subscribe,
+    "catalog": admin.catalog,
     "offsets": admin.offsets,
     "rebuild-index": admin.rebuild_index,
     "send": produce.send,
@@ -74,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit status (``parser.EXIT_STATUSES``). Usage errors
     exit through argparse (SystemExit 2)."""
     args = build_parser().parse_args(argv)
+    # delta-rs logs the AWS credential chain's fallbacks as WARN lines on stderr before the
+    # one-line error that says the same; the CLI shows errors only (RUST_LOG still rules)
+    os.environ.setdefault("RUST_LOG", "error")
     _listeners_from_here()
     try:
         return _run(args)
@@ -197,4 +201,4 @@ def _open(args: argparse.Namespace):
     if not args.warehouse:
         raise UsageError("give --warehouse DIR (or set DELTAMQ_WAREHOUSE)")
     # only `init` creates a warehouse: a typo'd location must not become a new one
-    return Broker.open(args.warehouse, remote=args.remote, create=False)
+    return Broker.open(args.warehouse, remote=args.remote)

@@ -52,7 +52,7 @@ def topic(broker, args: argparse.Namespace) -> int:
     elif args.action == "update":
         broker.update_topic(args.name, queues=args.queues, perm=args.perm, ordered=args.ordered)
     else:
-        broker.delete_topic(args.name)
+        broker.delete_topic(args.name, force=args.force)
     done = f"{args.action}d"
     return emit(args, {"topic": args.name, "done": done}, lambda: print(f"topic {done}: {args.name}"))
 
@@ -103,9 +103,18 @@ def group(broker, args: argparse.Namespace) -> int:
             instances=[i.strip() for i in args.instances.split(",") if i.strip()] if args.instances else None,
         )
     else:
-        broker.delete_group(args.name)
+        broker.delete_group(args.name, force=args.force)
     done = f"{args.action}d"
     return emit(args, {"group": args.name, "done": done}, lambda: print(f"group {done}: {args.name}"))
+
+
+def catalog(broker, args: argparse.Namespace) -> int:
+    names = broker.register(args.database)
+    return emit(
+        args,
+        {"database": args.database, "registered": names},
+        lambda: print(f"registered {len(names)} tables and views in {args.database}: {', '.join(names)}"),
+    )
 
 
 def subscribe(broker, args: argparse.Namespace) -> int:

@@ -146,7 +146,7 @@ def run_demo(warehouse: str | None = None) -> None:
         "30 minutes later\nin 'order-timeout' (delay level 16 = 30m). The clock is fake: "
         "an hour passes in six ticks.\n"
     )
-    broker = Broker.open(location, clock=clock)
+    broker = Broker.init(location, clock=clock)
     log_path = _create_topics_and_groups(broker, location)
     shop = broker.producer("shop")
     _send_orders(shop, clock)

@@ -103,3 +103,14 @@ def duration(ms: int | float | None) -> str:
         if ms >= size and (ms % size == 0 or unit == "s"):
             return f"{ms / size:g}{unit}"
     return f"{ms:g}ms"
+
+
+def shorten(text: str, width: int) -> str:
+    """``text`` on one line, cut at a word boundary to at most ``width`` characters (``…``
+    marks a cut); a single word longer than that is cut inside."""
+    flat = " ".join(text.split())
+    if len(flat) <= width:
+        return flat
+    cut = flat[: width - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > width // 2 else cut).rstrip(" ,;:") + "…"

@@ -182,10 +182,18 @@ def _admin_commands(sub, common: argparse.ArgumentParser) -> None:
         default=None,
         help="an ordered topic (orderly groups read it in order)",
     )
+    s.add_argument(
+        "--force", action="store_true", help="delete: even with groups subscribed (their subscriptions go)"
+    )
 
     s = sub.add_parser("group", parents=[common], help="consumer group create | delete | list")
     s.add_argument("action", choices=["create", "delete", "list"], help="what to do")
     s.add_argument("name", nargs="?", help="the consumer group (all but list)")
+    s.add_argument(
+        "--force",
+        action="store_true",
+        help="delete: even with messages not consumed, retries waiting or pulls not acked",
+    )
     s.add_argument(
         "--listener",
         help="a push group's listener, import path package.module:function (none: a pull group)",
@@ -218,6 +226,14 @@ def _admin_commands(sub, common: argparse.ArgumentParser) -> None:
         metavar="NAME,NAME",
         help="BROADCASTING push group: the instances that each get every message (comma-separated)",
     )
+
+    s = sub.add_parser(
+        "catalog",
+        parents=[common],
+        help="name the tables and views DATABASE.<name> in the Spark catalog (with --remote: the server's)",
+    )
+    s.add_argument("action", choices=["register"], help="register them")
+    s.add_argument("--database", default="deltamq", help="the database to register them in (default deltamq)")
 
     s = sub.add_parser("subscribe", parents=[common], help="subscribe a group to a topic")
     s.add_argument("group", help="the consumer group")

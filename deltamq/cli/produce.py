@@ -45,7 +45,7 @@ def send(broker, args: argparse.Namespace) -> int:
         return _send_file(broker, producer, args, top)
     if not args.topic or args.body is None:
         raise UsageError("send needs TOPIC BODY, or --file FILE")
-    msg = _message(args, top)
+    msg = _message(args, top, broker.clock.now_ms())
     (result,) = producer.send_results([msg], queue_keys=None if args.queue_key is None else [args.queue_key])
     if result.clamped:
         _say_clamped(broker, f"delay level {result.requested_delay_level}", result.delay_level)
@@ -56,13 +56,20 @@ def _held(args: argparse.Namespace) -> bool:
     return bool(args.delay_level) or args.delay_ms is not None or args.deliver_at is not None
 
 
-def _message(args: argparse.Namespace, top: int) -> Message:
-    from deltamq.message import Message
+def _message(args: argparse.Namespace, top: int, now: int) -> Message:
+    from deltamq.message import Message, delay_ms
 
     if args.delay_level < 0:
         raise UsageError(f"--delay-level {args.delay_level} is not allowed: {_levels_allowed(top)}")
-    if args.delay_ms is not None and args.delay_ms < 0:
-        raise UsageError(f"--delay-ms {args.delay_ms} is not allowed: a delay is 0 or more milliseconds")
+    if args.delay_ms is not None:
+        delay_ms(args.delay_ms)  # the API's own check and words
+    deliver_at = now_arg(args.deliver_at, "--deliver-at")
+    if deliver_at is not None and deliver_at < now:
+        raise UsageError(
+            f"--deliver-at {args.deliver_at} is {duration(now - deliver_at)} in the past "
+            f"(now is {ms_to_iso(now)} UTC): give a time ahead, or leave --deliver-at out to "
+            "send the message for delivery now"
+        )
     return Message(
         args.topic,
         args.body,
@@ -71,7 +78,7 @@ def _message(args: argparse.Namespace, top: int) -> Message:
         delay_level=args.delay_level,
         properties=_parse_props(args.property) or None,
         delay=None if args.delay_ms is None else timedelta(milliseconds=args.delay_ms),
-        deliver_at=now_arg(args.deliver_at, "--deliver-at"),
+        deliver_at=deliver_at,
     )
 
 
@@ -126,7 +133,7 @@ def _send_file(broker, producer, args: argparse.Namespace, top: int) -> int:
     """Check every line, then send ``--batch-size`` per commit."""
     if args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size} is not allowed: at least 1")
-    checked = _read_messages(producer, args.file, top, args.topic)  # the whole file, first
+    checked = _check_file(producer, args.file, top, args.topic)  # the whole file, first
     clamped = [(n, msg.delay_level) for n, msg in checked if msg.delay_level > top]
     ids: list[str] = []
     queues: Counter[tuple[str, int]] = Counter()
@@ -170,30 +177,68 @@ def _send_file(broker, producer, args: argparse.Namespace, top: int) -> int:
     return emit(args, data, render)
 
 
+MAX_BAD_LINES = 20
+"""How many bad lines of a ``send --file`` file are named (the rest are counted)."""
+
+
+def _open_lines(path: str):
+    try:
+        return open(path, "rb")  # decoded line by line: a bad byte is named by its line
+    except OSError as e:
+        raise InputMissing(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def _one_line(producer, path: str, lineno: int, raw: bytes, top: int, topic: str | None, now: int):
+    """The message of one line (None for a blank one), checked by the producer's rules;
+    InputMalformed names the file and line."""
+    try:
+        line = raw.decode("utf-8")
+        if not line.strip():
+            return None
+        msg = _line_message(line, top, topic)
+        _check(producer, msg, now)
+        return msg
+    except UnicodeDecodeError as e:
+        raise InputMalformed(f"{path}:{lineno}: not UTF-8 text: {e.reason}") from None
+    except (InputMalformed, DeltaMQError) as e:
+        raise InputMalformed(f"{path}:{lineno}: {e}") from None
+
+
+def _check_file(producer, path: str, top: int, topic: str | None) -> list[tuple[int, Message]]:
+    """Every line's message; if any line is bad, InputMalformed naming each (up to
+    :data:`MAX_BAD_LINES`) and how many there are."""
+    now = producer.ctx.clock.now_ms()
+    good: list[tuple[int, Message]] = []
+    bad: list[str] = []
+    with _open_lines(path) as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                msg = _one_line(producer, path, lineno, raw, top, topic, now)
+            except InputMalformed as e:
+                bad.append(str(e))
+                continue
+            if msg is not None:
+                good.append((lineno, msg))
+    if len(bad) == 1:
+        raise InputMalformed(f"{bad[0]} (nothing was sent)")
+    if bad:
+        more = f"; and {len(bad) - MAX_BAD_LINES} more" if len(bad) > MAX_BAD_LINES else ""
+        raise InputMalformed(
+            f"{len(bad)} bad lines in {path} (nothing was sent): " + "; ".join(bad[:MAX_BAD_LINES]) + more
+        )
+    return good
+
+
 def _read_messages(producer, path: str, top: int, topic: str | None) -> Iterator[tuple[int, Message]]:
     """(line number, message) of each line of a JSON-lines file (blank lines skipped),
     each checked by the producer's rules; a bad line raises InputMalformed naming it.
     ``topic``: for lines that name none."""
-    try:
-        fh = open(path, "rb")  # decoded line by line: a bad byte is named by its line
-    except OSError as e:
-        raise InputMissing(f"cannot read {path}: {e.strerror or e}") from None
     now = producer.ctx.clock.now_ms()
-    with fh:
+    with _open_lines(path) as fh:
         for lineno, raw in enumerate(fh, 1):
-            try:
-                line = raw.decode("utf-8")
-                if not line.strip():
-                    continue
-                msg = _line_message(line, top, topic)
-                _check(producer, msg, now)
-            except UnicodeDecodeError as e:
-                raise InputMalformed(
-                    f"{path}:{lineno}: not UTF-8 text: {e.reason} (nothing was sent)"
-                ) from None
-            except (InputMalformed, DeltaMQError) as e:
-                raise InputMalformed(f"{path}:{lineno}: {e} (nothing was sent)") from None
-            yield lineno, msg
+            msg = _one_line(producer, path, lineno, raw, top, topic, now)
+            if msg is not None:
+                yield lineno, msg
 
 
 def _line_message(line: str, top: int, topic: str | None = None) -> Message:

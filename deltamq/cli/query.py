@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from deltamq.cli.format import emit, ms_to_iso, print_table
+from deltamq.cli.format import emit, ms_to_iso, print_table, shorten
 from deltamq.cli.parser import CHECK_FAILED, OK, UsageError, now_arg
 
 
@@ -48,7 +48,7 @@ def _print_trace(events) -> None:
         [
             [
                 ms_to_iso(e["store_ts"]),
-                e["event"] + (f" — {e['error'][:60]}" if e["error"] else ""),
+                e["event"] + (f" — {shorten(e['error'], 80)}" if e["error"] else ""),
                 e["topic"],
                 e["queue_id"],
                 e["queue_offset"],

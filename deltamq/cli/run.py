@@ -89,7 +89,11 @@ def _loop(broker, args: argparse.Namespace) -> int:
     if args.now:
         raise UsageError("--now is for one tick; the loop ticks at the broker's clock")
 
+    waits = 0
+
     def waiting(e: Exception) -> None:
+        nonlocal waits
+        waits += 1
         print(json_line({"waiting": str(e)}) if args.json else f"waiting: {e}", flush=True)
 
     n = broker.runner.loop(
@@ -99,7 +103,13 @@ def _loop(broker, args: argparse.Namespace) -> int:
         on_wait=waiting,
         wake_at_due=args.wake,
     )
-    print(json_line({"stopped_after_ticks": n}) if args.json else f"stopped after {n} ticks", flush=True)
+    waited = f", {waits} times waited for another runner's lease" if waits else ""
+    print(
+        json_line({"stopped_after_ticks": n, "waits": waits})
+        if args.json
+        else f"stopped after {n} ticks{waited}",
+        flush=True,
+    )
     return OK
 
 

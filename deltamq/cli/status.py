@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from deltamq.cli.format import duration, emit, ms_to_iso, print_table
+from deltamq.constants import is_system_topic
 
 
 def status(broker, args: argparse.Namespace) -> int:
@@ -18,17 +19,25 @@ def status(broker, args: argparse.Namespace) -> int:
     return emit(args, st, render)
 
 
+def _users_first(topic: str) -> tuple[bool, str]:
+    """Sort key: the user's topics, then the broker's (%RETRY%, %DLQ%, RMQ_SYS_...)."""
+    return is_system_topic(topic), topic
+
+
 def _topics_and_queues(st: dict) -> None:
     print_table(
         ["topic", "queues", "perm", "ordered"],
-        [[t, v["queues"], v["perm"], v["ordered"]] for t, v in st["topics"].items()],
+        [
+            [t, v["queues"], v["perm"], v["ordered"]]
+            for t, v in sorted(st["topics"].items(), key=lambda x: _users_first(x[0]))
+        ],
     )
     print()
     print_table(
         ["topic", "queue", "min offset", "max offset", "messages"],
         [
             [q["topic"], q["queue_id"], q["min_offset"], q["max_offset"], q["max_offset"] - q["min_offset"]]
-            for q in st["queues"]
+            for q in sorted(st["queues"], key=lambda q: (*_users_first(q["topic"]), q["queue_id"]))
         ],
     )
     print(

@@ -128,7 +128,13 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
     listener = _recv(proto_in)
 
     from deltamq.constants import MAX_ERROR_CHARS
-    from deltamq.consumer import SUCCESS_STATUSES, ConsumeContext, ImportPathListener, is_columnar
+    from deltamq.consumer import (
+        SUCCESS_STATUSES,
+        ConsumeContext,
+        ImportPathListener,
+        failed_status_text,
+        is_columnar,
+    )
     from deltamq.errors import ListenerUnavailable
 
     _send(proto_out, "ready")  # start-up is not part of any call's timeout
@@ -157,7 +163,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
             setup = isinstance(e, ListenerUnavailable)  # not the message's fault: nothing consumed
         ok = isinstance(status, str) and status in SUCCESS_STATUSES
         if not ok and error is None:
-            error = f"listener returned {status!r}"[:MAX_ERROR_CHARS]
+            error = failed_status_text(status)[:MAX_ERROR_CHARS]
         ack = ctx.ack_index
         if not isinstance(ack, int) or isinstance(ack, bool):
             ack = n - 1

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import functions as F
 
 from deltamq import faults
+from deltamq.constants import EXPIRED, TAKEN
 from deltamq.engine import is_commit_conflict
 from deltamq.tables import deliveries
-from deltamq.tables.deliveries import EXPIRED, TAKEN, ended
+from deltamq.tables.deliveries import ended
 from deltamq.tables.offsets import OffsetsMerge, forward, source
 from deltamq.tables.sqltext import sql_long, sql_str
 

@@ -62,7 +62,7 @@ def settings(params: dict[str, Any] | None = None, variables: Any = None) -> Set
 def _open(s: Settings):
     from deltamq.broker import Broker
 
-    return Broker.open(s.warehouse, remote=s.remote, create=False)
+    return Broker.open(s.warehouse, remote=s.remote)
 
 
 def run_job(job: str, s: Settings) -> dict[str, Any]:
@@ -82,7 +82,8 @@ def run_job(job: str, s: Settings) -> dict[str, Any]:
         runner.release()
     summary = {
         "job": job,
-        "status": "ok" if result.ok else "failed",
+        # a push group whose listener could not be loaded consumed nothing: a failed task
+        "status": "ok" if result.ok and not result.setup_errors else "failed",
         "now": result.now,
         "summary": result.summary(),
         "steps": {
@@ -90,6 +91,11 @@ def run_job(job: str, s: Settings) -> dict[str, Any]:
             for j in result.jobs
         },
     }
+    if result.setup_errors:
+        summary["summary"] = f"{result.summary()} — " + "; ".join(
+            f"group {g!r}: its listener could not be loaded ({why}); its messages wait"
+            for g, why in result.setup_errors
+        )
     log.info("%s", result.summary())
     if job != "tick" and result.jobs and all(j.status == "SKIPPED" for j in result.jobs):
         # an Airflow task shows it as skipped, with the reason
@@ -113,7 +119,7 @@ def run_loop(s: Settings, *, for_s: float, interval_s: float = 1.0) -> dict[str,
         broker.runner.release()
     return {
         "status": "ok",
-        "ticks": ticks - len(waits),
+        "ticks": ticks,
         "waited": len(waits),
         "last_wait": waits[-1] if waits else None,
     }

@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     spark = SparkSession.builder.getOrCreate()
-    broker = Broker.open(args.warehouse, spark=spark, create=False)
+    broker = Broker.open(args.warehouse, spark=spark)
     sequence = SEQUENCE if args.job == "tick" else job_sequence(args.job)
     runner = TickRunner(broker.context, sequence=sequence)
     try:

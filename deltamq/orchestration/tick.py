@@ -83,8 +83,15 @@ class TickResult:
         return tuple(d.setup_errors) if d is not None else ()
 
     def summary(self) -> str:
-        """One line: each job's status and rows in/out, then each push group's counts."""
-        parts = [f"{j.job}: {j.status} in={j.rows_in} out={j.rows_out}" for j in self.jobs]
+        """One line: each job that did something (or failed) with its rows in/out, then
+        each push group's counts; jobs with nothing to do are only counted."""
+        busy = [j for j in self.jobs if j.rows_in or j.rows_out or j.status == "FAILED"]
+        parts = [f"{j.job}: {j.status} in={j.rows_in} out={j.rows_out}" for j in busy]
+        idle = len(self.jobs) - len(busy)
+        if not parts:
+            parts = [f"nothing to do ({idle} jobs ran)" if self.jobs else "no jobs ran"]
+        elif idle:
+            parts.append(f"{idle} more with nothing to do")
         return (
             f"tick {ms_to_iso(self.now)} — "
             + "; ".join(parts)
@@ -496,7 +503,7 @@ class TickRunner:
         when it falls due, not up to an interval later. SIGTERM/SIGINT stop the loop
         between jobs (the tick in progress records the rest as SKIPPED). While another
         runner holds a lease the loop waits, saying so each interval (``on_wait``).
-        Returns the number of ticks.
+        Returns the number of ticks run (a wait is none).
         """
         handled = (signal.SIGTERM, signal.SIGINT)
         previous = {}
@@ -527,6 +534,7 @@ class TickRunner:
         previous: int | None = None  # the last tick's now
         while not self._stop.is_set():
             started = seconds()
+            ran = True
             due: int | None = None
             try:
                 result = self.tick()
@@ -540,12 +548,14 @@ class TickRunner:
                         due = wake.next_due(self.ctx, result.now)
                 previous = result.now
             except LeaseHeld as e:  # another runner ticks: wait for its lease to end
-                log.warning("waiting: %s", e)
                 if on_wait:
-                    on_wait(e)
+                    on_wait(e)  # the caller says it (once), or it is logged
+                else:
+                    log.warning("waiting: %s", e)
+                ran = False
             except Exception:  # noqa: BLE001 - a loop survives one failed tick; it was recorded
                 log.exception("tick failed")
-            n += 1
+            n += ran
             now = seconds()
             if deadline is not None and now >= deadline:
                 break

@@ -250,6 +250,7 @@ LEASES = T.StructType(
         _f("expires_at", LONG, "wall-clock epoch ms the lease expires"),
         _f("acquired_at", LONG, "wall-clock epoch ms the holder took it"),
         _f("last_now", LONG, "the holder's latest tick now (fake or real clock), epoch ms"),
+        _f("ttl_ms", LONG, "the holder's lease time; another takes over only after it", added_in=5),
     ]
 )
 

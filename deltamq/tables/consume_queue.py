@@ -582,6 +582,22 @@ def held_levels(
     }
 
 
+def held_for(
+    wh: Warehouse, level_offsets: Mapping[int, int], levels: list[tuple[int, int]], topic: str
+) -> int:
+    """How many entries waiting in a delay level (not promoted yet) are for ``topic`` (a
+    group's retry topic: its retries waiting)."""
+    waiting = " OR ".join(
+        f"(slot = {lvl - 1} AND queue_offset >= {sql_long(level_offsets.get(lvl - 1, 0))})"
+        for lvl, _ in levels
+    )
+    n: int = wh.engine.rows(
+        f"SELECT count(*) AS n FROM {wh.ref('consume_queue')} WHERE topic = {sql_str(SCHEDULE_TOPIC)} "
+        f"AND ({waiting or 'FALSE'}) AND properties[{sql_str(Prop.REAL_TOPIC)}] = {sql_str(topic)}"
+    )[0]["n"]
+    return n
+
+
 def held_timers(wh: Warehouse, watermark: int, next_offset: int) -> list[tuple[date, int, int]]:
     """Timers not yet promoted, by due day: (day, entries, first due time)."""
     return [

@@ -15,6 +15,7 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from deltamq.constants import ENDED, INFLIGHT, REVOKED, TAKEN
 from deltamq.schemas import SCHEMA_VERSION, TABLES
 from deltamq.tables.ranges import any_of, queue_offsets
 from deltamq.tables.sqltext import sql_int, sql_long, sql_queues, sql_str
@@ -26,10 +27,7 @@ Queue = tuple[str, int]
 LogRow = tuple[Any, ...]
 """A row of the deliveries log, in the table's column order."""
 
-# states of the deliveries log (docs/behaviour.md §6)
-INFLIGHT, PASSED, TAKEN = "INFLIGHT", "PASSED", "TAKEN"
-ACKED, NACKED, EXPIRED, REVOKED = "ACKED", "NACKED", "EXPIRED", "REVOKED"
-ENDED = (ACKED, NACKED, EXPIRED, REVOKED)
+# states of the deliveries log (docs/behaviour.md §6), defined in deltamq/constants.py
 _LOG_SCHEMA = TABLES["deliveries"].columns_at(SCHEMA_VERSION)
 _ARROW_TYPES = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64()}
 _ARROW_LOG = pa.schema([(f.name, _ARROW_TYPES[f.dataType.simpleString()]) for f in _LOG_SCHEMA.fields])
@@ -166,6 +164,11 @@ def read_positions(
 
 
 # --- the deliveries log ---------------------------------------------------------------------
+def in_flight(wh: Warehouse, group: str) -> int:
+    """How many messages ``group``'s pull clients hold (pulled, not acked or expired)."""
+    return open_deliveries(wh, F.col("consumer_group") == F.lit(group)).count()
+
+
 def at_offsets(rows: Iterable[dict[str, Any]]) -> Column:
     """consume_queue rows at the (topic, queue, offset) of ``rows`` (deliveries)."""
     return queue_offsets((r["topic"], r["queue_id"], r["queue_offset"]) for r in rows)

@@ -17,7 +17,8 @@ than the TTL (docs/reliability.md, "Skewed clocks"):
 - Another holder takes a lease over only when it is released, or when its wall clock
   is past ``expires_at`` by one more TTL (the skew allowance), or when it has watched
   the row stay unchanged for one TTL on its own monotonic clock (a waiting runner does
-  not depend on anyone's wall clock at all).
+  not depend on anyone's wall clock at all). The TTL is the *holder's*, recorded in the
+  row (``ttl_ms``): runners configured with different TTLs stay exclusive.
 """
 
 from __future__ import annotations
@@ -88,6 +89,12 @@ class Lease:
     epoch: int
     expires_at: int
     last_now: int | None
+    ttl_ms: int | None = None  # the holder's lease time (None: a row of schema version 4)
+
+    def allowance(self, own_ttl_ms: int) -> int:
+        """How long past its expiry (and how long unchanged) this lease still counts: the
+        holder's TTL, or ours for a row that does not record it."""
+        return self.ttl_ms if self.ttl_ms is not None else own_ttl_ms
 
 
 @dataclass(frozen=True)
@@ -128,18 +135,26 @@ class Leases:
         seen = self._watched.get(cur.job)
         if seen is None or seen[0] != cur:
             self._watched[cur.job] = seen = (cur, mono_now)
-        return cur.expires_at + ttl_ms < wall_now or mono_now - seen[1] >= ttl_ms
+        allowance = cur.allowance(ttl_ms)
+        return cur.expires_at + allowance < wall_now or mono_now - seen[1] >= allowance
 
     def _read(self, jobs: Sequence[str]) -> dict[str, Lease]:
         rows = self.wh.engine.rows(
-            f"SELECT job, holder, epoch, expires_at, last_now FROM {self.wh.ref('leases')} "
+            f"SELECT job, holder, epoch, expires_at, last_now, ttl_ms FROM {self.wh.ref('leases')} "
             f"WHERE job IN {sql_in(jobs)}"
         )
         out: dict[str, Lease] = {}
         for r in sorted(rows, key=lambda r: (-(r["epoch"] or 0), r["holder"] or "")):
             out.setdefault(
                 r["job"],
-                Lease(r["job"], r["holder"] or "", r["epoch"] or 0, r["expires_at"] or 0, r["last_now"]),
+                Lease(
+                    r["job"],
+                    r["holder"] or "",
+                    r["epoch"] or 0,
+                    r["expires_at"] or 0,
+                    r["last_now"],
+                    r["ttl_ms"],
+                ),
             )
         return out
 
@@ -169,7 +184,8 @@ class Leases:
                 raise LeaseHeld(
                     f"job {first.job!r} is held by {describe_holder(first.holder)} until "
                     f"{ms_to_iso(first.expires_at)} UTC (epoch {first.epoch}), taken over "
-                    f"{terms.ttl_ms} ms after that (the allowance for clock skew); "
+                    f"{first.allowance(terms.ttl_ms)} ms after that (the holder's TTL, the "
+                    "allowance for clock skew), or once unchanged that long; "
                     "wait for it or stop that runner"
                 )
             changes: list[_Change] = []
@@ -212,6 +228,7 @@ class Leases:
                 f"{sql_long(epoch)} AS epoch, "
                 f"{sql_long(now + ttl_ms)} AS expires_at, {sql_long(now)} AS acquired_at, "
                 f"{sql_long(keep_now if keep_now >= 0 else None)} AS last_now, "
+                f"{sql_long(ttl_ms)} AS ttl_ms, "
                 f"{sql_str(cur.holder if cur else None)} AS old_holder, "
                 f"{sql_long(cur.epoch if cur else None)} AS old_epoch"
             )
@@ -221,9 +238,9 @@ class Leases:
             "WHEN MATCHED AND t.holder <=> s.old_holder AND t.epoch <=> s.old_epoch THEN UPDATE SET "
             "t.holder = s.holder, t.epoch = s.epoch, t.expires_at = s.expires_at, "
             "t.acquired_at = CASE WHEN t.holder <=> s.holder THEN t.acquired_at ELSE s.acquired_at END, "
-            "t.last_now = s.last_now "
-            "WHEN NOT MATCHED THEN INSERT (job, holder, epoch, expires_at, acquired_at, last_now) "
-            "VALUES (s.job, s.holder, s.epoch, s.expires_at, s.acquired_at, s.last_now)"
+            "t.last_now = s.last_now, t.ttl_ms = s.ttl_ms "
+            "WHEN NOT MATCHED THEN INSERT (job, holder, epoch, expires_at, acquired_at, last_now, ttl_ms) "
+            "VALUES (s.job, s.holder, s.epoch, s.expires_at, s.acquired_at, s.last_now, s.ttl_ms)"
         )
 
     def renew_due(self, jobs: Sequence[str], terms: LeaseTerms) -> None:

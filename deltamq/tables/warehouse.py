@@ -9,6 +9,7 @@ newer schema version than this release is refused rather than half-understood.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -19,6 +20,7 @@ from deltamq.errors import ConfigError, SchemaVersionError, WarehouseNotFound
 from deltamq.schemas import SCHEMA_VERSION, TABLES, TableSpec
 from deltamq.storage import Storage, normalize_location
 from deltamq.tables.sqltext import sql_str
+from deltamq.tables.views import VIEWS, needed
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -227,7 +229,8 @@ class Warehouse:
         if version is None:
             raise WarehouseNotFound(
                 f"no deltamq warehouse at {self.location} (nothing was created); check the "
-                f"location, or create one with `deltamq init --warehouse {self.location}`"
+                f"location, or create one with `deltamq init --warehouse {self.location}` or "
+                f"Broker.init({self.location!r})"
             )
         if version == SCHEMA_VERSION:
             self._known = set(TABLES)  # every table exists: views need no listing
@@ -241,10 +244,46 @@ class Warehouse:
                 f"release's {SCHEMA_VERSION}; upgrade deltamq"
             )
 
-    def register_views(self) -> None:
-        """Register every table as a temp view named after it, at its newest version."""
+    def catalog_statements(self, database: str) -> list[str]:
+        """The SQL that registers every table of the warehouse as an external Delta table
+        ``database.<table>`` and the views for SQL users as ``database.<view>``."""
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", database):
+            raise ConfigError(
+                f"database={database!r} is not allowed: letters, digits and _, not starting with a digit"
+            )
+        out = [f"CREATE DATABASE IF NOT EXISTS {database}"]
         for name in TABLES:
-            if name in self._known or self.table_exists(name):
+            location = self.path(name).replace("'", "\\'")
+            # dropping an external table leaves its data: this replaces only the definition
+            out.append(f"DROP TABLE IF EXISTS {database}.{name}")
+            out.append(f"CREATE TABLE {database}.{name} USING delta LOCATION '{location}'")
+        for view, text in VIEWS.items():
+            out.append(f"CREATE OR REPLACE VIEW {database}.{view} AS {text(lambda t: f'{database}.{t}')}")
+        return out
+
+    def register_catalog(self, database: str) -> list[str]:
+        """Register the tables and views under ``database`` in the engine's session catalog
+        (persistent where the catalog is, e.g. a Hive metastore); returns the names."""
+        self.ensure_ready()
+        for statement in self.catalog_statements(database):
+            self.engine.execute(statement)
+        return [f"{database}.{name}" for name in (*TABLES, *VIEWS)]
+
+    def register_views(self, query: str | None = None) -> None:
+        """Register each table as a temp view named after it, at its newest version, and
+        the views for SQL users over them (:mod:`deltamq.tables.views`): those ``query``
+        names (and what they read), or all of them."""
+        wanted = set(TABLES) | set(VIEWS)
+        if query is not None:
+            words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", query.lower()))
+            wanted = needed(wanted & words)
+        registered = set()
+        for name in TABLES:
+            if name in wanted and (name in self._known or self.table_exists(name)):
                 self.engine.execute(
                     f"CREATE OR REPLACE TEMPORARY VIEW {name} AS SELECT * FROM {self.ref(name)}"
                 )
+                registered.add(name)
+        for view, text in VIEWS.items():  # not on an older warehouse being upgraded
+            if view in wanted and registered >= needed({view}) - set(VIEWS):
+                self.engine.execute(f"CREATE OR REPLACE TEMPORARY VIEW {view} AS {text(str)}")

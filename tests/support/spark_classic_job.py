@@ -15,7 +15,7 @@ def main(root: str) -> None:
     # a notebook's own setting: deltamq's sessions still work in UTC
     spark.conf.set("spark.sql.session.timeZone", "America/New_York")
     clock = FakeClock(1_767_225_600_000)
-    brokers = [Broker.open(f"{root}/wh{i}", spark=spark, clock=clock) for i in range(2)]
+    brokers = [Broker.init(f"{root}/wh{i}", spark=spark, clock=clock) for i in range(2)]
     for i, b in enumerate(brokers):
         b.create_topic("orders", queues=2)
         b.create_group("g", "support.listeners:env_recorder", consume_from="FIRST_OFFSET")

@@ -1,0 +1,348 @@
+"""What would bite a data engineer in the first week: silent no-ops. Each test here failed
+on the code before it (issue "Week one")."""
+
+from __future__ import annotations
+
+import pytest
+
+from deltamq import Broker, ConsumeStatus, Message
+from deltamq.cli import main
+from deltamq.errors import InProcessListener, InUse, UnknownGroup, WarehouseNotFound
+from deltamq.orchestration.runs import Settings, run_job
+
+
+def test_a_group_whose_listener_only_one_process_has_is_loud_everywhere_else(broker, clock, capsys):
+    """A callable listener lives in the process that registered it. Creating the group
+    says so; a tick anywhere else (the CLI, an Airflow task) fails naming the group
+    instead of reporting OK while the messages wait; the registering process delivers."""
+    wh = str(broker.warehouse.location)
+    broker.create_topic("orders", queues=1)
+
+    def local_fn(messages, context):
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    with pytest.warns(InProcessListener, match=r"of 'loc' .*only in this process.*package\.module:function"):
+        broker.create_group("loc", local_fn, consume_from="FIRST_OFFSET")
+    broker.subscribe("loc", "orders")
+    broker.producer("shop").send(Message("orders", b"m0"))
+
+    assert main(["group", "list", "--warehouse", wh]) == 0
+    listed = capsys.readouterr().out
+    assert "in-process:test_first_week:" in listed and "local_fn" in listed
+
+    clock.advance(seconds=1)
+    code = main(["tick", "--now", str(clock.now_ms()), "--warehouse", wh])
+    err = capsys.readouterr().err
+    assert code == 4, err
+    assert "group 'loc' consumed nothing" in err and "this process does not have it" in err
+
+    clock.advance(seconds=1)
+    delivered = broker.tick(clock.now_ms()).delivered
+    assert delivered is not None and delivered.consumed == 1  # here the callable exists
+    broker.producer("shop").send(Message("orders", b"m1"))
+    broker.close()  # the Airflow task takes the leases
+
+    summary = run_job("tick", Settings(wh))
+    assert summary["status"] == "failed" and "group 'loc'" in summary["summary"], summary
+
+
+def test_opening_a_location_without_a_warehouse_refuses_and_creates_nothing(tmp_path, broker):
+    """A typo'd location is not quietly made into a new, empty warehouse: Broker.open
+    refuses it as the CLI does; Broker.init (or create=True) creates."""
+    typo = tmp_path / "hw"
+    with pytest.raises(WarehouseNotFound, match=r"no deltamq warehouse at .*hw.*Broker\.init"):
+        Broker.open(typo, clock=broker.clock)
+    assert not typo.exists()
+    created = Broker.init(typo, clock=broker.clock, levels="1s 2s")
+    assert created.warehouse.levels() == [(1, 1000), (2, 2000)]
+    assert Broker.open(typo, clock=broker.clock).warehouse.levels() == [(1, 1000), (2, 2000)]
+    assert Broker.init(typo, clock=broker.clock).warehouse.levels() == [(1, 1000), (2, 2000)]
+
+
+def test_deleting_a_topic_with_subscribers_names_what_it_drops(warehouse_with, clock, capsys):
+    wh = warehouse_with("orders", queues=2, group="billing", recorder=None)
+    broker = wh.broker
+    broker.create_topic("spare", queues=1)
+    broker.producer("shop").send_batch([Message("orders", f"m{i}".encode()) for i in range(3)])
+    broker.tick(clock.now_ms())
+    with pytest.raises(InUse, match=r"topic 'orders' .*billing \(3 not consumed\).*force=True"):
+        broker.delete_topic("orders")
+    loc = str(broker.warehouse.location)
+    assert main(["topic", "delete", "orders", "--warehouse", loc]) == 2
+    assert "billing (3 not consumed)" in capsys.readouterr().err
+    assert "orders" in broker.topics() and broker.subscriptions("billing")
+    broker.delete_topic("spare")  # nobody subscribes: no questions
+    assert main(["topic", "delete", "orders", "--force", "--warehouse", loc]) == 0
+    assert "orders" not in broker.topics()
+    assert [s.topic for s in broker.subscriptions("billing")] == ["%RETRY%billing"]
+
+
+def test_deleting_a_group_with_messages_in_retry_or_in_flight_is_refused(warehouse_with, clock, capsys):
+    wh = warehouse_with("orders", queues=1, group="failing", recorder="fail")
+    broker = wh.broker
+    wh.add_group(None, name="puller")
+    wh.add_group("ok", name="idle", expression="nothing-has-this-tag")
+    broker.producer("shop").send(Message("orders", b"m0", tags="t"))
+    broker.tick(clock.now_ms())  # failing: the message goes to its retry, waiting 10 s
+    with pytest.raises(InUse, match=r"'failing' still has 0 messages not consumed, 1 retries waiting"):
+        broker.delete_group("failing")
+    pulled = broker.pull_consumer("puller", "c1").pull(10)
+    assert len(pulled) == 1
+    with pytest.raises(InUse, match=r"'puller' .* 1 pulled and not acked"):
+        broker.delete_group("puller")
+    loc = str(broker.warehouse.location)
+    assert main(["group", "delete", "failing", "--warehouse", loc]) == 2
+    assert "1 retries waiting" in capsys.readouterr().err
+    broker.delete_group("idle")  # passed over (filtered out) everything: deleted
+    broker.delete_group("failing", force=True)
+    assert set(broker.groups()) == {"puller"}
+
+
+def test_a_typo_in_a_group_name_is_an_error_not_an_empty_answer(warehouse_with, capsys):
+    wh = warehouse_with("orders", queues=1, group="fulfilment", recorder=None)
+    loc = str(wh.broker.warehouse.location)
+    for command in (["dlq", "resend", "--group", "nosuch"], ["dlq", "list", "--group", "fulfilmnt"]):
+        assert main([*command, "--warehouse", loc]) == 2, command
+        err = capsys.readouterr().err
+        assert f"consumer group {command[-1]!r} does not exist (groups: fulfilment)" in err, err
+    with pytest.raises(UnknownGroup, match="'fulfilmnt' does not exist"):
+        wh.broker.dead_letters(group="fulfilmnt")
+    assert main(["dlq", "list", "--group", "fulfilment", "--warehouse", loc]) == 0
+    wh.broker.delete_group("fulfilment")  # its dead letters stay, and can still be listed
+    assert wh.broker.dead_letters(group="fulfilment").count() == 0
+
+
+def test_delays_are_refused_or_taken_alike_by_python_and_the_cli(warehouse_with, clock, capsys):
+    from datetime import timedelta
+
+    from deltamq.errors import InvalidTimer
+
+    broker = warehouse_with("orders", queues=1).broker
+    loc = str(broker.warehouse.location)
+    with pytest.raises(InvalidTimer) as refused:
+        broker.producer("p").send(Message("orders", b"x", delay=timedelta(seconds=-3)))
+    assert "a delay of -3000 ms is not allowed: a delay is 0 or more milliseconds" in str(refused.value)
+    assert main(["send", "orders", "x", "--delay-ms", "-3000", "--warehouse", loc]) == 2
+    assert str(refused.value) in capsys.readouterr().err  # the same words
+    assert main(["send", "orders", "past", "--deliver-at", "2020-01-01", "--warehouse", loc]) == 2
+    err = capsys.readouterr().err
+    assert "--deliver-at 2020-01-01 is" in err and "in the past" in err and "leave --deliver-at out" in err
+
+    broker.producer("p").send(Message("orders", b"zero", delay=timedelta(0)))
+    assert main(["send", "orders", "zero-cli", "--delay-ms", "0", "--json", "--warehouse", loc]) == 0
+    capsys.readouterr()
+    rows = broker.sql(
+        "SELECT body, properties['TIMER_DELIVER_MS'] AS timer FROM commit_log WHERE topic = 'orders'"
+    ).collect()
+    assert sorted((bytes(r["body"]), r["timer"]) for r in rows) == [(b"zero", None), (b"zero-cli", None)]
+
+
+def fail_bad(messages, context):
+    """Fails every message whose body starts with ``bad``."""
+    if any(m.body.startswith(b"bad") for m in messages):
+        return ConsumeStatus.RECONSUME_LATER
+    return ConsumeStatus.CONSUME_SUCCESS
+
+
+def test_sql_users_count_messages_as_sent_and_see_where_each_is(warehouse_with, clock):
+    """commit_log holds the broker's copies too (a delayed message twice, a committed
+    transaction twice); the views count what producers sent, typed as timestamps, and say
+    per group where each message is."""
+    from datetime import timedelta
+
+    from deltamq import TxState
+
+    wh = warehouse_with("orders", queues=1)
+    broker = wh.broker
+    broker.create_group(
+        "billing", "test_first_week:fail_bad", consume_from="FIRST_OFFSET", max_reconsume_times=1
+    )
+    broker.subscribe("billing", "orders")
+    wh.add_group(None, name="puller")
+    p = broker.producer("shop")
+    p.send_batch(
+        [
+            Message("orders", b"plain"),
+            Message("orders", b"bad"),
+            Message("orders", b"delayed", delay_level=2),  # 5 s
+            Message("orders", b"timer", delay=timedelta(hours=1)),
+        ]
+    )
+    for body, state in (
+        (b"committed", TxState.COMMIT),
+        (b"rolled", TxState.ROLLBACK),
+        (b"open", TxState.UNKNOWN),
+    ):
+        p.send_in_transaction(Message("orders", body), lambda m, a, s=state: s)
+    t0 = clock.now_ms()
+    broker.tick(t0)
+    assert len(broker.pull_consumer("puller", "c1").pull(1)) == 1  # "plain": in flight
+    retrying = "SELECT g.state FROM message_groups g JOIN messages m ON m.msg_id = g.msg_id "
+    retrying += "WHERE m.body = CAST('bad' AS BINARY) AND g.consumer_group = 'billing'"
+    assert broker.sql(retrying).collect()[0]["state"] == "in retry"
+    clock.advance(seconds=11)
+    broker.tick(clock.now_ms())  # "delayed" and the retry of "bad" promoted
+    broker.tick(clock.now_ms())  # ... and delivered: "bad" fails again, dead-lettered
+
+    assert broker.sql("SELECT count(*) FROM commit_log WHERE topic = 'orders'").collect()[0][0] > 7
+    rows = broker.sql(
+        "SELECT body, state, transaction, delay_level, stored_at, deliver_at FROM messages"
+    ).collect()
+    state = {bytes(r["body"]).decode(): r["state"] for r in rows}
+    assert state == {
+        "plain": "visible",
+        "bad": "visible",
+        "delayed": "visible",
+        "timer": "delayed",
+        "committed": "visible",
+        "rolled": "rolled back",
+        "open": "prepared",
+    }
+    by_body = {bytes(r["body"]).decode(): r for r in rows}
+    assert by_body["committed"]["transaction"] == "COMMIT" and by_body["delayed"]["delay_level"] == 2
+    assert str(by_body["plain"]["stored_at"]).startswith("2026-01-01 ")  # a timestamp, in UTC
+    assert by_body["timer"]["deliver_at"] == by_body["timer"]["stored_at"] + timedelta(hours=1)
+
+    groups = broker.sql(
+        "SELECT m.body, g.consumer_group, g.state, g.retries FROM message_groups g "
+        "JOIN messages m ON m.msg_id = g.msg_id"
+    ).collect()
+    where = {(bytes(r["body"]).decode(), r["consumer_group"]): (r["state"], r["retries"]) for r in groups}
+    assert where[("plain", "billing")] == ("consumed", 0)
+    assert where[("bad", "billing")] == ("dead-lettered", 1)
+    assert where[("delayed", "billing")] == ("consumed", 0)
+    assert where[("timer", "billing")] == ("delayed", 0)
+    assert where[("committed", "billing")] == ("consumed", 0)
+    assert where[("rolled", "billing")] == ("rolled back", 0)
+    assert where[("open", "billing")] == ("prepared", 0)
+    assert where[("plain", "puller")] == ("in flight", 0)
+    assert where[("bad", "puller")] == ("pending", 0)
+    assert len(groups) == 14
+
+
+@pytest.mark.spark
+def test_tables_and_views_by_name_in_a_spark_session(warehouse_with, clock, capsys):
+    """deltamq.register names the tables and views DATABASE.<name> in a session's catalog:
+    a notebook or spark-sql queries them there, and they follow new commits."""
+    import deltamq
+
+    wh = warehouse_with("orders", queues=1)
+    broker = wh.broker
+    broker.producer("p").send_batch([Message("orders", b"a"), Message("orders", b"b", delay_level=1)])
+    spark = broker.spark
+    names = deltamq.register(spark, broker.warehouse.location, database="mq", config=broker.config)
+    assert "mq.commit_log" in names and "mq.messages" in names and "mq.message_groups" in names
+    count = "SELECT count(*) FROM mq.messages"
+    assert spark.sql(count).collect()[0][0] == 2
+    broker.producer("p").send(Message("orders", b"c"))
+    assert spark.sql(count).collect()[0][0] == 3  # the tables are read at their newest version
+    broker.tick(clock.now_ms() + 2000)
+    states = spark.sql("SELECT state, count(*) AS n FROM mq.messages GROUP BY state").collect()
+    assert {r["state"]: r["n"] for r in states} == {"visible": 3}
+    with pytest.raises(deltamq.errors.ConfigError, match="database='mq; DROP"):
+        deltamq.register(spark, broker.warehouse.location, database="mq; DROP")
+    again = deltamq.register(spark, broker.warehouse.location, database="mq", config=broker.config)
+    assert again == names and spark.sql(count).collect()[0][0] == 3  # idempotent, data kept
+    assert (
+        main(["catalog", "register", "--database", "ops", "--warehouse", str(broker.warehouse.location)]) == 0
+    )
+    assert "registered 18 tables and views in ops" in capsys.readouterr().out
+
+
+def test_output_says_what_happened_in_words(warehouse_with, clock, capsys, tmp_path):
+    """The tick line shows what happened, not a row of zeros; a failed delivery's
+    LAST_ERROR is in words; `msg show` cuts at a word; `status` lists the user's topics
+    first; an SQL92 filter given as tags gets a hint; `send --file` names every bad line."""
+    from deltamq.cli.format import shorten
+    from deltamq.errors import FilterSyntaxError
+
+    wh = warehouse_with("orders", queues=1, group="billing", recorder="fail")
+    broker = wh.broker
+    loc = str(broker.warehouse.location)
+    idle = broker.tick(clock.now_ms()).summary()
+    assert "nothing to do" in idle and "in=0" not in idle, idle
+    broker.producer("p").send(Message("orders", b"x"))
+    line = broker.tick(clock.now_ms()).summary()
+    assert (
+        "dispatch: OK in=1 out=1" in line and "more with nothing to do" in line and "in=0 out=0" not in line
+    )
+    error = broker.sql("SELECT properties['LAST_ERROR'] AS e FROM commit_log WHERE topic = '%RETRY%billing'")
+    assert error.collect()[0]["e"] == "the listener asked for the messages again later (RECONSUME_LATER)"
+
+    assert shorten("the listener asked for the messages again later", 30) == "the listener asked for the…"
+    assert main(["status", "--warehouse", loc]) == 0
+    out = capsys.readouterr().out
+    assert out.index("orders") < out.index("%DLQ%billing") < out.index("%RETRY%billing")
+
+    with pytest.raises(FilterSyntaxError, match=r"reads as an SQL92 filter: subscribe with type='SQL92'"):
+        broker.subscribe("billing", "orders", "amount > 100")
+
+    path = tmp_path / "m.jsonl"
+    lines = ['{"topic": "orders", "body": "ok"}', "not json", '{"topic": "orders"}', '{"body": "b"}']
+    path.write_text("\n".join(lines) + "\n")
+    assert main(["send", "--file", str(path), "--warehouse", loc]) == 6
+    err = capsys.readouterr().err
+    assert "3 bad lines in" in err and f"{path}:2: not JSON" in err and f"{path}:3: missing" in err
+    assert f"{path}:4: missing" in err and err.count("\n") == 1  # one line
+
+
+def test_a_loop_waiting_for_another_runner_says_so_once_and_counts_no_ticks(broker, capsys):
+    from deltamq.config import BrokerConfig
+    from deltamq.tables.leases import JOB_KINDS, Leases, LeaseTerms
+
+    Leases(broker.warehouse, holder="other-runner").acquire(JOB_KINDS, LeaseTerms.of(BrokerConfig()))
+    loc = str(broker.warehouse.location)
+    assert main(["tick", "--loop", "--interval", "0.5", "--for", "1.2", "--warehouse", loc]) == 0
+    captured = capsys.readouterr()
+    waits = [line for line in captured.out.splitlines() if line.startswith("waiting: ")]
+    assert waits and all("held by other-runner" in w for w in waits)
+    assert "held by other-runner" not in captured.err  # said once, on stdout
+    assert captured.out.rstrip().endswith(
+        f"stopped after 0 ticks, {len(waits)} times waited for another runner's lease"
+    )
+
+
+def test_an_s3_warehouse_without_credentials_is_one_line_of_error(tmp_path):
+    """delta-rs logs each fallback of the AWS credential chain as a long WARN line; the
+    CLI prints the one error line that says it (RUST_LOG=warn brings them back)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "RUST_LOG"}
+    env |= {
+        "AWS_REGION": "us-east-1",
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT": "http://127.0.0.1:9",  # nothing listens there
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+    }
+    command = [sys.executable, "-c", "from deltamq.cli import main; raise SystemExit(main())", "status"]
+    command += ["-w", "s3://no-bucket/wh"]
+    quiet = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 2 and quiet.stderr.count("\n") == 1, quiet.stderr
+    assert quiet.stderr.startswith("deltamq: error: cannot list s3://no-bucket/wh: no credentials")
+    loud = subprocess.run(
+        command, env=env | {"RUST_LOG": "warn"}, capture_output=True, text=True, timeout=120
+    )
+    assert "WARN" in loud.stderr  # what the default leaves out
+
+
+def by_key_or_id(df):
+    """A sink transform: the business key, or the message id for a message without one."""
+    from pyspark.sql import functions as F
+
+    return df.select(F.coalesce(F.col("keys"), F.col("msg_id")).alias("k"), "_deltamq_order")
+
+
+def test_sink_messages_without_a_key_share_the_null_keys_row_as_documented(warehouse_with, clock, tmp_path):
+    broker = warehouse_with("orders", queues=1, group="lake", recorder=None).broker
+    broker.create_group("lake2", consume_from="FIRST_OFFSET")
+    broker.subscribe("lake2", "orders")
+    plain = broker.sink_to_table("lake", str(tmp_path / "plain"), ["keys"])
+    keyed = broker.sink_to_table("lake2", str(tmp_path / "keyed"), ["k"], "test_first_week:by_key_or_id")
+    broker.producer("p").send_batch(
+        [Message("orders", b"a"), Message("orders", b"b"), Message("orders", b"c", keys="k1")]
+    )
+    broker.tick(clock.now_ms())
+    assert sorted((r["keys"] or "-") for r in plain.read().collect()) == ["-", "k1"]  # a and b: one row
+    assert keyed.read().count() == 3
