@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -227,9 +228,22 @@ def broker_config(store: str, request) -> object:
     return BrokerConfig(storage_options=options)
 
 
+@pytest.fixture(scope="session")
+def _fresh_warehouse(tmp_path_factory) -> Path:
+    """A new warehouse made once per test process: a local test's warehouse is a copy of
+    it (16 Delta tables created by the engine take 0.4-0.6 s; a copy, a few ms)."""
+    path = tmp_path_factory.mktemp("template") / "wh"
+    Broker.init(str(path), clock=FakeClock(1_767_225_600_000)).close()
+    return path
+
+
 @pytest.fixture
 def broker(location, store, clock, request):
-    b = Broker.init(location, clock=clock, config=broker_config(store, request))
+    if store == "local" and ENGINE == "embedded":
+        shutil.copytree(request.getfixturevalue("_fresh_warehouse"), location)
+        b = Broker.open(location, clock=clock, config=broker_config(store, request))
+    else:
+        b = Broker.init(location, clock=clock, config=broker_config(store, request))
     yield b
     b.close()
 

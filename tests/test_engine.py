@@ -207,6 +207,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # restarts the embedded server (~11 s)
 def test_an_oversized_embedded_server_is_replaced_between_ticks(tmp_path, clock):
     """Sail frees memory only with its process (docs/engines.md): a tick that finds the
     server over embedded_max_rss_mb replaces it, and every broker carries on."""

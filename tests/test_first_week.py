@@ -239,6 +239,7 @@ def test_tables_and_views_by_name_in_a_spark_session(warehouse_with, clock, caps
     broker.tick(clock.now_ms() + 2000)
     states = spark.sql("SELECT state, count(*) AS n FROM mq.messages GROUP BY state").collect()
     assert {r["state"]: r["n"] for r in states} == {"visible": 3}
+    assert spark.sql("SELECT count(*) FROM mq.message_groups").collect()[0][0] == 0  # no subscribers
     with pytest.raises(deltamq.errors.ConfigError, match="database='mq; DROP"):
         deltamq.register(spark, broker.warehouse.location, database="mq; DROP")
     again = deltamq.register(spark, broker.warehouse.location, database="mq", config=broker.config)

@@ -228,6 +228,7 @@ def _s3_client(s3_server):
     )
 
 
+@pytest.mark.slow  # an S3 warehouse, a tick and doctor (~10 s)
 @pytest.mark.parametrize("store", ["s3"], indirect=True)
 def test_a_deleted_object_is_named_by_the_tick_and_doctor_and_nothing_is_lost(
     broker, clock, location, s3_server, env_listener_log, monkeypatch

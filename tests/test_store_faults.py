@@ -111,6 +111,7 @@ def test_bad_settings_are_refused_with_the_kinds_allowed(faults):
     assert b"meteor" in e.value.read()
 
 
+@pytest.mark.slow  # the store client's own back-off under a 100 % fault rate (~15 s)
 def test_the_storage_seam_tries_a_faulted_request_again_and_names_what_fails(faults, s3_server, key):
     """deltamq's storage seam through the proxy: a reset and a 503 on the next two reads of
     a file are tried again; a store that keeps failing is a StorageError naming the file

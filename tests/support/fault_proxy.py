@@ -49,6 +49,21 @@ _ERRORS = {
 }
 
 
+def classify(path: str, query: str) -> str:
+    """What an S3 request touches, for the counts by kind: a listing, a Delta log entry,
+    a checkpoint, the last-checkpoint pointer, a data file, or something else."""
+    if "list-type" in query or (path.count("/") <= 1 and not query.startswith("uploads")):
+        return "list"
+    name = path.rsplit("/", 1)[-1]
+    if "/_delta_log/" in path:
+        if name == "_last_checkpoint":
+            return "_last_checkpoint"
+        if ".checkpoint." in name:
+            return "checkpoint"
+        return "log entry" if name.endswith(".json") else "log other"
+    return "parquet" if name.endswith(".parquet") else "other"
+
+
 class Rules:
     """The proxy's settings and counters, shared by its request threads."""
 
@@ -62,6 +77,7 @@ class Rules:
         self.requests = 0
         self.faulted: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.log: list[dict[str, Any]] = []  # the faulted requests, latest 500
+        self.counts: dict[str, int] = {}  # "METHOD what" -> requests (what: classify())
 
     def update(self, settings: dict[str, Any]) -> None:
         with self.lock:
@@ -82,6 +98,7 @@ class Rules:
                 self.requests = 0
                 self.faulted = dict.fromkeys(KINDS, 0)
                 self.log = []
+                self.counts = {}
 
     def state(self) -> dict[str, Any]:
         with self.lock:
@@ -91,7 +108,13 @@ class Rules:
                 "rates": dict(self.rates),
                 "once_left": len(self.once),
                 "log": list(self.log),
+                "counts": dict(self.counts),
             }
+
+    def count(self, method: str, path: str, query: str) -> None:
+        what = f"{method} {classify(path, query)}"
+        with self.lock:
+            self.counts[what] = self.counts.get(what, 0) + 1
 
     def decide(self, method: str, path: str) -> str | None:
         """The fault for this request, or None (counted either way)."""
@@ -196,7 +219,9 @@ class Proxy(BaseHTTPRequestHandler):
         if self.path.startswith(CONTROL):
             self._control(body)
             return
-        kind = self.rules.decide(self.command, urlsplit(self.path).path)
+        parts = urlsplit(self.path)
+        self.rules.count(self.command, parts.path, parts.query)
+        kind = self.rules.decide(self.command, parts.path)
         if kind in ("slowdown", "error500"):
             self._error(kind)
             return
