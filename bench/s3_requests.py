@@ -44,7 +44,15 @@ def measure(root: Path, idle: int) -> dict:
     }
     env = {**os.environ, "PYTHONPATH": str(HERE.parent / "tests")}
     moto = [tool("moto_server"), "-H", "127.0.0.1", "-p", s3.rsplit(":", 1)[1]]
-    proxy_cmd = [sys.executable, "-m", "support.fault_proxy", "--target", s3, "--port", proxy.rsplit(":", 1)[1]]
+    proxy_cmd = [
+        sys.executable,
+        "-m",
+        "support.fault_proxy",
+        "--target",
+        s3,
+        "--port",
+        proxy.rsplit(":", 1)[1],
+    ]
 
     def proxy_up() -> bool:
         import urllib.request

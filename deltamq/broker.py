@@ -215,8 +215,8 @@ class Broker:
         from deltamq.inspection import topic_subscribers
 
         self.catalog.require_topic(name)
-        subscribers = topic_subscribers(self.context, name)
-        if subscribers and not force:
+        subscribers = {} if force else topic_subscribers(self.context, name)
+        if subscribers:
             listed = ", ".join(f"{g} ({n} not consumed)" for g, n in sorted(subscribers.items()))
             raise InUse(
                 f"topic {name!r} has subscriptions that deleting it drops: {listed}; "
@@ -299,13 +299,13 @@ class Broker:
         from deltamq.inspection import group_holdings
 
         self.catalog.require_group(name)
-        held = group_holdings(self.context, name)
-        if any(held.values()) and not force:
+        held = {} if force else group_holdings(self.context, name)
+        if any(held.values()):
             raise InUse(
-                f"consumer group {name!r} still has {held['unconsumed']} messages not consumed, "
-                f"{held['in_retry']} retries waiting and {held['in_flight']} pulled and not "
-                "acked, which deleting it drops; consume them, or delete with force=True "
-                "(CLI: --force)"
+                f"consumer group {name!r} still has {held['unconsumed']} messages not consumed "
+                f"({held['in_flight']} of them pulled and not acked) and {held['in_retry']} "
+                "retries waiting, which deleting it drops; consume them, or delete with "
+                "force=True (CLI: --force)"
             )
         self.catalog.delete_group(name)
 

@@ -445,11 +445,15 @@ def listener_path(
         # in-process only: jobs started elsewhere cannot import it; they say so (exit 4)
         name = qualname or f"{type(listener).__qualname__} object"
         where = f"{owner.__name__ if owner else '?'}:{name}"
+        elsewhere = (
+            "they fail, naming the group"
+            if what == "listener"
+            else "they log that they cannot import it and answer UNKNOWN"
+        )
         warnings.warn(
             f"{what} {where} of {group!r} is a callable that exists only in this process: "
-            "ticks run here deliver to it, but `deltamq tick`, Airflow and spark-submit "
-            "cannot (they fail, naming the group); give an import path "
-            "'package.module:function' to run it anywhere",
+            "jobs run here use it, but `deltamq tick`, Airflow and spark-submit cannot "
+            f"({elsewhere}); give an import path 'package.module:function' to run it anywhere",
             InProcessListener,
             stacklevel=4,
         )

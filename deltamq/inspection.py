@@ -62,7 +62,10 @@ def group_holdings(ctx: Context, group: str) -> dict[str, int]:
     added = commit_log.read_added(wh, commits) if commits else None
     new_retries = 0
     if added is not None:
-        real = F.coalesce(F.col("properties")[Prop.REAL_TOPIC], F.col("topic"))
+        # the retry copies sent back (in the group's retry topic), and the messages stored in
+        # its topics (prepared halves are not messages yet; their commit copies are)
+        half = F.col("sys_flag").bitwiseAND(F.lit(0xC)) == F.lit(4)
+        real = F.when(half, F.lit(None)).otherwise(F.col("topic"))
         row = added.select(
             F.sum((real == retries).cast("long")).alias("r"),
             F.sum(
@@ -71,7 +74,8 @@ def group_holdings(ctx: Context, group: str) -> dict[str, int]:
         ).collect()[0]
         new_retries, unconsumed = row["r"] or 0, unconsumed + (row["u"] or 0)
     state = promote.load_state(wh)
-    in_retry = new_retries + consume_queue.held_for(wh, state.level_offsets, wh.levels(), retries)
+    timers = (state.timer_watermark, state.timer_next_offset)
+    in_retry = new_retries + consume_queue.held_for(wh, state.level_offsets, wh.levels(), timers, retries)
     in_flight = deliveries.in_flight(wh, group)
     return {"unconsumed": unconsumed, "in_retry": in_retry, "in_flight": in_flight}
 
@@ -164,8 +168,8 @@ def group_lag(
 def _group_summaries(ctx: Context, lag: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every consumer group, subscribed or not, with or without offset rows: its kind
     (push, sink, pull — a group with no stored listener whose clients have pulled —
-    or ``no listener stored``: a pull group nobody has pulled from yet, or a push group
-    whose listener is a callable of another process), the topics it subscribed to (its own
+    or ``no listener stored``: a pull group nobody has pulled from yet), the topics it
+    subscribed to (its own
     ``%RETRY%`` topic, which it always reads, not listed) and its lag (retries included)."""
     pulling = {
         r["g"]

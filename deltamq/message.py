@@ -202,11 +202,12 @@ def delay_ms(delay: Any) -> int:
     ``--delay-ms`` and a send file's ``delay_ms`` are checked here too, for one message)."""
     if isinstance(delay, timedelta):
         ms = int(delay / timedelta(milliseconds=1))
+        negative = delay < timedelta(0)  # -1 µs is negative too, though it rounds to 0 ms
     elif isinstance(delay, int) and not isinstance(delay, bool):
-        ms = delay
+        ms, negative = delay, delay < 0
     else:
         raise InvalidTimer(f"delay must be a datetime.timedelta, got {delay!r}")
-    if ms < 0:
+    if negative:
         raise InvalidTimer(
             f"a delay of {ms} ms is not allowed: a delay is 0 or more milliseconds "
             "(0 sends a plain message; to deliver at a time, give deliver_at)"

@@ -64,12 +64,7 @@ def _message(args: argparse.Namespace, top: int, now: int) -> Message:
     if args.delay_ms is not None:
         delay_ms(args.delay_ms)  # the API's own check and words
     deliver_at = now_arg(args.deliver_at, "--deliver-at")
-    if deliver_at is not None and deliver_at < now:
-        raise UsageError(
-            f"--deliver-at {args.deliver_at} is {duration(now - deliver_at)} in the past "
-            f"(now is {ms_to_iso(now)} UTC): give a time ahead, or leave --deliver-at out to "
-            "send the message for delivery now"
-        )
+    _not_past("--deliver-at", deliver_at, now)
     return Message(
         args.topic,
         args.body,
@@ -134,7 +129,7 @@ def _send_file(broker, producer, args: argparse.Namespace, top: int) -> int:
     if args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size} is not allowed: at least 1")
     checked = _check_file(producer, args.file, top, args.topic)  # the whole file, first
-    clamped = [(n, msg.delay_level) for n, msg in checked if msg.delay_level > top]
+    clamped = [(n, level) for n, level in checked if level > top]
     ids: list[str] = []
     queues: Counter[tuple[str, int]] = Counter()
     batch: list[Message] = []
@@ -204,11 +199,12 @@ def _one_line(producer, path: str, lineno: int, raw: bytes, top: int, topic: str
         raise InputMalformed(f"{path}:{lineno}: {e}") from None
 
 
-def _check_file(producer, path: str, top: int, topic: str | None) -> list[tuple[int, Message]]:
-    """Every line's message; if any line is bad, InputMalformed naming each (up to
-    :data:`MAX_BAD_LINES`) and how many there are."""
+def _check_file(producer, path: str, top: int, topic: str | None) -> list[tuple[int, int]]:
+    """Check every line (the messages are not kept: the file is read again to send);
+    returns (line, delay level) of each message, or InputMalformed naming each bad line
+    (up to :data:`MAX_BAD_LINES`) and how many there are."""
     now = producer.ctx.clock.now_ms()
-    good: list[tuple[int, Message]] = []
+    good: list[tuple[int, int]] = []
     bad: list[str] = []
     with _open_lines(path) as fh:
         for lineno, raw in enumerate(fh, 1):
@@ -218,7 +214,7 @@ def _check_file(producer, path: str, top: int, topic: str | None) -> list[tuple[
                 bad.append(str(e))
                 continue
             if msg is not None:
-                good.append((lineno, msg))
+                good.append((lineno, msg.delay_level))
     if len(bad) == 1:
         raise InputMalformed(f"{bad[0]} (nothing was sent)")
     if bad:
@@ -245,6 +241,7 @@ def _line_message(line: str, top: int, topic: str | None = None) -> Message:
     """One line's message (``topic`` if it names none); InputMalformed (without the
     file:line) says what is wrong."""
     from deltamq.message import Message
+    from deltamq.message import delay_ms as delay_ms_of
 
     try:
         obj = json.loads(line)
@@ -274,8 +271,10 @@ def _line_message(line: str, top: int, topic: str | None = None) -> Message:
             f'"delay_level" must be an integer {_levels_allowed(top)}, got {json.dumps(level)}'
         )
     delay_ms = obj.get("delay_ms")
-    if delay_ms is not None and (not _is_int(delay_ms) or delay_ms < 0):
+    if delay_ms is not None and not _is_int(delay_ms):
         raise InputMalformed(f'"delay_ms" must be an integer >= 0 (milliseconds), got {json.dumps(delay_ms)}')
+    if delay_ms is not None:
+        delay_ms_of(delay_ms)  # the API's own check and words
     deliver_at = _deliver_at(obj.get("deliver_at"))
     given = [
         k
@@ -329,6 +328,20 @@ def _check(producer, msg: Message, now: int) -> None:
     body_bytes(msg.body, producer.ctx.config.max_body_bytes)
     props = validate_properties(msg.properties)
     timer_due_ms(msg, props, now, producer.ctx.config.timer_horizon_ms)
+    _not_past("deliver_at", msg.deliver_at, now)
+
+
+def _not_past(option: str, deliver_at: Any, now: int) -> None:
+    """The CLI refuses a time to deliver at that has passed (a typo, most likely); the
+    Python API delivers such a timer at once."""
+    from deltamq.errors import InvalidTimer
+
+    if isinstance(deliver_at, int) and deliver_at < now:
+        raise InvalidTimer(
+            f"{option} {ms_to_iso(deliver_at)} is {duration(now - deliver_at)} in the past "
+            f"(now is {ms_to_iso(now)} UTC): give a time ahead, or leave {option} out to "
+            "send the message for delivery now"
+        )
 
 
 def _is_int(v: Any) -> bool:

@@ -85,7 +85,7 @@ class TickResult:
     def summary(self) -> str:
         """One line: each job that did something (or failed) with its rows in/out, then
         each push group's counts; jobs with nothing to do are only counted."""
-        busy = [j for j in self.jobs if j.rows_in or j.rows_out or j.status == "FAILED"]
+        busy = [j for j in self.jobs if j.rows_in or j.rows_out or j.status == "FAILED" or j.error]
         parts = [f"{j.job}: {j.status} in={j.rows_in} out={j.rows_out}" for j in busy]
         idle = len(self.jobs) - len(busy)
         if not parts:

@@ -583,17 +583,25 @@ def held_levels(
 
 
 def held_for(
-    wh: Warehouse, level_offsets: Mapping[int, int], levels: list[tuple[int, int]], topic: str
+    wh: Warehouse,
+    level_offsets: Mapping[int, int],
+    levels: list[tuple[int, int]],
+    timers: tuple[int, int],
+    topic: str,
 ) -> int:
-    """How many entries waiting in a delay level (not promoted yet) are for ``topic`` (a
-    group's retry topic: its retries waiting)."""
+    """How many entries still held (in a delay level, or as a timer: ``timers`` is the
+    timer watermark and next offset) are for ``topic`` (a group's retry topic: its retries
+    waiting, by level or by a retry policy's timer)."""
     waiting = " OR ".join(
         f"(slot = {lvl - 1} AND queue_offset >= {sql_long(level_offsets.get(lvl - 1, 0))})"
         for lvl, _ in levels
     )
+    watermark, next_offset = timers
     n: int = wh.engine.rows(
-        f"SELECT count(*) AS n FROM {wh.ref('consume_queue')} WHERE topic = {sql_str(SCHEDULE_TOPIC)} "
-        f"AND ({waiting or 'FALSE'}) AND properties[{sql_str(Prop.REAL_TOPIC)}] = {sql_str(topic)}"
+        f"SELECT count(*) AS n FROM {wh.ref('consume_queue')} "
+        f"WHERE properties[{sql_str(Prop.REAL_TOPIC)}] = {sql_str(topic)} AND ("
+        f"(topic = {sql_str(SCHEDULE_TOPIC)} AND ({waiting or 'FALSE'})) OR (topic = {sql_str(TIMER_TOPIC)} "
+        f"AND (due_ts > {sql_long(watermark)} OR queue_offset >= {sql_long(next_offset)})))"
     )[0]["n"]
     return n
 

@@ -7,10 +7,10 @@ epoch milliseconds. The views here answer the common questions directly:
 
 - ``messages``: one row per message as a producer sent it (copies left out), its times
   as timestamps, and ``state``: where it is now (``stored``, ``delayed``, ``prepared``,
-  ``rolled back``, ``visible``).
+  ``rolled back``, ``discarded`` (a transaction check-back gave up on), ``visible``).
 - ``message_groups``: one row per sent message and consumer group subscribed to its
   topic, with the group's ``state`` of it: ``pending``, ``in flight`` (pulled, not
-  acked), ``in retry``, ``dead-lettered``, ``consumed`` (the group's offset is past it:
+  acked), ``in retry``, ``dead-lettered``, ``consumed`` (acked, or the group's offset is past it:
   consumed, or passed over by its filter or because the group started later), or, while
   it is not visible, the message's own state.
 
@@ -24,11 +24,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from deltamq.constants import (
+    ACKED,
     DLQ_PREFIX,
     ENDED,
     INFLIGHT,
     RETRY_PREFIX,
     SYSTEM_TOPICS,
+    TRANS_CHECK_MAX_TIME_TOPIC,
     TRANS_OP_HALF_TOPIC,
     Prop,
     SysFlag,
@@ -86,6 +88,8 @@ def messages_sql(name: Name) -> str:
         "ended AS ("
         f"SELECT {_prop(Prop.TRAN_ID)} AS tran_id, max({_prop(Prop.TRAN_STATE)}) AS tran_state "
         f"FROM {name('commit_log')} WHERE topic = {sql_str(TRANS_OP_HALF_TOPIC)} GROUP BY 1), "
+        f"discarded AS (SELECT DISTINCT {_prop(Prop.TRAN_ID)} AS tran_id FROM {name('commit_log')} "
+        f"WHERE topic = {sql_str(TRANS_CHECK_MAX_TIME_TOPIC)}), "
         "indexed AS ("
         f"SELECT {_prop(Prop.UNIQ_KEY)} AS id, min(store_ts) AS visible_ts "
         f"FROM {name('consume_queue')} WHERE {_user_topic()} GROUP BY 1) "
@@ -94,16 +98,18 @@ def messages_sql(name: Name) -> str:
         "timestamp_millis(s.born_ts) AS born_at, timestamp_millis(s.store_ts) AS stored_at, "
         f"CAST({_prop(Prop.DELAY, 's.')} AS INT) AS delay_level, "
         f"timestamp_millis(CAST({_prop(Prop.TIMER_DELIVER_MS, 's.')} AS BIGINT)) AS deliver_at, "
-        f"CASE WHEN s.sys_flag & {_TX_BITS} = {prepared} THEN coalesce(e.tran_state, 'PREPARED') "
-        "END AS transaction, "
+        f"CASE WHEN s.sys_flag & {_TX_BITS} = {prepared} THEN coalesce(e.tran_state, "
+        "CASE WHEN x.tran_id IS NOT NULL THEN 'DISCARDED' ELSE 'PREPARED' END) END AS transaction, "
         "CASE WHEN i.id IS NOT NULL THEN 'visible' "
         "WHEN e.tran_state = 'ROLLBACK' THEN 'rolled back' "
+        "WHEN e.tran_state IS NULL AND x.tran_id IS NOT NULL THEN 'discarded' "
         f"WHEN s.sys_flag & {_TX_BITS} = {prepared} AND e.tran_state IS NULL THEN 'prepared' "
         f"WHEN {_prop(Prop.DELAY, 's.')} IS NOT NULL OR {_prop(Prop.TIMER_DELIVER_MS, 's.')} IS NOT NULL "
         "THEN 'delayed' ELSE 'stored' END AS state, "
         "timestamp_millis(i.visible_ts) AS visible_at, s.store_date "
         "FROM sent s "
         f"LEFT JOIN ended e ON e.tran_id = coalesce({_prop(Prop.TRAN_ID, 's.')}, s.msg_id) "
+        f"LEFT JOIN discarded x ON x.tran_id = coalesce({_prop(Prop.TRAN_ID, 's.')}, s.msg_id) "
         "LEFT JOIN indexed i ON i.id = s.msg_id"
     )
 
@@ -124,7 +130,7 @@ def message_groups_sql(name: Name) -> str:
         "retries AS (SELECT id, consumer_group, sum(sent_back) AS sent_back, sum(read) AS read FROM ("
         f"SELECT {uniq} AS id, substr(topic, {n_retry + 1}) AS consumer_group, 1 AS sent_back, 0 AS read "
         f"FROM {name('commit_log')} WHERE substr(topic, 1, {n_retry}) = {sql_str(RETRY_PREFIX)} "
-        f"AND {_prop(Prop.DELAY)} IS NOT NULL "
+        f"AND ({_prop(Prop.DELAY)} IS NOT NULL OR {_prop(Prop.TIMER_DELIVER_MS)} IS NOT NULL) "
         f"UNION ALL SELECT c.id, substr(c.topic, {n_retry + 1}), 0, "
         "CASE WHEN c.queue_offset < p.next_offset THEN 1 ELSE 0 END FROM copies c "
         f"JOIN pos p ON p.consumer_group = substr(c.topic, {n_retry + 1}) AND p.topic = c.topic "
@@ -136,13 +142,17 @@ def message_groups_sql(name: Name) -> str:
         "flying AS (SELECT DISTINCT d.consumer_group, d.topic, d.queue_id, d.queue_offset "
         f"FROM {name('deliveries')} d LEFT JOIN (SELECT DISTINCT receipt_handle FROM {name('deliveries')} "
         f"WHERE state IN {sql_in(ENDED)}) e ON e.receipt_handle = d.receipt_handle "
-        f"WHERE d.state = {sql_str(INFLIGHT)} AND e.receipt_handle IS NULL) "
+        f"WHERE d.state = {sql_str(INFLIGHT)} AND e.receipt_handle IS NULL), "
+        # acked by a pull client: consumed, though the tick has not moved the offset yet
+        "acked AS (SELECT DISTINCT consumer_group, topic, queue_id, queue_offset "
+        f"FROM {name('deliveries')} WHERE state = {sql_str(ACKED)}) "
         "SELECT s.msg_id, s.topic, g.consumer_group, "
         "CASE WHEN d.id IS NOT NULL THEN 'dead-lettered' "
         "WHEN r.sent_back > r.read THEN 'in retry' "
         "WHEN c.id IS NULL THEN s.state "
         "WHEN f.queue_offset IS NOT NULL THEN 'in flight' "
         "WHEN p.next_offset IS NOT NULL AND c.queue_offset < p.next_offset THEN 'consumed' "
+        "WHEN a.queue_offset IS NOT NULL THEN 'consumed' "
         "ELSE 'pending' END AS state, "
         "coalesce(r.sent_back, 0) AS retries, c.queue_id, c.queue_offset, s.store_date "
         "FROM sent s "
@@ -153,7 +163,9 @@ def message_groups_sql(name: Name) -> str:
         "LEFT JOIN retries r ON r.id = s.msg_id AND r.consumer_group = g.consumer_group "
         "LEFT JOIN dead d ON d.id = s.msg_id AND d.consumer_group = g.consumer_group "
         "LEFT JOIN flying f ON f.consumer_group = g.consumer_group AND f.topic = c.topic "
-        "AND f.queue_id = c.queue_id AND f.queue_offset = c.queue_offset"
+        "AND f.queue_id = c.queue_id AND f.queue_offset = c.queue_offset "
+        "LEFT JOIN acked a ON a.consumer_group = g.consumer_group AND a.topic = c.topic "
+        "AND a.queue_id = c.queue_id AND a.queue_offset = c.queue_offset"
     )
 
 

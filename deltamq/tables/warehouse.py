@@ -254,9 +254,8 @@ class Warehouse:
         out = [f"CREATE DATABASE IF NOT EXISTS {database}"]
         for name in TABLES:
             location = self.path(name).replace("'", "\\'")
-            # dropping an external table leaves its data: this replaces only the definition
-            out.append(f"DROP TABLE IF EXISTS {database}.{name}")
-            out.append(f"CREATE TABLE {database}.{name} USING delta LOCATION '{location}'")
+            # an existing table of that name is kept as it is: nothing here drops anything
+            out.append(f"CREATE TABLE IF NOT EXISTS {database}.{name} USING delta LOCATION '{location}'")
         for view, text in VIEWS.items():
             out.append(f"CREATE OR REPLACE VIEW {database}.{view} AS {text(lambda t: f'{database}.{t}')}")
         return out
@@ -276,7 +275,8 @@ class Warehouse:
         wanted = set(TABLES) | set(VIEWS)
         if query is not None:
             words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", query.lower()))
-            wanted = needed(wanted & words)
+            if wanted & words:  # else (SHOW TABLES, SELECT 1): every one, as before
+                wanted = needed(wanted & words)
         registered = set()
         for name in TABLES:
             if name in wanted and (name in self._known or self.table_exists(name)):
