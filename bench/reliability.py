@@ -181,44 +181,14 @@ def store_faults(root: Path, rounds: int, seed: int) -> dict:
     """The story of tests/test_story_faults.py, longer: an S3 API server (moto) and the fault
     proxy started here, ``rounds`` rounds with faults (the second half with SIGKILLed
     ticks), then the faults stop and the loop catches up; the figures of both."""
-    from conftest import S3_BUCKET, _free_port, create_bucket, running, tool
-    from support.fault_proxy import CONTROL, Faults
+    from conftest import S3_BUCKET
+    from s3_emulator import s3_behind_proxy
     from support.store_faultload import RATES, StoreFaultLoad
 
     from deltamq import BrokerConfig
 
-    s3, proxy = f"http://127.0.0.1:{_free_port()}", f"http://127.0.0.1:{_free_port()}"
-    options = {
-        "AWS_ACCESS_KEY_ID": "deltamq-bench",
-        "AWS_SECRET_ACCESS_KEY": "deltamq-bench-secret",
-        "AWS_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": proxy,
-        "AWS_ALLOW_HTTP": "true",
-    }
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent / "tests")}
-    moto = [tool("moto_server"), "-H", "127.0.0.1", "-p", s3.rsplit(":", 1)[1]]
-    proxy_cmd = [
-        sys.executable,
-        "-m",
-        "support.fault_proxy",
-        "--target",
-        s3,
-        "--port",
-        proxy.rsplit(":", 1)[1],
-    ]
-
-    def proxy_up() -> bool:
-        import urllib.request
-
-        urllib.request.urlopen(proxy + CONTROL, timeout=2).read()
-        return True
-
     started = time.monotonic()
-    with (
-        running(moto, env=None, ready=lambda: create_bucket(s3, S3_BUCKET), what="moto_server"),
-        running(proxy_cmd, env=env, ready=proxy_up, what="the fault proxy", log=root / "proxy.log"),
-    ):
-        faults = Faults(proxy, options)
+    with s3_behind_proxy(root) as (options, faults):
         location = f"s3://{S3_BUCKET}/store-faults-{seed}/wh"
         clock = FakeClock()
         broker = Broker.init(location, clock=clock, config=BrokerConfig(storage_options=options))

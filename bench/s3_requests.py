@@ -31,41 +31,10 @@ from deltamq import Broker, BrokerConfig, FakeClock, Message  # noqa: E402
 
 
 def measure(root: Path, idle: int) -> dict:
-    from conftest import S3_BUCKET, _free_port, create_bucket, running, tool
-    from support.fault_proxy import CONTROL, Faults
+    from conftest import S3_BUCKET
+    from s3_emulator import s3_behind_proxy
 
-    s3, proxy = f"http://127.0.0.1:{_free_port()}", f"http://127.0.0.1:{_free_port()}"
-    options = {
-        "AWS_ACCESS_KEY_ID": "deltamq-bench",
-        "AWS_SECRET_ACCESS_KEY": "deltamq-bench-secret",
-        "AWS_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": proxy,
-        "AWS_ALLOW_HTTP": "true",
-    }
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent / "tests")}
-    moto = [tool("moto_server"), "-H", "127.0.0.1", "-p", s3.rsplit(":", 1)[1]]
-    proxy_cmd = [
-        sys.executable,
-        "-m",
-        "support.fault_proxy",
-        "--target",
-        s3,
-        "--port",
-        proxy.rsplit(":", 1)[1],
-    ]
-
-    def proxy_up() -> bool:
-        import urllib.request
-
-        urllib.request.urlopen(proxy + CONTROL, timeout=2).read()
-        return True
-
-    root.mkdir(parents=True, exist_ok=True)
-    with (
-        running(moto, env=None, ready=lambda: create_bucket(s3, S3_BUCKET), what="moto_server"),
-        running(proxy_cmd, env=env, ready=proxy_up, what="the counting proxy", log=root / "proxy.log"),
-    ):
-        counter = Faults(proxy, options)
+    with s3_behind_proxy(root) as (options, counter):
         clock = FakeClock()
         location = f"s3://{S3_BUCKET}/requests-{int(time.time())}/wh"
         broker = Broker.init(location, clock=clock, config=BrokerConfig(storage_options=options))

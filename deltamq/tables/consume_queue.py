@@ -566,13 +566,7 @@ def held_levels(
 ) -> dict[int, tuple[int, int]]:
     """Per schedule queue id with entries at or after its level's offset: (entries,
     oldest due time)."""
-    held = (
-        " OR ".join(
-            f"(slot = {lvl - 1} AND queue_offset >= {sql_long(level_offsets.get(lvl - 1, 0))})"
-            for lvl, _ in levels
-        )
-        or "FALSE"
-    )
+    held = _in_levels(level_offsets, levels)
     return {
         r["queue_id"]: (r["n"], r["oldest_due"])
         for r in wh.engine.rows(
@@ -592,18 +586,27 @@ def held_for(
     """How many entries still held (in a delay level, or as a timer: ``timers`` is the
     timer watermark and next offset) are for ``topic`` (a group's retry topic: its retries
     waiting, by level or by a retry policy's timer)."""
-    waiting = " OR ".join(
-        f"(slot = {lvl - 1} AND queue_offset >= {sql_long(level_offsets.get(lvl - 1, 0))})"
-        for lvl, _ in levels
-    )
-    watermark, next_offset = timers
     n: int = wh.engine.rows(
         f"SELECT count(*) AS n FROM {wh.ref('consume_queue')} "
         f"WHERE properties[{sql_str(Prop.REAL_TOPIC)}] = {sql_str(topic)} AND ("
-        f"(topic = {sql_str(SCHEDULE_TOPIC)} AND ({waiting or 'FALSE'})) OR (topic = {sql_str(TIMER_TOPIC)} "
-        f"AND (due_ts > {sql_long(watermark)} OR queue_offset >= {sql_long(next_offset)})))"
+        f"(topic = {sql_str(SCHEDULE_TOPIC)} AND ({_in_levels(level_offsets, levels)})) OR "
+        f"(topic = {sql_str(TIMER_TOPIC)} AND {_timer_held(*timers)}))"
     )[0]["n"]
     return n
+
+
+def _in_levels(level_offsets: Mapping[int, int], levels: list[tuple[int, int]]) -> str:
+    """Schedule entries at or after their level's saved offset: not promoted yet."""
+    held = " OR ".join(
+        f"(slot = {lvl - 1} AND queue_offset >= {sql_long(level_offsets.get(lvl - 1, 0))})"
+        for lvl, _ in levels
+    )
+    return held or "FALSE"
+
+
+def _timer_held(watermark: int, next_offset: int) -> str:
+    """Timer entries not promoted yet: due after the watermark, or not read up to."""
+    return f"(due_ts > {sql_long(watermark)} OR queue_offset >= {sql_long(next_offset)})"
 
 
 def held_timers(wh: Warehouse, watermark: int, next_offset: int) -> list[tuple[date, int, int]]:
@@ -613,8 +616,7 @@ def held_timers(wh: Warehouse, watermark: int, next_offset: int) -> list[tuple[d
         for r in wh.engine.rows(
             f"SELECT date_from_unix_date(CAST(floor(due_ts / {ids.DAY_MS}) AS INT)) AS due_day, "
             f"count(*) AS n, min(due_ts) AS first_due FROM {wh.ref('consume_queue')} "
-            f"WHERE topic = {sql_str(TIMER_TOPIC)} "
-            f"AND (due_ts > {sql_long(watermark)} OR queue_offset >= {sql_long(next_offset)}) "
+            f"WHERE topic = {sql_str(TIMER_TOPIC)} AND {_timer_held(watermark, next_offset)} "
             "GROUP BY 1 ORDER BY 1"
         )
     ]

@@ -253,9 +253,9 @@ class Warehouse:
             )
         out = [f"CREATE DATABASE IF NOT EXISTS {database}"]
         for name in TABLES:
-            location = self.path(name).replace("'", "\\'")
             # an existing table of that name is kept as it is: nothing here drops anything
-            out.append(f"CREATE TABLE IF NOT EXISTS {database}.{name} USING delta LOCATION '{location}'")
+            location = sql_str(self.path(name))
+            out.append(f"CREATE TABLE IF NOT EXISTS {database}.{name} USING delta LOCATION {location}")
         for view, text in VIEWS.items():
             out.append(f"CREATE OR REPLACE VIEW {database}.{view} AS {text(lambda t: f'{database}.{t}')}")
         return out
