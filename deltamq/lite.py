@@ -16,8 +16,10 @@ the Spark producer (``Broker.producer``).
 
 from __future__ import annotations
 
+import logging
 import os
 import random
+import threading
 import time
 from typing import Any
 
@@ -26,9 +28,12 @@ import pyarrow as pa
 from deltamq.clock import Clock, SystemClock
 from deltamq.config import BrokerConfig
 from deltamq.constants import SCHEMA_VERSION
+from deltamq.delta_append import BlindAppender, Unsupported
 from deltamq.errors import SchemaVersionError, WarehouseNotFound
 from deltamq.sending import BaseProducer, Topics
 from deltamq.storage import Storage, is_transient
+
+log = logging.getLogger("deltamq.lite")
 
 
 def _deltalake():
@@ -58,6 +63,10 @@ class Warehouse(Topics):
         self.location = self.storage.location
         self.clock = clock or SystemClock()
         self._max_level: int | None = None
+        self._appender: BlindAppender | None = BlindAppender(
+            self.storage, self.storage.join("commit_log"), engine_info="deltamq-lite"
+        )
+        self._write_lock = threading.Lock()
         version = self._schema_version()
         if version is None:
             raise WarehouseNotFound(
@@ -95,26 +104,34 @@ class Warehouse(Topics):
         return self._max_level
 
     def append_commit_log(self, rows: pa.Table, *, what: str) -> None:
-        """One blind append. delta-rs retries a lost race for the next log version itself;
-        an append that its conflict checker refuses (it treats a concurrent delete — the
-        retain job trimming old days — as touching what the append read) wrote nothing and
-        is sent again, with back-off."""
+        """One blind append of ``rows`` to ``commit_log``: a Parquet file and a commit entry
+        written by :class:`deltamq.delta_append.BlindAppender` (no table snapshot carried
+        between sends; a lost answer to its commit is recognised as its own). A table whose
+        protocol that writer does not meet is appended to with delta-rs, which retries a
+        refusal of its conflict checker here, with back-off. Rows carry ids derived before
+        the write: a repeat is indexed once."""
+        with self._write_lock:
+            if self._appender is not None:
+                try:
+                    self._appender.append(rows)
+                    return
+                except Unsupported as e:
+                    log.info("commit_log: %s; appending with delta-rs", e)
+                    self._appender = None
+            self._append_with_delta_rs(rows)
+
+    def _append_with_delta_rs(self, rows: pa.Table) -> None:
         dl = _deltalake()
+        uri = self.storage.join("commit_log")
         for attempt in range(self.config.commit_retries + 1):
             try:
-                dl.write_deltalake(
-                    self.storage.join("commit_log"),
-                    rows,
-                    mode="append",
-                    storage_options=self.storage.delta_rs_options(),
-                )
+                dl.write_deltalake(uri, rows, mode="append", storage_options=self.storage.delta_rs_options())
                 return
             except Exception as e:
-                # refused by the conflict checker, or a transient fault of the store (the
-                # rows carry ids derived before the write: a repeat is indexed once)
+                # refused by the conflict checker, or a transient fault of the store
                 again = type(e).__name__ == "CommitFailedError" or is_transient(e)
                 if not again or attempt == self.config.commit_retries:
-                    raise self.storage.error("append to", self.storage.join("commit_log"), e) from e
+                    raise self.storage.error("append to", uri, e) from e
                 time.sleep(self.config.commit_backoff_ms / 1000.0 * (attempt + 1) * (1 + random.random()))
 
 

@@ -218,8 +218,11 @@ def delay_ms(delay: Any) -> int:
 def timer_due_ms(message: Message, props: Mapping[str, str], now_ms: int, horizon_ms: int) -> int | None:
     """The absolute due time of a timer message (``deliver_at``, ``delay`` or a
     ``TIMER_DELIVER_MS`` property), checked against the horizon; None for no timer."""
-    from deltamq.clock import to_ms
     from deltamq.constants import Prop
+
+    if message.deliver_at is None and message.delay is None and Prop.TIMER_DELIVER_MS not in props:
+        return None  # the usual message, without a list or an import
+    from deltamq.clock import to_ms
 
     given = [
         name

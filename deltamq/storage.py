@@ -174,6 +174,7 @@ class Storage:
         self._env = environ
         self._options = from_env | self._explicit
         self._fs: Any = None
+        self._obstore: Any = None
         self._check_commit_safety()
 
     def at(self, location: str | os.PathLike[str]) -> Storage:
@@ -413,6 +414,108 @@ class Storage:
                 return False
             raise
 
+    # --- writing files (blind appends without an engine: deltamq.delta_append) ----------
+    def put(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path`` whole (a new file under a fresh name, or the same bytes
+        again: tried again after a transient fault)."""
+        if self.is_local:
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                tmp = f"{path}.{os.getpid()}.{random.getrandbits(48):x}.tmp"
+                with open(tmp, "wb") as fh:
+                    fh.write(data)
+                os.replace(tmp, path)
+                return
+            except OSError as e:
+                raise self.error("write", path, e) from e
+        import obstore
+
+        store = self._object_store()
+        self._retrying("write", path, lambda: obstore.put(store, self._key(path), data))
+
+    def put_if_absent(self, path: str, data: bytes) -> bool:
+        """Create ``path`` holding ``data`` unless it exists: True when this call created
+        it, False when it was there (a Delta commit entry: the race for a log version). On
+        S3 a PUT with ``If-None-Match: *``; locally a hard link, which fails on an existing
+        name. A False after a fault may be this writer's own earlier attempt (the write
+        landed, its answer was lost): the caller tells by the content."""
+        if self.is_local:
+            tmp = f"{path}.{os.getpid()}.{random.getrandbits(48):x}.tmp"
+            try:
+                with open(tmp, "wb") as fh:
+                    fh.write(data)
+                os.link(tmp, path)
+                return True
+            except FileExistsError:
+                return False
+            except OSError as e:
+                raise self.error("write", path, e) from e
+            finally:
+                try:
+                    os.remove(tmp)
+                except OSError:
+                    pass
+        import obstore
+        from obstore.exceptions import AlreadyExistsError, PreconditionError
+
+        store = self._object_store()
+
+        def create() -> bool:
+            try:
+                obstore.put(store, self._key(path), data, mode="create")
+                return True
+            except (AlreadyExistsError, PreconditionError):
+                return False
+
+        return self._retrying("write", path, create)
+
+    def read_bytes(self, path: str) -> bytes | None:
+        """A file's bytes; None when it does not exist."""
+        if self.is_local:
+            try:
+                with open(path, "rb") as fh:
+                    return fh.read()
+            except FileNotFoundError:
+                return None
+            except OSError as e:
+                raise self.error("read", path, e) from e
+        import obstore
+        from obstore.exceptions import NotFoundError
+
+        store = self._object_store()
+
+        def get() -> bytes | None:
+            try:
+                return bytes(obstore.get(store, self._key(path)).bytes())
+            except NotFoundError:
+                return None
+
+        return self._retrying("read", path, get)
+
+    def _object_store(self) -> Any:
+        """An obstore client of the location (the object_store crate delta-rs uses: the
+        same option names), for writes with a condition; built once."""
+        if self._obstore is None:
+            try:
+                from obstore.store import from_url
+            except ImportError as e:  # pragma: no cover - the producer extra depends on it
+                raise ImportError(
+                    f'writing to {self.location} needs the obstore package: pip install "deltamq[producer]"'
+                ) from e
+            config, client = _object_store_options(self.kind, self.delta_rs_options())
+            for _ in range(len(config) + 1):
+                try:
+                    self._obstore = from_url(self.location, config=config, client_options=client)  # type: ignore[call-overload]
+                    break
+                except Exception as e:  # noqa: BLE001 - an option object_store does not take
+                    unknown = re.search(r"key: '([^']+)' is not valid", str(e))
+                    if type(e).__name__ != "UnknownConfigurationKeyError" or unknown is None:
+                        raise self.error("reach", self.location, e) from e
+                    # options only delta-rs reads (AWS_S3_ALLOW_UNSAFE_RENAME, ...) or other
+                    # tools' variables from the environment (AWS_PROFILE, ...)
+                    config = {k: v for k, v in config.items() if k.lower() != unknown.group(1)}
+        return self._obstore
+
     def is_delta_table(self, path: str) -> bool:
         """Whether ``path`` holds a Delta table (its ``_delta_log`` has a commit or a
         checkpoint). A store that cannot be listed raises :class:`StorageError`."""
@@ -453,6 +556,37 @@ def is_transient(error: BaseException) -> bool:
         if re.search(_TRANSIENT_TEXT, f"{type(e).__name__}: {e}", re.IGNORECASE):
             return True
     return False
+
+
+# object_store's client settings (not the store's): given as {PREFIX}{NAME} like the rest
+_CLIENT_OPTIONS = (
+    "ALLOW_HTTP",
+    "ALLOW_INVALID_CERTIFICATES",
+    "CONNECT_TIMEOUT",
+    "TIMEOUT",
+    "PROXY_URL",
+    "PROXY_CA_CERTIFICATE",
+    "PROXY_EXCLUDES",
+    "USER_AGENT",
+    "HTTP1_ONLY",
+    "HTTP2_ONLY",
+    "POOL_IDLE_TIMEOUT",
+    "POOL_MAX_IDLE_PER_HOST",
+)
+
+
+def _object_store_options(kind: Kind, options: Mapping[str, str]) -> tuple[dict[str, str], dict[str, Any]]:
+    """delta-rs' ``storage_options`` split into obstore's store config and client options."""
+    config: dict[str, str] = {}
+    client: dict[str, Any] = {}
+    prefixes = _PREFIXES[kind]
+    for key, value in options.items():
+        bare = next((key[len(p) :] for p in prefixes if key.startswith(p)), key)
+        if bare in _CLIENT_OPTIONS:
+            client[bare.lower()] = value.lower() == "true" if value.lower() in ("true", "false") else value
+        else:
+            config[key] = value
+    return config, client
 
 
 _CAUSES: tuple[tuple[str, str], ...] = (

@@ -35,7 +35,14 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     (
         "engine",
-        ("deltamq.spark_setup", "deltamq.spark_connect", "deltamq.sail", "deltamq.storage", "deltamq.engine"),
+        (
+            "deltamq.spark_setup",
+            "deltamq.spark_connect",
+            "deltamq.sail",
+            "deltamq.storage",
+            "deltamq.delta_append",
+            "deltamq.engine",
+        ),
     ),
     (
         "tables",

@@ -1,0 +1,151 @@
+"""Blind appends without an engine (deltamq/delta_append.py): what delta-rs reads back,
+racing writers, the table changing under a writer, protocols it refuses, checkpoints and
+statistics. Plain delta-rs tables on a local disk; the S3 path (conditional PUT, a lost
+answer) is in tests/test_faults_s3.py, the producer on both in tests/test_lite.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import date
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from deltamq.delta_append import BlindAppender, Unsupported
+from deltamq.storage import Storage
+
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("day", pa.date32())])
+
+
+def _rows(ids: range, day: date = date(2026, 11, 26), name: str = "n") -> pa.Table:
+    return pa.table(
+        {"id": list(ids), "name": [f"{name}{i}" for i in ids], "day": [day] * len(ids)}, schema=SCHEMA
+    )
+
+
+def _table(tmp_path: Path, **kw) -> tuple[Storage, str]:
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, _rows(range(0)), partition_by=["day"], **kw)
+    return Storage(str(tmp_path)), uri
+
+
+def _entries(uri: str) -> list[list[dict]]:
+    log = Path(uri) / "_delta_log"
+    return [
+        [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        for p in sorted(log.glob("*.json"))
+    ]
+
+
+def test_an_append_is_read_back_by_delta_rs_with_partitions_and_statistics(tmp_path):
+    storage, uri = _table(tmp_path)
+    appender = BlindAppender(storage, uri, engine_info="test")
+    v1 = appender.append(_rows(range(3)))
+    v2 = appender.append(pa.concat_tables([_rows(range(3, 5)), _rows(range(5, 7), day=date(2026, 11, 27))]))
+    assert (v1, v2) == (1, 2)
+    got = DeltaTable(uri).to_pyarrow_table().sort_by("id").to_pylist()
+    assert [r["id"] for r in got] == list(range(7))
+    assert {r["id"]: r["day"] for r in got}[6] == date(2026, 11, 27)
+    second = _entries(uri)[2]
+    info = second[0]["commitInfo"]
+    assert info["isBlindAppend"] and info["operation"] == "WRITE" and info["engineInfo"] == "test"
+    adds = [a["add"] for a in second[1:]]
+    assert sorted(a["partitionValues"]["day"] for a in adds) == ["2026-11-26", "2026-11-27"]
+    assert all(a["path"].startswith(f"day={a['partitionValues']['day']}/") for a in adds)
+    stats = json.loads(next(a for a in adds if a["partitionValues"]["day"] == "2026-11-27")["stats"])
+    assert stats == {
+        "numRecords": 2,
+        "minValues": {"id": 5, "name": "n5"},
+        "maxValues": {"id": 6, "name": "n6"},
+        "nullCount": {"id": 0, "name": 0},
+    }
+
+
+def test_long_strings_get_no_min_max_and_nulls_are_counted(tmp_path):
+    storage, uri = _table(tmp_path)
+    rows = pa.table(
+        {"id": [1, None], "name": ["x" * 40, None], "day": [date(2026, 11, 26)] * 2}, schema=SCHEMA
+    )
+    BlindAppender(storage, uri).append(rows)
+    add = _entries(uri)[1][1]["add"]
+    stats = json.loads(add["stats"])
+    assert stats["minValues"] == {"id": 1} and stats["maxValues"] == {"id": 1}
+    assert stats["nullCount"] == {"id": 1, "name": 1}
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == 2
+
+
+def test_racing_appenders_each_commit_once_at_dense_versions(tmp_path):
+    storage, uri = _table(tmp_path)
+    appenders = [BlindAppender(storage, uri) for _ in range(4)]  # each starts at version 0
+    versions: list[int] = []
+    lock = threading.Lock()
+
+    def send(k: int) -> None:
+        for r in range(10):
+            v = appenders[k].append(_rows(range(1000 * k + 10 * r, 1000 * k + 10 * r + 10)))
+            with lock:
+                versions.append(v)
+
+    threads = [threading.Thread(target=send, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(versions) == list(range(1, 41))
+    ids = DeltaTable(uri).to_pyarrow_table()["id"].to_pylist()
+    assert len(ids) == len(set(ids)) == 400
+
+
+def test_a_writer_walks_past_versions_other_writers_took(tmp_path):
+    storage, uri = _table(tmp_path)
+    appender = BlindAppender(storage, uri)
+    appender.append(_rows(range(1)))
+    for i in range(5):  # delta-rs writes meanwhile, behind the appender's back
+        write_deltalake(uri, _rows(range(100 + i, 101 + i)), mode="append")
+    assert appender.append(_rows(range(1, 2))) == 7
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == 7
+
+
+def test_a_schema_change_by_another_writer_is_refused_not_written_past(tmp_path):
+    storage, uri = _table(tmp_path)
+    appender = BlindAppender(storage, uri)
+    appender.append(_rows(range(1)))
+    wider = _rows(range(5, 6)).append_column("extra", pa.array(["e"]))
+    write_deltalake(uri, wider, mode="append", schema_mode="merge")
+    with pytest.raises(Unsupported, match="changed its schema"):
+        appender.append(_rows(range(1, 2)))
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == 2  # nothing half-written is visible
+
+
+def test_a_table_with_deletion_vectors_is_refused_by_name(tmp_path):
+    storage, uri = _table(tmp_path, configuration={"delta.enableDeletionVectors": "true"})
+    with pytest.raises(Unsupported, match="deletionVectors"):
+        BlindAppender(storage, uri).append(_rows(range(1)))
+    assert DeltaTable(uri).version() == 0
+
+
+def test_a_checkpoint_at_every_interval(tmp_path):
+    storage, uri = _table(tmp_path, configuration={"delta.checkpointInterval": "3"})
+    appender = BlindAppender(storage, uri)
+    for i in range(7):
+        appender.append(_rows(range(i, i + 1)))
+    log = Path(uri) / "_delta_log"
+    assert sorted(p.name for p in log.glob("*.checkpoint.parquet")) == [
+        "00000000000000000003.checkpoint.parquet",
+        "00000000000000000006.checkpoint.parquet",
+    ]
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == 7
+
+
+def test_put_if_absent_keeps_the_first_writer(tmp_path):
+    storage = Storage(str(tmp_path))
+    path = str(tmp_path / "d" / "x.json")
+    (tmp_path / "d").mkdir()
+    assert storage.put_if_absent(path, b"first") is True
+    assert storage.put_if_absent(path, b"second") is False
+    assert storage.read_bytes(path) == b"first"
+    assert storage.read_bytes(str(tmp_path / "d" / "missing")) is None
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["x.json"]  # no temporary left
