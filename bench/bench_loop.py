@@ -114,9 +114,14 @@ def bulk(root: Path, n: int, listener: str = LISTENER) -> dict:
 
 
 def sustained(
-    root: Path, seconds: float = 60.0, drain_limit_s: float = 180.0, listener: str = LISTENER
+    root: Path,
+    seconds: float = 60.0,
+    drain_limit_s: float = 180.0,
+    listener: str = LISTENER,
+    kinds: tuple[str, ...] = ("lite", "lite"),
 ) -> dict:
-    """Two producer processes for ``seconds`` while ``deltamq tick --loop`` runs."""
+    """Producer processes (``kinds``: ``lite`` is the Spark-free producer, ``spark`` the
+    broker's) sending for ``seconds`` while ``deltamq tick --loop`` runs."""
     wh = root / "loop-sustained"
     shutil.rmtree(wh, ignore_errors=True)
     b = Broker.init(wh)
@@ -139,7 +144,7 @@ def sustained(
             text=True,
             env=env,
         )
-        for kind in ("lite", "spark")
+        for kind in kinds
     ]
     sent = []
     for p in producers:
@@ -180,6 +185,7 @@ def sustained(
     return {
         "seconds": seconds,
         "listener": listener,
+        "kinds": list(kinds),
         "producers": sent,
         "sent": total_sent,
         "produced_msgs_per_s": round(total_sent / seconds),

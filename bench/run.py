@@ -371,11 +371,11 @@ def _table(result: dict) -> str:
         kinds = " + ".join(f"{p['kind']} {p['sent'] / p['seconds']:,.0f}" for p in su["producers"])
         rows += [
             (
-                f"sustained {su['seconds']:.0f} s: 2 producer processes (send_batch 1 000) + "
-                "`tick --loop`, consumed",
+                f"sustained {su['seconds']:.0f} s: {len(su['producers'])} producer processes "
+                f"({' + '.join(su.get('kinds', ['lite', 'spark']))}, send_batch 1 000) + `tick --loop`, consumed",
                 f"{su['consumed_msgs_per_s_in_window']:,} msgs/s",
-                "≥ 200 000",
-                _x(su["consumed_msgs_per_s_in_window"], 200_000),
+                "≥ 60 000",
+                _x(su["consumed_msgs_per_s_in_window"], 60_000),
             ),
             (
                 "  produced (msgs/s per producer)",

@@ -5,9 +5,10 @@ Starts an S3 API server (moto) and, in front of it, the counting proxy of the te
 (the engine, delta-rs, the storage seam). On an s3:// warehouse with one topic (4 queues)
 and one push group it counts
 
-- an idle tick (``--idle`` ticks, per tick), after two warm-up ticks;
-- a send of 100 messages (one ``send_batch``) and the tick that dispatches and
-  delivers them.
+- an idle tick (``--idle`` ticks, per tick), once the runner is quiet (its ticks skip
+  their jobs: orchestration/tick.py), and the same with ``skip_idle_ticks=False``;
+- a send of 100 messages (one ``send_batch``) by the Spark producer and by the
+  Spark-free one, and the tick that dispatches and delivers each.
 
 Writes bench/results/s3-requests-<timestamp>.json and prints the tables.
 
@@ -34,46 +35,78 @@ def measure(root: Path, idle: int) -> dict:
     from conftest import S3_BUCKET
     from s3_emulator import s3_behind_proxy
 
+    from deltamq.lite import Producer
+
     with s3_behind_proxy(root) as (options, counter):
         clock = FakeClock()
         location = f"s3://{S3_BUCKET}/requests-{int(time.time())}/wh"
-        broker = Broker.init(location, clock=clock, config=BrokerConfig(storage_options=options))
+        config = BrokerConfig(storage_options=options)
+        broker = Broker.init(location, clock=clock, config=config)
+
+        def counted(action) -> tuple[dict[str, int], float, object]:
+            counter.set(reset_counters=True)
+            started = time.perf_counter()
+            out = action()
+            return counter.state()["counts"], time.perf_counter() - started, out
+
+        def ticks(n: int) -> list:
+            out = []
+            for _ in range(n):
+                clock.advance(seconds=1)
+                out.append(broker.tick())
+            return out
+
         try:
             broker.create_topic("orders", queues=4)
             broker.create_group("billing", "support.listeners:env_recorder", consume_from="FIRST_OFFSET")
             broker.subscribe("billing", "orders")
             os.environ["DELTAMQ_TEST_LOG"] = str(root / "billing.jsonl")
-            for _ in range(2):  # warm up: the first ticks create progress rows
-                clock.advance(seconds=1)
-                broker.tick()
-            counter.set(reset_counters=True)
-            started = time.perf_counter()
-            for _ in range(idle):
-                clock.advance(seconds=1)
-                broker.tick()
-            idle_s = (time.perf_counter() - started) / idle
-            idle_counts = counter.state()["counts"]
-            counter.set(reset_counters=True)
-            broker.producer("shop").send_batch([Message("orders", f"m{i}".encode()) for i in range(100)])
-            sent_counts = counter.state()["counts"]
-            counter.set(reset_counters=True)
-            clock.advance(seconds=1)
-            result = broker.tick()
-            tick_counts = counter.state()["counts"]
-            delivered = result.delivered.consumed if result.delivered else 0
+            ticks(3)  # warm up: the first ticks create progress rows; then the runner is quiet
+            quiet, quiet_s, quiet_ticks = counted(lambda: ticks(idle))
+            broker.reconfigure(skip_idle_ticks=False)
+            full, full_s, _ = counted(lambda: ticks(idle))
+            broker.reconfigure(skip_idle_ticks=True)
+            ticks(3)
+            spark_send, _, _ = counted(
+                lambda: broker.producer("shop").send_batch(
+                    [Message("orders", f"m{i}".encode()) for i in range(100)]
+                )
+            )
+            tick_counts, _, results = counted(lambda: ticks(1))
+            lite = Producer(location, "lite-shop", config=config)
+            lite.send(Message("orders", b"warm-up"))  # opens the table once
+            ticks(3)
+            lite_send, _, _ = counted(
+                lambda: lite.send_batch([Message("orders", f"l{i}".encode()) for i in range(100)])
+            )
+            lite_tick, _, lite_results = counted(lambda: ticks(1))
         finally:
             broker.close()
-    per_tick = {k: round(v / idle, 1) for k, v in sorted(idle_counts.items())}
+
+    def delivered(rs: list) -> int:
+        return sum(r.delivered.consumed for r in rs if r.delivered)
+
+    def per_tick(counts: dict[str, int]) -> dict[str, float]:
+        return {k: round(v / idle, 1) for k, v in sorted(counts.items())}
+
     return {
         "idle_ticks": idle,
-        "idle_tick_s": round(idle_s, 3),
-        "idle_per_tick": per_tick,
-        "idle_per_tick_total": round(sum(idle_counts.values()) / idle, 1),
-        "send_100": dict(sorted(sent_counts.items())),
-        "send_100_total": sum(sent_counts.values()),
+        "idle_skipped": sum(r.idle for r in quiet_ticks),
+        "idle_tick_s": round(quiet_s / idle, 4),
+        "idle_per_tick": per_tick(quiet),
+        "idle_per_tick_total": round(sum(quiet.values()) / idle, 1),
+        "idle_full_tick_s": round(full_s / idle, 3),
+        "idle_full_per_tick": per_tick(full),
+        "idle_full_per_tick_total": round(sum(full.values()) / idle, 1),
+        "send_100": dict(sorted(spark_send.items())),
+        "send_100_total": sum(spark_send.values()),
         "tick_after_100": dict(sorted(tick_counts.items())),
         "tick_after_100_total": sum(tick_counts.values()),
-        "delivered_in_that_tick": delivered,
+        "delivered_in_that_tick": delivered(results),
+        "lite_send_100": dict(sorted(lite_send.items())),
+        "lite_send_100_total": sum(lite_send.values()),
+        "tick_after_lite_100_total": sum(lite_tick.values()),
+        "delivered_in_the_lite_tick": delivered(lite_results),
     }
 
 
@@ -94,16 +127,33 @@ def main() -> None:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = HERE / "results" / f"s3-requests-{stamp}.json"
     out.write_text(json.dumps({"when": stamp, **figures}, indent=2) + "\n")
-    print(f"idle tick: {figures['idle_per_tick_total']} requests ({_by_method(figures['idle_per_tick'])})")
-    for what, n in figures["idle_per_tick"].items():
+    print(
+        f"idle tick, quiet runner: {figures['idle_per_tick_total']} requests "
+        f"({_by_method(figures['idle_per_tick'])}; "
+        f"{figures['idle_skipped']} of {figures['idle_ticks']} skipped)"
+    )
+    print(
+        f"idle tick, every job run (skip_idle_ticks=False): {figures['idle_full_per_tick_total']} requests "
+        f"({_by_method(figures['idle_full_per_tick'])})"
+    )
+    for what, n in figures["idle_full_per_tick"].items():
         print(f"  {what:<28} {n}")
-    print(f"send of 100: {figures['send_100_total']} requests ({_by_method(figures['send_100'])})")
+    print(
+        f"send of 100 (Spark producer): {figures['send_100_total']} requests "
+        f"({_by_method(figures['send_100'])})"
+    )
     print(
         f"tick after it ({figures['delivered_in_that_tick']} delivered): {figures['tick_after_100_total']} "
         f"requests ({_by_method(figures['tick_after_100'])})"
     )
     for what, n in figures["tick_after_100"].items():
         print(f"  {what:<28} {n}")
+    print(
+        f"send of 100 (Spark-free producer): {figures['lite_send_100_total']} requests "
+        f"({_by_method(figures['lite_send_100'])}); "
+        f"the tick after it: {figures['tick_after_lite_100_total']} "
+        f"({figures['delivered_in_the_lite_tick']} delivered)"
+    )
     print(f"written to {out}")
 
 

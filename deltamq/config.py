@@ -122,6 +122,10 @@ class BrokerConfig:
     # through delta-rs reaches back this far.
     log_retention_ms: int = 60_000
     compact: bool = True
+    # A tick runner that found nothing to do, with nothing falling due, skips the next
+    # ticks' jobs while no table the jobs read has a new commit: one look-up per table
+    # (the next Delta log entry) instead of a dozen statements (orchestration/tick.py).
+    skip_idle_ticks: bool = True
     # Bodies a deliver pass hands to listeners at most, in all, for the groups whose
     # take is automatic (pull_batch_size 0): a backlog is worked off in a few large passes
     # instead of many small ones, with the engine's memory bounded.

@@ -187,8 +187,11 @@ def _partitions(rows: pa.Table, columns: tuple[str, ...]) -> list[tuple[dict[str
     """(partition values as the log writes them, a row mask or None for all rows)."""
     if not columns:
         return [({}, None)]
-    keys = rows.select(list(columns)).to_pylist()
-    distinct = list(dict.fromkeys(tuple(k[c] for c in columns) for k in keys))
+    if len(columns) == 1:  # the usual case (commit_log's day): no Python object per row
+        distinct = [(v,) for v in pc.unique(rows[columns[0]]).to_pylist()]
+    else:
+        keys = rows.select(list(columns)).to_pylist()
+        distinct = list(dict.fromkeys(tuple(k[c] for c in columns) for k in keys))
     if len(distinct) == 1:
         return [({c: _log_value(v) for c, v in zip(columns, distinct[0], strict=True)}, None)]
     out = []

@@ -220,10 +220,11 @@ class Storage:
             raise ImportError(
                 f'reaching {path} needs the deltalake package: pip install "deltamq[broker]"'
             ) from e
-        try:
-            return DeltaTable(path, storage_options=self.delta_rs_options() or None, **kwargs)
-        except Exception as e:  # noqa: BLE001 - every store error becomes a StorageError
-            raise self.error("open the Delta table", path, e) from e
+        return self._retrying(
+            "open the Delta table",
+            path,
+            lambda: DeltaTable(path, storage_options=self.delta_rs_options() or None, **kwargs),
+        )
 
     # --- what each component needs -------------------------------------------------------
     def delta_rs_options(self) -> dict[str, str]:
@@ -542,6 +543,9 @@ _TRANSIENT_TEXT = (
     r"Connection reset|os error 104|Broken pipe|connection closed before|IncompleteMessage|"
     r"<Code>(?:SlowDown|InternalError|ServiceUnavailable|RequestTimeout)</Code>|SlowDown|"
     r"Service Unavailable|Internal Server Error|Bad Gateway|Gateway Timeout|"
+    # delta-rs listed a log while commits landed: a local directory listing (ext4 returns
+    # entries in hash order) can show a new entry without the one before it
+    r"Expected contiguous commit files|"
     # a 5xx only where it is an HTTP status: never an epoch, a task id or a bucket name
     r"(?:HTTP status|status code|status:?|HTTP/1\.[01]|HTTP error|response code)\s*50[0234](?![\d.])"
 )

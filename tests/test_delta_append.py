@@ -149,3 +149,30 @@ def test_put_if_absent_keeps_the_first_writer(tmp_path):
     assert storage.read_bytes(path) == b"first"
     assert storage.read_bytes(str(tmp_path / "d" / "missing")) is None
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["x.json"]  # no temporary left
+
+
+def test_a_reader_stops_at_a_hole_in_a_listing_and_never_skips_past_it(tmp_path):
+    """A listing that raced commits can show version 4 without 3 (ext4 lists in hash
+    order): dispatch's reader takes 1..2 now and the rest next time, instead of reading
+    4 and moving its position past 3's messages."""
+    from deltamq.tables import deltalog
+
+    storage, uri = _table(tmp_path)
+    appender = BlindAppender(storage, uri)
+    for i in range(4):
+        appender.append(_rows(range(i, i + 1)))
+    entry3 = Path(uri) / "_delta_log" / f"{3:020d}.json"
+    hidden = entry3.read_bytes()
+    entry3.unlink()  # as a racing listing would show it
+    assert [c.version for c in deltalog.commits_after(storage, uri, 0, 10)] == [1, 2]
+    entry3.write_bytes(hidden)
+    assert [c.version for c in deltalog.commits_after(storage, uri, 2, 10)] == [3, 4]
+
+
+def test_opening_a_table_retries_a_listing_that_raced_a_commit():
+    from deltamq.storage import is_transient
+
+    raced = Exception(
+        "Kernel error: Generic delta kernel error: Expected contiguous commit files, but found gap"
+    )
+    assert is_transient(raced)

@@ -23,11 +23,14 @@ if TYPE_CHECKING:
     from deltamq.context import Context
 
 
-def next_due(ctx: Context, after: int, levels: int | None = None) -> int | None:
+def next_due(
+    ctx: Context, after: int, levels: int | None = None, state: promote.PromoteState | None = None
+) -> int | None:
     """The earliest due time later than ``after`` (epoch ms) of anything held, or None.
-    ``levels``: the warehouse's number of delay levels (read when not given)."""
+    ``levels``: the warehouse's number of delay levels (read when not given); ``state``:
+    promote's committed state, when the caller remembers it (read when not given)."""
     wh = ctx.warehouse
-    state = promote.load_state(wh)
+    state = promote.load_state(wh) if state is None else state
     n_levels = ctx.catalog.max_delay_level() if levels is None else levels
     level_heads = {q: state.level_offsets.get(q, 0) for q in range(n_levels)}
     parts = [

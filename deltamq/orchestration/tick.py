@@ -5,6 +5,12 @@ past half its time, and renewing the same way before each job), refuses a ``now`
 earlier than the warehouse's last tick, runs each job with ``now``, and appends one
 ``job_runs`` commit with a row per job. An idle tick therefore commits nothing but
 that one append.
+
+A runner whose tick found nothing to do goes *quiet* (``skip_idle_ticks``): until a
+table the jobs read gets a new commit, something held falls due (``jobs/wake.py``), the
+retention pass is due or a lease needs renewing, its ticks run no job and record
+nothing. Whether a table changed is one look-up of its next Delta log entry, so an idle
+tick on object storage costs a request per table instead of a dozen statements.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from deltamq.clock import ms_to_iso, to_ms
 from deltamq.constants import JOB_NAMES, JOB_STEPS, MAX_ERROR_CHARS
 from deltamq.errors import ClockError, LeaseHeld
 from deltamq.jobs import check_transactions, deliver, dispatch, promote, pull_expiry, retain, wake
+from deltamq.schemas import TABLES
+from deltamq.tables import deltalog
 from deltamq.tables.integrity import diagnose, faults_named
 from deltamq.tables.leases import Lease, Leases, LeaseTerms, wall_ms
 
@@ -58,6 +66,7 @@ class TickResult:
     now: int
     holder: str
     jobs: tuple[JobRun, ...]
+    idle: bool = False  # skipped: nothing changed since a tick that found nothing to do
 
     def job(self, name: str) -> JobRun:
         for j in self.jobs:
@@ -85,6 +94,8 @@ class TickResult:
     def summary(self) -> str:
         """One line: each job that did something (or failed) with its rows in/out, then
         each push group's counts; jobs with nothing to do are only counted."""
+        if self.idle:
+            return f"tick {ms_to_iso(self.now)} — idle: no table changed and nothing fell due, no job ran"
         busy = [j for j in self.jobs if j.rows_in or j.rows_out or j.status == "FAILED" or j.error]
         parts = [f"{j.job}: {j.status} in={j.rows_in} out={j.rows_out}" for j in busy]
         idle = len(self.jobs) - len(busy)
@@ -118,6 +129,8 @@ class TickResult:
 
     def __str__(self) -> str:
         lines = [f"tick {ms_to_iso(self.now)} ({self.tick_id}, {'ok' if self.ok else 'FAILED'})"]
+        if self.idle:
+            lines.append("  idle: no table changed and nothing fell due since the last tick; no job ran")
         for j in self.jobs:
             lines.append(f"  {j.job:<19} {j.status:<8} in={j.rows_in} out={j.rows_out}")
             if j.error:
@@ -297,6 +310,20 @@ STEPS: dict[str, JobFn] = {
 # (step, lease kind, function), in the order of deltamq.constants.JOB_STEPS
 SEQUENCE: tuple[tuple[str, str, JobFn], ...] = tuple((step, lease, STEPS[step]) for step, lease in JOB_STEPS)
 
+# the tables whose new commits may give a tick work: all but the runners' own records
+WATCHED = tuple(t for t in TABLES if t not in ("job_runs", "leases", "dq_results"))
+
+
+@dataclass(frozen=True)
+class Quiet:
+    """A runner's reason to skip its next ticks' jobs: the last tick found nothing to do
+    with the watched tables at ``versions`` (under ``ctx``: a new configuration ends it),
+    and nothing held falls due before ``until`` (tick clock; None: nothing is held)."""
+
+    ctx: Context
+    versions: dict[str, int]
+    until: int | None
+
 
 def job_sequence(job: str) -> tuple[tuple[str, str, JobFn], ...]:
     """The sequence that runs one job kind on its own (e.g. ``deltamq job promote``): every
@@ -328,6 +355,8 @@ class TickRunner:
         self.last_now: int | None = None
         self._epochs: dict[str, int] = {}  # the epoch of each lease at the last tick
         self._stop = threading.Event()
+        self._versions: dict[str, int] = {}  # the watched tables' versions, as last seen
+        self.quiet: Quiet | None = None
 
     @property
     def holder(self) -> str:
@@ -363,9 +392,13 @@ class TickRunner:
     def tick(self, now: int | datetime | None = None) -> TickResult:
         """Run one tick at ``now`` (default: the broker's clock)."""
         now_ms = self.ctx.clock.now_ms() if now is None else to_ms(now)
+        skipped = self._skip_if_quiet(now_ms, now is None)
+        if skipped is not None:
+            return skipped
         self.ctx.engine.recycle_if_large(self.ctx.config.embedded_max_rss_mb)
         with faults_named(self.ctx.warehouse):
             self._take_leases(now_ms)
+            seen = self._watch() if self.ctx.config.skip_idle_ticks and len(self.jobs) > 1 else None
         if self.last_now is not None and now is None and 0 < self.last_now - now_ms <= self.terms.ttl_ms:
             # this runner's clock is behind the last tick's runner by less than the lease
             # TTL (the skew leases allow): the tick holds time at the last tick's now
@@ -421,7 +454,59 @@ class TickRunner:
         self._record(result)
         if failed is not None:
             raise failed
+        self.quiet = self._quiet_after(result, seen)
         return result
+
+    # --- idle ticks -----------------------------------------------------------------------
+    def _watch(self) -> dict[str, int]:
+        """The watched tables' versions now (a look-up per table, one more per new commit)."""
+        wh = self.ctx.warehouse
+        self._versions = deltalog.latest_versions(wh.storage, {t: wh.uri(t) for t in WATCHED}, self._versions)
+        return dict(self._versions)
+
+    def _quiet_after(self, result: TickResult, seen: dict[str, int] | None) -> Quiet | None:
+        """Quiet after ``result`` when it did nothing, wrote nothing the jobs read (the
+        versions are those ``seen`` at its start) and reported no error."""
+        if seen is None or not result.ok or result.setup_errors:
+            return None
+        if any(j.rows_in or j.rows_out or j.error for j in result.jobs):
+            return None
+        with faults_named(self.ctx.warehouse):
+            if self._watch() != seen:
+                return None  # written meanwhile (by this tick, or by another writer)
+            due = wake.next_due(self.ctx, result.now, state=self.promote_memory.state)
+            return Quiet(self.ctx, seen, due)
+
+    def _skip_if_quiet(self, now_ms: int, own_clock: bool) -> TickResult | None:
+        """An idle tick's result when the runner is quiet and still may be; None to run
+        the jobs. A tick never goes back in time, idle or not."""
+        quiet = self.quiet
+        if quiet is None:
+            return None
+        if self.last_now is not None and own_clock and 0 < self.last_now - now_ms <= self.terms.ttl_ms:
+            now_ms = self.last_now  # a clock behind by less than the lease TTL: held at the last now
+        due = [
+            quiet.until,
+            self.retain_memory.last_pass
+            and self.retain_memory.last_pass + self.ctx.config.retain_interval_ms,
+        ]
+        if (
+            quiet.ctx is not self.ctx
+            or (self.last_now is not None and now_ms < self.last_now)
+            or any(d is not None and now_ms >= d for d in due)
+            or self.retain_memory.last_pass is None
+            or self.leases.renewal_due(self.jobs, self.terms)
+        ):
+            self.quiet = None
+            return None
+        with faults_named(self.ctx.warehouse):
+            if self._watch() != quiet.versions:
+                self.quiet = None
+                return None
+        self.last_now = now_ms
+        return TickResult(
+            f"{now_ms:013d}-{self.holder.rsplit(':', 1)[-1]}", now_ms, self.holder, (), idle=True
+        )
 
     def _forget_if_fenced(self, held: dict[str, Lease]) -> None:
         """A lease taken at a new epoch means another runner may have run that job since
@@ -544,6 +629,8 @@ class TickRunner:
                     ended = clock.now_ms()
                     if not virtual and _due_meanwhile(result, previous, ended):
                         due = ended  # more fell due while this tick ran: tick again now
+                    elif self.quiet is not None:
+                        due = self.quiet.until  # read when the runner went quiet
                     else:
                         due = wake.next_due(self.ctx, result.now)
                 previous = result.now

@@ -62,15 +62,47 @@ def first_version(storage: Storage, table_path: str) -> int:
     return versions[0] if versions else -1
 
 
+def latest_versions(storage: Storage, tables: dict[str, str], known: dict[str, int]) -> dict[str, int]:
+    """Each table's highest committed version (``tables``: name → path; −1 for a missing
+    table), found from the ``known`` versions by looking for the next commit entries: one
+    look-up for a table that did not change, one more per new commit. A table not in
+    ``known`` is listed. On an object store the
+    look-ups run in parallel."""
+
+    def latest(name: str) -> int:
+        path = tables[name]
+        version = known.get(name)
+        if version is None:
+            return latest_version(storage, path)
+        while True:
+            entry = f"{path}/_delta_log/{version + 1:020d}.json"
+            if storage.sizes([entry])[entry] is None:
+                return version
+            version += 1
+
+    names = list(tables)
+    if storage.is_local or len(names) < 2:
+        return {name: latest(name) for name in names}
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(16, len(names))) as pool:
+        return dict(zip(names, pool.map(latest, names), strict=True))
+
+
 def commits_after(storage: Storage, table_path: str, after_version: int, limit: int) -> list[Commit]:
     """Commits with version > ``after_version`` (at most ``limit``), in version order.
     ``table_path`` is the table's location as ``storage`` names it (a path or a URI)."""
-    versions = [v for v in _versions(storage, table_path) if v > after_version][:limit]
-    if versions and versions[0] != after_version + 1 and after_version >= 0:
-        raise LogGap(
-            f"{table_path}: commit entries {after_version + 1}..{versions[0] - 1} are gone "
-            "(Delta log cleanup); the reader fell behind the log retention"
-        )
+    listed = [v for v in _versions(storage, table_path) if v > after_version]
+    if listed and listed[0] != after_version + 1 and after_version >= 0:
+        # the next entry is not listed: gone (log cleanup), or missed by a listing racing
+        # its commit (list again before calling it gone)
+        listed = [v for v in _versions(storage, table_path) if v > after_version]
+        if listed and listed[0] != after_version + 1:
+            raise LogGap(
+                f"{table_path}: commit entries {after_version + 1}..{listed[0] - 1} are gone "
+                "(Delta log cleanup); the reader fell behind the log retention"
+            )
+    versions = _contiguous(listed)[:limit]
     if storage.is_local or len(versions) < 2:
         return [read_commit(storage, table_path, v) for v in versions]
     # an object store answers each GET in milliseconds, not microseconds: read in parallel
@@ -78,6 +110,17 @@ def commits_after(storage: Storage, table_path: str, after_version: int, limit: 
 
     with ThreadPoolExecutor(max_workers=min(16, len(versions))) as pool:
         return list(pool.map(lambda v: read_commit(storage, table_path, v), versions))
+
+
+def _contiguous(versions: list[int]) -> list[int]:
+    """The versions up to the first one missing. Delta versions are created in order, so a
+    hole is a listing that raced a commit (a local directory lists in hash order and can
+    show a new entry without the one before it): what follows it is read next time,
+    never skipped."""
+    for i in range(1, len(versions)):
+        if versions[i] != versions[i - 1] + 1:
+            return versions[:i]
+    return versions
 
 
 def read_commit(storage: Storage, table_path: str, version: int) -> Commit:

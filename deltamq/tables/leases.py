@@ -243,12 +243,17 @@ class Leases:
             "VALUES (s.job, s.holder, s.epoch, s.expires_at, s.acquired_at, s.last_now, s.ttl_ms)"
         )
 
+    def renewal_due(self, jobs: Sequence[str], terms: LeaseTerms) -> bool:
+        """Whether any of ``jobs`` has half its time or less left (or is not held), by
+        what this holder last saw: no read."""
+        now = self.mono()
+        return any(self._left(j, self.held.get(j), now) <= terms.ttl_ms // 2 for j in jobs)
+
     def renew_due(self, jobs: Sequence[str], terms: LeaseTerms) -> None:
         """Renew ``jobs`` if any has half its time or less left (by what this holder last
         saw: no read otherwise). Called between jobs, so a long tick does not run a later
         job on a lease that expires under it."""
-        now = self.mono()
-        if any(self._left(j, self.held.get(j), now) <= terms.ttl_ms // 2 for j in jobs):
+        if self.renewal_due(jobs, terms):
             try:
                 self.acquire(jobs, terms)
             except LeaseHeld as e:  # taken over while this tick ran: fenced, as check() would
