@@ -372,7 +372,8 @@ def _table(result: dict) -> str:
         rows += [
             (
                 f"sustained {su['seconds']:.0f} s: {len(su['producers'])} producer processes "
-                f"({' + '.join(su.get('kinds', ['lite', 'spark']))}, send_batch 1 000) + `tick --loop`, consumed",
+                f"({' + '.join(su.get('kinds', ['lite', 'spark']))}, send_batch 1 000) + "
+                "`tick --loop`, consumed",
                 f"{su['consumed_msgs_per_s_in_window']:,} msgs/s",
                 "≥ 60 000",
                 _x(su["consumed_msgs_per_s_in_window"], 60_000),

@@ -470,6 +470,25 @@ class Storage:
 
         return self._retrying("write", path, create)
 
+    def exists(self, path: str) -> bool:
+        """Whether the file ``path`` exists: one HEAD request on an object store (a
+        filesystem's look-up of a missing name also lists it, to tell a directory)."""
+        if self.is_local:
+            return os.path.exists(path)
+        import obstore
+        from obstore.exceptions import NotFoundError
+
+        store = self._object_store()
+
+        def head() -> bool:
+            try:
+                obstore.head(store, self._key(path))
+                return True
+            except (NotFoundError, FileNotFoundError):  # obstore raises the built-in one
+                return False
+
+        return self._retrying("read", path, head)
+
     def read_bytes(self, path: str) -> bytes | None:
         """A file's bytes; None when it does not exist."""
         if self.is_local:
@@ -488,7 +507,7 @@ class Storage:
         def get() -> bytes | None:
             try:
                 return bytes(obstore.get(store, self._key(path)).bytes())
-            except NotFoundError:
+            except (NotFoundError, FileNotFoundError):
                 return None
 
         return self._retrying("read", path, get)

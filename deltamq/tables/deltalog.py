@@ -75,8 +75,7 @@ def latest_versions(storage: Storage, tables: dict[str, str], known: dict[str, i
         if version is None:
             return latest_version(storage, path)
         while True:
-            entry = f"{path}/_delta_log/{version + 1:020d}.json"
-            if storage.sizes([entry])[entry] is None:
+            if not storage.exists(f"{path}/_delta_log/{version + 1:020d}.json"):
                 return version
             version += 1
 
