@@ -79,6 +79,7 @@ class Context:
 
     def append_commit_log(self, rows: pa.Table | DataFrame, *, what: str) -> None:
         """Blind-append stored messages to commit_log (one commit)."""
-        is_arrow = type(rows).__module__.startswith("pyarrow")
-        df = self.engine.spark.createDataFrame(rows) if is_arrow else rows
-        self.commit(partial(self.warehouse.append, "commit_log", df), what=what)
+        if type(rows).__module__.startswith("pyarrow"):  # rows built in Python: no engine round trip
+            self.commit(partial(self.warehouse.append_arrow, "commit_log", rows), what=what)
+        else:
+            self.commit(partial(self.warehouse.append, "commit_log", rows), what=what)

@@ -310,6 +310,30 @@ STEPS: dict[str, JobFn] = {
 # (step, lease kind, function), in the order of deltamq.constants.JOB_STEPS
 SEQUENCE: tuple[tuple[str, str, JobFn], ...] = tuple((step, lease, STEPS[step]) for step, lease in JOB_STEPS)
 
+def _job_runs_arrow() -> Any:
+    import pyarrow as pa
+
+    long, text = pa.int64(), pa.string()
+    return pa.schema(
+        [
+            ("tick_id", text),
+            ("now_ts", long),
+            ("job", text),
+            ("start_ts", long),
+            ("end_ts", long),
+            ("rows_in", long),
+            ("rows_out", long),
+            ("status", text),
+            ("error", text),
+            ("holder", text),
+            ("run_date", pa.date32()),
+            ("details", pa.map_(text, long)),
+        ]
+    )
+
+
+_JOB_RUNS_ARROW = _job_runs_arrow()
+
 # the tables whose new commits may give a tick work: all but the runners' own records
 WATCHED = tuple(t for t in TABLES if t not in ("job_runs", "leases", "dq_results"))
 
@@ -537,10 +561,14 @@ class TickRunner:
         return None
 
     def _record(self, result: TickResult) -> None:
-        spark = self.ctx.engine.spark
+        """One append of the tick's ``job_runs`` rows (written without an engine round
+        trip: Warehouse.append_arrow)."""
+        import pyarrow as pa
+
         day = ids.store_date(result.now)
-        rows = [
-            (
+        columns: dict[str, list[Any]] = {name: [] for name in _JOB_RUNS_ARROW.names}
+        for j in result.jobs:
+            values = (
                 result.tick_id,
                 result.now,
                 j.job,
@@ -552,17 +580,12 @@ class TickRunner:
                 j.error,
                 result.holder,
                 day,
-                {k: int(v) for k, v in j.details.items()},
+                [(k, int(v)) for k, v in j.details.items()],
             )
-            for j in result.jobs
-        ]
-        df = spark.createDataFrame(
-            rows,
-            "tick_id string, now_ts bigint, job string, start_ts bigint, end_ts bigint, rows_in bigint, "
-            "rows_out bigint, status string, error string, holder string, run_date date, "
-            "details map<string,bigint>",
-        )
-        self.ctx.commit(lambda: self.ctx.warehouse.append("job_runs", df), what="job_runs")
+            for name, value in zip(_JOB_RUNS_ARROW.names, values, strict=True):
+                columns[name].append(value)
+        rows = pa.table(columns, schema=_JOB_RUNS_ARROW)
+        self.ctx.commit(lambda: self.ctx.warehouse.append_arrow("job_runs", rows), what="job_runs")
 
     def release(self) -> None:
         self.leases.release(self.ctx.config.commit_policy)

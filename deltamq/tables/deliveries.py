@@ -181,8 +181,7 @@ def append(wh: Warehouse, rows: list[LogRow]) -> None:
     table = pa.Table.from_arrays(
         [pa.array(c, type=t) for c, t in zip(columns, _ARROW_LOG.types, strict=True)], schema=_ARROW_LOG
     )
-    df = wh.engine.spark.createDataFrame(table)
-    wh.append("deliveries", df)
+    wh.append_arrow("deliveries", table)
 
 
 def ended(row: LogRow, state: str) -> LogRow:

@@ -15,7 +15,10 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import pyarrow as pa
+
 from deltamq.config import TOMBSTONE_RETENTION, BrokerConfig, CommitPolicy, parse_levels, tombstone_retention
+from deltamq.delta_append import BlindAppender, Unsupported
 from deltamq.errors import ConfigError, SchemaVersionError, WarehouseNotFound
 from deltamq.schemas import SCHEMA_VERSION, TABLES, TableSpec
 from deltamq.storage import Storage, normalize_location
@@ -57,6 +60,7 @@ class Warehouse:
         self.storage.check_reachable()
         engine.prepare_storage(self.storage)
         self._known: set[str] = set()
+        self._appenders: dict[str, BlindAppender | None] = {}
 
     @property
     def is_local(self) -> bool:
@@ -90,6 +94,23 @@ class Warehouse:
     def append(self, table: str, df: DataFrame) -> None:
         spec = TABLES[table]
         self.engine.append(df.select(*spec.schema.fieldNames()), self.path(table), spec.partition_by)
+
+    def append_arrow(self, table: str, rows: pa.Table) -> None:
+        """A blind append of rows built in Python (the producers' messages, pull clients'
+        deliveries, a tick's records), written without an engine round trip: a Parquet
+        file and a commit entry put-if-absent (deltamq/delta_append.py; a lost answer to
+        the commit is recognised as its own). A table whose protocol that writer does not
+        meet is appended to by the engine."""
+        if table not in self._appenders:
+            self._appenders[table] = BlindAppender(self.storage, self.uri(table), engine_info="deltamq")
+        appender = self._appenders[table]
+        if appender is not None:
+            try:
+                appender.append(rows)
+                return
+            except Unsupported:
+                self._appenders[table] = None  # from now on through the engine
+        self.append(table, self.engine.spark.createDataFrame(rows))
 
     # --- existence and creation ---------------------------------------------------------
     def table_exists(self, table: str) -> bool:
