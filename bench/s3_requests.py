@@ -105,6 +105,7 @@ def measure(root: Path, idle: int) -> dict:
         "delivered_in_that_tick": delivered(results),
         "lite_send_100": dict(sorted(lite_send.items())),
         "lite_send_100_total": sum(lite_send.values()),
+        "tick_after_lite_100": dict(sorted(lite_tick.items())),
         "tick_after_lite_100_total": sum(lite_tick.values()),
         "delivered_in_the_lite_tick": delivered(lite_results),
     }

@@ -61,6 +61,9 @@ class Warehouse:
         engine.prepare_storage(self.storage)
         self._known: set[str] = set()
         self._appenders: dict[str, BlindAppender | None] = {}
+        # Apache Spark commits on a local disk by check-then-rename (docs/engines.md), atomic
+        # only among its own threads: there every commit goes through the engine
+        self._appends_outside = not (engine.flavor == "spark" and self.storage.is_local)
 
     @property
     def is_local(self) -> bool:
@@ -100,7 +103,11 @@ class Warehouse:
         deliveries, a tick's records), written without an engine round trip: a Parquet
         file and a commit entry put-if-absent (deltamq/delta_append.py; a lost answer to
         the commit is recognised as its own). A table whose protocol that writer does not
-        meet is appended to by the engine."""
+        meet is appended to by the engine, as is every table when the engine is Apache
+        Spark on a local disk."""
+        if not self._appends_outside:
+            self.append(table, self.engine.spark.createDataFrame(rows))
+            return
         if table not in self._appenders:
             self._appenders[table] = BlindAppender(self.storage, self.uri(table), engine_info="deltamq")
         appender = self._appenders[table]
