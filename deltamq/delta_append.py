@@ -50,6 +50,8 @@ log = logging.getLogger("deltamq.append")
 WRITER_FEATURES = frozenset({"appendOnly", "invariants"})
 MAX_VERSION_STEPS = 10_000
 """Versions one append may walk past (other writers' commits) before it gives up."""
+REREAD_EVERY = 16
+"""Taken versions in a row after which the table is read again (its head, in one read)."""
 STATS_STRING_CHARS = 32
 """Strings longer than this get no min/max statistics (Delta truncates them; omitted here)."""
 _STATS_TYPES = (pa.types.is_integer, pa.types.is_date, pa.types.is_string, pa.types.is_boolean)
@@ -119,19 +121,28 @@ class BlindAppender:
         ]
         entry = self._entry(txn, adds, state)
         version = state.version + 1
-        for _ in range(MAX_VERSION_STEPS):
-            path = f"{self.uri}/_delta_log/{version:020d}.json"
+        for step in range(MAX_VERSION_STEPS):
+            path = self._log_entry(version)
             if self.storage.put_if_absent(path, entry):
-                break
+                if version == 0 or self.storage.exists(self._log_entry(version - 1)):
+                    break
+                # the entry before is gone: log cleanup removed the versions this appender
+                # last knew, below a newer checkpoint, which every reader starts from, so
+                # this entry would never be read. Withdraw it; commit at the real head.
+                self.storage.delete(path)
+                version = self._reload(state, version) + 1
+                continue
             winner = self.storage.read_bytes(path)
-            if winner is not None and _txn_of(winner) == txn:
+            if winner is None:
+                # refused, yet nothing is there (a create that conflicted with another
+                # request in flight): the same version again
+                time.sleep(0.01 * (1 + step % 5))
+                continue
+            if _txn_of(winner) == txn:
                 break  # this append's own entry: the write landed, its answer was lost
-            if winner is None or _changes_table(winner):
-                self._state = None  # metadata, protocol or a vanished entry: read it all again
-                fresh = self._current()
-                if fresh.schema != state.schema or fresh.partition_by != state.partition_by:
-                    raise Unsupported(f"{self.uri} changed its schema or partitioning at version {version}")
-                version = max(version, fresh.version)
+            if _changes_table(winner) or step % REREAD_EVERY == REREAD_EVERY - 1:
+                # a metadata or protocol change, or far behind the head: read the table again
+                version = max(version, self._reload(state, version))
             version += 1
         else:
             raise StorageError(
@@ -143,17 +154,31 @@ class BlindAppender:
             self._checkpoint(version)
         return version
 
+    def _log_entry(self, version: int) -> str:
+        return f"{self.uri}/_delta_log/{version:020d}.json"
+
+    def _reload(self, state: _State, version: int) -> int:
+        """The table read again (its latest version); Unsupported when its schema or
+        partitioning is no longer the one ``state`` wrote the files for."""
+        self._state = None
+        fresh = self._current()
+        if fresh.schema != state.schema or fresh.partition_by != state.partition_by:
+            raise Unsupported(f"{self.uri} changed its schema or partitioning at version {version}")
+        return fresh.version
+
     def _write_file(self, state: _State, part: pa.Table, values: dict[str, str | None]) -> dict[str, Any]:
         data = part.select(state.schema.names).cast(state.schema)
         buf = io.BytesIO()
         pq.write_table(data, buf, compression="snappy")
         body = buf.getvalue()
-        folder = "/".join(f"{quote(k, safe='')}={quote(_path_value(v), safe='')}" for k, v in values.items())
+        # the folder as Hive names it (special characters as %XX), and the log's path a
+        # URI of it (percent-encoded once more), as Delta-Spark writes them
+        folder = "/".join(f"{_hive(k)}={_hive(_path_value(v))}" for k, v in values.items())
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         rel = f"{folder}/{name}" if folder else name
         self.storage.put(f"{self.uri}/{rel}", body)
         return {
-            "path": rel,
+            "path": quote(rel, safe="/=:@!$&'()*+,;"),  # a URI path: RFC 3986's pchar kept
             "partitionValues": values,
             "size": len(body),
             "modificationTime": int(time.time() * 1000),
@@ -212,6 +237,15 @@ def _log_value(v: Any) -> str | None:
     if isinstance(v, bool):
         return "true" if v else "false"
     return v.isoformat() if hasattr(v, "isoformat") else str(v)
+
+
+def _hive(text: str) -> str:
+    """A partition column or value as a folder name: Hive's escaping of the characters a
+    path cannot hold as they are."""
+    return "".join(f"%{ord(c):02X}" if c in _HIVE_ESCAPED or ord(c) < 0x20 else c for c in text)
+
+
+_HIVE_ESCAPED = frozenset("\"#%'*/:=?\\{[]^\x7f")
 
 
 def _path_value(v: str | None) -> str:

@@ -140,6 +140,58 @@ def test_a_checkpoint_at_every_interval(tmp_path):
     assert DeltaTable(uri).to_pyarrow_table().num_rows == 7
 
 
+def test_an_appender_that_slept_through_log_cleanup_commits_at_the_head_not_behind_it(tmp_path):
+    """An appender's last version and those after it were deleted by log cleanup (below a
+    newer checkpoint): the free name after its last version is no commit any reader
+    reads. It notices the entry before is gone, withdraws its entry, and commits at the
+    head."""
+    storage, uri = _table(tmp_path)
+    sleeper, busy = BlindAppender(storage, uri), BlindAppender(storage, uri)
+    assert sleeper.append(_rows(range(0, 1))) == 1
+    for i in range(1, 10):
+        busy.append(_rows(range(i, i + 1)))
+    DeltaTable(uri).create_checkpoint()  # at version 10
+    log = Path(uri) / "_delta_log"
+    for v in range(10):  # what log cleanup deletes: the entries below the checkpoint
+        (log / f"{v:020d}.json").unlink()
+    assert sleeper.append(_rows(range(100, 101))) == 11
+    assert not (log / f"{2:020d}.json").exists()
+    ids = sorted(DeltaTable(uri).to_pyarrow_table()["id"].to_pylist())
+    assert ids == [*range(10), 100]
+
+
+def test_a_refused_create_with_nothing_there_tries_the_same_version_again(tmp_path, monkeypatch):
+    """A create refused although no entry is there (S3 answers 409 to a create racing
+    another request): taking the next version would leave a hole no reader gets past."""
+    storage, uri = _table(tmp_path)
+    appender = BlindAppender(storage, uri)
+    real = storage.put_if_absent
+    refused: list[str] = []
+
+    def refuse_once(path: str, data: bytes) -> bool:
+        if not refused and path.endswith(".json"):
+            refused.append(path)
+            return False
+        return real(path, data)
+
+    monkeypatch.setattr(storage, "put_if_absent", refuse_once)
+    assert appender.append(_rows(range(1))) == 1
+    names = sorted(p.name for p in (Path(uri) / "_delta_log").glob("*.json"))
+    assert refused and names == [f"{0:020d}.json", f"{1:020d}.json"]
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == 1
+
+
+def test_a_partition_value_with_special_characters_is_read_back(tmp_path):
+    uri = str(tmp_path / "t")
+    schema = pa.schema([("id", pa.int64()), ("topic", pa.string())])
+    write_deltalake(uri, pa.table({"id": [], "topic": []}, schema=schema), partition_by=["topic"])
+    odd = "%RETRY%g/x=1 é"
+    BlindAppender(Storage(str(tmp_path)), uri).append(pa.table({"id": [1], "topic": [odd]}, schema=schema))
+    assert DeltaTable(uri).to_pyarrow_table().to_pylist() == [{"id": 1, "topic": odd}]
+    folders = [p.name for p in Path(uri).iterdir() if p.name.startswith("topic=")]
+    assert folders == ["topic=%25RETRY%25g%2Fx%3D1 é"]
+
+
 def test_put_if_absent_keeps_the_first_writer(tmp_path):
     storage = Storage(str(tmp_path))
     path = str(tmp_path / "d" / "x.json")

@@ -310,6 +310,7 @@ STEPS: dict[str, JobFn] = {
 # (step, lease kind, function), in the order of deltamq.constants.JOB_STEPS
 SEQUENCE: tuple[tuple[str, str, JobFn], ...] = tuple((step, lease, STEPS[step]) for step, lease in JOB_STEPS)
 
+
 def _job_runs_arrow() -> Any:
     import pyarrow as pa
 
@@ -509,10 +510,10 @@ class TickRunner:
             return None
         if self.last_now is not None and own_clock and 0 < self.last_now - now_ms <= self.terms.ttl_ms:
             now_ms = self.last_now  # a clock behind by less than the lease TTL: held at the last now
+        last_pass = self.retain_memory.last_pass
         due = [
             quiet.until,
-            self.retain_memory.last_pass
-            and self.retain_memory.last_pass + self.ctx.config.retain_interval_ms,
+            None if last_pass is None else last_pass + self.ctx.config.retain_interval_ms,
         ]
         if (
             quiet.ctx is not self.ctx
