@@ -422,10 +422,7 @@ class Storage:
         if self.is_local:
             try:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                tmp = f"{path}.{os.getpid()}.{random.getrandbits(48):x}.tmp"
-                with open(tmp, "wb") as fh:
-                    fh.write(data)
-                os.replace(tmp, path)
+                os.replace(_beside(path, data), path)
                 return
             except OSError as e:
                 raise self.error("write", path, e) from e
@@ -441,10 +438,9 @@ class Storage:
         name. A False after a fault may be this writer's own earlier attempt (the write
         landed, its answer was lost): the caller tells by the content."""
         if self.is_local:
-            tmp = f"{path}.{os.getpid()}.{random.getrandbits(48):x}.tmp"
+            tmp = ""
             try:
-                with open(tmp, "wb") as fh:
-                    fh.write(data)
+                tmp = _beside(path, data)
                 os.link(tmp, path)
                 return True
             except FileExistsError:
@@ -452,10 +448,11 @@ class Storage:
             except OSError as e:
                 raise self.error("write", path, e) from e
             finally:
-                try:
-                    os.remove(tmp)
-                except OSError:
-                    pass
+                if tmp:
+                    try:
+                        os.remove(tmp)
+                    except OSError:
+                        pass
         import obstore
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
@@ -579,6 +576,20 @@ def is_transient(error: BaseException) -> bool:
         if re.search(_TRANSIENT_TEXT, f"{type(e).__name__}: {e}", re.IGNORECASE):
             return True
     return False
+
+
+def _beside(path: str, data: bytes) -> str:
+    """``data`` written to a new temporary file next to ``path`` (same directory, so it
+    can be renamed or linked into place); its name. A write that fails leaves none."""
+    tmp = f"{path}.{os.getpid()}.{random.getrandbits(48):x}.tmp"
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+    except OSError:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return tmp
 
 
 # object_store's client settings (not the store's): given as {PREFIX}{NAME} like the rest

@@ -26,6 +26,8 @@ from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
+import pyarrow as pa
+
 from deltamq import ids
 from deltamq.clock import ms_to_iso, to_ms
 from deltamq.constants import JOB_NAMES, JOB_STEPS, MAX_ERROR_CHARS
@@ -311,29 +313,22 @@ STEPS: dict[str, JobFn] = {
 SEQUENCE: tuple[tuple[str, str, JobFn], ...] = tuple((step, lease, STEPS[step]) for step, lease in JOB_STEPS)
 
 
-def _job_runs_arrow() -> Any:
-    import pyarrow as pa
-
-    long, text = pa.int64(), pa.string()
-    return pa.schema(
-        [
-            ("tick_id", text),
-            ("now_ts", long),
-            ("job", text),
-            ("start_ts", long),
-            ("end_ts", long),
-            ("rows_in", long),
-            ("rows_out", long),
-            ("status", text),
-            ("error", text),
-            ("holder", text),
-            ("run_date", pa.date32()),
-            ("details", pa.map_(text, long)),
-        ]
-    )
-
-
-_JOB_RUNS_ARROW = _job_runs_arrow()
+_JOB_RUNS_ARROW = pa.schema(
+    [
+        ("tick_id", pa.string()),
+        ("now_ts", pa.int64()),
+        ("job", pa.string()),
+        ("start_ts", pa.int64()),
+        ("end_ts", pa.int64()),
+        ("rows_in", pa.int64()),
+        ("rows_out", pa.int64()),
+        ("status", pa.string()),
+        ("error", pa.string()),
+        ("holder", pa.string()),
+        ("run_date", pa.date32()),
+        ("details", pa.map_(pa.string(), pa.int64())),
+    ]
+)
 
 # the tables whose new commits may give a tick work: all but the runners' own records
 WATCHED = tuple(t for t in TABLES if t not in ("job_runs", "leases", "dq_results"))
@@ -424,21 +419,20 @@ class TickRunner:
         with faults_named(self.ctx.warehouse):
             self._take_leases(now_ms)
             seen = self._watch() if self.ctx.config.skip_idle_ticks and len(self.jobs) > 1 else None
-        if self.last_now is not None and now is None and 0 < self.last_now - now_ms <= self.terms.ttl_ms:
-            # this runner's clock is behind the last tick's runner by less than the lease
-            # TTL (the skew leases allow): the tick holds time at the last tick's now
+        held = self._held_now(now_ms, now is None)
+        if held != now_ms:
             log.warning(
                 "clock %s ms behind the warehouse's last tick: ticking at its now %s",
-                self.last_now - now_ms,
-                ms_to_iso(self.last_now),
+                held - now_ms,
+                ms_to_iso(held),
             )
-            now_ms = self.last_now
+            now_ms = held
         if self.last_now is not None and now_ms < self.last_now:
             raise ClockError(
                 f"now={now_ms} ({ms_to_iso(now_ms)}) is earlier than the warehouse's last tick "
                 f"{self.last_now} ({ms_to_iso(self.last_now)}); a tick's now never goes back"
             )
-        tick_id = f"{now_ms:013d}-{self.holder.rsplit(':', 1)[-1]}"
+        tick_id = self._tick_id(now_ms)
         runs: list[JobRun] = []
         failed: BaseException | None = None
         self.later = []
@@ -508,8 +502,7 @@ class TickRunner:
         quiet = self.quiet
         if quiet is None:
             return None
-        if self.last_now is not None and own_clock and 0 < self.last_now - now_ms <= self.terms.ttl_ms:
-            now_ms = self.last_now  # a clock behind by less than the lease TTL: held at the last now
+        now_ms = self._held_now(now_ms, own_clock)
         last_pass = self.retain_memory.last_pass
         due = [
             quiet.until,
@@ -519,7 +512,7 @@ class TickRunner:
             quiet.ctx is not self.ctx
             or (self.last_now is not None and now_ms < self.last_now)
             or any(d is not None and now_ms >= d for d in due)
-            or self.retain_memory.last_pass is None
+            or last_pass is None
             or self.leases.renewal_due(self.jobs, self.terms)
         ):
             self.quiet = None
@@ -529,9 +522,17 @@ class TickRunner:
                 self.quiet = None
                 return None
         self.last_now = now_ms
-        return TickResult(
-            f"{now_ms:013d}-{self.holder.rsplit(':', 1)[-1]}", now_ms, self.holder, (), idle=True
-        )
+        return TickResult(self._tick_id(now_ms), now_ms, self.holder, (), idle=True)
+
+    def _tick_id(self, now_ms: int) -> str:
+        return f"{now_ms:013d}-{self.holder.rsplit(':', 1)[-1]}"
+
+    def _held_now(self, now_ms: int, own_clock: bool) -> int:
+        """``now_ms``, or the last tick's now when this runner's own clock is behind it by
+        less than the lease TTL (the skew leases allow): a tick holds time there."""
+        if self.last_now is not None and own_clock and 0 < self.last_now - now_ms <= self.terms.ttl_ms:
+            return self.last_now
+        return now_ms
 
     def _forget_if_fenced(self, held: dict[str, Lease]) -> None:
         """A lease taken at a new epoch means another runner may have run that job since
@@ -564,8 +565,6 @@ class TickRunner:
     def _record(self, result: TickResult) -> None:
         """One append of the tick's ``job_runs`` rows (written without an engine round
         trip: Warehouse.append_arrow)."""
-        import pyarrow as pa
-
         day = ids.store_date(result.now)
         columns: dict[str, list[Any]] = {name: [] for name in _JOB_RUNS_ARROW.names}
         for j in result.jobs:

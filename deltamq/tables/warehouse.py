@@ -105,11 +105,12 @@ class Warehouse:
         the commit is recognised as its own). A table whose protocol that writer does not
         meet is appended to by the engine, as is every table when the engine is Apache
         Spark on a local disk."""
-        if not self._appends_outside:
-            self.append(table, self.engine.spark.createDataFrame(rows))
-            return
         if table not in self._appenders:
-            self._appenders[table] = BlindAppender(self.storage, self.uri(table), engine_info="deltamq")
+            self._appenders[table] = (
+                BlindAppender(self.storage, self.uri(table), engine_info="deltamq")
+                if self._appends_outside
+                else None
+            )
         appender = self._appenders[table]
         if appender is not None:
             try:
