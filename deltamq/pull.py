@@ -69,19 +69,18 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-from pyspark.sql import Column
+import pyarrow.compute as pc
 from pyspark.sql import functions as F
 
 from deltamq import dedup, faults
+from deltamq.config import Subscription
 from deltamq.constants import ACKED, INFLIGHT, NACKED, PASSED, REVOKED, TAKEN
 from deltamq.errors import ConfigError, UnknownGroup
-from deltamq.filters import subscriptions_filter
 from deltamq.jobs import pull_expiry
 from deltamq.message import StoredMessage, stored_fields, validate_group_name
+from deltamq.pull_reads import handout_rows
 from deltamq.rebalance import assign
-from deltamq.tables import deliveries
-from deltamq.tables.bodies import read_bodies
+from deltamq.tables import deliveries, files
 from deltamq.tables.consume_queue import load_dispatch_state
 from deltamq.tables.deliveries import (
     LockEntry,
@@ -91,7 +90,6 @@ from deltamq.tables.deliveries import (
     queues_column,
 )
 from deltamq.tables.integrity import faults_named
-from deltamq.tables.ranges import queue_ranges
 from deltamq.tables.sqltext import sql_long, sql_str
 
 if TYPE_CHECKING:
@@ -164,7 +162,7 @@ class PullConsumer:
         self._seen: int | None = None  # the last heartbeat this client committed
         self._held: dict[Queue, _Held] = {}
         self._sent: dict[str, tuple] = {}  # receipt handle → its INFLIGHT row (this client's)
-        self._topology: tuple[int, list[Queue], Column] | None = None  # (read at, queues, filter)
+        self._topology: tuple[int, list[Queue], list[Subscription]] | None = None  # (read at, queues, subs)
 
     # --- helpers ------------------------------------------------------------------------------
     def _now(self, now: int | None) -> int:
@@ -225,14 +223,18 @@ class PullConsumer:
     def _live(self, now: int) -> list[str]:
         return live_clients(self.ctx, self.group, now) + [self.client_id]
 
-    def _queues(self, now: int) -> tuple[list[Queue], Column]:
-        """The group's queues and its subscriptions' filter, read again when a quarter of
+    def _queues(self, now: int) -> list[Queue]:
+        """The group's queues, read again (with its subscriptions) when a quarter of
         ``client_timeout_ms`` has passed (a new subscription is seen within that time)."""
         if self._topology is None or self._due(now, self._topology[0], self.ctx.config.client_timeout_ms):
-            subs = self.ctx.catalog.subscriptions(self.group)
-            queues = group_queues(self.ctx, self.group, subs)
-            self._topology = (now, queues, subscriptions_filter(subs, default=True))
-        return self._topology[1], self._topology[2]
+            subs = list(self.ctx.catalog.subscriptions(self.group))
+            self._topology = (now, group_queues(self.ctx, self.group, subs), subs)
+        return self._topology[1]
+
+    def _subs(self, now: int) -> list[Subscription]:
+        self._queues(now)
+        assert self._topology is not None
+        return self._topology[2]
 
     # --- pulling ------------------------------------------------------------------------------
     def pull(
@@ -259,7 +261,7 @@ class PullConsumer:
         started = time.monotonic()
         self.ctx.engine.recycle_if_large(self.ctx.config.embedded_max_rss_mb)
         self._keep_alive(now)
-        queues, matches = self._queues(now)
+        queues = self._queues(now)
         mine = assign(queues, self._live(now), self.client_id)
         held = self._held
         mine_set = set(mine)
@@ -288,7 +290,7 @@ class PullConsumer:
         faults.point("pull.after_lock_commit")
         ranges = [(t, q, lo, hi) for (t, q), (lo, hi) in sorted(takes.items()) if hi > lo]
         prefix = f"{now & 0xFFFFFFFFFFFF:012x}{secrets.token_hex(5)}"  # the pull's handles
-        handouts = self._read(ranges, now, matches, prefix) if ranges else []
+        handouts = self._read(ranges, now, prefix) if ranges else []
         log = self._takeover_rows(now)
         invisible = now + self._cfg.invisible_time_ms
         last: dict[Queue, int] = {}
@@ -541,55 +543,13 @@ class PullConsumer:
             rows.append((self.group, self.client_id, t, q, start - 1, None, _handle(), now, None, TAKEN))
         return rows
 
-    def _read(
-        self, ranges: list[tuple[str, int, int, int]], now: int, matches: Column, prefix: str
-    ) -> list[_Handout]:
-        """The messages of ``ranges`` the group takes (matching its subscriptions, not a
-        duplicate by key), with their bodies: the index first, then the bodies by their
-        batch positions (a join to the handful of keys; file statistics prune the read).
-        Receipt handles are ``prefix`` and the message's place in the batch, so the
-        handles of one pull form one range of the log."""
-        wh = self.ctx.warehouse
-        cq = wh.read("consume_queue").where(queue_ranges(ranges))
-        cq = cq.withColumn("matched", matches).where(F.col("matched"))
-        # idempotent consumption: a key the group consumed within its window is skipped
-        # (treated as acknowledged: never in flight, the acked offset passes it)
-        cq = dedup.mark(
-            wh, cq.withColumn("consumer_group", F.lit(self.group)), {self.group: self._cfg}, now
-        ).where(~F.col("dup"))
-        index = cq.select(*_INDEX_COLUMNS).toArrow().to_pylist()
-        if not index:
-            return []
-        keys = pa.table(
-            {
-                "k_batch": pa.array([r["cl_batch_id"] for r in index], pa.int64()),
-                "k_pos": pa.array([r["cl_batch_pos"] for r in index], pa.int64()),
-                "k_id": pa.array([r["msg_id"] for r in index], pa.string()),
-            }
-        )
-        places = keys.column("k_pos").to_pylist()
-        bodies = (
-            read_bodies(wh, (r["cl_date"] for r in index), (r["cl_batch_id"] for r in index))
-            .where(F.col("batch_pos").between(min(places), max(places)))
-            .join(
-                self.ctx.engine.spark.createDataFrame(keys),
-                (F.col("batch_id") == F.col("k_batch"))
-                & (F.col("batch_pos") == F.col("k_pos"))
-                & (F.col("msg_id") == F.col("k_id")),
-            )
-            .select("batch_id", "batch_pos", "msg_id", *_BODY_COLUMNS)
-            .toArrow()
-            .to_pylist()
-        )
-        found = {(b["batch_id"], b["batch_pos"], b["msg_id"]): b for b in bodies}
+    def _read(self, ranges: list[tuple[str, int, int, int]], now: int, prefix: str) -> list[_Handout]:
+        """The messages of ``ranges`` the group takes (deltamq/pull_reads.py), each with a
+        receipt handle: ``prefix`` and the message's place in the batch, so the handles
+        of one pull form one range of the log."""
         out: list[_Handout] = []
-        for r in index:
-            b = found.get((r["cl_batch_id"], r["cl_batch_pos"], r["msg_id"]))
-            if b is None:  # its body is gone (retention): as the join of the engine jobs
-                continue
-            r.update((c, b[c]) for c in _BODY_COLUMNS)
-            handle = f"{prefix}{len(out):06x}"
-            msg = PulledMessage(**stored_fields(r), receipt_handle=handle)
+        for r in handout_rows(self.ctx, self.group, self._cfg, self._subs(now), ranges, now):
+            msg = PulledMessage(**stored_fields(r), receipt_handle=f"{prefix}{len(out):06x}")
             out.append(_Handout(msg, (r["topic"], r["queue_id"]), r["msg_id"]))
         return out
 
@@ -679,20 +639,6 @@ class PullConsumer:
 
 
 _POLL_S = 0.05
-_INDEX_COLUMNS = (
-    "topic",
-    "queue_id",
-    "queue_offset",
-    "msg_id",
-    "tags",
-    "keys",
-    "store_ts",
-    "reconsume_times",
-    "cl_date",
-    "cl_batch_id",
-    "cl_batch_pos",
-)
-_BODY_COLUMNS = ("body", "born_ts", "flag", "sys_flag", "properties")
 
 
 @dataclass
@@ -746,12 +692,18 @@ def group_queues(ctx: Context, group: str, subs: Sequence[Any] | None = None) ->
 
 
 def live_clients(ctx: Context, group: str, now: int) -> list[str]:
+    since = now - ctx.config.client_timeout_ms
+    found = files.rows(
+        ctx.warehouse,
+        "clients",
+        ["client_id"],
+        (pc.field("consumer_group") == group) & (pc.field("last_seen_ts") >= since),
+    )
+    if found is not None:
+        return sorted(set(found.column("client_id").to_pylist()))
     rows = (
         ctx.warehouse.read("clients")
-        .where(
-            (F.col("consumer_group") == group)
-            & (F.col("last_seen_ts") >= F.lit(now - ctx.config.client_timeout_ms))
-        )
+        .where((F.col("consumer_group") == group) & (F.col("last_seen_ts") >= F.lit(since)))
         .select("client_id")
         .collect()
     )

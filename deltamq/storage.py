@@ -509,6 +509,24 @@ class Storage:
 
         return self._retrying("read", path, get)
 
+    def read_parquet(self, path: str, schema: Any) -> Any:
+        """The Parquet file at ``path`` as a pyarrow Table of ``schema``'s columns, in its
+        types (a file written by another engine may spell a type differently)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self.is_local:
+            try:
+                table = pq.read_table(path, columns=schema.names)
+            except OSError as e:
+                raise self.error("read", path, e) from e
+        else:
+            data = self.read_bytes(path)
+            if data is None:
+                raise self.error("read", path, FileNotFoundError(path))
+            table = pq.read_table(pa.BufferReader(data), columns=schema.names)
+        return table if table.schema.equals(schema) else table.cast(schema)
+
     def _object_store(self) -> Any:
         """An obstore client of the location (the object_store crate delta-rs uses: the
         same option names), for writes with a condition; built once."""

@@ -501,3 +501,33 @@ def test_a_takeover_inside_a_pulls_fence_wins_and_the_pull_returns_nothing_from_
     assert bodies(from_b[1:]) == ["q0m2", "q0m3", "q0m4"]
     assert b.ack([m.receipt_handle for m in from_b[1:]], now=later) == 3
     assert positions(broker.warehouse, "workers", [("orders", 0)]) == {("orders", 0): (5, 5)}
+
+
+def test_the_files_and_the_engine_hand_out_the_same_rows(warehouse_with, clock):
+    """deltamq/pull_reads.py reads from the tables' files when it can: the same rows,
+    bodies and properties as the two engine statements, tag subscriptions applied."""
+    from deltamq import pull_reads
+
+    broker = warehouse_with("orders", queues=2, group="workers", recorder=None, expression="A || B").broker
+    tags = ["A", "B", "C", None]
+    broker.producer("p").send_batch(
+        [
+            Message("orders", f"m{i}", tags=tags[i % 4], keys=f"k{i}", properties={"x": str(i)})
+            for i in range(40)
+        ]
+    )
+    broker.tick(clock.now_ms())
+    ctx = broker.context
+    cfg, subs = ctx.catalog.groups()["workers"], list(ctx.catalog.subscriptions("workers"))
+    ranges = [("orders", 0, 0, 100), ("orders", 1, 3, 15)]
+    files = pull_reads._from_files(ctx, subs, ranges)
+    engine = pull_reads._through_engine(ctx, "workers", cfg, subs, ranges, clock.now_ms())
+    assert files is not None and len(files) > 10
+
+    def key(r):
+        return (r["queue_id"], r["queue_offset"])
+
+    assert sorted(files, key=key) == sorted(engine, key=key)
+    assert {r["tags"] for r in files} == {"A", "B"}
+    assert all(dict(r["properties"])["x"] == r["body"].decode()[1:] for r in files)
+    assert all(r["queue_offset"] >= 3 for r in files if r["queue_id"] == 1)

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from deltamq.constants import ENDED, INFLIGHT, REVOKED, TAKEN
 from deltamq.schemas import SCHEMA_VERSION, TABLES
+from deltamq.tables import files
 from deltamq.tables.ranges import any_of, queue_offsets
 from deltamq.tables.sqltext import sql_int, sql_long, sql_queues, sql_str
 
@@ -82,7 +84,12 @@ def decide_lock(
 
 def read_locks(wh: Warehouse, group: str) -> dict[Queue, LockEntry | None]:
     """Lock rows of the group; a queue whose row has no owner maps to None."""
-    rows = wh.read("queue_lock").where(F.col("consumer_group") == group).select(*_LOCK_COLUMNS).collect()
+    found = files.rows(wh, "queue_lock", _LOCK_COLUMNS, pc.field("consumer_group") == group)
+    rows = (
+        found.to_pylist()
+        if found is not None
+        else wh.read("queue_lock").where(F.col("consumer_group") == group).select(*_LOCK_COLUMNS).collect()
+    )
     return {
         (r["topic"], r["queue_id"]): None
         if r["owner"] is None

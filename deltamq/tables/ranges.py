@@ -8,11 +8,14 @@ the files whose min/max overlap.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any, TypeVar
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from deltamq import ids
+
+P = TypeVar("P", bound=Any)
 
 
 def merge_ranges(
@@ -36,12 +39,13 @@ def merge_ranges(
     return [(lo, hi) for lo, hi in ranges]
 
 
-def any_of(preds: Iterable[Column]) -> Column:
-    """OR of ``preds`` as a balanced tree (FALSE for none). A left-deep chain of a few
-    hundred ORs exceeds the nesting depth Spark Connect's protobuf decoder accepts."""
+def any_of(preds: Iterable[P], none: P | None = None) -> P:
+    """OR of ``preds`` (Spark Columns, or pyarrow expressions with ``none`` given) as a
+    balanced tree; ``none`` (FALSE) for no predicate. A left-deep chain of a few hundred
+    ORs exceeds the nesting depth Spark Connect's protobuf decoder accepts."""
     items = list(preds)
     if not items:
-        return F.lit(False)
+        return F.lit(False) if none is None else none  # type: ignore[return-value]
     while len(items) > 1:
         items = [items[i] | items[i + 1] if i + 1 < len(items) else items[i] for i in range(0, len(items), 2)]
     return items[0]

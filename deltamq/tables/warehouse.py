@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from deltamq.config import TOMBSTONE_RETENTION, BrokerConfig, CommitPolicy, parse_levels, tombstone_retention
 from deltamq.delta_append import BlindAppender, Unsupported
+from deltamq.delta_read import FileSnapshot
 from deltamq.errors import ConfigError, SchemaVersionError, WarehouseNotFound
 from deltamq.schemas import SCHEMA_VERSION, TABLES, TableSpec
 from deltamq.storage import Storage, normalize_location
@@ -61,6 +62,7 @@ class Warehouse:
         engine.prepare_storage(self.storage)
         self._known: set[str] = set()
         self._appenders: dict[str, BlindAppender | None] = {}
+        self._snapshots: dict[str, FileSnapshot | None] = {}
         # Apache Spark commits on a local disk by check-then-rename (docs/engines.md), atomic
         # only among its own threads: there every commit goes through the engine
         self._appends_outside = not (engine.flavor == "spark" and self.storage.is_local)
@@ -119,6 +121,21 @@ class Warehouse:
             except Unsupported:
                 self._appenders[table] = None  # from now on through the engine
         self.append(table, self.engine.spark.createDataFrame(rows))
+
+    def snapshot(self, table: str) -> FileSnapshot | None:
+        """The table's files as of now, for reads without an engine round trip
+        (deltamq/delta_read.py): kept between calls and brought up to date from the new
+        log entries. None for a table whose protocol that reader does not meet: read it
+        with the engine."""
+        if table not in self._snapshots:
+            self._snapshots[table] = FileSnapshot(self.storage, self.uri(table))
+        snap = self._snapshots[table]
+        if snap is not None:
+            try:
+                snap.refresh()
+            except Unsupported:
+                self._snapshots[table] = snap = None  # from now on through the engine
+        return snap
 
     # --- existence and creation ---------------------------------------------------------
     def table_exists(self, table: str) -> bool:

@@ -1,0 +1,269 @@
+"""Reading a Delta table's files without the engine, from a snapshot kept between reads.
+
+:class:`FileSnapshot` holds a table's live data files (their partition values and
+column statistics) at a version. ``refresh()`` brings it up to date from the commit
+entries written since, one look-up of the next entry when nothing changed (one GET on
+an object store), so its cost follows new commits, not the table's history. Readers
+pick files by partition values and min/max statistics (a range of offsets or batch
+ids touches a handful of files) and read them with pyarrow, row groups pruned by the
+filter.
+
+The first load goes through delta-rs (checkpoints included). Tables whose protocol
+asks readers for more than plain Parquet files (deletion vectors, column mapping) are
+refused with :class:`Unsupported`, and callers read them with the engine. The module
+is Spark-free, like :mod:`deltamq.delta_append`, so clients without Spark can use it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from deltamq.delta_append import Unsupported
+
+if TYPE_CHECKING:
+    from deltamq.storage import Storage
+
+READER_FEATURES = frozenset({"timestampNtz"})
+"""Reader features a table may list and still be read here: they change no file's meaning."""
+_COMMIT = re.compile(r"^\d{20}\.json$")
+CACHE_BYTES = 256 << 20
+"""Decoded files a snapshot keeps (per table), least recently used out first."""
+RECHECK_S = 30.0
+"""When the next entry is missing for this long, the log is listed once: a reader that
+fell behind log cleanup (entries removed below a newer checkpoint) loads afresh."""
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One live data file: absolute path, partition values as the log spells them, and
+    the statistics the log recorded (missing ones are absent)."""
+
+    path: str
+    partition: dict[str, str | None]
+    min_values: dict[str, Any]
+    max_values: dict[str, Any]
+    num_records: int | None = None
+
+    def overlaps(self, column: str, lo: Any, hi: Any) -> bool:
+        """Whether the file may hold a value of ``column`` in [lo, hi] (True without stats)."""
+        low, high = self.min_values.get(column), self.max_values.get(column)
+        return (high is None or high >= lo) and (low is None or low <= hi)
+
+
+class FileSnapshot:
+    """The live files of the Delta table at ``uri`` (under ``storage``), kept up to date
+    by :meth:`refresh`. Safe to share between threads."""
+
+    def __init__(
+        self, storage: Storage, uri: str, *, recheck_s: float = RECHECK_S, cache_bytes: int = CACHE_BYTES
+    ) -> None:
+        self.storage = storage
+        self.cache_bytes = cache_bytes
+        self._cache: OrderedDict[str, pa.Table] = OrderedDict()
+        self._cached = 0
+        self.uri = uri.rstrip("/")
+        self.recheck_s = recheck_s
+        self.version = -1
+        self._files: dict[str, DataFile] = {}  # keyed by the log's (encoded, relative) path
+        self._schema: pa.Schema | None = None
+        self._partition_by: tuple[str, ...] = ()
+        self._checked = 0.0
+        self._lock = threading.RLock()
+
+    # --- keeping up -----------------------------------------------------------------
+    def refresh(self) -> int:
+        """Read the commit entries written since the last refresh (the whole table the
+        first time, or when the log no longer has the next entry); returns the version."""
+        with self._lock:
+            if self._schema is None:
+                self._load()
+                return self.version
+            while True:
+                entry = self.storage.read_bytes(self._entry(self.version + 1))
+                if entry is None:
+                    break
+                self._apply(self.version + 1, entry)
+                self._checked = time.monotonic()
+            if time.monotonic() - self._checked > self.recheck_s:
+                if self._latest_listed() > self.version:
+                    self._load()  # the next entry was removed by log cleanup
+                self._checked = time.monotonic()
+            return self.version
+
+    def _latest_listed(self) -> int:
+        names = (e.name for e in self.storage.list(self.uri + "/_delta_log"))
+        return max((int(n[:20]) for n in names if _COMMIT.match(n)), default=-1)
+
+    def _entry(self, version: int) -> str:
+        return f"{self.uri}/_delta_log/{version:020d}.json"
+
+    def _load(self) -> None:
+        table = self.storage.delta_table(self.uri)
+        _check_protocol(self.uri, table.protocol())
+        schema = table.schema().to_arrow()
+        self._schema = pa.schema(schema) if not isinstance(schema, pa.Schema) else schema
+        self._partition_by = tuple(table.metadata().partition_columns)
+        files: dict[str, DataFile] = {}
+        for row in pa.table(table.get_add_actions(flatten=True)).to_pylist():
+            stats: dict[str, dict[str, Any]] = {"min": {}, "max": {}, "partition": {}}
+            for key, value in row.items():
+                kind, _, column = key.partition(".")
+                if kind in stats and column:
+                    stats[kind][column] = value
+            files[row["path"]] = DataFile(
+                self.storage.absolute(self.uri, row["path"]),
+                {k: _log_value(v) for k, v in stats["partition"].items()},
+                stats["min"],
+                stats["max"],
+                row.get("num_records"),
+            )
+        self._files = files
+        self.version = table.version()
+        self._checked = time.monotonic()
+
+    def _apply(self, version: int, entry: bytes) -> None:
+        for line in entry.splitlines():
+            if not line.strip():
+                continue
+            action = json.loads(line)
+            if "metaData" in action or "protocol" in action:
+                self._load()  # a schema, partitioning or protocol change: read it all again
+                return
+            if "remove" in action:
+                self._files.pop(action["remove"]["path"], None)
+            elif "add" in action:
+                add = action["add"]
+                if add.get("deletionVector"):
+                    raise Unsupported(f"{self.uri} version {version} has deletion vectors")
+                stats = json.loads(add["stats"]) if add.get("stats") else {}
+                self._files[add["path"]] = DataFile(
+                    self.storage.absolute(self.uri, add["path"]),
+                    add.get("partitionValues") or {},
+                    stats.get("minValues") or {},
+                    stats.get("maxValues") or {},
+                    stats.get("numRecords"),
+                )
+        self.version = version
+
+    # --- reading --------------------------------------------------------------------
+    def files(self, keep: Callable[[DataFile], bool] = lambda f: True) -> list[DataFile]:
+        """The live files ``keep`` accepts (as of the last refresh)."""
+        with self._lock:
+            return [f for f in self._files.values() if keep(f)]
+
+    def read(
+        self, files: Iterable[DataFile], columns: list[str], where: pc.Expression | None = None
+    ) -> pa.Table:
+        """Rows of ``files`` matching ``where`` (row groups pruned by their statistics),
+        ``columns`` only; partition columns are filled from each file's values."""
+        chosen = list(files)
+        with self._lock:
+            schema, parts = self._schema, self._partition_by
+        assert schema is not None, "refresh() first"
+        if not chosen:
+            return schema.empty_table().select(columns)
+        stored = pa.schema([f for f in schema if f.name not in parts])
+        tables = [self._file(f, schema, stored, parts) for f in chosen]
+        if where is not None:
+            tables = [_filter(t, where) for t in tables]
+        return pa.concat_tables([t.select(columns) for t in tables])
+
+    def _file(self, f: DataFile, schema: pa.Schema, stored: pa.Schema, parts: tuple[str, ...]) -> pa.Table:
+        """The whole file, partition columns filled in; kept (data files never change) in
+        a cache of at most ``cache_bytes``, least recently used out first: the next read
+        of a range usually lands in the file the last one read."""
+        with self._lock:
+            data = self._cache.get(f.path)
+            if data is not None:
+                self._cache.move_to_end(f.path)
+                return data
+        data = self.storage.read_parquet(f.path, stored)
+        for name in parts:
+            field = schema.field(name)
+            value = _typed(f.partition.get(name), field.type)
+            data = data.append_column(field, pa.array([value] * data.num_rows, field.type))
+        with self._lock:
+            self._cache[f.path] = data
+            self._cached += data.nbytes
+            while self._cached > self.cache_bytes and len(self._cache) > 1:
+                _, old = self._cache.popitem(last=False)
+                self._cached -= old.nbytes
+        return data
+
+
+def _filter(table: pa.Table, where: pc.Expression) -> pa.Table:
+    """``table``'s rows matching ``where``: the filter runs over its narrow columns only
+    (a predicate never reads a body), and the wide ones are taken at the matching rows,
+    so bodies are copied once."""
+    wide = [f.name for f in table.schema if _wide(f.type)]
+    if not wide:
+        return table.filter(where)
+    rows = _positions(table.num_rows)
+    narrow = table.drop_columns(wide).append_column("_row", rows)
+    return table.take(narrow.filter(where).column("_row"))
+
+
+_POSITIONS: list[pa.Array] = [pa.array([], pa.int64())]
+
+
+def _positions(n: int) -> pa.Array:
+    """0 … n−1, sliced from one array kept and grown as needed."""
+    if len(_POSITIONS[0]) < n:
+        _POSITIONS[0] = pa.array(range(max(n, 2 * len(_POSITIONS[0]))), pa.int64())
+    return _POSITIONS[0].slice(0, n)
+
+
+def _wide(kind: pa.DataType) -> bool:
+    return (
+        pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+        or pa.types.is_map(kind)
+        or pa.types.is_list(kind)
+        or pa.types.is_struct(kind)
+    )
+
+
+def _check_protocol(uri: str, protocol: Any) -> None:
+    features = set(protocol.reader_features or ())
+    if protocol.min_reader_version == 1 or (protocol.min_reader_version == 3 and features <= READER_FEATURES):
+        return
+    raise Unsupported(
+        f"{uri} has reader protocol {protocol.min_reader_version} with features {sorted(features)}; "
+        f"reading its files here supports version 1 and {sorted(READER_FEATURES)}"
+    )
+
+
+def _log_value(v: Any) -> str | None:
+    """A partition value as the Delta log spells it."""
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (_dt.date, _dt.datetime)):
+        return v.isoformat()
+    return str(v)
+
+
+def _typed(text: str | None, kind: pa.DataType) -> Any:
+    if text is None:
+        return None
+    if pa.types.is_integer(kind):
+        return int(text)
+    if pa.types.is_date(kind):
+        return _dt.date.fromisoformat(text)
+    if pa.types.is_boolean(kind):
+        return text == "true"
+    if pa.types.is_floating(kind):
+        return float(text)
+    return text
