@@ -400,8 +400,9 @@ class Broker:
         """A pull client of a CLUSTERING group without a push listener (docs/behaviour.md §6): its share
         of the group's queues, guarded by the queue access lock."""
         from deltamq.pull import PullConsumer
+        from deltamq.pull_engine import EngineStore
 
-        return PullConsumer(self.context, group, client_id)
+        return PullConsumer(EngineStore(self.context), group, client_id)
 
     def sink_to_table(
         self,

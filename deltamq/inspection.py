@@ -23,6 +23,7 @@ from deltamq.constants import (
     Prop,
 )
 from deltamq.jobs import check_transactions, promote
+from deltamq.pull_engine import EngineStore
 from deltamq.tables import commit_log, consume_queue, deliveries, deltalog
 from deltamq.tables.consume_queue import int_prop, load_dispatch_state
 from deltamq.tables.offsets import QueueKey, positions
@@ -311,7 +312,11 @@ def pull_clients(ctx: Context, now: int) -> list[dict[str, Any]]:
     out = []
     for r in clients:
         group, client = r["consumer_group"], r["client_id"]
-        assigned = pull.assign(pull.group_queues(ctx, group), by_group[group], client)
+        assigned = pull.assign(
+            pull.group_queues(ctx.catalog.subscriptions(group), EngineStore(ctx).topic_queues),
+            by_group[group],
+            client,
+        )
         out.append(
             {
                 "group": group,

@@ -64,37 +64,21 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
-import pyarrow.compute as pc
-from pyspark.sql import functions as F
-
-from deltamq import dedup, faults
-from deltamq.config import Subscription
-from deltamq.constants import ACKED, INFLIGHT, NACKED, PASSED, REVOKED, TAKEN
+from deltamq import faults
+from deltamq.clock import Clock
+from deltamq.config import BrokerConfig, GroupConfig, Subscription
+from deltamq.constants import ACKED, INFLIGHT, PASSED, REVOKED, TAKEN
 from deltamq.errors import ConfigError, UnknownGroup
-from deltamq.jobs import pull_expiry
 from deltamq.message import StoredMessage, stored_fields, validate_group_name
-from deltamq.pull_reads import handout_rows
+from deltamq.pull_log import LockEntry, LogRow, as_dict, decide_lock, ended
 from deltamq.rebalance import assign
-from deltamq.tables import deliveries, files
-from deltamq.tables.consume_queue import load_dispatch_state
-from deltamq.tables.deliveries import (
-    LockEntry,
-    decide_lock,
-    ended,
-    handles_column,
-    queues_column,
-)
-from deltamq.tables.integrity import faults_named
-from deltamq.tables.sqltext import sql_long, sql_str
 
-if TYPE_CHECKING:
-    from deltamq.context import Context
-
+R = TypeVar("R")
 Queue = tuple[str, int]
 
 WINDOW = 10
@@ -133,14 +117,54 @@ class _Plan:
     write: bool
 
 
+class PullStore(Protocol):
+    """What the pull protocol reads and writes: deltamq/pull_engine.py through the broker's
+    engine, deltamq/pull_files.py without one. Writes other than :meth:`write_locks` are
+    committed by the store; :meth:`write_locks` runs inside :meth:`commit`."""
+
+    config: BrokerConfig
+    clock: Clock
+
+    def group(self, name: str) -> GroupConfig | None: ...
+    def listens(self, group: str) -> bool: ...
+    def subscriptions(self, group: str) -> list[Subscription]: ...
+    def topic_queues(self, topic: str) -> int | None: ...
+    def commit(self, attempt: Callable[[], R], *, what: str) -> R: ...
+    def named(self) -> AbstractContextManager[None]: ...
+    def before_pull(self) -> None: ...
+    def heartbeat(self, group: str, client: str, now: int) -> None: ...
+    def leave(self, group: str, client: str) -> None: ...
+    def live_clients(self, group: str, since: int) -> list[str]: ...
+    def read_locks(self, group: str) -> dict[Queue, LockEntry | None]: ...
+    def write_locks(self, group: str, changes: list[tuple[Queue, LockEntry | None, LockEntry]]) -> None: ...
+    def ensure_lock_rows(self, group: str, queues: Sequence[Queue]) -> None: ...
+    def heads(self) -> dict[Queue, int]: ...
+    def positions(self, group: str, queues: Sequence[Queue]) -> dict[Queue, tuple[int, int]]: ...
+    def handout_rows(
+        self,
+        group: str,
+        cfg: GroupConfig,
+        subs: Sequence[Subscription],
+        ranges: Sequence[tuple[str, int, int, int]],
+        now: int,
+    ) -> list[dict[str, Any]]: ...
+    def open_rows(
+        self, group: str, *, queues: Iterable[Queue] = (), handles: Iterable[str] = ()
+    ) -> list[LogRow]: ...
+    def append_log(self, rows: list[LogRow]) -> None: ...
+    def record_keys(self, group: str, cfg: GroupConfig, acked: list[dict[str, Any]], now: int) -> None: ...
+    def nack(self, rows: list[LogRow], level: int) -> None: ...
+
+
 class PullConsumer:
     """A pull client of one CLUSTERING group."""
 
-    def __init__(self, ctx: Context, group: str, client_id: str) -> None:
-        self.ctx = ctx
+    def __init__(self, store: PullStore, group: str, client_id: str) -> None:
+        self.store = store
+        self.config = store.config
         self.group = validate_group_name(group)
         self.client_id = validate_group_name(client_id, "client id")
-        cfg = ctx.catalog.groups().get(self.group)
+        cfg = store.group(self.group)
         if cfg is None:
             raise UnknownGroup(f"consumer group {self.group!r} does not exist; create it first")
         if cfg.mode != "CLUSTERING":
@@ -148,7 +172,7 @@ class PullConsumer:
                 f"group {self.group!r} is {cfg.mode}; pull consumers share a CLUSTERING group's "
                 "queues (a BROADCASTING group is consumed by push instances)"
             )
-        if cfg.listener or self.group in ctx.catalog.listeners:
+        if cfg.listener or store.listens(self.group):
             raise ConfigError(
                 f"group {self.group!r} has a push listener; a queue is consumed by push or by pull "
                 "clients, not both: create a separate group for pull clients"
@@ -166,10 +190,7 @@ class PullConsumer:
 
     # --- helpers ------------------------------------------------------------------------------
     def _now(self, now: int | None) -> int:
-        return self.ctx.clock.now_ms() if now is None else int(now)
-
-    def _ref(self, table: str) -> str:
-        return self.ctx.warehouse.ref(table)
+        return self.store.clock.now_ms() if now is None else int(now)
 
     def _due(self, now: int, since: int | None, interval_ms: int) -> bool:
         return since is None or now - since >= max(interval_ms // 4, 1) or now < since
@@ -177,58 +198,45 @@ class PullConsumer:
     def _keep_alive(self, now: int) -> None:
         """A heartbeat when a quarter of ``client_timeout_ms`` has passed since the last
         one (pulls and acks call it): a busy client stays live without a commit a call."""
-        if self._due(now, self._seen, self.ctx.config.client_timeout_ms):
+        if self._due(now, self._seen, self.config.client_timeout_ms):
             self.heartbeat(now)
 
     def heartbeat(self, now: int | None = None) -> None:
         """Record this client as alive now."""
         now = self._now(now)
-        statement = (
-            f"MERGE INTO {self._ref('clients')} t USING (SELECT {sql_str(self.group)} AS consumer_group, "
-            f"{sql_str(self.client_id)} AS client_id, {sql_long(now)} AS first_seen_ts, "
-            f"{sql_long(now)} AS last_seen_ts) s "
-            "ON t.consumer_group = s.consumer_group AND t.client_id = s.client_id "
-            "WHEN MATCHED THEN UPDATE SET t.last_seen_ts = greatest(t.last_seen_ts, s.last_seen_ts) "
-            "WHEN NOT MATCHED THEN INSERT *"
-        )
-        self.ctx.commit(lambda: self.ctx.engine.execute(statement), what="clients")
+        self.store.heartbeat(self.group, self.client_id, now)
         self._seen = now
 
     def close(self) -> None:
         """Leave the group now (instead of after the client timeout), giving back the
         offsets reserved and not handed out, so the queues can change hands at once."""
-        now = self.ctx.clock.now_ms()
+        now = self.store.clock.now_ms()
         if any(h.reserved > h.position for h in self._held.values()):
 
             def attempt() -> None:
-                locks = deliveries.read_locks(self.ctx.warehouse, self.group)
-                deliveries.write_locks(
-                    self.ctx.warehouse, self.group, self._give_back(locks, set(self._held), now)
-                )
+                locks = self.store.read_locks(self.group)
+                self.store.write_locks(self.group, self._give_back(locks, set(self._held), now))
 
-            self.ctx.commit(attempt, what="queue_lock")
+            self.store.commit(attempt, what="queue_lock")
         self._held.clear()
-        statement = (
-            f"DELETE FROM {self._ref('clients')} WHERE consumer_group = {sql_str(self.group)} "
-            f"AND client_id = {sql_str(self.client_id)}"
-        )
-        self.ctx.commit(lambda: self.ctx.engine.execute(statement), what="clients")
+        self.store.leave(self.group, self.client_id)
         self._seen = None
 
     def assignment(self, now: int | None = None) -> list[Queue]:
         """The queues this client may pull now: per subscribed topic (as RocketMQ's
         rebalanceByTopic), its share of the topic's queues among the live clients."""
-        return assign(group_queues(self.ctx, self.group), self._live(self._now(now)), self.client_id)
+        subs = self.store.subscriptions(self.group)
+        return assign(group_queues(subs, self.store.topic_queues), self._live(self._now(now)), self.client_id)
 
     def _live(self, now: int) -> list[str]:
-        return live_clients(self.ctx, self.group, now) + [self.client_id]
+        return self.store.live_clients(self.group, now - self.config.client_timeout_ms) + [self.client_id]
 
     def _queues(self, now: int) -> list[Queue]:
         """The group's queues, read again (with its subscriptions) when a quarter of
         ``client_timeout_ms`` has passed (a new subscription is seen within that time)."""
-        if self._topology is None or self._due(now, self._topology[0], self.ctx.config.client_timeout_ms):
-            subs = list(self.ctx.catalog.subscriptions(self.group))
-            self._topology = (now, group_queues(self.ctx, self.group, subs), subs)
+        if self._topology is None or self._due(now, self._topology[0], self.config.client_timeout_ms):
+            subs = self.store.subscriptions(self.group)
+            self._topology = (now, group_queues(subs, self.store.topic_queues), subs)
         return self._topology[1]
 
     def _subs(self, now: int) -> list[Subscription]:
@@ -250,7 +258,7 @@ class PullConsumer:
             raise ConfigError(f"wait_ms={wait_ms!r} must be an integer >= 0")
         deadline = time.monotonic() + wait_ms / 1000.0
         while True:
-            with faults_named(self.ctx.warehouse):
+            with self.store.named():
                 got = self._pull(max_messages, self._now(now))
             left = deadline - time.monotonic()
             if got or now is not None or left <= 0:
@@ -259,7 +267,7 @@ class PullConsumer:
 
     def _pull(self, budget: int, now: int) -> list[PulledMessage]:
         started = time.monotonic()
-        self.ctx.engine.recycle_if_large(self.ctx.config.embedded_max_rss_mb)
+        self.store.before_pull()
         self._keep_alive(now)
         queues = self._queues(now)
         mine = assign(queues, self._live(now), self.client_id)
@@ -271,7 +279,7 @@ class PullConsumer:
         reserved = sum(held[q].reserved - held[q].position for q in mine if q in held)
         heads: dict[Queue, int] = {}
         if any(q not in held for q in mine) or reserved < budget:
-            heads = load_dispatch_state(self.ctx.warehouse).heads
+            heads = self.store.heads()
         lock_needed = (
             any(q not in held for q in mine)
             or any(heads.get(q, 0) > held[q].reserved for q in mine)
@@ -307,12 +315,12 @@ class PullConsumer:
                     (self.group, self.client_id, topic, qid, hi - 1, None, _handle(), now, None, PASSED)
                 )
         if log:
-            append_log(self.ctx, log)
+            self.store.append_log(log)
         faults.point("pull.after_deliveries_commit")
         lost = self._fence(takes, now, time.monotonic() - started)
         gone = [m.row for m in handouts if m.topic_queue in lost]
         if gone:
-            append_log(self.ctx, [ended(r, REVOKED) for r in gone])
+            self.store.append_log([ended(r, REVOKED) for r in gone])
         for q, (_, end) in takes.items():
             if q in lost:
                 held.pop(q, None)
@@ -338,7 +346,7 @@ class PullConsumer:
         and a takeover that committed first makes this write miss. Either way one client
         holds the queue; what this one handed out from a lost queue is revoked by the
         caller."""
-        young_ms = min(RESERVE_MS, self.ctx.config.lock_queue_timeout_ms) / 2
+        young_ms = min(RESERVE_MS, self.config.lock_queue_timeout_ms) / 2
         age_ms = {q: now - h.written + elapsed_s * 1000.0 for q, h in self._held.items()}
         aged = [q for q, (lo, hi) in takes.items() if hi > lo and age_ms.get(q, 0) >= young_ms]
         if not aged:
@@ -346,7 +354,7 @@ class PullConsumer:
         stamps = {q: max(now, self._held[q].written + 1) for q in aged}
 
         def attempt() -> None:
-            current = deliveries.read_locks(self.ctx.warehouse, self.group)
+            current = self.store.read_locks(self.group)
             changes: list[tuple[Queue, LockEntry | None, LockEntry]] = []
             for q in aged:
                 got, h = current.get(q), self._held[q]
@@ -354,10 +362,10 @@ class PullConsumer:
                     continue  # taken over, or already stamped (a retry after a lost answer)
                 changes.append((q, got, replace(got, last_access_ts=stamps[q])))
             faults.point("pull.before_fence_commit")
-            deliveries.write_locks(self.ctx.warehouse, self.group, changes)
+            self.store.write_locks(self.group, changes)
 
-        self.ctx.commit(attempt, what="queue_lock")
-        after = deliveries.read_locks(self.ctx.warehouse, self.group)
+        self.store.commit(attempt, what="queue_lock")
+        after = self.store.read_locks(self.group)
         lost = set()
         for q in aged:
             got = after.get(q) or _NOBODY
@@ -372,7 +380,7 @@ class PullConsumer:
         timeout has passed since the last write, or offsets are reserved beyond what was
         handed out and half of ``RESERVE_MS`` has passed (another client counts a
         reservation older than ``RESERVE_MS`` as lapsed)."""
-        if self._due(now, h.written, self.ctx.config.lock_queue_timeout_ms):
+        if self._due(now, h.written, self.config.lock_queue_timeout_ms):
             return True
         return h.reserved > h.position and not 0 <= now - h.written < RESERVE_MS // 2
 
@@ -399,9 +407,9 @@ class PullConsumer:
         def attempt() -> None:
             plans.clear()
             taken.clear()
-            locks = deliveries.read_locks(self.ctx.warehouse, self.group)
+            locks = self.store.read_locks(self.group)
             unknown = [q for q in mine if q not in self._held or (locks.get(q) or _NOBODY).owner != me]
-            derived = deliveries.positions(self.ctx.warehouse, self.group, unknown) if unknown else {}
+            derived = self.store.positions(self.group, unknown) if unknown else {}
             changes = []
             left = budget
             for q in mine:
@@ -419,15 +427,15 @@ class PullConsumer:
                 plans[q] = plan
             changes += self._give_back(locks, set(self._held) - mine_set, now)
             faults.point("pull.before_lock_commit")
-            deliveries.write_locks(self.ctx.warehouse, self.group, changes)
+            self.store.write_locks(self.group, changes)
             if any(p.write for p in plans.values()):
                 self._drop_unconfirmed(plans, now)
 
         if any(q not in self._held for q in mine):
-            existing = deliveries.read_locks(self.ctx.warehouse, self.group)
+            existing = self.store.read_locks(self.group)
             if any(q not in existing for q in mine):
-                _ensure_lock_rows(self.ctx, self.group, mine)
-        self.ctx.commit(attempt, what="queue_lock")
+                self.store.ensure_lock_rows(self.group, mine)
+        self.store.commit(attempt, what="queue_lock")
         for q in list(self._held):
             if q not in plans:
                 del self._held[q]
@@ -451,7 +459,7 @@ class PullConsumer:
         lock row to write, if any; the acknowledged offset it starts from when this
         client takes it over from another owner). ``derived``: its (acknowledged,
         delivered) offsets from the log; ``left``: messages the pull may still take."""
-        cfg = self.ctx.config
+        cfg = self.config
         me = self.client_id
         taken_at = None
         if h is not None and entry is not None and entry.owner == me:
@@ -495,7 +503,7 @@ class PullConsumer:
     def _drop_unconfirmed(self, plans: dict[Queue, _Plan], now: int) -> None:
         """Read the lock rows back: a queue whose row this pass wrote but does not hold
         as written (another client's compare-and-set won) is dropped from ``plans``."""
-        after = deliveries.read_locks(self.ctx.warehouse, self.group)
+        after = self.store.read_locks(self.group)
         for q, p in list(plans.items()):
             got = after.get(q)
             if p.write and not (
@@ -533,10 +541,9 @@ class PullConsumer:
         taken, self._taken = self._taken, {}
         if not taken:
             return []
-        cond = (F.col("consumer_group") == self.group) & queues_column(taken)
         rows = [
             ended(r, REVOKED)
-            for r in deliveries.open_rows(self.ctx.warehouse, cond)
+            for r in self.store.open_rows(self.group, queues=taken)
             if r[1] != self.client_id
         ]
         for (t, q), start in sorted(taken.items()):
@@ -548,7 +555,7 @@ class PullConsumer:
         receipt handle: ``prefix`` and the message's place in the batch, so the handles
         of one pull form one range of the log."""
         out: list[_Handout] = []
-        for r in handout_rows(self.ctx, self.group, self._cfg, self._subs(now), ranges, now):
+        for r in self.store.handout_rows(self.group, self._cfg, self._subs(now), ranges, now):
             msg = PulledMessage(**stored_fields(r), receipt_handle=f"{prefix}{len(out):06x}")
             out.append(_Handout(msg, (r["topic"], r["queue_id"]), r["msg_id"]))
         return out
@@ -557,7 +564,7 @@ class PullConsumer:
     def ack(self, handles: Iterable[str], now: int | None = None) -> int:
         """Acknowledge messages (any order). Returns how many handles were in flight; a
         handle that expired, was nacked or revoked by a takeover is not counted."""
-        with faults_named(self.ctx.warehouse):
+        with self.store.named():
             return self._ack(handles, now)
 
     def _ack(self, handles: Iterable[str], now: int | None) -> int:
@@ -568,9 +575,9 @@ class PullConsumer:
         self._keep_alive(now)
         found = self._in_flight(handles, now)
         if found:
-            append_log(self.ctx, [ended(r, ACKED) for r in found])
+            self.store.append_log([ended(r, ACKED) for r in found])
         if self._cfg.dedup_key and found:
-            self._record_keys([deliveries.as_dict(r) for r in found], now)
+            self.store.record_keys(self.group, self._cfg, [as_dict(r) for r in found], now)
         for h in handles:
             self._sent.pop(h, None)
         return len(found)
@@ -589,36 +596,19 @@ class PullConsumer:
                 row is not None
                 and held is not None
                 and now < row[8]
-                and 0 <= now - held.written < self.ctx.config.lock_queue_timeout_ms // 2
+                and 0 <= now - held.written < self.config.lock_queue_timeout_ms // 2
             ):
                 sure.append(row)
             else:
                 unsure.append(h)
         if unsure:
-            wanted = set(unsure)
-            cond = (F.col("consumer_group") == self.group) & handles_column(unsure)
-            sure += [r for r in deliveries.open_rows(self.ctx.warehouse, cond) if r[6] in wanted]
+            sure += self.store.open_rows(self.group, handles=unsure)
         return sure
-
-    def _record_keys(self, acked: list[dict[str, Any]], now: int) -> None:
-        """Keys of acknowledged messages (docs/behaviour.md §7), from their consume_queue rows."""
-        rows = (
-            self.ctx.warehouse.read("consume_queue")
-            .where(deliveries.at_offsets(acked))
-            .select(dedup.key_column(self._cfg.dedup_key or "").alias("k"), "msg_id")
-            .collect()
-        )
-        dedup.record(
-            self.ctx.warehouse,
-            [(self.group, r["k"], r["msg_id"]) for r in rows],
-            now,
-            policy=self.ctx.config.commit_policy,
-        )
 
     def nack(self, handles: Iterable[str], delay_level: int | None = None, now: int | None = None) -> int:
         """Give messages back: each is retried through ``%RETRY%<group>`` (level
         ``delay_level``, default 3 + retries; < 0: straight to ``%DLQ%<group>``)."""
-        with faults_named(self.ctx.warehouse):
+        with self.store.named():
             return self._nack(handles, delay_level, now)
 
     def _nack(self, handles: Iterable[str], delay_level: int | None, now: int | None) -> int:
@@ -630,9 +620,7 @@ class PullConsumer:
             raise ConfigError(f"delay_level={delay_level!r} must be an integer or None")
         self._keep_alive(now)
         found = self._in_flight(handles, now)
-        pull_expiry.send_back(self.ctx, [deliveries.as_dict(r) for r in found], delay_level or 0, "nack")
-        if found:
-            append_log(self.ctx, [ended(r, NACKED) for r in found])
+        self.store.nack(found, delay_level or 0)
         for h in handles:
             self._sent.pop(h, None)
         return len(found)
@@ -668,46 +656,11 @@ def _handles(handles: Iterable[str]) -> list[str]:
     return sorted(set(out))
 
 
-def append_log(ctx: Context, rows: list[tuple]) -> None:
-    """Append ``rows`` to the deliveries log, in one commit."""
-    ctx.commit(partial(deliveries.append, ctx.warehouse, rows), what="deliveries")
-
-
-def _ensure_lock_rows(ctx: Context, group: str, queues: Iterable[Queue]) -> None:
-    ctx.commit(partial(deliveries.ensure_lock_rows, ctx.warehouse, group, list(queues)), what="queue_lock")
-
-
-# --- shared reads and writes ----------------------------------------------------------------
-def group_queues(ctx: Context, group: str, subs: Sequence[Any] | None = None) -> list[Queue]:
-    """Every queue of every topic the group subscribes to (its retry topic included)."""
+def group_queues(subs: Sequence[Subscription], topic_queues: Callable[[str], int | None]) -> list[Queue]:
+    """Every queue of every topic of ``subs`` (a group's retry topic is among them);
+    ``topic_queues`` gives a topic's queue count, None for a deleted topic."""
     out = []
-    for sub in ctx.catalog.subscriptions(group) if subs is None else subs:
-        topic = sub.topic
-        try:
-            n = ctx.catalog.topic_queues(topic)
-        except Exception:  # noqa: BLE001 - a deleted topic has no queues
-            continue
-        out += [(topic, q) for q in range(n)]
+    for sub in subs:
+        n = topic_queues(sub.topic)
+        out += [(sub.topic, q) for q in range(n or 0)]
     return sorted(out)
-
-
-def live_clients(ctx: Context, group: str, now: int) -> list[str]:
-    since = now - ctx.config.client_timeout_ms
-    found = files.rows(
-        ctx.warehouse,
-        "clients",
-        ["client_id"],
-        (pc.field("consumer_group") == group) & (pc.field("last_seen_ts") >= since),
-    )
-    if found is not None:
-        return sorted(set(found.column("client_id").to_pylist()))
-    rows = (
-        ctx.warehouse.read("clients")
-        .where((F.col("consumer_group") == group) & (F.col("last_seen_ts") >= F.lit(since)))
-        .select("client_id")
-        .collect()
-    )
-    return sorted({r["client_id"] for r in rows})
-
-
-# --- the deliveries log ---------------------------------------------------------------------

@@ -8,15 +8,28 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from deltamq.constants import ENDED, INFLIGHT, REVOKED, TAKEN
+from deltamq.pull_log import (
+    LOCK_COLUMNS,
+    LockEntry,
+    LogRow,
+    Queue,
+    QueueLog,
+    as_dict,
+    decide_lock,
+    ended,
+    lock_entries,
+    log_table,
+    position,
+    positions_of,
+    sum_up,
+)
 from deltamq.schemas import SCHEMA_VERSION, TABLES
 from deltamq.tables import files
 from deltamq.tables.ranges import any_of, queue_offsets
@@ -25,83 +38,30 @@ from deltamq.tables.sqltext import sql_int, sql_long, sql_queues, sql_str
 if TYPE_CHECKING:
     from deltamq.tables.warehouse import Warehouse
 
-Queue = tuple[str, int]
-LogRow = tuple[Any, ...]
-"""A row of the deliveries log, in the table's column order."""
 
 # states of the deliveries log (docs/behaviour.md §6), defined in deltamq/constants.py
+__all__ = [  # the log's plain-Python side lives in deltamq/pull_log.py; named here too
+    "LockEntry",
+    "QueueLog",
+    "as_dict",
+    "decide_lock",
+    "ended",
+    "position",
+]
+
 _LOG_SCHEMA = TABLES["deliveries"].columns_at(SCHEMA_VERSION)
-_ARROW_TYPES = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64()}
-_ARROW_LOG = pa.schema([(f.name, _ARROW_TYPES[f.dataType.simpleString()]) for f in _LOG_SCHEMA.fields])
 
 
 # --- the access locks -------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LockEntry:
-    owner: str
-    last_access_ts: int
-    last_delivered_offset: int  # the delivered offset last seen (the no-change counter's reference)
-    no_change_count: int = 0
-    delivered_offset: int | None = None  # the end of the owner's last reserved range
-
-
-_LOCK_COLUMNS = (
-    "topic",
-    "queue_id",
-    "owner",
-    "last_access_ts",
-    "last_delivered_offset",
-    "no_change_count",
-    "delivered_offset",
-)
-
-
-def decide_lock(
-    entry: LockEntry | None,
-    me: str,
-    now: int,
-    delivered: int,
-    acked: int,
-    *,
-    timeout_ms: int,
-    max_no_change: int,
-) -> tuple[str, LockEntry]:
-    """docs/behaviour.md §6 for one pull attempt of ``me``: ("acquired" | "owner" | "refused", the
-    entry to store)."""
-    if entry is None:
-        return "acquired", LockEntry(me, now, delivered, 0, delivered)
-    if entry.owner == me:
-        return "owner", LockEntry(me, now, delivered, entry.no_change_count, entry.delivered_offset)
-    if delivered == entry.last_delivered_offset:
-        count, seen = entry.no_change_count + 1, entry.last_delivered_offset
-    else:
-        count, seen = 0, delivered
-    hold_timeout = now - entry.last_access_ts > timeout_ms
-    if hold_timeout or (delivered == acked and count >= max_no_change):
-        return "acquired", LockEntry(me, now, delivered, 0, entry.delivered_offset)
-    return "refused", LockEntry(entry.owner, entry.last_access_ts, seen, count, entry.delivered_offset)
-
-
 def read_locks(wh: Warehouse, group: str) -> dict[Queue, LockEntry | None]:
     """Lock rows of the group; a queue whose row has no owner maps to None."""
-    found = files.rows(wh, "queue_lock", _LOCK_COLUMNS, pc.field("consumer_group") == group)
+    found = files.rows(wh, "queue_lock", LOCK_COLUMNS, pc.field("consumer_group") == group)
     rows = (
         found.to_pylist()
         if found is not None
-        else wh.read("queue_lock").where(F.col("consumer_group") == group).select(*_LOCK_COLUMNS).collect()
+        else wh.read("queue_lock").where(F.col("consumer_group") == group).select(*LOCK_COLUMNS).collect()
     )
-    return {
-        (r["topic"], r["queue_id"]): None
-        if r["owner"] is None
-        else LockEntry(
-            r["owner"],
-            r["last_access_ts"],
-            r["last_delivered_offset"] or 0,
-            r["no_change_count"] or 0,
-            r["delivered_offset"],
-        )
-        for r in rows
-    }
+    return lock_entries(rows)
 
 
 def ensure_lock_rows(wh: Warehouse, group: str, queues: Iterable[Queue]) -> None:
@@ -184,21 +144,7 @@ def at_offsets(rows: Iterable[dict[str, Any]]) -> Column:
 def append(wh: Warehouse, rows: list[LogRow]) -> None:
     """Append rows (in the table's column order) to the deliveries log: a blind append,
     which never conflicts with another client's. The caller commits."""
-    columns = list(zip(*rows, strict=True))
-    table = pa.Table.from_arrays(
-        [pa.array(c, type=t) for c, t in zip(columns, _ARROW_LOG.types, strict=True)], schema=_ARROW_LOG
-    )
-    wh.append_arrow("deliveries", table)
-
-
-def ended(row: LogRow, state: str) -> LogRow:
-    """The row that ends the delivery ``row`` (an INFLIGHT row): same handle, client,
-    queue position and delivery time."""
-    return (*row[:8], None, state)
-
-
-def as_dict(row: LogRow) -> dict[str, Any]:
-    return dict(zip(_LOG_SCHEMA.fieldNames(), row, strict=True))
+    wh.append_arrow("deliveries", log_table(rows))
 
 
 def queues_column(queues: Iterable[Queue]) -> Column:
@@ -233,19 +179,6 @@ def open_rows(wh: Warehouse, cond: Column, sent_only: Column | None = None) -> l
     ]
 
 
-@dataclass
-class QueueLog:
-    """One queue's rows in the log, summed up."""
-
-    taken_ts: int | None = None  # the latest TAKEN row: rows delivered before it are old
-    inflight_lo: int | None = None  # lowest offset in flight (any epoch)
-    due: int | None = None  # earliest invisible time of those in flight
-    last: int | None = None  # highest offset handed out or passed since the latest TAKEN
-    old_hi: int | None = None  # highest offset of rows older than the latest TAKEN
-    lowest: int | None = None  # lowest offset of any row
-    seen_ts: int | None = None  # the latest delivery time read (later rows came after the read)
-
-
 def summary(
     wh: Warehouse, group: str | None = None, queues: Iterable[Queue] | None = None
 ) -> dict[tuple[str, str, int], QueueLog]:
@@ -270,38 +203,7 @@ def summary(
         + " GROUP BY consumer_group, topic, queue_id, receipt_handle) h "
         "GROUP BY consumer_group, topic, queue_id, ts, cls"
     )
-    rows = wh.engine.rows(statement)
-    out: dict[tuple[str, str, int], QueueLog] = defaultdict(QueueLog)
-    for r in rows:
-        if r["cls"] == "T":
-            s = out[(r["consumer_group"], r["topic"], r["queue_id"])]
-            if s.taken_ts is None or r["ts"] > s.taken_ts:
-                s.taken_ts = r["ts"]
-    for r in rows:
-        s = out[(r["consumer_group"], r["topic"], r["queue_id"])]
-        s.lowest = r["lo"] if s.lowest is None else min(s.lowest, r["lo"])
-        s.seen_ts = r["ts"] if s.seen_ts is None else max(s.seen_ts, r["ts"])
-        if r["cls"] == "I":
-            s.inflight_lo = r["lo"] if s.inflight_lo is None else min(s.inflight_lo, r["lo"])
-            s.due = r["due"] if s.due is None else min(s.due, r["due"])
-        if s.taken_ts is not None and r["ts"] < s.taken_ts:
-            s.old_hi = r["hi"] if s.old_hi is None else max(s.old_hi, r["hi"])
-        elif r["cls"] != "R":
-            s.last = r["hi"] if s.last is None else max(s.last, r["hi"])
-    return dict(out)
-
-
-def position(s: QueueLog | None, stored: tuple[int, int | None] | None) -> tuple[int, int]:
-    """(acknowledged, delivered) of one queue: its log summary on top of its stored row."""
-    acked_s, delivered_s = stored or (0, None)
-    base = delivered_s if delivered_s is not None else acked_s
-    if s is None:
-        return acked_s, base
-    if s.taken_ts is not None:  # a takeover restarted the queue where its TAKEN row says
-        base = 0
-    delivered = base if s.last is None else max(base, s.last + 1)
-    acked = delivered if s.inflight_lo is None else min(s.inflight_lo, delivered)
-    return acked, delivered
+    return sum_up(wh.engine.rows(statement))
 
 
 def positions(
@@ -312,8 +214,4 @@ def positions(
     before it deletes log rows, so this order never misses a position)."""
     wanted = None if queues is None else sorted(set(queues))
     logs = summary(wh, group, wanted)
-    stored = read_positions(wh, [group])
-    keys = {(t, q) for g, t, q in logs} | {(t, q) for g, t, q in stored if g == group}
-    if wanted is not None:
-        keys = set(wanted)
-    return {k: position(logs.get((group, *k)), stored.get((group, *k))) for k in sorted(keys)}
+    return positions_of(group, logs, read_positions(wh, [group]), wanted)

@@ -1,0 +1,241 @@
+"""The pull clients' records, as plain Python (docs/behaviour.md §6): the access lock's
+entries and rule, the deliveries log's rows, and what the log says of each queue.
+
+Spark-free on purpose: the pull protocol (deltamq/pull.py) and the Spark-free pull
+client use it as they are; deltamq/tables/deliveries.py reads and writes the same rows
+through the engine.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from deltamq.constants import ENDED, INFLIGHT, REVOKED, TAKEN
+
+Queue = tuple[str, int]
+LogRow = tuple[Any, ...]
+"""A row of the deliveries log, in the table's column order (:data:`LOG_COLUMNS`)."""
+
+LOG_COLUMNS = (
+    "consumer_group",
+    "client_id",
+    "topic",
+    "queue_id",
+    "queue_offset",
+    "msg_id",
+    "receipt_handle",
+    "delivered_ts",
+    "invisible_until",
+    "state",
+)
+"""The deliveries table's columns (deltamq/schemas; a test holds the two together)."""
+LOG_ARROW = pa.schema(
+    [
+        (name, pa.int32() if name == "queue_id" else pa.int64() if kind == "long" else pa.string())
+        for name, kind in zip(
+            LOG_COLUMNS,
+            ("str", "str", "str", "int", "long", "str", "str", "long", "long", "str"),
+            strict=True,
+        )
+    ]
+)
+
+
+def log_table(rows: list[LogRow]) -> pa.Table:
+    """Log rows as an Arrow table of the deliveries table's types, for one append."""
+    columns = list(zip(*rows, strict=True))
+    return pa.Table.from_arrays(
+        [pa.array(c, type=t) for c, t in zip(columns, LOG_ARROW.types, strict=True)], schema=LOG_ARROW
+    )
+
+
+# --- the access locks -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LockEntry:
+    owner: str
+    last_access_ts: int
+    last_delivered_offset: int  # the delivered offset last seen (the no-change counter's reference)
+    no_change_count: int = 0
+    delivered_offset: int | None = None  # the end of the owner's last reserved range
+
+
+LOCK_COLUMNS = (
+    "topic",
+    "queue_id",
+    "owner",
+    "last_access_ts",
+    "last_delivered_offset",
+    "no_change_count",
+    "delivered_offset",
+)
+
+
+def lock_entries(rows: Iterable[Any]) -> dict[Queue, LockEntry | None]:
+    """Lock rows (:data:`LOCK_COLUMNS`) by queue; a row without an owner maps to None."""
+    return {
+        (r["topic"], r["queue_id"]): None
+        if r["owner"] is None
+        else LockEntry(
+            r["owner"],
+            r["last_access_ts"],
+            r["last_delivered_offset"] or 0,
+            r["no_change_count"] or 0,
+            r["delivered_offset"],
+        )
+        for r in rows
+    }
+
+
+def decide_lock(
+    entry: LockEntry | None,
+    me: str,
+    now: int,
+    delivered: int,
+    acked: int,
+    *,
+    timeout_ms: int,
+    max_no_change: int,
+) -> tuple[str, LockEntry]:
+    """docs/behaviour.md §6 for one pull attempt of ``me``: ("acquired" | "owner" | "refused", the
+    entry to store)."""
+    if entry is None:
+        return "acquired", LockEntry(me, now, delivered, 0, delivered)
+    if entry.owner == me:
+        return "owner", LockEntry(me, now, delivered, entry.no_change_count, entry.delivered_offset)
+    if delivered == entry.last_delivered_offset:
+        count, seen = entry.no_change_count + 1, entry.last_delivered_offset
+    else:
+        count, seen = 0, delivered
+    hold_timeout = now - entry.last_access_ts > timeout_ms
+    if hold_timeout or (delivered == acked and count >= max_no_change):
+        return "acquired", LockEntry(me, now, delivered, 0, entry.delivered_offset)
+    return "refused", LockEntry(entry.owner, entry.last_access_ts, seen, count, entry.delivered_offset)
+
+
+# --- the deliveries log ---------------------------------------------------------------------
+def ended(row: LogRow, state: str) -> LogRow:
+    """The row that ends the delivery ``row`` (an INFLIGHT row): same handle, client,
+    queue position and delivery time."""
+    return (*row[:8], None, state)
+
+
+def as_dict(row: LogRow) -> dict[str, Any]:
+    return dict(zip(LOG_COLUMNS, row, strict=True))
+
+
+def still_open(rows: Iterable[LogRow]) -> list[LogRow]:
+    """The INFLIGHT rows of ``rows`` whose handle no row of ``rows`` ends (``rows``: every
+    log row of the handles concerned)."""
+    listed = list(rows)
+    over = {r[6] for r in listed if r[9] in ENDED}
+    return [r for r in listed if r[9] == INFLIGHT and r[6] not in over]
+
+
+@dataclass
+class QueueLog:
+    """One queue's rows in the log, summed up."""
+
+    taken_ts: int | None = None  # the latest TAKEN row: rows delivered before it are old
+    inflight_lo: int | None = None  # lowest offset in flight (any epoch)
+    due: int | None = None  # earliest invisible time of those in flight
+    last: int | None = None  # highest offset handed out or passed since the latest TAKEN
+    old_hi: int | None = None  # highest offset of rows older than the latest TAKEN
+    lowest: int | None = None  # lowest offset of any row
+    seen_ts: int | None = None  # the latest delivery time read (later rows came after the read)
+
+
+def handle_classes(rows: Iterable[LogRow]) -> list[dict[str, Any]]:
+    """Per handle of the log ``rows``: group, topic, queue, ``ts`` (first delivery time),
+    ``lo`` / ``hi`` (its offset), ``due`` (earliest invisible time while INFLIGHT) and
+    ``cls``: T (a takeover mark), R (revoked), D (ended), I (in flight). The rows
+    :func:`sum_up` takes (the engine computes the same per group of handles)."""
+    by_handle: dict[tuple[str, str, int, str], list[LogRow]] = defaultdict(list)
+    for r in rows:
+        by_handle[(r[0], r[2], r[3], r[6])].append(r)
+    out = []
+    for (group, topic, qid, _), rs in by_handle.items():
+        states = {r[9] for r in rs}
+        dues = [r[8] for r in rs if r[9] == INFLIGHT and r[8] is not None]
+        cls = (
+            "T"
+            if TAKEN in states
+            else "R"
+            if REVOKED in states
+            else "D"
+            if states & set(ENDED)
+            else "I"
+            if INFLIGHT in states
+            else "D"
+        )
+        off = min(r[4] for r in rs)
+        out.append(
+            {
+                "consumer_group": group,
+                "topic": topic,
+                "queue_id": qid,
+                "ts": min(r[7] for r in rs),
+                "cls": cls,
+                "lo": off,
+                "hi": off,
+                "due": min(dues) if dues else None,
+            }
+        )
+    return out
+
+
+def sum_up(rows: Iterable[Any]) -> dict[tuple[str, str, int], QueueLog]:
+    """{(group, topic, queue): QueueLog} from the log's handles, grouped
+    (:func:`handle_classes`; rows of handles of one class and time may be merged)."""
+    listed = list(rows)
+    out: dict[tuple[str, str, int], QueueLog] = defaultdict(QueueLog)
+    for r in listed:
+        if r["cls"] == "T":
+            s = out[(r["consumer_group"], r["topic"], r["queue_id"])]
+            if s.taken_ts is None or r["ts"] > s.taken_ts:
+                s.taken_ts = r["ts"]
+    for r in listed:
+        s = out[(r["consumer_group"], r["topic"], r["queue_id"])]
+        s.lowest = r["lo"] if s.lowest is None else min(s.lowest, r["lo"])
+        s.seen_ts = r["ts"] if s.seen_ts is None else max(s.seen_ts, r["ts"])
+        if r["cls"] == "I":
+            s.inflight_lo = r["lo"] if s.inflight_lo is None else min(s.inflight_lo, r["lo"])
+            s.due = r["due"] if s.due is None else min(s.due, r["due"])
+        if s.taken_ts is not None and r["ts"] < s.taken_ts:
+            s.old_hi = r["hi"] if s.old_hi is None else max(s.old_hi, r["hi"])
+        elif r["cls"] != "R":
+            s.last = r["hi"] if s.last is None else max(s.last, r["hi"])
+    return dict(out)
+
+
+def position(s: QueueLog | None, stored: tuple[int, int | None] | None) -> tuple[int, int]:
+    """(acknowledged, delivered) of one queue: its log summary on top of its stored row."""
+    acked_s, delivered_s = stored or (0, None)
+    base = delivered_s if delivered_s is not None else acked_s
+    if s is None:
+        return acked_s, base
+    if s.taken_ts is not None:  # a takeover restarted the queue where its TAKEN row says
+        base = 0
+    delivered = base if s.last is None else max(base, s.last + 1)
+    acked = delivered if s.inflight_lo is None else min(s.inflight_lo, delivered)
+    return acked, delivered
+
+
+def positions_of(
+    group: str,
+    logs: Mapping[tuple[str, str, int], QueueLog],
+    stored: Mapping[tuple[str, str, int], tuple[int, int | None]],
+    wanted: Iterable[Queue] | None = None,
+) -> dict[Queue, tuple[int, int]]:
+    """Per queue of ``group`` (``wanted`` if given, else every queue either names):
+    (acknowledged offset, delivered offset) from the log summary and the stored offsets."""
+    keys = (
+        set(wanted)
+        if wanted is not None
+        else {(t, q) for g, t, q in logs if g == group} | {(t, q) for g, t, q in stored if g == group}
+    )
+    return {k: position(logs.get((group, *k)), stored.get((group, *k))) for k in sorted(keys)}
