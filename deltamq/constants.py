@@ -57,6 +57,10 @@ INFLIGHT, PASSED, TAKEN = "INFLIGHT", "PASSED", "TAKEN"
 ACKED, NACKED, EXPIRED, REVOKED = "ACKED", "NACKED", "EXPIRED", "REVOKED"
 ENDED = (ACKED, NACKED, EXPIRED, REVOKED)
 """States that end an INFLIGHT row of the same receipt handle."""
+NACK_REQUESTED = "NACK_REQUESTED"
+"""A nack by a client without an engine (deltamq.lite.PullConsumer): its ``invisible_until``
+holds the requested delay level; the tick's pull_expiry sends the delivery back at that
+level and ends it NACKED. Until then the delivery is in flight (an ack still ends it)."""
 
 DEFAULT_QUEUES = 4
 MAX_QUEUES = 1024

@@ -157,6 +157,13 @@ class FileSnapshot:
         self.version = version
 
     # --- reading --------------------------------------------------------------------
+    @property
+    def column_names(self) -> list[str]:
+        """The table's columns (partition columns included), as of the last refresh."""
+        with self._lock:
+            assert self._schema is not None, "refresh() first"
+            return list(self._schema.names)
+
     def files(self, keep: Callable[[DataFile], bool] = lambda f: True) -> list[DataFile]:
         """The live files ``keep`` accepts (as of the last refresh)."""
         with self._lock:

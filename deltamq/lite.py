@@ -1,5 +1,5 @@
-"""A producer without Spark: ``pip install "deltamq[producer]"`` (pyarrow and the
-``deltalake`` package; no PySpark, no Sail).
+"""A producer and a pull consumer without Spark: ``pip install "deltamq[producer]"``
+(pyarrow, the ``deltalake`` package and obstore; no PySpark, no Sail).
 
     from deltamq.lite import Producer
     from deltamq.message import Message
@@ -12,6 +12,18 @@ The same validation, queue choice and ids as the Spark producer (both are
 written by delta-rs, which dispatch indexes like any other. Blind appends never conflict
 with the broker's jobs or with other producers. DataFrame sends and transactions need
 the Spark producer (``Broker.producer``).
+
+    from deltamq.lite import PullConsumer
+
+    consumer = PullConsumer("/data/wh", "workers", "worker-1")
+    messages = consumer.pull(1000)
+    consumer.ack([m.receipt_handle for m in messages])
+
+The same protocol, tables and guarantees as ``Broker.pull_consumer`` (deltamq/pull.py),
+on a store that reads the tables' files and writes with delta-rs (deltamq/pull_files.py);
+the two kinds of client share a group. Groups with a de-duplication key or an SQL92
+subscription need ``Broker.pull_consumer``; a nack is carried out by the broker's next
+tick.
 """
 
 from __future__ import annotations
@@ -25,11 +37,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from deltamq import pull as _pull
 from deltamq.clock import Clock, SystemClock
 from deltamq.config import BrokerConfig
 from deltamq.constants import SCHEMA_VERSION
 from deltamq.delta_append import BlindAppender, Unsupported
 from deltamq.errors import SchemaVersionError, WarehouseNotFound
+from deltamq.pull_files import FileStore
 from deltamq.sending import BaseProducer, Topics
 from deltamq.storage import Storage, is_transient
 
@@ -154,3 +168,26 @@ class Producer(BaseProducer):
             else Warehouse(location, config=config, clock=clock, storage_options=storage_options)
         )
         super().__init__(target, group)
+
+
+class PullConsumer(_pull.PullConsumer):
+    """A pull client of ``group`` (CLUSTERING, no push listener) as ``client_id``, in the
+    warehouse at ``location``, without Spark: ``pull``, ``ack``, ``nack``, ``heartbeat``
+    and ``close`` as on ``Broker.pull_consumer(group, client_id)``."""
+
+    def __init__(
+        self,
+        location: str | os.PathLike[str] | Warehouse,
+        group: str,
+        client_id: str,
+        *,
+        config: BrokerConfig | None = None,
+        clock: Clock | None = None,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        wh = (
+            location
+            if isinstance(location, Warehouse)
+            else Warehouse(location, config=config, clock=clock, storage_options=storage_options)
+        )
+        super().__init__(FileStore(wh.storage, wh.config, wh.clock), group, client_id)

@@ -16,11 +16,12 @@ import pyarrow.compute as pc
 from pyspark.sql import functions as F
 
 from deltamq import dedup
+from deltamq import file_reads as files
 from deltamq.config import GroupConfig, Subscription
 from deltamq.jobs import pull_expiry
 from deltamq.pull_log import LockEntry, LogRow, Queue
 from deltamq.pull_reads import Range, handout_rows
-from deltamq.tables import deliveries, files
+from deltamq.tables import deliveries
 from deltamq.tables.consume_queue import load_dispatch_state
 from deltamq.tables.integrity import faults_named
 from deltamq.tables.sqltext import sql_long, sql_str

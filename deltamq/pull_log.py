@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from deltamq.constants import ENDED, INFLIGHT, REVOKED, TAKEN
+from deltamq.constants import ENDED, INFLIGHT, NACK_REQUESTED, REVOKED, TAKEN
 
 Queue = tuple[str, int]
 LogRow = tuple[Any, ...]
@@ -151,8 +151,9 @@ class QueueLog:
 
 def handle_classes(rows: Iterable[LogRow]) -> list[dict[str, Any]]:
     """Per handle of the log ``rows``: group, topic, queue, ``ts`` (first delivery time),
-    ``lo`` / ``hi`` (its offset), ``due`` (earliest invisible time while INFLIGHT) and
-    ``cls``: T (a takeover mark), R (revoked), D (ended), I (in flight). The rows
+    ``lo`` / ``hi`` (its offset), ``due`` (earliest invisible time while INFLIGHT; the
+    delivery time once a nack is requested) and ``cls``: T (a takeover mark), R
+    (revoked), D (ended), N (in flight, a nack requested), I (in flight). The rows
     :func:`sum_up` takes (the engine computes the same per group of handles)."""
     by_handle: dict[tuple[str, str, int, str], list[LogRow]] = defaultdict(list)
     for r in rows:
@@ -160,7 +161,9 @@ def handle_classes(rows: Iterable[LogRow]) -> list[dict[str, Any]]:
     out = []
     for (group, topic, qid, _), rs in by_handle.items():
         states = {r[9] for r in rs}
-        dues = [r[8] for r in rs if r[9] == INFLIGHT and r[8] is not None]
+        # a requested nack makes the delivery due now (deltamq/constants.py NACK_REQUESTED)
+        dues = [r[8] if r[9] == INFLIGHT else r[7] for r in rs if r[9] in (INFLIGHT, NACK_REQUESTED)]
+        dues = [d for d in dues if d is not None]
         cls = (
             "T"
             if TAKEN in states
@@ -168,6 +171,8 @@ def handle_classes(rows: Iterable[LogRow]) -> list[dict[str, Any]]:
             if REVOKED in states
             else "D"
             if states & set(ENDED)
+            else "N"
+            if NACK_REQUESTED in states
             else "I"
             if INFLIGHT in states
             else "D"
@@ -202,7 +207,7 @@ def sum_up(rows: Iterable[Any]) -> dict[tuple[str, str, int], QueueLog]:
         s = out[(r["consumer_group"], r["topic"], r["queue_id"])]
         s.lowest = r["lo"] if s.lowest is None else min(s.lowest, r["lo"])
         s.seen_ts = r["ts"] if s.seen_ts is None else max(s.seen_ts, r["ts"])
-        if r["cls"] == "I":
+        if r["cls"] in ("I", "N"):
             s.inflight_lo = r["lo"] if s.inflight_lo is None else min(s.inflight_lo, r["lo"])
             s.due = r["due"] if s.due is None else min(s.due, r["due"])
         if s.taken_ts is not None and r["ts"] < s.taken_ts:

@@ -20,9 +20,9 @@ import pyarrow as pa
 from pyspark.sql import functions as F
 
 from deltamq import dedup
+from deltamq import file_reads as files
 from deltamq.config import GroupConfig, Subscription
-from deltamq.filters import parse_tag_expression, subscriptions_filter
-from deltamq.tables import files
+from deltamq.filters import subscriptions_filter
 from deltamq.tables.bodies import read_bodies
 from deltamq.tables.ranges import queue_ranges
 
@@ -31,20 +31,8 @@ if TYPE_CHECKING:
 
 Range = tuple[str, int, int, int]  # topic, queue, first offset, end offset (exclusive)
 
-INDEX_COLUMNS = (
-    "topic",
-    "queue_id",
-    "queue_offset",
-    "msg_id",
-    "tags",
-    "keys",
-    "store_ts",
-    "reconsume_times",
-    "cl_date",
-    "cl_batch_id",
-    "cl_batch_pos",
-)
-BODY_COLUMNS = ("body", "born_ts", "flag", "sys_flag", "properties")
+INDEX_COLUMNS = files.HANDOUT_INDEX_COLUMNS
+BODY_COLUMNS = files.HANDOUT_BODY_COLUMNS
 
 
 def handout_rows(
@@ -67,22 +55,7 @@ def handout_rows(
 
 
 def _from_files(ctx: Context, subs: Sequence[Subscription], ranges: Sequence[Range]) -> list[dict] | None:
-    index = files.index_rows(ctx.warehouse, ranges, INDEX_COLUMNS)
-    if index is None:
-        return None
-    tags = {s.topic: parse_tag_expression(s.expression) for s in subs}  # None: every tag
-    if any(listed is not None for listed in tags.values()):
-        index = index.filter(
-            [
-                listed is None or (tag is not None and tag in listed)
-                for topic, tag in zip(
-                    index.column("topic").to_pylist(), index.column("tags").to_pylist(), strict=True
-                )
-                for listed in (tags.get(topic),)
-            ]
-        )
-    joined = files.bodies(ctx.warehouse, index, BODY_COLUMNS)
-    return None if joined is None else joined.to_pylist()
+    return files.handout_rows(ctx.warehouse, subs, ranges, INDEX_COLUMNS, BODY_COLUMNS)
 
 
 def _through_engine(

@@ -1,7 +1,8 @@
 """The tick's ``pull_expiry`` step (docs/behaviour.md §6): deliveries not acked within
 their invisible time take the retry / DLQ path, then the deliveries log is folded into
 ``offsets`` and the rows below each queue's acknowledged offset are deleted. A nack
-sends back through the same :func:`send_back`.
+sends back through the same :func:`send_back`: at once from the broker's pull client,
+here for a nack a client without an engine requested (``NACK_REQUESTED`` rows).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import functions as F
 
 from deltamq import faults
-from deltamq.constants import EXPIRED, TAKEN
+from deltamq.constants import EXPIRED, NACKED, TAKEN
 from deltamq.engine import is_commit_conflict
 from deltamq.tables import deliveries
 from deltamq.tables.deliveries import ended
@@ -120,17 +121,24 @@ def expire(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -
         return 0
     n = 0
     if any(s.due is not None and s.due <= now for s in logs.values()):
-        rows = deliveries.open_rows(ctx.warehouse, F.lit(True), F.col("invisible_until") <= F.lit(now))
+        requested = deliveries.nack_requests(ctx.warehouse)
+        due = F.col("invisible_until") <= F.lit(now)
+        if requested:
+            due = due | F.col("receipt_handle").isin(sorted(requested))
+        rows = deliveries.open_rows(ctx.warehouse, F.lit(True), due)
         if rows:
             if fence:
                 fence()
-            send_back(ctx, [deliveries.as_dict(r) for r in rows], 0, "not acked within the invisible time")
+            nacked = [r for r in rows if r[6] in requested]
+            expired = [r for r in rows if r[6] not in requested]
+            send_back(ctx, [deliveries.as_dict(r) for r in expired], 0, "not acked within the invisible time")
+            for level in sorted({requested[r[6]] for r in nacked}):
+                same = [deliveries.as_dict(r) for r in nacked if requested[r[6]] == level]
+                send_back(ctx, same, level, "nack")
             faults.point("pull_expiry.after_sendback_commit")
-            ctx.commit(
-                partial(deliveries.append, ctx.warehouse, [ended(r, EXPIRED) for r in rows]),
-                what="deliveries",
-            )
-            n = len(rows)
+            ends = [ended(r, EXPIRED) for r in expired] + [ended(r, NACKED) for r in nacked]
+            ctx.commit(partial(deliveries.append, ctx.warehouse, ends), what="deliveries")
+            n = len(expired)
             logs = deliveries.summary(ctx.warehouse)
     if fence:
         fence()

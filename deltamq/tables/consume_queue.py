@@ -30,11 +30,10 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from deltamq import faults, ids
+from deltamq import faults, file_reads, ids
 from deltamq.constants import (
     DLQ_PREFIX,
     RETRY_PREFIX,
@@ -47,7 +46,7 @@ from deltamq.constants import (
     SysFlag,
 )
 from deltamq.schemas import TABLES
-from deltamq.tables import commit_log, deltalog, files
+from deltamq.tables import commit_log, deltalog
 from deltamq.tables.offsets import dispatch_hint
 from deltamq.tables.sqltext import sql_in, sql_long, sql_str
 
@@ -88,35 +87,18 @@ def load_dispatch_state(wh: Warehouse) -> DispatchState:
 
 def _heads_after(wh: Warehouse, version: int) -> list[dict[str, Any]]:
     """Per queue with index rows from commit_log versions after ``version``: its next
-    offset and the latest such version (``next_offset``, ``v``); from the files whose
-    statistics say they hold such rows, else through the engine."""
-    found = files.rows(
-        wh,
-        "consume_queue",
-        ["topic", "queue_id", "queue_offset", "cl_version"],
-        pc.field("cl_version") > version,
-        keep=lambda f: f.overlaps("cl_version", version + 1, 1 << 62),
-    )
-    if found is None:
-        return [
-            r.asDict()
-            for r in wh.engine.rows(
-                f"SELECT topic, queue_id, max(queue_offset) + 1 AS next_offset, max(cl_version) AS v "
-                f"FROM {wh.ref('consume_queue')} WHERE cl_version > {sql_long(version)} "
-                "GROUP BY topic, queue_id"
-            )
-        ]
-    grouped = found.group_by(["topic", "queue_id"]).aggregate(
-        [("queue_offset", "max"), ("cl_version", "max")]
-    )
+    offset and the latest such version (``next_offset``, ``v``); from the tables' files
+    (deltamq/file_reads.py), else through the engine."""
+    found = file_reads.heads_after(wh, version)
+    if found is not None:
+        return found
     return [
-        {
-            "topic": r["topic"],
-            "queue_id": r["queue_id"],
-            "next_offset": r["queue_offset_max"] + 1,
-            "v": r["cl_version_max"],
-        }
-        for r in grouped.to_pylist()
+        r.asDict()
+        for r in wh.engine.rows(
+            f"SELECT topic, queue_id, max(queue_offset) + 1 AS next_offset, max(cl_version) AS v "
+            f"FROM {wh.ref('consume_queue')} WHERE cl_version > {sql_long(version)} "
+            "GROUP BY topic, queue_id"
+        )
     ]
 
 

@@ -14,7 +14,8 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from deltamq.constants import ENDED, INFLIGHT, REVOKED, TAKEN
+from deltamq import file_reads as files
+from deltamq.constants import ENDED, INFLIGHT, NACK_REQUESTED, REVOKED, TAKEN
 from deltamq.pull_log import (
     LOCK_COLUMNS,
     LockEntry,
@@ -31,7 +32,6 @@ from deltamq.pull_log import (
     sum_up,
 )
 from deltamq.schemas import SCHEMA_VERSION, TABLES
-from deltamq.tables import files
 from deltamq.tables.ranges import any_of, queue_offsets
 from deltamq.tables.sqltext import sql_int, sql_long, sql_queues, sql_str
 
@@ -172,6 +172,17 @@ def open_deliveries(wh: Warehouse, cond: Column, sent_only: Column | None = None
     return sent.join(over, F.col("receipt_handle") == F.col("_ended"), "left_anti")
 
 
+def nack_requests(wh: Warehouse) -> dict[str, int]:
+    """Nacks requested by clients without an engine: {receipt handle: delay level}."""
+    rows = (
+        wh.read("deliveries")
+        .where(F.col("state") == NACK_REQUESTED)
+        .select("receipt_handle", "invisible_until")
+        .collect()
+    )
+    return {r["receipt_handle"]: int(r["invisible_until"] or 0) for r in rows}
+
+
 def open_rows(wh: Warehouse, cond: Column, sent_only: Column | None = None) -> list[LogRow]:
     """INFLIGHT rows matching ``cond`` (and ``sent_only``) that no row has ended yet."""
     return [
@@ -193,10 +204,12 @@ def summary(
         "SELECT consumer_group, topic, queue_id, ts, cls, min(off) AS lo, max(off) AS hi, "
         "min(due) AS due FROM (SELECT consumer_group, topic, queue_id, "
         "receipt_handle, min(delivered_ts) AS ts, min(queue_offset) AS off, "
-        f"min(CASE WHEN state = {sql_str(INFLIGHT)} THEN invisible_until END) AS due, "
+        f"min(CASE WHEN state = {sql_str(INFLIGHT)} THEN invisible_until "
+        f"WHEN state = {sql_str(NACK_REQUESTED)} THEN delivered_ts END) AS due, "
         f"CASE WHEN max(CASE WHEN state = {sql_str(TAKEN)} THEN 1 ELSE 0 END) = 1 THEN 'T' "
         f"WHEN max(CASE WHEN state = {sql_str(REVOKED)} THEN 1 ELSE 0 END) = 1 THEN 'R' "
         f"WHEN max(CASE WHEN state IN ({ended_states}) THEN 1 ELSE 0 END) = 1 THEN 'D' "
+        f"WHEN max(CASE WHEN state = {sql_str(NACK_REQUESTED)} THEN 1 ELSE 0 END) = 1 THEN 'N' "
         f"WHEN max(CASE WHEN state = {sql_str(INFLIGHT)} THEN 1 ELSE 0 END) = 1 THEN 'I' "
         f"ELSE 'D' END AS cls FROM {wh.ref('deliveries')}"
         + (f" WHERE {' AND '.join(where)}" if where else "")

@@ -13,11 +13,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import pyarrow.compute as pc
-
+from deltamq import file_reads
 from deltamq.constants import DISPATCH_GROUP
 from deltamq.schemas import TABLES
-from deltamq.tables import files
 from deltamq.tables.sqltext import USER_GROUPS, sql_bool, sql_in, sql_int, sql_long, sql_queues, sql_str
 
 if TYPE_CHECKING:
@@ -264,16 +262,12 @@ def dispatch_hint(wh: Warehouse) -> tuple[int, dict[tuple[str, int], int]]:
     of it (``consume_queue.load_dispatch_state`` corrects it)."""
     version = -1
     heads: dict[tuple[str, int], int] = {}
-    columns = ["topic", "queue_id", "next_offset", "progress_version"]
-    found = files.rows(wh, "offsets", columns, pc.field("consumer_group") == DISPATCH_GROUP)
-    listed = (
-        found.to_pylist()
-        if found is not None
-        else wh.engine.rows(
-            f"SELECT {', '.join(columns)} FROM {wh.ref('offsets')} "
+    listed: list[Any] | None = file_reads.dispatch_hint(wh)
+    if listed is None:
+        listed = wh.engine.rows(
+            f"SELECT topic, queue_id, next_offset, progress_version FROM {wh.ref('offsets')} "
             f"WHERE consumer_group = {sql_str(DISPATCH_GROUP)}"
         )
-    )
     for r in listed:
         if r["queue_id"] == -1:
             version = max(version, r["progress_version"] if r["progress_version"] is not None else -1)

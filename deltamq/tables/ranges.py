@@ -8,47 +8,18 @@ the files whose min/max overlap.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, TypeVar
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from deltamq import ids
+from deltamq.file_reads import balanced_or, merge_ranges
 
-P = TypeVar("P", bound=Any)
-
-
-def merge_ranges(
-    values: list[int], gap: int = 60_000 << ids.BATCH_RANDOM_BITS, most: int = 64
-) -> list[tuple[int, int]]:
-    """Sorted distinct values → at most ``most`` closed ranges; neighbours closer than
-    ``gap`` share a range. A predicate over these ranges lets file statistics prune."""
-    points = sorted(set(values))
-    if not points:
-        return []
-    ranges = [[points[0], points[0]]]
-    for v in points[1:]:
-        if v - ranges[-1][1] <= gap:
-            ranges[-1][1] = v
-        else:
-            ranges.append([v, v])
-    while len(ranges) > most:  # merge across the smallest gap
-        i = min(range(len(ranges) - 1), key=lambda k: ranges[k + 1][0] - ranges[k][1])
-        ranges[i][1] = ranges[i + 1][1]
-        del ranges[i + 1]
-    return [(lo, hi) for lo, hi in ranges]
+__all__ = ["any_of", "merge_ranges", "queue_offsets", "queue_ranges", "ranges_predicate"]
 
 
-def any_of(preds: Iterable[P], none: P | None = None) -> P:
-    """OR of ``preds`` (Spark Columns, or pyarrow expressions with ``none`` given) as a
-    balanced tree; ``none`` (FALSE) for no predicate. A left-deep chain of a few hundred
-    ORs exceeds the nesting depth Spark Connect's protobuf decoder accepts."""
-    items = list(preds)
-    if not items:
-        return F.lit(False) if none is None else none  # type: ignore[return-value]
-    while len(items) > 1:
-        items = [items[i] | items[i + 1] if i + 1 < len(items) else items[i] for i in range(0, len(items), 2)]
-    return items[0]
+def any_of(preds: Iterable[Column]) -> Column:
+    """OR of ``preds`` as a balanced tree (FALSE for none): deltamq/file_reads.py's."""
+    return balanced_or(preds, F.lit(False))
 
 
 def ranges_predicate(column: str, ranges: list[tuple[int, int]]) -> Column:

@@ -1,0 +1,274 @@
+"""Index ranges, message bodies and small control tables read from the tables' files,
+without the engine.
+
+A pull client reads a few thousand ``consume_queue`` rows and their ``commit_log``
+bodies per call. Through the engine that is two statements (tens of milliseconds
+each on Sail, more on Spark); here it is the files those rows are in, picked from a
+kept snapshot of each table (deltamq/delta_read.py) by partition values and the
+offset or batch-id statistics, and read with pyarrow. Each function returns None when
+a table must be read with the engine instead (its protocol asks for more than plain
+Parquet files). Spark-free: the broker's warehouse and the Spark-free pull client
+(deltamq/pull_files.py) both hand it their snapshots.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from deltamq import ids
+from deltamq.config import Subscription
+from deltamq.constants import DISPATCH_GROUP
+from deltamq.delta_read import DataFile, FileSnapshot
+from deltamq.filters import parse_tag_expression
+
+P = TypeVar("P")
+
+
+class Snapshots(Protocol):
+    """Where the tables' snapshots come from (``Warehouse.snapshot``, the pull client's)."""
+
+    def snapshot(self, table: str) -> FileSnapshot | None: ...
+
+
+Range = tuple[str, int, int, int]  # topic, queue, first offset, end offset (exclusive)
+
+
+def rows(
+    wh: Snapshots,
+    table: str,
+    columns: Sequence[str],
+    where: pc.Expression | None = None,
+    keep: Callable[[DataFile], bool] | None = None,
+) -> pa.Table | None:
+    """Rows of a table matching ``where``, ``columns`` only, read from its files (those
+    ``keep`` accepts, by partition values and statistics; all by default)."""
+    snap = wh.snapshot(table)
+    if snap is None:
+        return None
+    return snap.read(snap.files(keep) if keep else snap.files(), list(columns), where)
+
+
+def index_rows(wh: Snapshots, ranges: Sequence[Range], columns: Sequence[str]) -> pa.Table | None:
+    """``consume_queue`` rows within ``ranges``, ``columns`` only, in no set order."""
+    snap = wh.snapshot("consume_queue")
+    if snap is None:
+        return None
+    spans: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    for topic, qid, lo, hi in ranges:
+        spans[topic].append((qid, lo, hi - 1))
+
+    def keep(f: DataFile) -> bool:
+        return any(
+            f.overlaps("queue_id", q, q) and f.overlaps("queue_offset", lo, hi)
+            for q, lo, hi in spans.get(f.partition.get("topic") or "", ())
+        )
+
+    where = _any(
+        (pc.field("topic") == topic) & (pc.field("queue_id") == qid) & _between("queue_offset", lo, hi - 1)
+        for topic, qid, lo, hi in ranges
+    )
+    return snap.read(snap.files(keep), list(columns), where)
+
+
+def bodies(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> pa.Table | None:
+    """``index`` (consume_queue rows: ``cl_date``, ``cl_batch_id``, ``cl_batch_pos``,
+    ``msg_id``) with the ``columns`` of each row's ``commit_log`` row; rows whose body is
+    gone (retention) are left out, as by the engine jobs' join."""
+    snap = wh.snapshot("commit_log")
+    if snap is None:
+        return None
+    if index.num_rows == 0:
+        return _with(index, snap.read([], list(columns)))
+    batch_ids = index.column("cl_batch_id").to_pylist()
+    places = index.column("cl_batch_pos").to_pylist()
+    dates = {d.isoformat() for d in index.column("cl_date").unique().to_pylist()}
+    batches = merge_ranges(batch_ids)
+
+    def keep(f: DataFile) -> bool:
+        if f.partition.get("store_date") not in dates:
+            return False
+        return any(f.overlaps("batch_id", lo, hi) for lo, hi in batches)
+
+    where = _any(_between("batch_id", lo, hi) for lo, hi in batches) & _between(
+        "batch_pos", min(places), max(places)
+    )
+    found = snap.read(snap.files(keep), ["batch_id", "batch_pos", "msg_id", *columns], where)
+    at = {
+        key: j
+        for j, key in enumerate(
+            zip(
+                found.column("batch_id").to_pylist(),
+                found.column("batch_pos").to_pylist(),
+                found.column("msg_id").to_pylist(),
+                strict=True,
+            )
+        )
+    }
+    pairs = [
+        (i, j)
+        for i, key in enumerate(zip(batch_ids, places, index.column("msg_id").to_pylist(), strict=True))
+        if (j := at.get(key)) is not None
+    ]
+    return _with(index.take([i for i, _ in pairs]), found.take([j for _, j in pairs]).select(list(columns)))
+
+
+def _with(rows: pa.Table, more: pa.Table) -> pa.Table:
+    for name in more.column_names:
+        rows = rows.append_column(more.schema.field(name), more.column(name))
+    return rows
+
+
+HANDOUT_INDEX_COLUMNS = (
+    "topic",
+    "queue_id",
+    "queue_offset",
+    "msg_id",
+    "tags",
+    "keys",
+    "store_ts",
+    "reconsume_times",
+    "cl_date",
+    "cl_batch_id",
+    "cl_batch_pos",
+)
+"""The ``consume_queue`` columns a pulled message is built from."""
+HANDOUT_BODY_COLUMNS = ("body", "born_ts", "flag", "sys_flag", "properties")
+"""The ``commit_log`` columns a pulled message is built from."""
+
+
+def handout_rows(
+    wh: Snapshots,
+    subs: Sequence[Subscription],
+    ranges: Sequence[Range],
+    index_columns: Sequence[str] = HANDOUT_INDEX_COLUMNS,
+    body_columns: Sequence[str] = HANDOUT_BODY_COLUMNS,
+) -> list[dict[str, Any]] | None:
+    """The ``consume_queue`` rows of ``ranges`` matching the tag subscriptions ``subs``
+    (a topic without one: every row), with the ``body_columns`` of their ``commit_log``
+    rows; those whose body is gone are left out. SQL92 subscriptions are the engine's."""
+    index = index_rows(wh, ranges, index_columns)
+    if index is None:
+        return None
+    tags = {s.topic: parse_tag_expression(s.expression) for s in subs}  # None: every tag
+    if any(listed is not None for listed in tags.values()):
+        pairs = zip(index.column("topic").to_pylist(), index.column("tags").to_pylist(), strict=True)
+        index = index.filter(
+            [
+                listed is None or (tag is not None and tag in listed)
+                for topic, tag in pairs
+                for listed in (tags.get(topic),)
+            ]
+        )
+    joined = bodies(wh, index, body_columns)
+    return None if joined is None else joined.to_pylist()
+
+
+def _between(column: str, lo: int, hi: int) -> pc.Expression:
+    return (pc.field(column) >= lo) & (pc.field(column) <= hi)
+
+
+def _any(preds: Iterable[pc.Expression]) -> pc.Expression:
+    return balanced_or(preds, pc.scalar(False))
+
+
+def balanced_or(preds: Iterable[P], none: P) -> P:
+    """OR of ``preds`` as a balanced tree; ``none`` for no predicate. A left-deep chain of
+    a few hundred ORs exceeds the nesting depth Spark Connect's protobuf decoder accepts."""
+    items = list(preds)
+    if not items:
+        return none
+    while len(items) > 1:
+        items = [items[i] | items[i + 1] if i + 1 < len(items) else items[i] for i in range(0, len(items), 2)]  # type: ignore[operator]
+    return items[0]
+
+
+def merge_ranges(
+    values: list[int], gap: int = 60_000 << ids.BATCH_RANDOM_BITS, most: int = 64
+) -> list[tuple[int, int]]:
+    """Sorted distinct values → at most ``most`` closed ranges; neighbours closer than
+    ``gap`` share a range. A predicate over these ranges lets file statistics prune."""
+    points = sorted(set(values))
+    if not points:
+        return []
+    ranges = [[points[0], points[0]]]
+    for v in points[1:]:
+        if v - ranges[-1][1] <= gap:
+            ranges[-1][1] = v
+        else:
+            ranges.append([v, v])
+    while len(ranges) > most:  # merge across the smallest gap
+        i = min(range(len(ranges) - 1), key=lambda k: ranges[k + 1][0] - ranges[k][1])
+        ranges[i][1] = ranges[i + 1][1]
+        del ranges[i + 1]
+    return [(lo, hi) for lo, hi in ranges]
+
+
+# --- the queue heads ------------------------------------------------------------------------
+def dispatch_hint(wh: Snapshots) -> list[dict] | None:
+    """Dispatch's hint rows (``offsets`` of ``%DISPATCH%``): topic, queue_id, next_offset,
+    progress_version."""
+    return _listed(
+        rows(
+            wh,
+            "offsets",
+            ["topic", "queue_id", "next_offset", "progress_version"],
+            pc.field("consumer_group") == DISPATCH_GROUP,
+        )
+    )
+
+
+def heads_after(wh: Snapshots, version: int) -> list[dict] | None:
+    """Per queue with index rows from commit_log versions after ``version``: its next
+    offset and the latest such version (``next_offset``, ``v``), from the files whose
+    statistics say they hold such rows."""
+    found = rows(
+        wh,
+        "consume_queue",
+        ["topic", "queue_id", "queue_offset", "cl_version"],
+        pc.field("cl_version") > version,
+        keep=lambda f: f.overlaps("cl_version", version + 1, 1 << 62),
+    )
+    if found is None:
+        return None
+    grouped = found.group_by(["topic", "queue_id"]).aggregate(
+        [("queue_offset", "max"), ("cl_version", "max")]
+    )
+    return [
+        {
+            "topic": r["topic"],
+            "queue_id": r["queue_id"],
+            "next_offset": r["queue_offset_max"] + 1,
+            "v": r["cl_version_max"],
+        }
+        for r in grouped.to_pylist()
+    ]
+
+
+def heads(wh: Snapshots) -> dict[tuple[str, int], int] | None:
+    """Every queue's next offset: dispatch's hint corrected by the index rows newer than
+    it (``consume_queue.load_dispatch_state`` through the engine)."""
+    hint = dispatch_hint(wh)
+    if hint is None:
+        return None
+    version, out = -1, {}
+    for r in hint:
+        if r["queue_id"] == -1:
+            version = max(version, r["progress_version"] if r["progress_version"] is not None else -1)
+        else:
+            out[(r["topic"], r["queue_id"])] = r["next_offset"]
+    newer = heads_after(wh, version)
+    if newer is None:
+        return None
+    for r in newer:
+        key = (r["topic"], r["queue_id"])
+        out[key] = max(out.get(key, 0), r["next_offset"])
+    return out
+
+
+def _listed(table: pa.Table | None) -> list[dict] | None:
+    return None if table is None else table.to_pylist()

@@ -1,0 +1,325 @@
+"""The pull protocol's tables without an engine: the store of ``deltamq.lite.PullConsumer``.
+
+Reads come from the tables' files through kept snapshots (deltamq/delta_read.py,
+deltamq/file_reads.py); the deliveries log is appended to by
+:class:`deltamq.delta_append.BlindAppender`; the control tables' compare-and-set writes
+(``queue_lock``, ``clients``) are delta-rs ``MERGE``s, whose conflict checker refuses a
+commit when another writer changed the files it read, so a race with the broker's
+engine or another client is retried from a fresh read, never lost. Same tables, same
+rows and the same protocol (deltamq/pull.py) as ``Broker.pull_consumer``'s store.
+
+What needs an engine is refused with an error saying so: groups with a
+de-duplication key and SQL92 subscriptions (use ``Broker.pull_consumer``). A nack is
+recorded as a request that the broker's next tick carries out (``NACK_REQUESTED``).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from deltamq import file_reads
+from deltamq.clock import Clock
+from deltamq.config import BrokerConfig, GroupConfig, Subscription
+from deltamq.constants import NACK_REQUESTED
+from deltamq.delta_append import BlindAppender, Unsupported
+from deltamq.delta_read import FileSnapshot
+from deltamq.errors import ConfigError, DeltaMQError, StorageError
+from deltamq.pull_log import (
+    LOCK_COLUMNS,
+    LOG_COLUMNS,
+    LockEntry,
+    LogRow,
+    Queue,
+    handle_classes,
+    lock_entries,
+    log_table,
+    positions_of,
+    still_open,
+    sum_up,
+)
+from deltamq.storage import Storage, is_transient
+
+R = TypeVar("R")
+
+_ENGINE_ONLY = 'needs the broker\'s engine: use Broker.pull_consumer (pip install "deltamq[broker]")'
+
+
+class FileStore:
+    """What a Spark-free pull client reads and writes, in the warehouse at ``storage``."""
+
+    def __init__(self, storage: Storage, config: BrokerConfig, clock: Clock) -> None:
+        self.storage = storage
+        self.config = config
+        self.clock = clock
+        self._snapshots: dict[str, FileSnapshot] = {}
+        self._log = BlindAppender(storage, storage.join("deliveries"), engine_info="deltamq-lite-pull")
+        self._tables: dict[str, Any] = {}  # delta-rs tables kept for MERGEs
+
+    # --- reading --------------------------------------------------------------------------
+    def snapshot(self, table: str) -> FileSnapshot:
+        snap = self._snapshots.get(table)
+        if snap is None:
+            snap = self._snapshots[table] = FileSnapshot(self.storage, self.storage.join(table))
+        try:
+            snap.refresh()
+        except Unsupported as e:
+            raise ConfigError(f"reading {table} {_ENGINE_ONLY}: {e}") from e
+        return snap
+
+    def _rows(
+        self, table: str, where: pc.Expression | None, columns: Sequence[str] | None = None
+    ) -> list[dict]:
+        snap = self.snapshot(table)
+        names = list(columns) if columns is not None else snap.column_names
+        return snap.read(snap.files(), names, where).to_pylist()
+
+    # --- the catalog ----------------------------------------------------------------------
+    def group(self, name: str) -> GroupConfig | None:
+        rows = self._rows("group_config", pc.field("consumer_group") == name)
+        if not rows:
+            return None
+        cfg = GroupConfig.from_row(rows[0])
+        if cfg.dedup_key:
+            raise ConfigError(
+                f"group {name!r} de-duplicates by key {cfg.dedup_key!r}; pulling it {_ENGINE_ONLY}"
+            )
+        return cfg
+
+    def listens(self, group: str) -> bool:
+        return False  # push listeners are registered in a broker's process, not here
+
+    def subscriptions(self, group: str) -> list[Subscription]:
+        rows = self._rows(
+            "subscription",
+            pc.field("consumer_group") == group,
+            ["consumer_group", "topic", "expr_type", "expression"],
+        )
+        return sorted((Subscription.from_row(r) for r in rows), key=lambda s: s.topic)
+
+    def topic_queues(self, topic: str) -> int | None:
+        rows = self._rows("topic_config", pc.field("topic") == topic, ["queues"])
+        return int(rows[0]["queues"]) if rows else None
+
+    # --- commits and errors ---------------------------------------------------------------
+    def commit(self, attempt: Callable[[], R], *, what: str) -> R:
+        """``attempt`` again (from a fresh read) while delta-rs' conflict checker refuses
+        its commit or the store fails transiently, as ``commit_retries`` and
+        ``commit_backoff_ms`` say."""
+        policy = self.config.commit_policy
+        for n in range(policy.retries + 1):
+            try:
+                return attempt()
+            except Exception as e:
+                again = type(e).__name__ == "CommitFailedError" or is_transient(e)
+                if not again or isinstance(e, DeltaMQError):
+                    raise
+                if n == policy.retries:
+                    raise StorageError(
+                        f"{what}: the commit was refused {n + 1} times by concurrent writers or "
+                        f"the store at {self.storage.location}: {e}"
+                    ) from e
+                time.sleep(policy.backoff_ms / 1000.0 * (n + 1) * (1 + random.random()))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextmanager
+    def named(self) -> Iterator[None]:
+        """A transient store fault raised inside becomes a StorageError naming the warehouse."""
+        try:
+            yield
+        except Exception as e:
+            if isinstance(e, DeltaMQError) or not is_transient(e):
+                raise
+            raise self.storage.error(
+                "read from or write to the warehouse at", self.storage.location, e
+            ) from e
+
+    def before_pull(self) -> None:
+        return None
+
+    def _table(self, table: str) -> Any:
+        """delta-rs' table, kept and brought up to date (a MERGE starts from the latest)."""
+        dt = self._tables.get(table)
+        if dt is None:
+            dt = self._tables[table] = self.storage.delta_table(self.storage.join(table))
+        else:
+            dt.update_incremental()
+        return dt
+
+    def _merge(self, table: str, source: pa.Table, on: str) -> Any:
+        return self._table(table).merge(source, on, source_alias="s", target_alias="t")
+
+    # --- clients --------------------------------------------------------------------------
+    def heartbeat(self, group: str, client: str, now: int) -> None:
+        source = pa.table(
+            {
+                "consumer_group": [group],
+                "client_id": [client],
+                "first_seen_ts": pa.array([now], pa.int64()),
+                "last_seen_ts": pa.array([now], pa.int64()),
+            }
+        )
+        on = "t.consumer_group = s.consumer_group AND t.client_id = s.client_id"
+
+        def attempt() -> None:
+            later = "CASE WHEN s.last_seen_ts > t.last_seen_ts THEN s.last_seen_ts ELSE t.last_seen_ts END"
+            merge = self._merge("clients", source, on).when_matched_update({"last_seen_ts": later})
+            merge.when_not_matched_insert_all().execute()
+
+        self.commit(attempt, what="clients")
+
+    def leave(self, group: str, client: str) -> None:
+        where = f"consumer_group = {_text(group)} AND client_id = {_text(client)}"
+        self.commit(lambda: self._table("clients").delete(where), what="clients")
+
+    def live_clients(self, group: str, since: int) -> list[str]:
+        rows = self._rows(
+            "clients",
+            (pc.field("consumer_group") == group) & (pc.field("last_seen_ts") >= since),
+            ["client_id"],
+        )
+        return sorted({r["client_id"] for r in rows})
+
+    # --- locks ----------------------------------------------------------------------------
+    def read_locks(self, group: str) -> dict[Queue, LockEntry | None]:
+        return lock_entries(self._rows("queue_lock", pc.field("consumer_group") == group, LOCK_COLUMNS))
+
+    def write_locks(self, group: str, changes: list[tuple[Queue, LockEntry | None, LockEntry]]) -> None:
+        """Compare-and-set: each (existing) row changes only if it still is what was read;
+        the caller commits (:meth:`commit`)."""
+        changes = [c for c in changes if c[1] != c[2]]
+        if not changes:
+            return
+        source = pa.table(
+            {
+                "consumer_group": [group] * len(changes),
+                "topic": [t for (t, _), _, _ in changes],
+                "queue_id": pa.array([q for (_, q), _, _ in changes], pa.int32()),
+                "exp_owner": pa.array([old.owner if old else None for _, old, _ in changes], pa.string()),
+                "exp_access": pa.array(
+                    [old.last_access_ts if old else None for _, old, _ in changes], pa.int64()
+                ),
+                "owner": [new.owner for _, _, new in changes],
+                "last_access_ts": pa.array([new.last_access_ts for _, _, new in changes], pa.int64()),
+                "last_delivered_offset": pa.array(
+                    [new.last_delivered_offset for _, _, new in changes], pa.int64()
+                ),
+                "no_change_count": pa.array([new.no_change_count for _, _, new in changes], pa.int32()),
+                "delivered_offset": pa.array([new.delivered_offset for _, _, new in changes], pa.int64()),
+            }
+        )
+        merge = self._merge("queue_lock", source, _SAME_QUEUE)
+        merge.when_matched_update(
+            {c: f"s.{c}" for c in LOCK_COLUMNS[2:]},
+            predicate="(t.owner IS NOT DISTINCT FROM s.exp_owner) "
+            "AND (t.last_access_ts IS NOT DISTINCT FROM s.exp_access)",
+        ).execute()
+
+    def ensure_lock_rows(self, group: str, queues: Sequence[Queue]) -> None:
+        """Ownerless lock rows for ``queues`` that have none (deltamq/tables/deliveries.py)."""
+        if not queues:
+            return
+        ordered = sorted(set(queues))
+        source = pa.table(
+            {
+                "consumer_group": [group] * len(ordered),
+                "topic": [t for t, _ in ordered],
+                "queue_id": pa.array([q for _, q in ordered], pa.int32()),
+            }
+        )
+        values = {
+            "consumer_group": "s.consumer_group",
+            "topic": "s.topic",
+            "queue_id": "s.queue_id",
+            "no_change_count": "CAST(0 AS INT)",
+        }
+        self.commit(
+            lambda: self._merge("queue_lock", source, _SAME_QUEUE).when_not_matched_insert(values).execute(),
+            what="queue_lock",
+        )
+
+    # --- the index and the log ------------------------------------------------------------
+    def heads(self) -> dict[Queue, int]:
+        found = file_reads.heads(self)
+        assert found is not None  # snapshot() raises rather than answer None
+        return found
+
+    def _log_rows(self, where: pc.Expression) -> list[LogRow]:
+        snap = self.snapshot("deliveries")
+        table = snap.read(snap.files(), list(LOG_COLUMNS), where)
+        return list(zip(*(table.column(c).to_pylist() for c in LOG_COLUMNS), strict=True))
+
+    def positions(self, group: str, queues: Sequence[Queue]) -> dict[Queue, tuple[int, int]]:
+        """(acknowledged, delivered) per queue: the log read first, then the stored offsets
+        (the fold writes offsets before it deletes log rows)."""
+        logs = sum_up(handle_classes(self._log_rows((pc.field("consumer_group") == group) & _queues(queues))))
+        stored = {
+            (group, r["topic"], r["queue_id"]): (r["next_offset"] or 0, r["delivered_offset"])
+            for r in self._rows(
+                "offsets",
+                (pc.field("consumer_group") == group) & (pc.field("client_id") == ""),
+                ["topic", "queue_id", "next_offset", "delivered_offset"],
+            )
+        }
+        return positions_of(group, logs, stored, queues)
+
+    def handout_rows(
+        self,
+        group: str,
+        cfg: GroupConfig,
+        subs: Sequence[Subscription],
+        ranges: Sequence[tuple[str, int, int, int]],
+        now: int,
+    ) -> list[dict[str, Any]]:
+        sql = [s.topic for s in subs if s.expr_type == "SQL92"]
+        if sql:
+            raise ConfigError(
+                f"group {group!r} subscribes to {', '.join(sql)} by SQL92; pulling it {_ENGINE_ONLY}"
+            )
+        rows = file_reads.handout_rows(self, subs, ranges) or []
+        return sorted(rows, key=lambda r: (r["topic"], r["queue_id"], r["queue_offset"]))
+
+    def open_rows(
+        self, group: str, *, queues: Iterable[Queue] = (), handles: Iterable[str] = ()
+    ) -> list[LogRow]:
+        """INFLIGHT rows of ``group`` not ended yet, of ``queues`` or with ``handles``."""
+        wanted = sorted(set(handles))
+        if wanted:
+            where = (pc.field("receipt_handle") >= wanted[0]) & (pc.field("receipt_handle") <= wanted[-1])
+            rows = self._log_rows((pc.field("consumer_group") == group) & where)
+            chosen = set(wanted)
+            return [r for r in still_open(r for r in rows if r[6] in chosen)]
+        return still_open(self._log_rows((pc.field("consumer_group") == group) & _queues(list(queues))))
+
+    def append_log(self, rows: list[LogRow]) -> None:
+        self._log.append(log_table(rows))
+
+    def record_keys(self, group: str, cfg: GroupConfig, acked: list[dict[str, Any]], now: int) -> None:
+        raise ConfigError(f"group {group!r} de-duplicates by key; acknowledging it {_ENGINE_ONLY}")
+
+    def nack(self, rows: list[LogRow], level: int) -> None:
+        """A request per delivery, carried out by the broker's next tick: sent back at
+        ``level`` (deltamq/jobs/pull_expiry.py), then ended NACKED."""
+        if rows:
+            self.append_log([(*r[:8], level, NACK_REQUESTED) for r in rows])
+
+
+_SAME_QUEUE = "t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id"
+
+
+def _queues(queues: Sequence[Queue]) -> pc.Expression:
+    return file_reads.balanced_or(
+        ((pc.field("topic") == t) & (pc.field("queue_id") == q) for t, q in sorted(set(queues))),
+        pc.scalar(False),
+    )
+
+
+def _text(value: str) -> str:
+    """A SQL string literal (delta-rs predicates)."""
+    return "'" + value.replace("'", "''") + "'"

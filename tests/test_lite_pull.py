@@ -1,0 +1,185 @@
+"""The Spark-free pull client (deltamq.lite.PullConsumer, deltamq/pull_files.py): the same
+protocol and tables as Broker.pull_consumer, sharing a group with it; nacks carried out
+by the tick; what needs an engine refused by name; processes of both kinds (the Spark-free
+ones with PySpark unimportable) pulling one group, every message handed out once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from deltamq import Message
+from deltamq.errors import ConfigError, UnknownGroup
+from deltamq.lite import PullConsumer
+from deltamq.tables.deliveries import positions
+
+SECOND = 1_000
+
+
+@pytest.fixture
+def pulled(warehouse_with, clock):
+    broker = warehouse_with(
+        "orders", queues=4, group="workers", recorder=None, invisible_time_ms=30 * SECOND
+    ).broker
+    p = broker.producer("p")
+    for q in range(4):
+        p.send_batch(
+            [
+                Message("orders", f"q{q}m{i}", tags="T", keys=f"k{i}", properties={"n": str(i)})
+                for i in range(5)
+            ],
+            selector=lambda n, m, a: a,
+            arg=q,
+        )
+    broker.tick(clock.now_ms())
+    return broker
+
+
+def _lite(broker, clock, client: str) -> PullConsumer:
+    return PullConsumer(broker.warehouse.location, "workers", client, config=broker.config, clock=clock)
+
+
+def test_a_spark_free_client_and_a_broker_client_share_a_group(pulled, clock):
+    t = clock.now_ms()
+    lite, spark = _lite(pulled, clock, "lite"), pulled.pull_consumer("workers", "spark")
+    lite.heartbeat(t)
+    spark.heartbeat(t)
+    got_lite, got_spark = lite.pull(100, now=t), spark.pull(100, now=t)
+    assert {m.queue_id for m in got_lite}.isdisjoint({m.queue_id for m in got_spark})
+    both = got_lite + got_spark
+    assert sorted(m.body.decode() for m in both) == sorted(f"q{q}m{i}" for q in range(4) for i in range(5))
+    first = next(m for m in got_lite if m.queue_offset == 0)
+    assert (first.topic, first.tags, first.keys, first.properties["n"]) == ("orders", "T", "k0", "0")
+    # nothing more for either while everything is in flight; acks from both kinds
+    assert lite.pull(100, now=t + 1) == [] and spark.pull(100, now=t + 1) == []
+    assert lite.ack([m.receipt_handle for m in got_lite], now=t + 2) == len(got_lite)
+    assert spark.ack([m.receipt_handle for m in got_spark], now=t + 2) == len(got_spark)
+    assert lite.ack([m.receipt_handle for m in got_lite], now=t + 3) == 0  # once
+    assert positions(pulled.warehouse, "workers", [("orders", q) for q in range(4)]) == {
+        ("orders", q): (5, 5) for q in range(4)
+    }
+    pulled.tick(t + 4)  # the fold: offsets, and the log emptied
+    assert pulled.sql("SELECT count(*) AS n FROM deliveries").collect()[0]["n"] == 0
+    # the lite client leaves: its queues go to the one left, from the acked offsets (once
+    # the no-change counter has seen them settled, docs/behaviour.md §6)
+    lite.close()
+    p = pulled.producer("p")
+    for q in range(4):
+        p.send(Message("orders", f"x{q}"), selector=lambda n, m, a: a, arg=q)
+    pulled.tick(t + 5)
+    later = []
+    for k in range(8):
+        later += spark.pull(100, now=t + 6 + k)
+    assert sorted(m.body.decode() for m in later) == [f"x{q}" for q in range(4)]
+
+
+def test_a_spark_free_nack_is_sent_back_by_the_tick_at_its_level(pulled, clock):
+    t = clock.now_ms()
+    lite = _lite(pulled, clock, "lite")
+    got = lite.pull(3, now=t)
+    assert lite.nack([got[0].receipt_handle], delay_level=2, now=t) == 1
+    assert lite.nack([got[1].receipt_handle], delay_level=-1, now=t) == 1
+    lite.ack([got[2].receipt_handle], now=t)
+    pulled.tick(t + 1)  # pull_expiry carries the nacks out
+    pulled.tick(t + 2)  # dispatch indexes what they stored
+    stored = pulled.sql(
+        "SELECT CAST(l.body AS STRING) AS body, c.topic, c.properties['DELAY'] AS level "
+        "FROM consume_queue c JOIN commit_log l ON l.msg_id = c.msg_id "
+        "WHERE c.topic IN ('SCHEDULE_TOPIC_XXXX', '%DLQ%workers') ORDER BY body"
+    ).collect()
+    assert [(r["body"], r["topic"], r["level"]) for r in stored] == [
+        (got[0].body.decode(), "SCHEDULE_TOPIC_XXXX", "2"),
+        (got[1].body.decode(), "%DLQ%workers", None),
+    ]
+    states = pulled.sql("SELECT state, count(*) AS n FROM deliveries GROUP BY state").collect()
+    assert {r["state"] for r in states} <= {"NACKED", "NACK_REQUESTED", "INFLIGHT", "ACKED"}
+    # level 2 is 5 s: back in %RETRY%workers for the client, once
+    later = t + 10 * SECOND
+    pulled.tick(later)
+    again = []
+    for k in range(4):
+        again += lite.pull(20, now=later + k)
+    assert [(m.body.decode(), m.reconsume_times) for m in again if m.reconsume_times] == [
+        (got[0].body.decode(), 1)
+    ]
+
+
+def test_what_needs_an_engine_is_refused_by_name(broker, warehouse_with, clock):
+    warehouse_with("orders", queues=2)
+    broker.create_group("dedup", consume_from="FIRST_OFFSET", dedup_key="keys")
+    broker.subscribe("dedup", "orders")
+    broker.create_group("sql", consume_from="FIRST_OFFSET")
+    broker.subscribe("sql", "orders", "a > 1", type="SQL92")
+    broker.create_group("bc", consume_from="FIRST_OFFSET", mode="BROADCASTING")
+    with pytest.raises(ConfigError, match="de-duplicates by key.*Broker.pull_consumer"):
+        PullConsumer(broker.warehouse.location, "dedup", "c", clock=clock)
+    with pytest.raises(UnknownGroup, match="'nope' does not exist"):
+        PullConsumer(broker.warehouse.location, "nope", "c", clock=clock)
+    with pytest.raises(ConfigError, match="BROADCASTING"):
+        PullConsumer(broker.warehouse.location, "bc", "c", clock=clock)
+    broker.producer("p").send(Message("orders", "x"))
+    broker.tick(clock.now_ms())
+    with pytest.raises(ConfigError, match="by SQL92.*Broker.pull_consumer"):
+        PullConsumer(broker.warehouse.location, "sql", "c", clock=clock).pull(5)
+
+
+_WORKER = """
+import json, os, sys, time
+wh, me, go = sys.argv[1], sys.argv[2], sys.argv[3]
+if me.startswith("lite"):
+    class Block:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("pyspark", "pysail", "delta", "great_expectations"):
+                raise ImportError(f"{name} is blocked in this test")
+    sys.meta_path.insert(0, Block())
+    from deltamq.lite import PullConsumer
+    consumer = PullConsumer(wh, "workers", me)
+else:
+    from deltamq import Broker
+    broker = Broker.open(wh)
+    consumer = broker.pull_consumer("workers", me)
+    broker.engine.rows("SELECT 1")
+print("READY", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.005)
+got, empty = [], 0
+while empty < 8:
+    msgs = consumer.pull(50)
+    if not msgs:
+        empty += 1
+        time.sleep(0.25)
+        continue
+    empty = 0
+    assert consumer.ack([m.receipt_handle for m in msgs]) == len(msgs)
+    got += [[m.body.decode(), m.queue_id, m.queue_offset] for m in msgs]
+spark = sorted(m for m in sys.modules if m.startswith(("pyspark", "pysail")))
+print(json.dumps({"got": got, "spark": spark}), flush=True)
+"""
+
+
+@pytest.mark.slow  # subprocesses
+def test_spark_free_and_spark_based_client_processes_hand_out_everything_once(pulled, clock, tmp_path):
+    from test_pull import _race
+
+    p = pulled.producer("p")
+    per_queue = 300
+    for q in range(4):
+        p.send_batch(
+            [Message("orders", f"q{q}n{i}") for i in range(per_queue)], selector=lambda n, m, a: a, arg=q
+        )
+    pulled.tick(clock.now_ms())
+    outcomes = _race(_WORKER, tmp_path / "wh", ["lite0", "lite1", "spark0", "spark1"], tmp_path / "go")
+    reports = {c: json.loads(out.splitlines()[-1]) for c, out in outcomes.items()}
+    assert reports["lite0"]["spark"] == [] and reports["lite1"]["spark"] == []  # no Spark loaded
+    handed = [tuple(m) for r in reports.values() for m in r["got"]]
+    expected = {f"q{q}m{i}" for q in range(4) for i in range(5)} | {
+        f"q{q}n{i}" for q in range(4) for i in range(per_queue)
+    }
+    assert sorted(b for b, _, _ in handed) == sorted(expected)  # each exactly once
+    assert all(r["got"] for r in reports.values()), {c: len(r["got"]) for c, r in reports.items()}
+    pulled.tick(clock.now_ms() + 1)
+    acked = pulled.sql(
+        "SELECT queue_id, next_offset FROM offsets WHERE consumer_group = 'workers' AND topic = 'orders'"
+    ).collect()
+    assert {r["queue_id"]: r["next_offset"] for r in acked} == {q: per_queue + 5 for q in range(4)}
