@@ -4,7 +4,9 @@ N messages (1 KiB bodies) in a topic of 4 queues, dispatched; then client proces
 one pull group each loop ``pull(batch)`` → ``ack(all)`` until the topic is drained (5
 empty pulls in a row). Four clients start together: they rebalance the queues among
 themselves through the access lock (a client only gets a queue from its first owner
-once that owner's deliveries are acked). Throughput = N / (last ack − first pull).
+once that owner's deliveries are acked). Throughput = N / (last ack − first pull). The
+clients are ``Broker.pull_consumer``'s (``spark``: each process with its engine) or
+``deltamq.lite.PullConsumer``'s (``lite``: no engine).
 
 Checks: every message handed out exactly once (each client reports the queue positions
 it was handed; no position twice, every position of the topic once), and, after a tick
@@ -16,7 +18,8 @@ test suite and bench/run.py call it); ``profile(root, n, batch)`` times each Spa
 statement of an in-process pull + ack cycle. Writes bench/results/pull-<timestamp>.json.
 A benchmark, not a test.
 
-    python bench/bench_pull.py [--messages 100000] [--batch 1000] [--clients 1 4] [--profile]
+    python bench/bench_pull.py [--messages 100000] [--batch 1000] [--clients 1 4]
+        [--kinds spark lite] [--profile]
 """
 
 from __future__ import annotations
@@ -39,11 +42,16 @@ HERE = Path(__file__).parent
 
 CLIENT = """
 import json, sys, time
-from deltamq import Broker
-wh, me, batch, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-broker = Broker.init(wh)
-consumer = broker.pull_consumer("workers", me)
-broker.engine.rows("SELECT 1")
+wh, me, batch, go, kind = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+if kind == "lite":
+    from deltamq.lite import PullConsumer
+    consumer = PullConsumer(wh, "workers", me)
+    consumer.heartbeat()
+else:
+    from deltamq import Broker
+    broker = Broker.init(wh)
+    consumer = broker.pull_consumer("workers", me)
+    broker.engine.rows("SELECT 1")
 time.sleep(max(0.0, go - time.time()))
 first = time.time()
 got = empty = pulls = unacked = 0
@@ -61,9 +69,10 @@ while empty < 5:
     last = time.time()
     for m in msgs:
         handed.setdefault(m.queue_id, []).append(m.queue_offset)
-stats = broker.engine.stats
+commits = broker.engine.stats.commits if kind != "lite" else None
+retried = broker.engine.stats.conflicts_retried if kind != "lite" else None
 report = {"client": me, "messages": got, "pulls": pulls, "unacked": unacked, "first": first, "last": last,
-          "commits": stats.commits, "conflicts_retried": stats.conflicts_retried, "handed": handed}
+          "commits": commits, "conflicts_retried": retried, "handed": handed}
 print(json.dumps(report), flush=True)
 """
 
@@ -86,20 +95,22 @@ def prepare(wh: Path, n: int) -> Broker:
     return b
 
 
-def measure(root: Path, n: int = 100_000, batch: int = 1000, clients: int = 1) -> dict:
+def measure(root: Path, n: int = 100_000, batch: int = 1000, clients: int = 1, kind: str = "spark") -> dict:
     """Pull + ack ``n`` messages with ``clients`` client processes at ``batch``; the
-    figures and the checks (``handed_out_once``, ``acked_offsets``, ``in_flight``)."""
+    figures and the checks (``handed_out_once``, ``acked_offsets``, ``in_flight``).
+    ``kind``: ``spark`` (``Broker.pull_consumer``, each process with its engine) or
+    ``lite`` (``deltamq.lite.PullConsumer``, no engine)."""
     from deltamq.tables import deliveries
     from deltamq.tables.consume_queue import load_dispatch_state
 
-    wh = Path(root) / f"pull-{n}-{clients}"
+    wh = Path(root) / f"pull-{n}-{clients}-{kind}"
     b = prepare(wh, n)
     env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_MODE_ENABLED"}
     env["RUST_LOG"] = "error"
     go = time.time() + 8.0 + 2.0 * clients  # every client's engine is up before the start
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", CLIENT, str(wh), f"client-{i}", str(batch), str(go)],
+            [sys.executable, "-c", CLIENT, str(wh), f"client-{i}", str(batch), str(go), kind],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -134,6 +145,7 @@ def measure(root: Path, n: int = 100_000, batch: int = 1000, clients: int = 1) -
     shutil.rmtree(wh, ignore_errors=True)
     return {
         "messages": n,
+        "kind": kind,
         "clients": clients,
         "batch": batch,
         "handed_out": total,
@@ -234,6 +246,7 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--kinds", nargs="+", choices=["spark", "lite"], default=["spark", "lite"])
     ap.add_argument("--profile", action="store_true", help="also time each statement of a cycle")
     ap.add_argument("--root", default="/tmp/deltamq-bench")
     args = ap.parse_args()
@@ -242,7 +255,9 @@ def main() -> None:
     result: dict = {"bench": "pull", "at": datetime.now(UTC).isoformat()}
     if args.profile:
         result["profile"] = profile(root, min(args.messages, 20_000), args.batch)
-    result["runs"] = [measure(root, args.messages, args.batch, c) for c in args.clients]
+    result["runs"] = [
+        measure(root, args.messages, args.batch, c, k) for k in args.kinds for c in args.clients
+    ]
     out = HERE / "results" / f"pull-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

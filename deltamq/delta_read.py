@@ -216,7 +216,7 @@ def _filter(table: pa.Table, where: pc.Expression) -> pa.Table:
     wide = [f.name for f in table.schema if _wide(f.type)]
     if not wide:
         return table.filter(where)
-    rows = _positions(table.num_rows)
+    rows = positions(table.num_rows)
     narrow = table.drop_columns(wide).append_column("_row", rows)
     return table.take(narrow.filter(where).column("_row"))
 
@@ -224,7 +224,7 @@ def _filter(table: pa.Table, where: pc.Expression) -> pa.Table:
 _POSITIONS: list[pa.Array] = [pa.array([], pa.int64())]
 
 
-def _positions(n: int) -> pa.Array:
+def positions(n: int) -> pa.Array:
     """0 … n−1, sliced from one array kept and grown as needed."""
     if len(_POSITIONS[0]) < n:
         _POSITIONS[0] = pa.array(range(max(n, 2 * len(_POSITIONS[0]))), pa.int64())

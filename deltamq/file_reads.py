@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from deltamq import ids
 from deltamq.config import Subscription
 from deltamq.constants import DISPATCH_GROUP
-from deltamq.delta_read import DataFile, FileSnapshot
+from deltamq.delta_read import DataFile, FileSnapshot, positions
 from deltamq.filters import parse_tag_expression
 
 P = TypeVar("P")
@@ -98,23 +98,19 @@ def bodies(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> pa.Table |
         "batch_pos", min(places), max(places)
     )
     found = snap.read(snap.files(keep), ["batch_id", "batch_pos", "msg_id", *columns], where)
-    at = {
-        key: j
-        for j, key in enumerate(
-            zip(
-                found.column("batch_id").to_pylist(),
-                found.column("batch_pos").to_pylist(),
-                found.column("msg_id").to_pylist(),
-                strict=True,
-            )
-        )
-    }
-    pairs = [
-        (i, j)
-        for i, key in enumerate(zip(batch_ids, places, index.column("msg_id").to_pylist(), strict=True))
-        if (j := at.get(key)) is not None
-    ]
-    return _with(index.take([i for i, _ in pairs]), found.take([j for _, j in pairs]).select(list(columns)))
+    # the join on (batch id, position, msg id) in Arrow; rows keep the index's order
+    keys = ["cl_batch_id", "cl_batch_pos", "msg_id"]
+    left = index.select(keys).append_column("_i", positions(index.num_rows))
+    right = pa.table(
+        {
+            "cl_batch_id": found.column("batch_id"),
+            "cl_batch_pos": found.column("batch_pos"),
+            "msg_id": found.column("msg_id"),
+            "_j": positions(found.num_rows),
+        }
+    )
+    pairs = left.join(right, keys, join_type="inner").sort_by("_i")
+    return _with(index.take(pairs.column("_i")), found.take(pairs.column("_j")).select(list(columns)))
 
 
 def _with(rows: pa.Table, more: pa.Table) -> pa.Table:

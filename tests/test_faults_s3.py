@@ -220,3 +220,46 @@ def test_an_outage_is_named_and_the_loop_catches_up_after_it(faults, s3_server, 
         _assert_indexed_once(b, 1)
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("table", ["deliveries", "queue_lock", "clients"], ids=lambda t: f"lost-ack-{t}")
+def test_a_spark_free_pull_client_hands_each_message_out_once_through_a_lost_ack(
+    faults, s3_server, clock, table
+):
+    """The Spark-free pull client (deltamq/pull_files.py) on S3: its log append (the blind
+    appender) or its lock or heartbeat MERGE (delta-rs) is answered 500 after it landed.
+    Each message is still handed out once and acked once, and the fold ends at the head."""
+    from deltamq.lite import PullConsumer
+
+    b = _open(faults, s3_server, clock, f"lite-pull-{table}")
+    try:
+        b.create_topic("t", queues=2)
+        b.create_group("pullers", consume_from="FIRST_OFFSET")
+        b.subscribe("pullers", "t")
+        b.producer("p").send_batch([Message("t", f"m{i}".encode()) for i in range(8)])
+        assert b.tick().ok
+        c = PullConsumer(
+            b.warehouse.location,
+            "pullers",
+            "lite",
+            config=BrokerConfig(storage_options=faults.options),
+            clock=clock,
+        )
+        faults.set(once=[{"kind": "lost_ack", "method": "PUT", "path_regex": _commit_of(table)}])
+        got = c.pull(5)
+        assert faults.state()["faulted"]["lost_ack"] == 1, f"the fault never hit {table}"
+        faults.off()
+        assert c.ack([m.receipt_handle for m in got]) == len(got)
+        for _ in range(4):
+            more = c.pull(10)
+            assert c.ack([m.receipt_handle for m in more]) == len(more)
+            got += more
+        assert sorted(m.body for m in got) == sorted(f"m{i}".encode() for i in range(8))
+        clock.advance(ms=1)
+        assert b.tick().ok  # the fold
+        done = b.sql(
+            "SELECT sum(next_offset) AS n FROM offsets WHERE consumer_group = 'pullers' AND topic = 't'"
+        )
+        assert done.collect()[0]["n"] == 8
+    finally:
+        b.close()
