@@ -1,8 +1,8 @@
 """Benchmark: pull + ack throughput, one client process and four.
 
 N messages (1 KiB bodies) in a topic of 4 queues, dispatched; then client processes of
-one pull group each loop ``pull(batch)`` → ``ack(all)`` until the topic is drained (5
-empty pulls in a row). Four clients start together: they rebalance the queues among
+one pull group each loop ``pull(batch)`` → ``ack(all)`` until the topic is drained
+(nothing for 3 s). Four clients start together: they rebalance the queues among
 themselves through the access lock (a client only gets a queue from its first owner
 once that owner's deliveries are acked). Throughput = N / (last ack − first pull). The
 clients are ``Broker.pull_consumer``'s (``spark``: each process with its engine) or
@@ -46,29 +46,33 @@ wh, me, batch, go, kind = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.
 if kind == "lite":
     from deltamq.lite import PullConsumer
     consumer = PullConsumer(wh, "workers", me)
-    consumer.heartbeat()
 else:
     from deltamq import Broker
     broker = Broker.init(wh)
     consumer = broker.pull_consumer("workers", me)
     broker.engine.rows("SELECT 1")
+consumer.heartbeat()  # every client is live before the start: the queues are shared from the first pull
 time.sleep(max(0.0, go - time.time()))
 first = time.time()
 got = empty = pulls = unacked = 0
 last = first
 handed = {}
-while empty < 5:
+idle = None
+while idle is None or time.time() - idle < 3.0:  # drained: nothing for 3 s
     msgs = consumer.pull(batch)
     pulls += 1
     if not msgs:
+        idle = idle or time.time()
         empty += 1
+        time.sleep(0.05)
         continue
-    empty = 0
+    idle = None
     unacked += len(msgs) - consumer.ack([m.receipt_handle for m in msgs])
     got += len(msgs)
     last = time.time()
     for m in msgs:
         handed.setdefault(m.queue_id, []).append(m.queue_offset)
+consumer.close()
 commits = broker.engine.stats.commits if kind != "lite" else None
 retried = broker.engine.stats.conflicts_retried if kind != "lite" else None
 report = {"client": me, "messages": got, "pulls": pulls, "unacked": unacked, "first": first, "last": last,
