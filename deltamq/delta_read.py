@@ -39,9 +39,11 @@ READER_FEATURES = frozenset({"timestampNtz"})
 _COMMIT = re.compile(r"^\d{20}\.json$")
 CACHE_BYTES = 256 << 20
 """Decoded files a snapshot keeps (per table), least recently used out first."""
-RECHECK_S = 30.0
-"""When the next entry is missing for this long, the log is listed once: a reader that
-fell behind log cleanup (entries removed below a newer checkpoint) loads afresh."""
+RECHECK_S = 1.0
+"""A refresh coming this long after the previous one lists the log once: Delta log
+cleanup removes only entries older than the log retention (deltamq's is a whole number
+of seconds, at least one), so a reader that refreshed within the last second cannot have
+lost its next entry; one idle for longer may have, and then loads afresh."""
 
 
 @dataclass(frozen=True)
@@ -89,16 +91,15 @@ class FileSnapshot:
             if self._schema is None:
                 self._load()
                 return self.version
+            idle = time.monotonic() - self._checked
             while True:
                 entry = self.storage.read_bytes(self._entry(self.version + 1))
                 if entry is None:
                     break
                 self._apply(self.version + 1, entry)
-                self._checked = time.monotonic()
-            if time.monotonic() - self._checked > self.recheck_s:
-                if self._latest_listed() > self.version:
-                    self._load()  # the next entry was removed by log cleanup
-                self._checked = time.monotonic()
+            if idle > self.recheck_s and self._latest_listed() > self.version:
+                self._load()  # the next entry was removed by log cleanup
+            self._checked = time.monotonic()
             return self.version
 
     def _latest_listed(self) -> int:
@@ -129,6 +130,8 @@ class FileSnapshot:
                 row.get("num_records"),
             )
         self._files = files
+        self._cache.clear()  # decoded with the old schema
+        self._cached = 0
         self.version = table.version()
         self._checked = time.monotonic()
 
@@ -186,6 +189,14 @@ class FileSnapshot:
             tables = [_filter(t, where) for t in tables]
         return pa.concat_tables([t.select(columns) for t in tables])
 
+    def whole(self, f: DataFile) -> pa.Table:
+        """Every row of file ``f`` (partition columns filled in), from the cache if there."""
+        with self._lock:
+            schema, parts = self._schema, self._partition_by
+        assert schema is not None, "refresh() first"
+        stored = pa.schema([c for c in schema if c.name not in parts])
+        return self._file(f, schema, stored, parts)
+
     def _file(self, f: DataFile, schema: pa.Schema, stored: pa.Schema, parts: tuple[str, ...]) -> pa.Table:
         """The whole file, partition columns filled in; kept (data files never change) in
         a cache of at most ``cache_bytes``, least recently used out first: the next read
@@ -201,6 +212,9 @@ class FileSnapshot:
             value = _typed(f.partition.get(name), field.type)
             data = data.append_column(field, pa.array([value] * data.num_rows, field.type))
         with self._lock:
+            kept = self._cache.get(f.path)
+            if kept is not None:  # another thread read it meanwhile
+                return kept
             self._cache[f.path] = data
             self._cached += data.nbytes
             while self._cached > self.cache_bytes and len(self._cache) > 1:

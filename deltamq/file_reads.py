@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -97,20 +97,66 @@ def bodies(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> pa.Table |
     where = _any(_between("batch_id", lo, hi) for lo, hi in batches) & _between(
         "batch_pos", min(places), max(places)
     )
-    found = snap.read(snap.files(keep), ["batch_id", "batch_pos", "msg_id", *columns], where)
-    # the join on (batch id, position, msg id) in Arrow; rows keep the index's order
+    return join_bodies(index, [snap.whole(f) for f in snap.files(keep)], columns, where)
+
+
+def join_bodies(
+    index: pa.Table, parts: Sequence[pa.Table], columns: Sequence[str], where: pc.Expression | None = None
+) -> pa.Table:
+    """``index`` with the ``columns`` of its rows' ``commit_log`` rows, found in ``parts``
+    (tables of ``batch_id``, ``batch_pos``, ``msg_id`` and those columns; ``where``
+    narrows them first), joined in Arrow on (batch id, position, msg id), in no set order.
+    Rows without a body are left out. Each part's wide columns are copied once, at the
+    matching rows only."""
     keys = ["cl_batch_id", "cl_batch_pos", "msg_id"]
+    found = []
+    for k, part in enumerate(parts):
+        narrow = pa.table(
+            {
+                "batch_id": part.column("batch_id"),
+                "batch_pos": part.column("batch_pos"),
+                "msg_id": part.column("msg_id"),
+                "_j": positions(part.num_rows),
+            }
+        )
+        narrow = narrow if where is None else narrow.filter(where)
+        found.append(narrow.append_column("_f", pa.array([k] * narrow.num_rows, pa.int32())))
     left = index.select(keys).append_column("_i", positions(index.num_rows))
-    right = pa.table(
+    right = _first_of_each(pa.concat_tables(found)) if found else None
+    out = []
+    if right is not None and right.num_rows:
+        pairs = left.join(right, keys, right_keys=["batch_id", "batch_pos", "msg_id"], join_type="inner")
+        for k, part in enumerate(parts):
+            mine = pairs.filter(pc.field("_f") == k)
+            if mine.num_rows:
+                out.append(
+                    _with(index.take(mine.column("_i")), part.select(list(columns)).take(mine.column("_j")))
+                )
+    if not out:
+        empty = parts[0].select(list(columns)).slice(0, 0) if parts else None
+        return _with(index.slice(0, 0), empty) if empty is not None else index.slice(0, 0)
+    return pa.concat_tables(out)
+
+
+def _first_of_each(found: pa.Table) -> pa.Table:
+    """One row per (batch id, position, msg id): ``commit_log`` can hold a message twice
+    with the same ids (an ambiguous commit written again; the index keeps one entry), and
+    a join with both would hand it out twice."""
+    if found.num_rows < 2:
+        return found
+    code = pc.add(pc.multiply(pc.cast(found.column("_f"), pa.int64()), 1 << 32), found.column("_j"))
+    keys = ["batch_id", "batch_pos", "msg_id"]
+    first = found.select(keys).append_column("_c", code).group_by(keys).aggregate([("_c", "min")])
+    if first.num_rows == found.num_rows:
+        return found
+    codes = first.column("_c_min")
+    return pa.table(
         {
-            "cl_batch_id": found.column("batch_id"),
-            "cl_batch_pos": found.column("batch_pos"),
-            "msg_id": found.column("msg_id"),
-            "_j": positions(found.num_rows),
+            **{k: first.column(k) for k in keys},
+            "_j": pc.bit_wise_and(codes, (1 << 32) - 1),
+            "_f": pc.cast(pc.shift_right(codes, 32), pa.int32()),
         }
     )
-    pairs = left.join(right, keys, join_type="inner").sort_by("_i")
-    return _with(index.take(pairs.column("_i")), found.take(pairs.column("_j")).select(list(columns)))
 
 
 def _with(rows: pa.Table, more: pa.Table) -> pa.Table:
@@ -143,10 +189,11 @@ def handout_rows(
     ranges: Sequence[Range],
     index_columns: Sequence[str] = HANDOUT_INDEX_COLUMNS,
     body_columns: Sequence[str] = HANDOUT_BODY_COLUMNS,
-) -> list[dict[str, Any]] | None:
+) -> pa.Table | None:
     """The ``consume_queue`` rows of ``ranges`` matching the tag subscriptions ``subs``
     (a topic without one: every row), with the ``body_columns`` of their ``commit_log``
-    rows; those whose body is gone are left out. SQL92 subscriptions are the engine's."""
+    rows, in no set order; those whose body is gone are left out. SQL92 subscriptions are
+    the engine's."""
     index = index_rows(wh, ranges, index_columns)
     if index is None:
         return None
@@ -160,8 +207,7 @@ def handout_rows(
                 for listed in (tags.get(topic),)
             ]
         )
-    joined = bodies(wh, index, body_columns)
-    return None if joined is None else joined.to_pylist()
+    return bodies(wh, index, body_columns)
 
 
 def _between(column: str, lo: int, hi: int) -> pc.Expression:

@@ -6,10 +6,10 @@ bad value and the rule. Validation runs before anything is written.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from deltamq.constants import (
     GROUP_MAX_LENGTH,
@@ -104,6 +104,60 @@ def stored_fields(r: Mapping[str, Any]) -> dict[str, Any]:
         "flag": r["flag"] or 0,
         "sys_flag": r["sys_flag"] or 0,
     }
+
+
+M = TypeVar("M", bound=StoredMessage)
+
+
+def messages_of(table: Any, cls: type[M], **more: Sequence[Any]) -> list[M]:
+    """The messages (``cls``: StoredMessage or a subclass) of an Arrow table or record
+    batch of consume_queue + commit_log columns, each as :func:`stored_fields` makes it;
+    ``more``: further fields, one value per row. Built column by column, and each object
+    by filling its ``__dict__`` (a frozen dataclass's ``__init__`` sets every field
+    through ``object.__setattr__``, several times slower): the per-message cost of pull
+    clients and listeners."""
+    n = table.num_rows
+    names = set(table.schema.names)
+
+    def col(name: str) -> list[Any]:
+        return table.column(name).to_pylist() if name in names else [None] * n
+
+    topics, qids, offsets, ids_ = col("topic"), col("queue_id"), col("queue_offset"), col("msg_id")
+    bodies, tags, keys, props = col("body"), col("tags"), col("keys"), col("properties")
+    born, stored, reconsumes, suspends = (
+        col("born_ts"),
+        col("store_ts"),
+        col("reconsume_times"),
+        col("suspends"),
+    )
+    flags, sys_flags = col("flag"), col("sys_flag")
+    extra = list(more.items())
+    out: list[M] = []
+    for i in range(n):
+        p = dict(props[i] or ())
+        topic = topics[i]
+        if topic.startswith(RETRY_PREFIX) and p.get(Prop.RETRY_TOPIC):
+            topic = p[Prop.RETRY_TOPIC]
+        m = object.__new__(cls)
+        m.__dict__.update(
+            msg_id=p.get(Prop.UNIQ_KEY) or p.get(Prop.ORIGIN_MESSAGE_ID) or ids_[i],
+            topic=topic,
+            queue_id=qids[i],
+            queue_offset=offsets[i],
+            body=bodies[i],
+            tags=tags[i],
+            keys=keys[i],
+            properties=p,
+            born_ts=born[i],
+            store_ts=stored[i],
+            reconsume_times=(reconsumes[i] or 0) + (suspends[i] or 0),
+            flag=flags[i] or 0,
+            sys_flag=sys_flags[i] or 0,
+        )
+        for name, values in extra:
+            m.__dict__[name] = values[i]
+        out.append(m)
+    return out
 
 
 def validate_topic_name(topic: Any, *, allow_system: bool = False) -> str:

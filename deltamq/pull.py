@@ -69,12 +69,14 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
+import pyarrow as pa
+
 from deltamq import faults
 from deltamq.clock import Clock
 from deltamq.config import BrokerConfig, GroupConfig, Subscription
 from deltamq.constants import ACKED, INFLIGHT, PASSED, REVOKED, TAKEN
 from deltamq.errors import ConfigError, UnknownGroup
-from deltamq.message import StoredMessage, stored_fields, validate_group_name
+from deltamq.message import StoredMessage, messages_of, validate_group_name
 from deltamq.pull_log import LockEntry, LogRow, as_dict, decide_lock, ended
 from deltamq.rebalance import assign
 
@@ -147,7 +149,7 @@ class PullStore(Protocol):
         subs: Sequence[Subscription],
         ranges: Sequence[tuple[str, int, int, int]],
         now: int,
-    ) -> list[dict[str, Any]]: ...
+    ) -> pa.Table: ...
     def open_rows(
         self, group: str, *, queues: Iterable[Queue] = (), handles: Iterable[str] = ()
     ) -> list[LogRow]: ...
@@ -554,11 +556,12 @@ class PullConsumer:
         """The messages of ``ranges`` the group takes (deltamq/pull_reads.py), each with a
         receipt handle: ``prefix`` and the message's place in the batch, so the handles
         of one pull form one range of the log."""
-        out: list[_Handout] = []
-        for r in self.store.handout_rows(self.group, self._cfg, self._subs(now), ranges, now):
-            msg = PulledMessage(**stored_fields(r), receipt_handle=f"{prefix}{len(out):06x}")
-            out.append(_Handout(msg, (r["topic"], r["queue_id"]), r["msg_id"]))
-        return out
+        rows = self.store.handout_rows(self.group, self._cfg, self._subs(now), ranges, now)
+        handles = [f"{prefix}{i:06x}" for i in range(rows.num_rows)]
+        messages = messages_of(rows, PulledMessage, receipt_handle=handles)
+        queues = zip(rows.column("topic").to_pylist(), rows.column("queue_id").to_pylist(), strict=True)
+        stored = rows.column("msg_id").to_pylist()
+        return [_Handout(m, q, i) for m, q, i in zip(messages, queues, stored, strict=True)]
 
     # --- acknowledging ------------------------------------------------------------------------
     def ack(self, handles: Iterable[str], now: int | None = None) -> int:

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import functions as F
 
@@ -115,7 +116,7 @@ class EngineStore:
 
     def handout_rows(
         self, group: str, cfg: GroupConfig, subs: Sequence[Subscription], ranges: Sequence[Range], now: int
-    ) -> list[dict[str, Any]]:
+    ) -> pa.Table:
         return handout_rows(self.ctx, group, cfg, subs, ranges, now)
 
     def open_rows(

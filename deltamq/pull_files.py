@@ -276,14 +276,15 @@ class FileStore:
         subs: Sequence[Subscription],
         ranges: Sequence[tuple[str, int, int, int]],
         now: int,
-    ) -> list[dict[str, Any]]:
+    ) -> pa.Table:
         sql = [s.topic for s in subs if s.expr_type == "SQL92"]
         if sql:
             raise ConfigError(
                 f"group {group!r} subscribes to {', '.join(sql)} by SQL92; pulling it {_ENGINE_ONLY}"
             )
-        rows = file_reads.handout_rows(self, subs, ranges) or []
-        return sorted(rows, key=lambda r: (r["topic"], r["queue_id"], r["queue_offset"]))
+        rows = file_reads.handout_rows(self, subs, ranges)
+        assert rows is not None  # snapshot() raises rather than answer None
+        return rows
 
     def open_rows(
         self, group: str, *, queues: Iterable[Queue] = (), handles: Iterable[str] = ()

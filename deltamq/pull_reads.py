@@ -14,9 +14,10 @@ reader does not meet.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import functions as F
 
 from deltamq import dedup
@@ -42,20 +43,16 @@ def handout_rows(
     subs: Sequence[Subscription],
     ranges: Sequence[Range],
     now: int,
-) -> list[dict[str, Any]]:
+) -> pa.Table:
     """The rows of ``ranges`` the group takes (matching its subscriptions, not a duplicate
-    by key) whose body is still there, in (topic, queue, offset) order: the index columns
-    and the body columns of each."""
+    by key) whose body is still there, in no set order: the index columns and the body
+    columns of each."""
     rows = None
     if not cfg.dedup_key and all(s.expr_type != "SQL92" for s in subs):
-        rows = _from_files(ctx, subs, ranges)
+        rows = files.handout_rows(ctx.warehouse, subs, ranges, INDEX_COLUMNS, BODY_COLUMNS)
     if rows is None:
         rows = _through_engine(ctx, group, cfg, subs, ranges, now)
-    return sorted(rows, key=lambda r: (r["topic"], r["queue_id"], r["queue_offset"]))
-
-
-def _from_files(ctx: Context, subs: Sequence[Subscription], ranges: Sequence[Range]) -> list[dict] | None:
-    return files.handout_rows(ctx.warehouse, subs, ranges, INDEX_COLUMNS, BODY_COLUMNS)
+    return rows
 
 
 def _through_engine(
@@ -65,27 +62,28 @@ def _through_engine(
     subs: Sequence[Subscription],
     ranges: Sequence[Range],
     now: int,
-) -> list[dict[str, Any]]:
+) -> pa.Table:
     wh = ctx.warehouse
     cq = wh.read("consume_queue").where(queue_ranges(ranges))
     cq = cq.withColumn("matched", subscriptions_filter(subs, default=True)).where(F.col("matched"))
     # idempotent consumption: a key the group consumed within its window is skipped
     # (treated as acknowledged: never in flight, the acked offset passes it)
     cq = dedup.mark(wh, cq.withColumn("consumer_group", F.lit(group)), {group: cfg}, now).where(~F.col("dup"))
-    index = cq.select(*INDEX_COLUMNS).toArrow().to_pylist()
-    if not index:
-        return []
+    index = cq.select(*INDEX_COLUMNS).toArrow()
+    if index.num_rows == 0:
+        return index
+    places = index.column("cl_batch_pos")
+    lo, hi = pc.min(places).as_py(), pc.max(places).as_py()
     keys = pa.table(
         {
-            "k_batch": pa.array([r["cl_batch_id"] for r in index], pa.int64()),
-            "k_pos": pa.array([r["cl_batch_pos"] for r in index], pa.int64()),
-            "k_id": pa.array([r["msg_id"] for r in index], pa.string()),
+            "k_batch": index.column("cl_batch_id"),
+            "k_pos": places,
+            "k_id": index.column("msg_id"),
         }
     )
-    places = keys.column("k_pos").to_pylist()
-    bodies = (
-        read_bodies(wh, (r["cl_date"] for r in index), (r["cl_batch_id"] for r in index))
-        .where(F.col("batch_pos").between(min(places), max(places)))
+    found = (
+        read_bodies(wh, index.column("cl_date").to_pylist(), index.column("cl_batch_id").to_pylist())
+        .where(F.col("batch_pos").between(lo, hi))
         .join(
             ctx.engine.spark.createDataFrame(keys),
             (F.col("batch_id") == F.col("k_batch"))
@@ -94,13 +92,6 @@ def _through_engine(
         )
         .select("batch_id", "batch_pos", "msg_id", *BODY_COLUMNS)
         .toArrow()
-        .to_pylist()
     )
-    found = {(b["batch_id"], b["batch_pos"], b["msg_id"]): b for b in bodies}
-    out = []
-    for r in index:
-        b = found.get((r["cl_batch_id"], r["cl_batch_pos"], r["msg_id"]))
-        if b is not None:  # its body is gone (retention): skipped, as the engine jobs' join
-            r.update((c, b[c]) for c in BODY_COLUMNS)
-            out.append(r)
-    return out
+    # a row whose body is gone (retention) is skipped, as by the engine jobs' join
+    return files.join_bodies(index, [found], BODY_COLUMNS)

@@ -511,20 +511,29 @@ class Storage:
 
     def read_parquet(self, path: str, schema: Any) -> Any:
         """The Parquet file at ``path`` as a pyarrow Table of ``schema``'s columns, in its
-        types (a file written by another engine may spell a type differently)."""
+        types (a file written by another engine may spell a type differently); a column
+        the file lacks (added to the table after the file was written) is all null."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        def columns(source: Any) -> Any:
+            file = pq.ParquetFile(source)
+            present = set(file.schema_arrow.names)
+            return file.read(columns=[n for n in schema.names if n in present])
+
         if self.is_local:
             try:
-                table = pq.read_table(path, columns=schema.names)
+                table = columns(path)
             except OSError as e:
                 raise self.error("read", path, e) from e
         else:
             data = self.read_bytes(path)
             if data is None:
                 raise self.error("read", path, FileNotFoundError(path))
-            table = pq.read_table(pa.BufferReader(data), columns=schema.names)
+            table = columns(pa.BufferReader(data))
+        for i, field in enumerate(schema):
+            if field.name not in table.column_names:
+                table = table.add_column(i, field.name, pa.nulls(table.num_rows, field.type))
         return table if table.schema.equals(schema) else table.cast(schema)
 
     def _object_store(self) -> Any:

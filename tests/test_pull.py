@@ -506,7 +506,7 @@ def test_a_takeover_inside_a_pulls_fence_wins_and_the_pull_returns_nothing_from_
 def test_the_files_and_the_engine_hand_out_the_same_rows(warehouse_with, clock):
     """deltamq/pull_reads.py reads from the tables' files when it can: the same rows,
     bodies and properties as the two engine statements, tag subscriptions applied."""
-    from deltamq import pull_reads
+    from deltamq import file_reads, pull_reads
 
     broker = warehouse_with("orders", queues=2, group="workers", recorder=None, expression="A || B").broker
     tags = ["A", "B", "C", None]
@@ -520,9 +520,15 @@ def test_the_files_and_the_engine_hand_out_the_same_rows(warehouse_with, clock):
     ctx = broker.context
     cfg, subs = ctx.catalog.groups()["workers"], list(ctx.catalog.subscriptions("workers"))
     ranges = [("orders", 0, 0, 100), ("orders", 1, 3, 15)]
-    files = pull_reads._from_files(ctx, subs, ranges)
-    engine = pull_reads._through_engine(ctx, "workers", cfg, subs, ranges, clock.now_ms())
-    assert files is not None and len(files) > 10
+    columns = [*pull_reads.INDEX_COLUMNS, *pull_reads.BODY_COLUMNS]
+    found = file_reads.handout_rows(ctx.warehouse, subs, ranges)
+    assert found is not None and found.num_rows > 10
+    files = found.select(columns).to_pylist()
+    engine = (
+        pull_reads._through_engine(ctx, "workers", cfg, subs, ranges, clock.now_ms())
+        .select(columns)
+        .to_pylist()
+    )
 
     def key(r):
         return (r["queue_id"], r["queue_offset"])

@@ -105,18 +105,11 @@ def read_chunk(ipc: bytes) -> Any:
 def stored_messages(chunk: Any) -> list[Any]:
     """The StoredMessage objects of a chunk (IPC bytes or a RecordBatch), as the listener
     sees them."""
-    from deltamq.message import StoredMessage, stored_fields
+    from deltamq.message import StoredMessage, messages_of
 
     if isinstance(chunk, bytes | bytearray | memoryview):
         chunk = read_chunk(bytes(chunk))
-    out = []
-    for r in chunk.to_pylist():
-        # the frozen dataclass's __init__ sets each field through object.__setattr__
-        # (~3 µs a message); filling __dict__ builds the same object ~5x faster
-        m = object.__new__(StoredMessage)
-        m.__dict__.update(stored_fields(r))
-        out.append(m)
-    return out
+    return messages_of(chunk, StoredMessage)
 
 
 def _worker_main() -> None:  # pragma: no cover - runs in the worker process
