@@ -8,7 +8,9 @@ and one push group it counts
 - an idle tick (``--idle`` ticks, per tick), once the runner is quiet (its ticks skip
   their jobs: orchestration/tick.py), and the same with ``skip_idle_ticks=False``;
 - a send of 100 messages (one ``send_batch``) by the Spark producer and by the
-  Spark-free one, and the tick that dispatches and delivers each.
+  Spark-free one, and the tick that dispatches and delivers each;
+- a pull + ack of 100 by the Spark-free pull client and by the broker's (each after a
+  first cycle that loads its snapshots and takes its locks).
 
 Writes bench/results/s3-requests-<timestamp>.json and prints the tables.
 
@@ -35,7 +37,7 @@ def measure(root: Path, idle: int) -> dict:
     from conftest import S3_BUCKET
     from s3_emulator import s3_behind_proxy
 
-    from deltamq.lite import Producer
+    from deltamq.lite import Producer, PullConsumer
 
     with s3_behind_proxy(root) as (options, counter):
         clock = FakeClock()
@@ -80,6 +82,26 @@ def measure(root: Path, idle: int) -> dict:
                 lambda: lite.send_batch([Message("orders", f"l{i}".encode()) for i in range(100)])
             )
             lite_tick, _, lite_results = counted(lambda: ticks(1))
+            # pull + ack of 100: the Spark-free client and the broker's, each in its group
+            for group in ("pullers", "pullers-spark"):
+                broker.create_group(group, consume_from="FIRST_OFFSET")
+                broker.subscribe(group, "orders")
+            ticks(1)
+            clients = {
+                "lite": PullConsumer(location, "pullers", "p1", config=config, clock=clock),
+                "spark": broker.pull_consumer("pullers-spark", "p1"),
+            }
+
+            def cycle(client):
+                got = client.pull(100)
+                client.ack([m.receipt_handle for m in got])
+                return len(got)
+
+            pulls = {}
+            for kind, client in clients.items():
+                cycle(client)  # the first: snapshots loaded, locks taken
+                counts, _, n = counted(lambda c=client: cycle(c))
+                pulls[kind] = (counts, n)
         finally:
             broker.close()
 
@@ -108,6 +130,9 @@ def measure(root: Path, idle: int) -> dict:
         "tick_after_lite_100": dict(sorted(lite_tick.items())),
         "tick_after_lite_100_total": sum(lite_tick.values()),
         "delivered_in_the_lite_tick": delivered(lite_results),
+        **{f"pull_ack_100_{kind}": dict(sorted(counts.items())) for kind, (counts, _) in pulls.items()},
+        **{f"pull_ack_100_{kind}_total": sum(counts.values()) for kind, (counts, _) in pulls.items()},
+        **{f"pulled_{kind}": n for kind, (_, n) in pulls.items()},
     }
 
 
@@ -155,6 +180,12 @@ def main() -> None:
         f"the tick after it: {figures['tick_after_lite_100_total']} "
         f"({figures['delivered_in_the_lite_tick']} delivered)"
     )
+    for kind in ("lite", "spark"):
+        methods = _by_method(figures[f"pull_ack_100_{kind}"])
+        total = figures[f"pull_ack_100_{kind}_total"]
+        print(f"pull + ack of {figures[f'pulled_{kind}']} ({kind} client): {total} requests ({methods})")
+        for what, n in figures[f"pull_ack_100_{kind}"].items():
+            print(f"  {what:<28} {n}")
     print(f"written to {out}")
 
 
