@@ -43,6 +43,7 @@ HERE = Path(__file__).parent
 CLIENT = """
 import json, sys, time
 wh, me, batch, go, kind = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+flush = sys.argv[6] == "flush"
 if kind == "lite":
     from deltamq.lite import PullConsumer
     consumer = PullConsumer(wh, "workers", me)
@@ -67,7 +68,7 @@ while idle is None or time.time() - idle < 3.0:  # drained: nothing for 3 s
         time.sleep(0.05)
         continue
     idle = None
-    unacked += len(msgs) - consumer.ack([m.receipt_handle for m in msgs])
+    unacked += len(msgs) - consumer.ack([m.receipt_handle for m in msgs], flush=flush)
     got += len(msgs)
     last = time.time()
     for m in msgs:
@@ -99,22 +100,25 @@ def prepare(wh: Path, n: int) -> Broker:
     return b
 
 
-def measure(root: Path, n: int = 100_000, batch: int = 1000, clients: int = 1, kind: str = "spark") -> dict:
+def measure(
+    root: Path, n: int = 100_000, batch: int = 1000, clients: int = 1, kind: str = "spark", ack: str = "flush"
+) -> dict:
     """Pull + ack ``n`` messages with ``clients`` client processes at ``batch``; the
     figures and the checks (``handed_out_once``, ``acked_offsets``, ``in_flight``).
     ``kind``: ``spark`` (``Broker.pull_consumer``, each process with its engine) or
-    ``lite`` (``deltamq.lite.PullConsumer``, no engine)."""
+    ``lite`` (``deltamq.lite.PullConsumer``, no engine); ``ack``: ``flush`` (each ack a
+    commit) or ``next-pull`` (``ack(flush=False)``: stored with the next pull)."""
     from deltamq.tables import deliveries
     from deltamq.tables.consume_queue import load_dispatch_state
 
-    wh = Path(root) / f"pull-{n}-{clients}-{kind}"
+    wh = Path(root) / f"pull-{n}-{clients}-{kind}-{ack}"
     b = prepare(wh, n)
     env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_MODE_ENABLED"}
     env["RUST_LOG"] = "error"
     go = time.time() + 8.0 + 2.0 * clients  # every client's engine is up before the start
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", CLIENT, str(wh), f"client-{i}", str(batch), str(go), kind],
+            [sys.executable, "-c", CLIENT, str(wh), f"client-{i}", str(batch), str(go), kind, ack],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -150,6 +154,7 @@ def measure(root: Path, n: int = 100_000, batch: int = 1000, clients: int = 1, k
     return {
         "messages": n,
         "kind": kind,
+        "ack": ack,
         "clients": clients,
         "batch": batch,
         "handed_out": total,
@@ -251,6 +256,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--kinds", nargs="+", choices=["spark", "lite"], default=["spark", "lite"])
+    ap.add_argument(
+        "--acks", nargs="+", choices=["flush", "next-pull"], default=["flush"], help="ack(flush=...) modes"
+    )
     ap.add_argument("--profile", action="store_true", help="also time each statement of a cycle")
     ap.add_argument("--root", default="/tmp/deltamq-bench")
     args = ap.parse_args()
@@ -260,7 +268,10 @@ def main() -> None:
     if args.profile:
         result["profile"] = profile(root, min(args.messages, 20_000), args.batch)
     result["runs"] = [
-        measure(root, args.messages, args.batch, c, k) for k in args.kinds for c in args.clients
+        measure(root, args.messages, args.batch, c, k, a)
+        for k in args.kinds
+        for a in args.acks
+        for c in args.clients
     ]
     out = HERE / "results" / f"pull-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -188,6 +188,8 @@ class PullConsumer:
         self._seen: int | None = None  # the last heartbeat this client committed
         self._held: dict[Queue, _Held] = {}
         self._sent: dict[str, tuple] = {}  # receipt handle → its INFLIGHT row (this client's)
+        self._pending: list[LogRow] = []  # ACKED rows of ack(flush=False), not yet appended
+        self._pending_handles: set[str] = set()
         self._topology: tuple[int, list[Queue], list[Subscription]] | None = None  # (read at, queues, subs)
 
     # --- helpers ------------------------------------------------------------------------------
@@ -213,6 +215,7 @@ class PullConsumer:
         """Leave the group now (instead of after the client timeout), giving back the
         offsets reserved and not handed out, so the queues can change hands at once."""
         now = self.store.clock.now_ms()
+        self.flush()
         if any(h.reserved > h.position for h in self._held.values()):
 
             def attempt() -> None:
@@ -301,7 +304,7 @@ class PullConsumer:
         ranges = [(t, q, lo, hi) for (t, q), (lo, hi) in sorted(takes.items()) if hi > lo]
         prefix = f"{now & 0xFFFFFFFFFFFF:012x}{secrets.token_hex(5)}"  # the pull's handles
         handouts = self._read(ranges, now, prefix) if ranges else []
-        log = self._takeover_rows(now)
+        log = self._pending + self._takeover_rows(now)  # acks waiting for this pull first
         invisible = now + self._cfg.invisible_time_ms
         last: dict[Queue, int] = {}
         for m in handouts:
@@ -318,6 +321,7 @@ class PullConsumer:
                 )
         if log:
             self.store.append_log(log)
+            self._acks_recorded()
         faults.point("pull.after_deliveries_commit")
         lost = self._fence(takes, now, time.monotonic() - started)
         gone = [m.row for m in handouts if m.topic_queue in lost]
@@ -564,21 +568,42 @@ class PullConsumer:
         return [_Handout(m, q, i) for m, q, i in zip(messages, queues, stored, strict=True)]
 
     # --- acknowledging ------------------------------------------------------------------------
-    def ack(self, handles: Iterable[str], now: int | None = None) -> int:
+    def ack(self, handles: Iterable[str], now: int | None = None, *, flush: bool = True) -> int:
         """Acknowledge messages (any order). Returns how many handles were in flight; a
-        handle that expired, was nacked or revoked by a takeover is not counted."""
-        with self.store.named():
-            return self._ack(handles, now)
+        handle that expired, was nacked or revoked by a takeover is not counted.
 
-    def _ack(self, handles: Iterable[str], now: int | None) -> int:
+        ``flush=False`` records the acks with this client's next pull, ``flush()`` or
+        ``close()`` instead of in a commit of their own (one commit a pull + ack cycle
+        instead of two). Until then they are not stored: a client that dies first has
+        those messages handed out again after the invisible time, and another client
+        cannot take their queue over. Groups with a de-duplication key always flush."""
+        with self.store.named():
+            return self._ack(handles, now, flush or bool(self._cfg.dedup_key))
+
+    def flush(self) -> None:
+        """Store the acks that ``ack(..., flush=False)`` kept for the next pull."""
+        if self._pending:
+            with self.store.named():
+                self.store.append_log(list(self._pending))
+            self._acks_recorded()
+
+    def _acks_recorded(self) -> None:
+        self._pending, self._pending_handles = [], set()
+
+    def _ack(self, handles: Iterable[str], now: int | None, flush: bool) -> int:
         now = self._now(now)
         handles = _handles(handles)
         if not handles:
             return 0
         self._keep_alive(now)
-        found = self._in_flight(handles, now)
-        if found:
-            self.store.append_log([ended(r, ACKED) for r in found])
+        found = self._in_flight([h for h in handles if h not in self._pending_handles], now)
+        acked = [ended(r, ACKED) for r in found]
+        if not flush:
+            self._pending += acked
+            self._pending_handles.update(r[6] for r in acked)
+        elif acked or self._pending:
+            self.store.append_log(self._pending + acked)
+            self._acks_recorded()
         if self._cfg.dedup_key and found:
             self.store.record_keys(self.group, self._cfg, [as_dict(r) for r in found], now)
         for h in handles:
@@ -622,7 +647,7 @@ class PullConsumer:
         if delay_level is not None and (isinstance(delay_level, bool) or not isinstance(delay_level, int)):
             raise ConfigError(f"delay_level={delay_level!r} must be an integer or None")
         self._keep_alive(now)
-        found = self._in_flight(handles, now)
+        found = self._in_flight([h for h in handles if h not in self._pending_handles], now)
         self.store.nack(found, delay_level or 0)
         for h in handles:
             self._sent.pop(h, None)

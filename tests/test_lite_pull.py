@@ -183,3 +183,27 @@ def test_spark_free_and_spark_based_client_processes_hand_out_everything_once(pu
         "SELECT queue_id, next_offset FROM offsets WHERE consumer_group = 'workers' AND topic = 'orders'"
     ).collect()
     assert {r["queue_id"]: r["next_offset"] for r in acked} == {q: per_queue + 5 for q in range(4)}
+
+
+@pytest.mark.parametrize("kind", ["lite", "spark"])
+def test_acks_kept_for_the_next_pull_are_stored_with_it(pulled, clock, kind):
+    """ack(flush=False): counted at once, stored with the client's next pull (one commit
+    for both), by flush() or by close(); acked once only."""
+    t = clock.now_ms()
+    client = _lite(pulled, clock, "c") if kind == "lite" else pulled.pull_consumer("workers", "c")
+    queues = [("orders", q) for q in range(4)]
+    first = client.pull(8, now=t)
+    assert client.ack([m.receipt_handle for m in first], now=t, flush=False) == 8
+    assert client.ack([first[0].receipt_handle], now=t, flush=False) == 0  # once
+    assert sum(a for a, _ in positions(pulled.warehouse, "workers", queues).values()) == 0  # not stored yet
+    version = pulled.warehouse.delta_rs("deliveries").version()
+    second = client.pull(4, now=t + 1)
+    assert pulled.warehouse.delta_rs("deliveries").version() == version + 1  # acks and deliveries: one commit
+    assert sum(a for a, _ in positions(pulled.warehouse, "workers", queues).values()) == 8
+    assert client.ack([m.receipt_handle for m in second], now=t + 2, flush=False) == 4
+    client.flush()
+    assert sum(a for a, _ in positions(pulled.warehouse, "workers", queues).values()) == 12
+    rest = client.pull(20, now=t + 3)
+    client.ack([m.receipt_handle for m in rest], now=t + 4, flush=False)
+    client.close()  # stores them before leaving
+    assert sum(a for a, _ in positions(pulled.warehouse, "workers", queues).values()) == 20
