@@ -5,8 +5,8 @@ column statistics) at a version. ``refresh()`` brings it up to date from the com
 entries written since, one look-up of the next entry when nothing changed (one GET on
 an object store), so its cost follows new commits, not the table's history. Readers
 pick files by partition values and min/max statistics (a range of offsets or batch
-ids touches a handful of files) and read them with pyarrow, row groups pruned by the
-filter.
+ids touches a handful of files) and read them whole with pyarrow, once: decoded files
+are kept, and filters run over their narrow columns.
 
 The first load goes through delta-rs (checkpoints included). Tables whose protocol
 asks readers for more than plain Parquet files (deletion vectors, column mapping) are
@@ -175,38 +175,30 @@ class FileSnapshot:
     def read(
         self, files: Iterable[DataFile], columns: list[str], where: pc.Expression | None = None
     ) -> pa.Table:
-        """Rows of ``files`` matching ``where`` (row groups pruned by their statistics),
-        ``columns`` only; partition columns are filled from each file's values."""
+        """Rows of ``files`` matching ``where``, ``columns`` only; partition columns are
+        filled from each file's values."""
         chosen = list(files)
-        with self._lock:
-            schema, parts = self._schema, self._partition_by
-        assert schema is not None, "refresh() first"
         if not chosen:
-            return schema.empty_table().select(columns)
-        stored = pa.schema([f for f in schema if f.name not in parts])
-        tables = [self._file(f, schema, stored, parts) for f in chosen]
+            with self._lock:
+                assert self._schema is not None, "refresh() first"
+                return self._schema.empty_table().select(columns)
+        tables = [self.whole(f) for f in chosen]
         if where is not None:
             tables = [_filter(t, where) for t in tables]
         return pa.concat_tables([t.select(columns) for t in tables])
 
     def whole(self, f: DataFile) -> pa.Table:
-        """Every row of file ``f`` (partition columns filled in), from the cache if there."""
-        with self._lock:
-            schema, parts = self._schema, self._partition_by
-        assert schema is not None, "refresh() first"
-        stored = pa.schema([c for c in schema if c.name not in parts])
-        return self._file(f, schema, stored, parts)
-
-    def _file(self, f: DataFile, schema: pa.Schema, stored: pa.Schema, parts: tuple[str, ...]) -> pa.Table:
-        """The whole file, partition columns filled in; kept (data files never change) in
-        a cache of at most ``cache_bytes``, least recently used out first: the next read
-        of a range usually lands in the file the last one read."""
+        """Every row of file ``f``, partition columns filled in; kept (data files never
+        change) in a cache of at most ``cache_bytes``, least recently used out first: the
+        next read of a range usually lands in the file the last one read."""
         with self._lock:
             data = self._cache.get(f.path)
             if data is not None:
                 self._cache.move_to_end(f.path)
                 return data
-        data = self.storage.read_parquet(f.path, stored)
+            schema, parts = self._schema, self._partition_by
+        assert schema is not None, "refresh() first"
+        data = self.storage.read_parquet(f.path, pa.schema([c for c in schema if c.name not in parts]))
         for name in parts:
             field = schema.field(name)
             value = _typed(f.partition.get(name), field.type)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -251,17 +251,45 @@ def merge_ranges(
 
 
 # --- the queue heads ------------------------------------------------------------------------
+Queue = tuple[str, int]
+
+
 def dispatch_hint(wh: Snapshots) -> list[dict] | None:
     """Dispatch's hint rows (``offsets`` of ``%DISPATCH%``): topic, queue_id, next_offset,
-    progress_version."""
-    return _listed(
-        rows(
-            wh,
-            "offsets",
-            ["topic", "queue_id", "next_offset", "progress_version"],
-            pc.field("consumer_group") == DISPATCH_GROUP,
-        )
+    progress_version (:func:`hint_of` reads them)."""
+    found = rows(
+        wh,
+        "offsets",
+        ["topic", "queue_id", "next_offset", "progress_version"],
+        pc.field("consumer_group") == DISPATCH_GROUP,
     )
+    return None if found is None else found.to_pylist()
+
+
+def hint_of(hint: Iterable[Any]) -> tuple[int, dict[Queue, int]]:
+    """The commit_log version dispatch recorded as indexed (-1: none) and the next offset
+    it recorded per queue, from its hint rows (files or engine rows alike)."""
+    version, heads = -1, {}
+    for r in hint:
+        if r["queue_id"] == -1:
+            version = max(version, r["progress_version"] if r["progress_version"] is not None else -1)
+        else:
+            heads[(r["topic"], r["queue_id"])] = r["next_offset"]
+    return version, heads
+
+
+def corrected(
+    version: int, heads: dict[Queue, int], newer: Iterable[Any]
+) -> tuple[int, dict[Queue, int], dict[Queue, int]]:
+    """The hint (``version``, ``heads``) corrected by ``newer``, the per-queue maxima of the
+    index rows added after it (:func:`heads_after`): the version reached, every queue's
+    head, and the heads the correction moved."""
+    heads, stale = dict(heads), {}
+    for r in newer:
+        key = (r["topic"], r["queue_id"])
+        heads[key] = stale[key] = max(heads.get(key, 0), r["next_offset"])
+        version = max(version, r["v"])
+    return version, heads, stale
 
 
 def heads_after(wh: Snapshots, version: int) -> list[dict] | None:
@@ -291,26 +319,12 @@ def heads_after(wh: Snapshots, version: int) -> list[dict] | None:
     ]
 
 
-def heads(wh: Snapshots) -> dict[tuple[str, int], int] | None:
+def heads(wh: Snapshots) -> dict[Queue, int] | None:
     """Every queue's next offset: dispatch's hint corrected by the index rows newer than
-    it (``consume_queue.load_dispatch_state`` through the engine)."""
+    it (``consume_queue.load_dispatch_state`` does the same with an engine fallback)."""
     hint = dispatch_hint(wh)
     if hint is None:
         return None
-    version, out = -1, {}
-    for r in hint:
-        if r["queue_id"] == -1:
-            version = max(version, r["progress_version"] if r["progress_version"] is not None else -1)
-        else:
-            out[(r["topic"], r["queue_id"])] = r["next_offset"]
+    version, recorded = hint_of(hint)
     newer = heads_after(wh, version)
-    if newer is None:
-        return None
-    for r in newer:
-        key = (r["topic"], r["queue_id"])
-        out[key] = max(out.get(key, 0), r["next_offset"])
-    return out
-
-
-def _listed(table: pa.Table | None) -> list[dict] | None:
-    return None if table is None else table.to_pylist()
+    return None if newer is None else corrected(version, recorded, newer)[1]

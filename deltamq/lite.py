@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import threading
-import time
 from typing import Any
 
 import pyarrow as pa
@@ -45,7 +43,7 @@ from deltamq.delta_append import BlindAppender, Unsupported
 from deltamq.errors import SchemaVersionError, WarehouseNotFound
 from deltamq.pull_files import FileStore
 from deltamq.sending import BaseProducer, Topics
-from deltamq.storage import Storage, is_transient
+from deltamq.storage import Storage, retry_commits
 
 log = logging.getLogger("deltamq.lite")
 
@@ -137,16 +135,13 @@ class Warehouse(Topics):
     def _append_with_delta_rs(self, rows: pa.Table) -> None:
         dl = _deltalake()
         uri = self.storage.join("commit_log")
-        for attempt in range(self.config.commit_retries + 1):
-            try:
-                dl.write_deltalake(uri, rows, mode="append", storage_options=self.storage.delta_rs_options())
-                return
-            except Exception as e:
-                # refused by the conflict checker, or a transient fault of the store
-                again = type(e).__name__ == "CommitFailedError" or is_transient(e)
-                if not again or attempt == self.config.commit_retries:
-                    raise self.storage.error("append to", uri, e) from e
-                time.sleep(self.config.commit_backoff_ms / 1000.0 * (attempt + 1) * (1 + random.random()))
+        retry_commits(
+            lambda: dl.write_deltalake(
+                uri, rows, mode="append", storage_options=self.storage.delta_rs_options()
+            ),
+            self.config.commit_policy,
+            lambda e, _: self.storage.error("append to", uri, e),
+        )
 
 
 class Producer(BaseProducer):

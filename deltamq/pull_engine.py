@@ -130,7 +130,10 @@ class EngineStore:
         else:
             cond = cond & deliveries.queues_column(queues)
         rows = deliveries.open_rows(self.ctx.warehouse, cond)
-        return [r for r in rows if r[6] in set(listed)] if listed else rows
+        if not listed:
+            return rows
+        wanted = set(listed)
+        return [r for r in rows if r[6] in wanted]
 
     def append_log(self, rows: list[LogRow]) -> None:
         self.commit(partial(deliveries.append, self.ctx.warehouse, rows), what="deliveries")

@@ -15,8 +15,6 @@ recorded as a request that the broker's next tick carries out (``NACK_REQUESTED`
 
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -44,7 +42,7 @@ from deltamq.pull_log import (
     still_open,
     sum_up,
 )
-from deltamq.storage import Storage, is_transient
+from deltamq.storage import Storage, is_transient, retry_commits
 
 R = TypeVar("R")
 
@@ -112,21 +110,16 @@ class FileStore:
         """``attempt`` again (from a fresh read) while delta-rs' conflict checker refuses
         its commit or the store fails transiently, as ``commit_retries`` and
         ``commit_backoff_ms`` say."""
-        policy = self.config.commit_policy
-        for n in range(policy.retries + 1):
-            try:
-                return attempt()
-            except Exception as e:
-                again = type(e).__name__ == "CommitFailedError" or is_transient(e)
-                if not again or isinstance(e, DeltaMQError):
-                    raise
-                if n == policy.retries:
-                    raise StorageError(
-                        f"{what}: the commit was refused {n + 1} times by concurrent writers or "
-                        f"the store at {self.storage.location}: {e}"
-                    ) from e
-                time.sleep(policy.backoff_ms / 1000.0 * (n + 1) * (1 + random.random()))
-        raise AssertionError("unreachable")  # pragma: no cover
+
+        def give_up(e: Exception, exhausted: bool) -> BaseException:
+            if not exhausted:
+                return e
+            return StorageError(
+                f"{what}: the commit was refused {self.config.commit_policy.retries + 1} times by "
+                f"concurrent writers or the store at {self.storage.location}: {e}"
+            )
+
+        return retry_commits(attempt, self.config.commit_policy, give_up)
 
     @contextmanager
     def named(self) -> Iterator[None]:
@@ -196,22 +189,20 @@ class FileStore:
         changes = [c for c in changes if c[1] != c[2]]
         if not changes:
             return
+        olds = [old for _, old, _ in changes]
+        news = [new for _, _, new in changes]
         source = pa.table(
             {
                 "consumer_group": [group] * len(changes),
                 "topic": [t for (t, _), _, _ in changes],
                 "queue_id": pa.array([q for (_, q), _, _ in changes], pa.int32()),
-                "exp_owner": pa.array([old.owner if old else None for _, old, _ in changes], pa.string()),
-                "exp_access": pa.array(
-                    [old.last_access_ts if old else None for _, old, _ in changes], pa.int64()
-                ),
-                "owner": [new.owner for _, _, new in changes],
-                "last_access_ts": pa.array([new.last_access_ts for _, _, new in changes], pa.int64()),
-                "last_delivered_offset": pa.array(
-                    [new.last_delivered_offset for _, _, new in changes], pa.int64()
-                ),
-                "no_change_count": pa.array([new.no_change_count for _, _, new in changes], pa.int32()),
-                "delivered_offset": pa.array([new.delivered_offset for _, _, new in changes], pa.int64()),
+                "exp_owner": pa.array([o.owner if o else None for o in olds], pa.string()),
+                "exp_access": pa.array([o.last_access_ts if o else None for o in olds], pa.int64()),
+                "owner": [n.owner for n in news],
+                "last_access_ts": pa.array([n.last_access_ts for n in news], pa.int64()),
+                "last_delivered_offset": pa.array([n.last_delivered_offset for n in news], pa.int64()),
+                "no_change_count": pa.array([n.no_change_count for n in news], pa.int32()),
+                "delivered_offset": pa.array([n.delivered_offset for n in news], pa.int64()),
             }
         )
         merge = self._merge("queue_lock", source, _SAME_QUEUE)
@@ -295,7 +286,7 @@ class FileStore:
             where = (pc.field("receipt_handle") >= wanted[0]) & (pc.field("receipt_handle") <= wanted[-1])
             rows = self._log_rows((pc.field("consumer_group") == group) & where)
             chosen = set(wanted)
-            return [r for r in still_open(r for r in rows if r[6] in chosen)]
+            return still_open(r for r in rows if r[6] in chosen)
         return still_open(self._log_rows((pc.field("consumer_group") == group) & _queues(list(queues))))
 
     def append_log(self, rows: list[LogRow]) -> None:

@@ -45,6 +45,7 @@ from functools import partial
 from typing import Any, Literal, TypeVar
 from urllib.parse import unquote
 
+from deltamq.config import CommitPolicy
 from deltamq.errors import ConfigError, DeltaMQError, StorageError, UnsafeStorage, cause_chain
 
 T = TypeVar("T")
@@ -592,6 +593,30 @@ _TRANSIENT_TEXT = (
     # a 5xx only where it is an HTTP status: never an epoch, a task id or a bucket name
     r"(?:HTTP status|status code|status:?|HTTP/1\.[01]|HTTP error|response code)\s*50[0234](?![\d.])"
 )
+
+
+def retry_commits(
+    attempt: Callable[[], T], policy: CommitPolicy, give_up: Callable[[Exception, bool], BaseException]
+) -> T:
+    """``attempt()`` (a delta-rs write) again, with back-off, while delta-rs' conflict
+    checker refuses its commit (``CommitFailedError``: another writer changed what it
+    read) or the store fails transiently, at most ``policy.retries`` more times.
+    deltamq's own errors pass through; any other error is raised as ``give_up(error,
+    exhausted)`` (``exhausted``: a refusal with no try left), chained from it."""
+    for n in range(policy.retries + 1):
+        try:
+            return attempt()
+        except DeltaMQError:
+            raise
+        except Exception as e:
+            again = type(e).__name__ == "CommitFailedError" or is_transient(e)
+            if not again or n == policy.retries:
+                error = give_up(e, again)
+                if error is e:
+                    raise
+                raise error from e
+            time.sleep(policy.backoff_ms / 1000.0 * (n + 1) * (1 + random.random()))
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def is_transient(error: BaseException) -> bool:

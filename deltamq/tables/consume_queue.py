@@ -76,13 +76,8 @@ class DispatchState:
 def load_dispatch_state(wh: Warehouse) -> DispatchState:
     """Dispatch's hint (``offsets.dispatch_hint``) corrected by the index rows newer than
     it: the queue heads every reader of the index uses."""
-    version, heads = dispatch_hint(wh)
-    stale: dict[Queue, int] = {}
-    for r in _heads_after(wh, version):
-        key = (r["topic"], r["queue_id"])
-        heads[key] = stale[key] = max(heads.get(key, 0), r["next_offset"])
-        version = max(version, r["v"])
-    return DispatchState(version, heads, stale)
+    version, recorded = dispatch_hint(wh)
+    return DispatchState(*file_reads.corrected(version, recorded, _heads_after(wh, version)))
 
 
 def _heads_after(wh: Warehouse, version: int) -> list[dict[str, Any]]:

@@ -260,17 +260,10 @@ def dispatch_hint(wh: Warehouse) -> tuple[int, dict[tuple[str, int], int]]:
     """Dispatch's hint (``%DISPATCH%`` rows): the commit_log version it recorded as
     indexed (-1: none) and the next offset it recorded per queue. The index may be ahead
     of it (``consume_queue.load_dispatch_state`` corrects it)."""
-    version = -1
-    heads: dict[tuple[str, int], int] = {}
     listed: list[Any] | None = file_reads.dispatch_hint(wh)
     if listed is None:
         listed = wh.engine.rows(
             f"SELECT topic, queue_id, next_offset, progress_version FROM {wh.ref('offsets')} "
             f"WHERE consumer_group = {sql_str(DISPATCH_GROUP)}"
         )
-    for r in listed:
-        if r["queue_id"] == -1:
-            version = max(version, r["progress_version"] if r["progress_version"] is not None else -1)
-        else:
-            heads[(r["topic"], r["queue_id"])] = r["next_offset"]
-    return version, heads
+    return file_reads.hint_of(listed)
