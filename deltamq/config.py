@@ -77,6 +77,11 @@ class CommitPolicy:
 OPEN_TIME_SETTINGS = ("engine", "remote", "storage_options")
 
 
+MAX_PROMOTE_AHEAD_MS = 60_000
+"""The longest ``promote_ahead_ms``: a queue's plain messages may wait behind copies
+promoted ahead for up to that long, so it stays short."""
+
+
 @dataclass(frozen=True)
 class BrokerConfig:
     """Every tunable of the broker. Defaults follow RocketMQ (docs/behaviour.md)."""
@@ -94,6 +99,13 @@ class BrokerConfig:
     commit_backoff_ms: int = 50
     dispatch_max_versions: int = 10_000
     orderly_suspend_ms: int = 1000  # SUSPEND_CURRENT_QUEUE_A_MOMENT pause
+    # Promote ahead (docs/behaviour.md §2): a promote pass at ``now`` also writes and indexes
+    # the copies of what falls due by ``now + promote_ahead_ms``; each copy's index row
+    # carries its due time, and no consumer is handed it before then (a queue's readers
+    # stop at its first row not yet due). A timer is then in its queue when it falls due
+    # and the next deliver or pull hands it over, without waiting for a promote pass.
+    # 0: promote only what is due.
+    promote_ahead_ms: int = 1000
     # docs/behaviour.md §5: check-back pass interval, age before a half message is checked, checks
     # before it is discarded (a half message born more than file_reserved_time_ms ago is
     # discarded too)
@@ -176,6 +188,11 @@ class BrokerConfig:
             raise ConfigError(
                 f"log_retention_ms={self.log_retention_ms!r} and vacuum_retention_ms="
                 f"{self.vacuum_retention_ms!r} must be zero or more"
+            )
+        if not 0 <= self.promote_ahead_ms <= MAX_PROMOTE_AHEAD_MS:
+            raise ConfigError(
+                f"promote_ahead_ms={self.promote_ahead_ms!r} must be between 0 (promote only what "
+                f"is due) and {MAX_PROMOTE_AHEAD_MS}"
             )
         if self.commit_retries < 0 or self.commit_backoff_ms < 0:
             raise ConfigError("commit_retries and commit_backoff_ms must be zero or more")

@@ -180,15 +180,19 @@ class TxState(StrEnum):
 
 # --- the jobs ---------------------------------------------------------------------------------
 # A tick's steps in docs/design.md's order, each with the lease (job kind) it runs under:
-# dispatch → promote → dispatch again (if promote wrote) → deliver → pull deliveries' expiry →
-# sink → check_transactions → retain (hourly: it skips itself in between). The tick runner,
-# the CLI's ``deltamq job`` and the Airflow DAGs all read this one list.
+# dispatch → deliver → pull deliveries' expiry → promote (what falls due by now plus
+# promote_ahead_ms) → dispatch again (if promote wrote copies it did not index) → deliver
+# again (if promote's copies were due already) → sink → check_transactions → retain
+# (hourly: it skips itself in between). Deliver comes before promote so that copies
+# promoted ahead by the last tick reach their listeners first. The tick runner, the
+# CLI's ``deltamq job`` and the Airflow DAGs all read this one list.
 JOB_STEPS: tuple[tuple[str, str], ...] = (
     ("dispatch", "dispatch"),
-    ("promote", "promote"),
-    ("redispatch", "dispatch"),
     ("deliver", "deliver"),
     ("pull_expiry", "deliver"),
+    ("promote", "promote"),
+    ("redispatch", "dispatch"),
+    ("redeliver", "deliver"),
     ("sink", "sink"),
     ("check_transactions", "check_transactions"),
     ("retain", "retain"),

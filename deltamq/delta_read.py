@@ -23,7 +23,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -56,11 +56,17 @@ class DataFile:
     min_values: dict[str, Any]
     max_values: dict[str, Any]
     num_records: int | None = None
+    null_counts: dict[str, Any] = field(default_factory=dict)
 
     def overlaps(self, column: str, lo: Any, hi: Any) -> bool:
         """Whether the file may hold a value of ``column`` in [lo, hi] (True without stats)."""
         low, high = self.min_values.get(column), self.max_values.get(column)
         return (high is None or high >= lo) and (low is None or low <= hi)
+
+    def all_null(self, column: str) -> bool:
+        """Whether the statistics say every row of the file has ``column`` null."""
+        n = self.null_counts.get(column)
+        return n is not None and self.num_records is not None and n >= self.num_records
 
 
 class FileSnapshot:
@@ -117,7 +123,7 @@ class FileSnapshot:
         self._partition_by = tuple(table.metadata().partition_columns)
         files: dict[str, DataFile] = {}
         for row in pa.table(table.get_add_actions(flatten=True)).to_pylist():
-            stats: dict[str, dict[str, Any]] = {"min": {}, "max": {}, "partition": {}}
+            stats: dict[str, dict[str, Any]] = {"min": {}, "max": {}, "null_count": {}, "partition": {}}
             for key, value in row.items():
                 kind, _, column = key.partition(".")
                 if kind in stats and column:
@@ -128,6 +134,7 @@ class FileSnapshot:
                 stats["min"],
                 stats["max"],
                 row.get("num_records"),
+                stats["null_count"],
             )
         self._files = files
         self._cache.clear()  # decoded with the old schema
@@ -156,6 +163,7 @@ class FileSnapshot:
                     stats.get("minValues") or {},
                     stats.get("maxValues") or {},
                     stats.get("numRecords"),
+                    stats.get("nullCount") or {},
                 )
         self.version = version
 

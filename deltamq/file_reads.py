@@ -14,7 +14,7 @@ Parquet files). Spark-free: the broker's warehouse and the Spark-free pull clien
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
@@ -22,11 +22,15 @@ import pyarrow.compute as pc
 
 from deltamq import ids
 from deltamq.config import Subscription
-from deltamq.constants import DISPATCH_GROUP
+from deltamq.constants import DISPATCH_GROUP, SCHEDULE_TOPIC, TIMER_TOPIC
 from deltamq.delta_read import DataFile, FileSnapshot, positions
 from deltamq.filters import parse_tag_expression
 
 P = TypeVar("P")
+
+HELD_TOPICS = (SCHEDULE_TOPIC, TIMER_TOPIC)
+"""The index topics whose rows wait for their due time in promote's care: every other
+row with a ``due_ts`` is a copy promoted ahead, not visible before it."""
 
 
 class Snapshots(Protocol):
@@ -328,3 +332,39 @@ def heads(wh: Snapshots) -> dict[Queue, int] | None:
     version, recorded = hint_of(hint)
     newer = heads_after(wh, version)
     return None if newer is None else corrected(version, recorded, newer)[1]
+
+
+def ahead_rows(wh: Snapshots, now: int) -> pa.Table | None:
+    """``consume_queue`` rows of consumers' topics not due at ``now`` (copies promoted
+    ahead): topic, queue_id, queue_offset, due_ts; read from the few files whose partition
+    and ``due_ts`` statistics allow such rows."""
+
+    def keep(f: DataFile) -> bool:
+        if f.partition.get("topic") in HELD_TOPICS or f.all_null("due_ts"):
+            return False
+        return f.overlaps("due_ts", now + 1, 1 << 62)
+
+    return rows(
+        wh,
+        "consume_queue",
+        ["topic", "queue_id", "queue_offset", "due_ts"],
+        (pc.field("due_ts") > now) & ~pc.field("topic").isin(list(HELD_TOPICS)),
+        keep=keep,
+    )
+
+
+def not_due(wh: Snapshots, now: int) -> dict[Queue, tuple[int, int]] | None:
+    """Per queue holding copies promoted ahead not due at ``now``: the first such offset
+    and the earliest such due time (:func:`ahead_rows`)."""
+    found = ahead_rows(wh, now)
+    if found is None:
+        return None
+    grouped = found.group_by(["topic", "queue_id"]).aggregate([("queue_offset", "min"), ("due_ts", "min")])
+    return {
+        (r["topic"], r["queue_id"]): (r["queue_offset_min"], r["due_ts_min"]) for r in grouped.to_pylist()
+    }
+
+
+def clamped(heads: Mapping[Queue, int], first_not_due: Mapping[Queue, int]) -> dict[Queue, int]:
+    """``heads`` with each queue cut at its first row not yet due, when there is one."""
+    return {q: min(h, first_not_due.get(q, h)) for q, h in heads.items()}

@@ -23,7 +23,7 @@ from deltamq.jobs import pull_expiry
 from deltamq.pull_log import LockEntry, LogRow, Queue
 from deltamq.pull_reads import Range, handout_rows
 from deltamq.tables import deliveries
-from deltamq.tables.consume_queue import load_dispatch_state
+from deltamq.tables.consume_queue import visible_heads
 from deltamq.tables.integrity import faults_named
 from deltamq.tables.sqltext import sql_long, sql_str
 
@@ -108,8 +108,8 @@ class EngineStore:
         )
 
     # --- the index and the log ------------------------------------------------------------
-    def heads(self) -> dict[Queue, int]:
-        return load_dispatch_state(self.ctx.warehouse).heads
+    def heads(self, now: int) -> dict[Queue, int]:
+        return visible_heads(self.ctx.warehouse, now)
 
     def positions(self, group: str, queues: Sequence[Queue]) -> dict[Queue, tuple[int, int]]:
         return deliveries.positions(self.ctx.warehouse, group, queues)

@@ -236,10 +236,10 @@ class FileStore:
         )
 
     # --- the index and the log ------------------------------------------------------------
-    def heads(self) -> dict[Queue, int]:
-        found = file_reads.heads(self)
-        assert found is not None  # snapshot() raises rather than answer None
-        return found
+    def heads(self, now: int) -> dict[Queue, int]:
+        found, ahead = file_reads.heads(self), file_reads.not_due(self, now)
+        assert found is not None and ahead is not None  # snapshot() raises rather than answer None
+        return file_reads.clamped(found, {q: first for q, (first, _) in ahead.items()})
 
     def _log_rows(self, where: pc.Expression) -> list[LogRow]:
         snap = self.snapshot("deliveries")

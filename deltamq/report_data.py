@@ -143,7 +143,10 @@ def _ticks(ctx: Context, since: int | None, until: int | None) -> list[dict[str,
     """One row per tick: its flows, the backlog, failures and each step's duration."""
 
     def deliver(key: str) -> str:
-        return f"sum(CASE WHEN job = 'deliver' THEN coalesce(details[{sql_str(key)}], 0) ELSE 0 END) AS {key}"
+        return (
+            f"sum(CASE WHEN job IN ('deliver', 'redeliver') THEN coalesce(details[{sql_str(key)}], 0) "
+            f"ELSE 0 END) AS {key}"
+        )
 
     def rows_out(jobs: tuple[str, ...], name: str) -> str:
         return f"sum(CASE WHEN job IN {sql_in(jobs)} THEN coalesce(rows_out, 0) ELSE 0 END) AS {name}"

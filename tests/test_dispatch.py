@@ -173,7 +173,8 @@ def test_busy_tick_commits_once_per_table(orders, clock, tmp_path):
     """Nothing falls due here: dispatch alone works (a tick that promotes also runs the
     second dispatch of docs/design.md's order, and so commits consume_queue twice)."""
     orders.tick()
-    orders.producer("p").send_batch([Message("orders", b"x", delay_level=i % 3) for i in range(30)])
+    # levels 0, 2 and 4 (plain, 5 s, 30 s): beyond promote's horizon half a second on
+    orders.producer("p").send_batch([Message("orders", b"x", delay_level=(i % 3) * 2) for i in range(30)])
     before = table_versions(tmp_path / "wh")
     clock.advance(ms=500)
     orders.tick()

@@ -73,9 +73,15 @@ def test_held_messages_are_delivered_at_their_due_time_never_before(broker, cloc
     t0 = clock.now_ms()
     broker.producer("p").send(Message("orders", b"timer", delay=timedelta(seconds=10)))
     _quiet(broker, t0)
-    assert broker.runner.quiet.until == t0 + 10_000
-    for at in (t0 + 1_000, t0 + 9_999):
+    ahead = broker.config.promote_ahead_ms
+    assert broker.runner.quiet.until == t0 + 10_000 - ahead  # promoted ahead of its due time
+    for at in (t0 + 1_000, t0 + 9_999 - ahead):
         assert broker.tick(at).idle
+    r = broker.tick(t0 + 10_000 - ahead)
+    assert not r.idle and r.job("promote").rows_out == 1 and r.delivered.consumed == 0
+    r = broker.tick(t0 + 9_999)  # the copy is in its queue, not due: nothing is handed out
+    assert r.delivered is None or r.delivered.consumed == 0
+    assert broker.runner.quiet is not None and broker.runner.quiet.until == t0 + 10_000  # the copy's due time
     assert read_log(log) == []
     r = broker.tick(t0 + 10_000)
     assert not r.idle

@@ -220,9 +220,13 @@ def test_a_runner_whose_clock_is_behind_holds_time_and_no_timer_fires_early_beyo
     p.send(Message("orders", "t30", delay=timedelta(seconds=30)))
 
     def visible() -> list[str]:
+        """Messages a consumer can be handed at the last tick's now (copies promoted ahead
+        wait in the queue for their due time)."""
         rows = broker.sql(
             "SELECT CAST(c.body AS STRING) AS b FROM consume_queue q JOIN commit_log c "
-            "ON c.msg_id = q.msg_id WHERE q.topic = 'orders' ORDER BY q.queue_offset"
+            "ON c.msg_id = q.msg_id WHERE q.topic = 'orders' "
+            "AND (q.due_ts IS NULL OR q.due_ts <= (SELECT max(now_ts) FROM job_runs)) "
+            "ORDER BY q.queue_offset"
         ).collect()
         return [r["b"] for r in rows]
 

@@ -16,14 +16,20 @@ from deltamq.errors import InvalidTimer
 
 @pytest.fixture
 def orders(warehouse_with):
-    return warehouse_with("orders", queues=2).broker
+    """Promote passes at the due times these tests name; promoting ahead
+    (``promote_ahead_ms``) is tested in tests/test_promote_ahead.py."""
+    b = warehouse_with("orders", queues=2).broker
+    b.reconfigure(promote_ahead_ms=0)
+    return b
 
 
 def _visible(broker, topic="orders"):
-    """Bodies handed to consumers so far: rows in the real topic's consume queue."""
+    """Bodies visible to consumers at the last tick: rows in the real topic's consume
+    queue, less copies promoted ahead that are not due yet at that tick's now."""
     rows = broker.sql(
         f"SELECT CAST(c.body AS STRING) AS body, q.queue_id, q.queue_offset FROM consume_queue q "
         f"JOIN commit_log c ON c.msg_id = q.msg_id WHERE q.topic = '{topic}' "
+        "AND (q.due_ts IS NULL OR q.due_ts <= coalesce((SELECT max(now_ts) FROM job_runs), q.due_ts)) "
         "ORDER BY q.queue_id, q.queue_offset"
     ).collect()
     return [r["body"] for r in rows]
@@ -345,8 +351,8 @@ def test_a_commit_between_dispatch_and_the_copies_leaves_their_index_to_dispatch
 
     t0 = clock.now_ms()
     p = orders.producer("p")
-    p.send_batch([Message("orders", f"d{i}", delay_level=1) for i in range(5)])
-    orders.tick(t0)
+    p.send_batch([Message("orders", f"d{i}", delay_level=2) for i in range(5)])  # due in 5 s
+    orders.tick(t0)  # promotes 1 s ahead: nothing yet
     real_point = faults.point
 
     def point(name: str) -> None:  # a producer commits after dispatch, before promote's copies
@@ -355,7 +361,7 @@ def test_a_commit_between_dispatch_and_the_copies_leaves_their_index_to_dispatch
         real_point(name)
 
     monkeypatch.setattr(faults, "point", point)
-    result = orders.tick(t0 + 1000)
+    result = orders.tick(t0 + 5000)
     monkeypatch.undo()
     assert result.job("promote").rows_out == 5 and result.job("promote").details["indexed"] == 0
     assert result.job("redispatch").rows_out == 6  # the producer's message, then the copies

@@ -14,7 +14,8 @@ from deltamq import Message
 
 def _deliveries(broker, t0):
     rows = broker.sql(
-        "SELECT now_ts, rows_out FROM job_runs WHERE job = 'deliver' AND rows_out > 0 ORDER BY now_ts"
+        "SELECT now_ts, rows_out FROM job_runs WHERE job IN ('deliver', 'redeliver') AND rows_out > 0 "
+        "ORDER BY now_ts"
     ).collect()
     return [(r["now_ts"] - t0, r["rows_out"]) for r in rows]
 
@@ -33,7 +34,9 @@ def test_the_loop_delivers_held_messages_when_due_not_at_the_next_interval(broke
     assert sorted(c["body"] for c in read_log(log)) == ["delayed", "timer"]
     if wake:
         assert _deliveries(broker, t0) == [(5_000, 1), (10_000, 1)]
-        assert ticks == 5  # t0, +5 s, +10 s (the due times), +70 s (an interval later), +120 s
+        # t0, +4 s and +9 s (each promoted promote_ahead_ms ahead), +5 s, +10 s (the due
+        # times), +70 s (an interval later), +120 s
+        assert ticks == 7
     else:
         assert _deliveries(broker, t0) == [(60_000, 2)]
         assert ticks == 3
@@ -50,8 +53,9 @@ def test_next_due_sees_levels_timers_and_suspended_queues(broker, clock):
     shop.send(Message("orders", b"t", delay=timedelta(hours=3)))
     shop.send(Message("orders", b"d", delay_level=4))  # 30 s
     dispatch.run(broker.context, t0)
-    assert wake.next_due(ctx, t0) == t0 + 30_000
-    assert wake.next_due(ctx, t0 + 30_000) == t0 + 3 * 3_600_000  # past the head: the timer
+    ahead = broker.config.promote_ahead_ms  # held entries are promoted this long before due
+    assert wake.next_due(ctx, t0) == t0 + 30_000 - ahead
+    assert wake.next_due(ctx, t0 + 30_000) == t0 + 3 * 3_600_000 - ahead  # past the head: the timer
 
 
 @pytest.mark.unit

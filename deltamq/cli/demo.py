@@ -80,7 +80,7 @@ def _describe(result) -> str:
                 f"{d.get('answer_commit', 0)} COMMIT, {d.get('answer_rollback', 0)} ROLLBACK, "
                 f"{d.get('answer_unknown', 0)} UNKNOWN"
             )
-        elif run.job == "deliver" and run.rows_in:
+        elif run.job in ("deliver", "redeliver") and run.rows_in:
             d = run.details
             parts.append(
                 f"deliver handed {d['taken'] - d['filtered']} to listeners ({d['consumed']} consumed, "

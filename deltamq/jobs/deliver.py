@@ -29,7 +29,7 @@ import logging
 import os
 import pickle
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -44,7 +44,7 @@ from deltamq.filters import compile_sql92, parse_tag_expression, tags_match
 from deltamq.jobs import consume_partition, sendback
 from deltamq.jobs.listener_worker import Home
 from deltamq.tables.bodies import join_bodies, read_bodies
-from deltamq.tables.consume_queue import load_dispatch_state
+from deltamq.tables.consume_queue import visible_heads
 from deltamq.tables.offsets import START, OffsetsMerge, Position, QueueKey, forward, positions, source
 from deltamq.tables.ranges import queue_ranges
 
@@ -125,6 +125,39 @@ class DeliverResult:
     skipped_groups: tuple[str, ...] = ()
     by_group: dict[str, dict[str, int]] = field(default_factory=dict)
     sinks: tuple[str, ...] = ()  # groups that are exact-once sinks (the tick's sink step runs them)
+
+    def plus(self, other: DeliverResult) -> DeliverResult:
+        """Two passes of one tick as one: counts added; the backlog, groups, skipped
+        groups and sinks as the first pass found them."""
+        counts = {
+            name: getattr(self, name) + getattr(other, name)
+            for name in (
+                "taken",
+                "handed_over",
+                "body_bytes",
+                "consumed",
+                "filtered",
+                "retried",
+                "dead_lettered",
+                "poison",
+                "dropped",
+                "suspended",
+                "deduplicated",
+                "setup_failed",
+            )
+        }
+        by_group = {g: dict(c) for g, c in self.by_group.items()}
+        for g, c in other.by_group.items():
+            mine = by_group.setdefault(g, {})
+            for k, n in c.items():
+                mine[k] = mine.get(k, 0) + n
+        return replace(
+            self,
+            **counts,
+            errors=self.errors + other.errors,
+            setup_errors=tuple(dict.fromkeys(self.setup_errors + other.setup_errors)),
+            by_group=by_group,
+        )
 
     @property
     def details(self) -> dict[str, int]:
@@ -387,12 +420,18 @@ class Decided:
 
 
 def run(
-    ctx: Context, now: int, *, fence: Callable[[], None] | None = None, memory: Memory | None = None
+    ctx: Context,
+    now: int,
+    *,
+    fence: Callable[[], None] | None = None,
+    memory: Memory | None = None,
+    only: Collection[tuple[str, int]] | None = None,
 ) -> DeliverResult:
     """One deliver pass at ``now`` (the module docstring gives the order of effects).
     ``memory`` (the tick runner's) sizes the automatic takes and learns from the pass;
-    without it they take :data:`AUTO_FIRST_TAKE` per queue."""
-    work = plan(ctx, now, auto_budget(ctx, memory, now))
+    without it they take :data:`AUTO_FIRST_TAKE` per queue. ``only``: the (topic, queue)
+    pairs to take from (default: every queue)."""
+    work = plan(ctx, now, auto_budget(ctx, memory, now), only)
     if not work.takes:
         return DeliverResult(groups=len(work.groups), skipped_groups=work.skipped, sinks=work.sinks)
     # 1. record the attempt before any listener runs
@@ -413,9 +452,12 @@ def run(
     return _result(work, taken, consumed, decided)
 
 
-def plan(ctx: Context, now: int, budget: int | None = None) -> Pass:
+def plan(
+    ctx: Context, now: int, budget: int | None = None, only: Collection[tuple[str, int]] | None = None
+) -> Pass:
     """The push groups, their listeners, and what each takes (:func:`plan_takes`;
-    ``budget``: messages the automatic takes share, None while unknown)."""
+    ``budget``: messages the automatic takes share, None while unknown; ``only``: the
+    (topic, queue) pairs to take from, default all)."""
     all_groups = ctx.catalog.groups()
     found = {g: _listener_bytes(ctx, g, cfg.listener) for g, cfg in all_groups.items()}
     listeners = {g: b for g, b in found.items() if b is not None}
@@ -424,7 +466,9 @@ def plan(ctx: Context, now: int, budget: int | None = None) -> Pass:
     sinks = tuple(sorted(g for g, cfg in all_groups.items() if cfg.sink_table))
     if not groups:
         return Pass({}, {}, [], {}, skipped, sinks)
-    heads = load_dispatch_state(ctx.warehouse).heads
+    heads = visible_heads(ctx.warehouse, now)
+    if only is not None:
+        heads = {q: h for q, h in heads.items() if q in only}
     offsets = positions(ctx.warehouse, sorted(groups))
     takes = plan_takes(groups, ctx.catalog.subscriptions(), heads, offsets, now, auto_budget=budget)
     return Pass(groups, listeners, takes, heads, skipped, sinks)

@@ -76,6 +76,8 @@ class PromoteResult:
     skipped_half: int
     already_stored: int
     indexed: int = 0  # copies indexed by this pass (the rest wait for dispatch)
+    due_now: int = 0  # entries handled that were due at the pass's now (the rest: promoted ahead)
+    due_queues: frozenset[tuple[str, int]] | None = None  # their real queues (None: not all known)
     progress: Progress | None = None  # left to the caller to commit (``defer_progress``)
 
     @property
@@ -86,6 +88,7 @@ class PromoteResult:
             "skipped_half": self.skipped_half,
             "already_stored": self.already_stored,
             "indexed": self.indexed,
+            "ahead": self.rows_in - self.skipped_half - self.due_now,
         }
 
 
@@ -117,9 +120,13 @@ def load_state(wh: Warehouse) -> PromoteState:
 
 
 # --- reading ------------------------------------------------------------------------------
-def read_candidates(wh: Warehouse, state: PromoteState, levels: list[tuple[int, int]], now: int) -> DataFrame:
-    """consume_queue rows that may be due: every level's head (partition = level, offset ≥
-    saved, due ≤ now or clock-corrected) and the timers due since the watermark."""
+def read_candidates(
+    wh: Warehouse, state: PromoteState, levels: list[tuple[int, int]], now: int, until: int | None = None
+) -> DataFrame:
+    """consume_queue rows that may be due by ``until`` (default ``now``; later when
+    promoting ahead): every level's head (partition = level, offset ≥ saved, due ≤ until
+    or clock-corrected) and the timers due since the watermark."""
+    until = now if until is None else until
     cq = wh.read("consume_queue")
     level_preds = []
     for level, delay_ms in levels:
@@ -127,14 +134,14 @@ def read_candidates(wh: Warehouse, state: PromoteState, levels: list[tuple[int, 
         level_preds.append(
             (F.col("slot") == q)
             & (F.col("queue_offset") >= F.lit(state.level_offsets.get(q, 0)))
-            & ((F.col("due_ts") <= F.lit(now)) | (F.col("due_ts") > F.lit(now + delay_ms)))
+            & ((F.col("due_ts") <= F.lit(until)) | (F.col("due_ts") > F.lit(now + delay_ms)))
         )
     wm = state.timer_watermark
     window = (
         (F.col("slot") >= F.lit(max(wm, 0) // TIMER_SLOT_MS))
-        & (F.col("slot") <= F.lit(now // TIMER_SLOT_MS))
+        & (F.col("slot") <= F.lit(until // TIMER_SLOT_MS))
         & (F.col("due_ts") > F.lit(wm))
-        & (F.col("due_ts") <= F.lit(now))
+        & (F.col("due_ts") <= F.lit(until))
     )
     late = (F.col("queue_offset") >= F.lit(state.timer_next_offset)) & (F.col("due_ts") <= F.lit(wm))
     pred = ((F.col("topic") == F.lit(SCHEDULE_TOPIC)) & any_of(level_preds)) | (
@@ -221,6 +228,8 @@ class _DueSummary:
     timer_hi: int | None = None
     keys: set[tuple[int, date, int]] = field(default_factory=set)  # (cl_batch_id, cl_date, due_ts)
     by_queue: dict[tuple[str, int], int] = field(default_factory=dict)  # real queue -> copies
+    due_now: int = 0  # entries to copy that were due at the pass's now
+    due_queues: set[tuple[str, int]] = field(default_factory=set)  # and their real queues
     queues_known: bool = True  # every copy's real queue parsed
 
 
@@ -253,7 +262,9 @@ def _summary(wh: Warehouse, state: PromoteState, due: DataFrame) -> DataFrame:
     return grouped.unionByName(timer_hi)
 
 
-def _summarise(rows: list[Any]) -> _DueSummary:
+def _summarise(rows: list[Any], now: int, until: int) -> _DueSummary:
+    """The due entries' summary rows summed up; an entry due by ``now``, or later than
+    ``until`` (promoted by clock correction), counts as due now."""
     s = _DueSummary()
     for r in rows:
         if r["topic"] is None:  # the timer queue's last offset
@@ -271,12 +282,16 @@ def _summarise(rows: list[Any]) -> _DueSummary:
             s.skipped += n
             continue
         s.keys.add((r["cl_batch_id"], r["cl_date"], r["due_ts"]))
+        due_now = r["due_ts"] is None or r["due_ts"] <= now or r["due_ts"] > until
+        s.due_now += n if due_now else 0
         try:
             queue = (r["real_topic"], int(r["real_qid"]))
         except (TypeError, ValueError):
             s.queues_known = False
             continue
         s.by_queue[queue] = s.by_queue.get(queue, 0) + n
+        if due_now:
+            s.due_queues.add(queue)
     return s
 
 
@@ -296,7 +311,10 @@ def run(
     defer_progress: bool = False,
     memory: Memory | None = None,
 ) -> PromoteResult:
-    """Promote everything due at ``now``; outputs first, offsets last.
+    """Promote everything due by ``now`` plus ``promote_ahead_ms``; outputs first,
+    offsets last. Copies of entries due after ``now`` are written and indexed now, each
+    index row carrying its due time, and no reader of the queue hands them out before
+    it (``consume_queue.visible_heads``): a timer is in its queue when it falls due.
 
     ``fence`` is called before the output commit (lease check). ``indexes``: the caller
     holds dispatch's lease too and ``fence`` checks both (a tick): promote then indexes
@@ -314,19 +332,22 @@ def run(
     spark = engine.spark
     levels = wh.levels()
     state = (memory.take() if memory is not None else None) or load_state(wh)
-    candidates = read_candidates(wh, state, levels, now)
+    until = now + ctx.config.promote_ahead_ms
+    candidates = read_candidates(wh, state, levels, now, until)
     base = spark.createDataFrame(
         [(q, o) for q, o in sorted(state.level_offsets.items())], "queue_id int, next_offset bigint"
     )
     due = plan_due(candidates, base)
-    s = _summarise(_summary(wh, state, due).collect())
-    written, already, indexed, hint = _write_copies(ctx, due, s, levels, fence=fence, indexes=indexes)
+    s = _summarise(_summary(wh, state, due).collect(), now, until)
+    written, already, indexed, hint = _write_copies(
+        ctx, due, s, levels, fence=fence, indexes=indexes, ahead_until=until
+    )
     timer_next = state.timer_next_offset if s.timer_hi is None else s.timer_hi + 1
     # Nothing handled and no new timers: commit nothing (an idle tick stays idle). The
-    # watermark may lag; the next window (watermark, now] still covers what it missed.
+    # watermark may lag; the next window (watermark, until] still covers what it missed.
     left: Progress | None = None
     if s.new_levels or timer_next != state.timer_next_offset or s.timers:
-        left = Progress(state, s.new_levels, now, timer_next, hint)
+        left = Progress(state, s.new_levels, until, timer_next, hint)
         if not (defer_progress and indexed):
             commit_progress(ctx, left, memory)
             left = None
@@ -342,6 +363,8 @@ def run(
         skipped_half=s.skipped,
         already_stored=already,
         indexed=indexed,
+        due_now=s.due_now,
+        due_queues=frozenset(s.due_queues) if s.queues_known else None,
         progress=left,
     )
 
@@ -354,6 +377,7 @@ def _write_copies(
     *,
     fence: Callable[[], None] | None,
     indexes: bool,
+    ahead_until: int,
 ) -> tuple[int, int, int, DispatchHint | None]:
     """Append the copies of the ``due`` entries that are not stored yet (outputs first),
     and index them when the caller holds dispatch's lease too (``indexes``); returns
@@ -382,7 +406,10 @@ def _write_copies(
     if not (written and not already and indexes and s.queues_known):
         return written, already, 0, None
     done = ctx.commit(
-        lambda: consume_queue.index_appended(wh, levels, written, s.by_queue, job=JOB), what="dispatch"
+        lambda: consume_queue.index_appended(
+            wh, levels, written, s.by_queue, job=JOB, ahead_until=ahead_until
+        ),
+        what="dispatch",
     )
     if done is None:
         return written, already, 0, None

@@ -40,7 +40,7 @@ from deltamq.jobs import deliver
 from deltamq.message import validate_group_name
 from deltamq.storage import normalize_location
 from deltamq.tables.bodies import join_bodies, read_bodies
-from deltamq.tables.consume_queue import load_dispatch_state
+from deltamq.tables.consume_queue import visible_heads
 from deltamq.tables.offsets import advance_offsets, positions
 from deltamq.tables.ranges import queue_ranges
 from deltamq.tables.sqltext import sql_str
@@ -240,7 +240,7 @@ def run(
         sinks = {only: sinks[only]}
     if not sinks:
         return []
-    heads = load_dispatch_state(ctx.warehouse).heads
+    heads = visible_heads(ctx.warehouse, now)
     offsets = positions(ctx.warehouse, sorted(sinks))
     subs = [s for s in ctx.catalog.subscriptions() if s.consumer_group in sinks]
     takes = deliver.plan_takes({g: groups[g] for g in sinks}, subs, heads, offsets, now)

@@ -97,6 +97,39 @@ def _heads_after(wh: Warehouse, version: int) -> list[dict[str, Any]]:
     ]
 
 
+def not_due(wh: Warehouse, now: int) -> dict[Queue, tuple[int, int]]:
+    """Per queue of a consumers' topic holding copies promoted ahead that are not due at
+    ``now`` (``due_ts`` later than it): the first such offset and the earliest such due
+    time. Readers of a queue stop at that offset (:func:`visible_heads`). From the files
+    whose statistics allow such rows (deltamq/file_reads.py), else through the engine."""
+    found = file_reads.ahead_rows(wh, now)
+    if found is not None:
+        grouped = found.group_by(["topic", "queue_id"]).aggregate(
+            [("queue_offset", "min"), ("due_ts", "min")]
+        )
+        return {
+            (r["topic"], r["queue_id"]): (r["queue_offset_min"], r["due_ts_min"]) for r in grouped.to_pylist()
+        }
+    return {
+        (r["topic"], r["queue_id"]): (r["o"], r["d"])
+        for r in wh.engine.rows(
+            "SELECT topic, queue_id, min(queue_offset) AS o, min(due_ts) AS d "
+            f"FROM {wh.ref('consume_queue')} "
+            f"WHERE topic NOT IN {sql_in(file_reads.HELD_TOPICS)} AND due_ts > {sql_long(now)} "
+            "GROUP BY topic, queue_id"
+        )
+    }
+
+
+def visible_heads(wh: Warehouse, now: int, heads: Mapping[Queue, int] | None = None) -> dict[Queue, int]:
+    """Every queue's next offset as its consumers see it at ``now``: the index head
+    (``heads``, read when not given), or the first copy promoted ahead that is not due yet
+    when one is below it. Deliver, the sinks and pull clients take offsets below this
+    only, so no message reaches a consumer before its due time."""
+    heads = load_dispatch_state(wh).heads if heads is None else heads
+    return file_reads.clamped(heads, {q: first for q, (first, _) in not_due(wh, now).items()})
+
+
 # --- indexing -------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Indexed:
@@ -214,9 +247,20 @@ def int_prop(props: Column, key: str, digits: int) -> Column:
     return F.when(raw.rlike(f"^[0-9]{{1,{digits}}}$"), raw.cast("bigint"))
 
 
-def _routed(rows: DataFrame, levels: list[tuple[int, int]]) -> DataFrame:
+def promoted_copy(batch_id: Column) -> Column:
+    """Whether a commit_log row is a copy promote wrote (its batch kind is a delay level or
+    the timer kind, ``ids``): its store time is its due time, which its index row carries
+    as ``due_ts`` so that no reader hands it out earlier (:func:`not_due`)."""
+    kind = batch_id.bitwiseAND(F.lit(ids.PRODUCER_BIT - 1))
+    return (batch_id.bitwiseAND(F.lit(ids.PRODUCER_BIT)) == F.lit(0)) & kind.between(1, ids.KIND_TIMER)
+
+
+def _routed(rows: DataFrame, levels: list[tuple[int, int]], ahead_until: int | None = None) -> DataFrame:
     """New commit_log rows with their ``route`` (plain / schedule / timer / half), the
-    index queue they go to (``q_topic``, ``q_id``) and their due time (``due``)."""
+    index queue they go to (``q_topic``, ``q_id``) and their due time (``due``). A
+    promoted copy stored (due) by ``ahead_until`` keeps its store time as its due time; one
+    stored later was promoted by RocketMQ's clock correction (an entry due implausibly
+    late is due at once) and is visible at once."""
     max_level = max((lvl for lvl, _ in levels), default=0)
     delay_of = F.create_map(*[x for lvl, ms in levels for x in (F.lit(lvl), F.lit(ms).cast("bigint"))])
     props = F.col("properties")
@@ -250,17 +294,24 @@ def _routed(rows: DataFrame, levels: list[tuple[int, int]]) -> DataFrame:
         .when(on.isin("half", "timer"), F.lit(0))
         .otherwise(F.col("queue_id"))
     )
-    due = (
-        F.when(on == "timer", timer_ms)
-        .when(on == "schedule", F.col("store_ts") + F.element_at(delay_of, F.col("level").cast("int")))
-        .cast("bigint")
+    due = F.when(on == "timer", timer_ms).when(
+        on == "schedule", F.col("store_ts") + F.element_at(delay_of, F.col("level").cast("int"))
     )
+    if ahead_until is not None:  # plain: a copy promote wrote (ahead or not), visible from its due time
+        due = due.when(
+            (on == "plain") & promoted_copy(F.col("batch_id")) & (F.col("store_ts") <= F.lit(ahead_until)),
+            F.col("store_ts"),
+        )
+    due = due.cast("bigint")
     return routed.withColumn("q_topic", topic).withColumn("q_id", qid).withColumn("due", due)
 
 
-def plan_index(rows: DataFrame, heads: DataFrame, levels: list[tuple[int, int]]) -> DataFrame:
+def plan_index(
+    rows: DataFrame, heads: DataFrame, levels: list[tuple[int, int]], ahead_until: int | None = None
+) -> DataFrame:
     """Pure plan: new commit_log rows (+ ``cl_version``) and queue heads → consume_queue rows
-    with a ``route`` column (plain / schedule / timer / half)."""
+    with a ``route`` column (plain / schedule / timer / half). ``ahead_until``: the indexing
+    pass's ``now`` plus ``promote_ahead_ms`` (promoted copies' due times, :func:`_routed`)."""
     props = F.col("properties")
     on = F.col("route")
     clean = F.map_filter(
@@ -270,7 +321,7 @@ def plan_index(rows: DataFrame, heads: DataFrame, levels: list[tuple[int, int]])
     real = F.create_map(
         F.lit(Prop.REAL_TOPIC), F.col("topic"), F.lit(Prop.REAL_QID), F.col("queue_id").cast("string")
     )
-    indexed = _routed(rows, levels).select(
+    indexed = _routed(rows, levels, ahead_until).select(
         "q_topic",
         "q_id",
         "msg_id",
@@ -351,11 +402,13 @@ def index_new(
     *,
     fence: Callable[[], None] | None = None,
     job: str = "dispatch",
+    ahead_until: int | None = None,
 ) -> Indexed:
     """Index every commit_log commit after the index's version (at most ``max_versions``
     of them). ``fence`` is called before the index commit (lease check); ``job`` names the
-    caller's fault points (``<job>.before_index_commit`` / ``.after_index_commit``). The
-    caller commits (``Context.commit``: a conflict re-runs the whole pass)."""
+    caller's fault points (``<job>.before_index_commit`` / ``.after_index_commit``);
+    ``ahead_until`` as in :func:`plan_index`. The caller commits (``Context.commit``: a
+    conflict re-runs the whole pass)."""
     state = load_dispatch_state(wh)
     commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), state.version, max_versions)
     if not commits:
@@ -384,7 +437,7 @@ def index_new(
         rows, repeated = drop_repeated(wh, rows, commits)
     if rows is not None and commit_log.may_hold_commits(commits):
         rows, dropped = drop_duplicate_commits(wh, rows)
-    plan = None if rows is None else plan_index(rows, heads_frame(wh, state.heads), wh.levels())
+    plan = None if rows is None else plan_index(rows, heads_frame(wh, state.heads), wh.levels(), ahead_until)
     faults.point(f"{job}.before_index_commit")
     if plan is not None:
         if fence:
@@ -411,7 +464,13 @@ def index_new(
 
 
 def index_appended(
-    wh: Warehouse, levels: list[tuple[int, int]], rows: int, by_queue: Mapping[Queue, int], *, job: str
+    wh: Warehouse,
+    levels: list[tuple[int, int]],
+    rows: int,
+    by_queue: Mapping[Queue, int],
+    *,
+    job: str,
+    ahead_until: int | None = None,
 ) -> Indexed | None:
     """Index the ``rows`` plain messages a caller has just appended in one commit (their
     count per real queue: ``by_queue``), when that commit is the only one the index lacks:
@@ -441,7 +500,7 @@ def index_appended(
     added = commit_log.read_added(wh, commits)
     if added is None:
         return None
-    merge_index(wh, plan_index(added, heads_frame(wh, state.heads), levels), version, version)
+    merge_index(wh, plan_index(added, heads_frame(wh, state.heads), levels, ahead_until), version, version)
     faults.point(f"{job}.after_index_commit")
     queues = dict(state.stale) | {q: state.heads.get(q, 0) + n for q, n in by_queue.items()}
     return Indexed(

@@ -1,0 +1,121 @@
+"""Promoting ahead (``promote_ahead_ms``, docs/behaviour.md §2): a tick writes and indexes
+the copies of what falls due within the horizon before it is due; every reader of a
+queue (deliver, the sinks, both kinds of pull client) stops at the first copy not due
+yet, so nothing is handed out early, and the next deliver after the due time hands it
+over without a promote pass in between. Driven by a fake clock."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from support.listeners import read_log
+
+from deltamq import Message
+from deltamq.config import BrokerConfig
+from deltamq.errors import ConfigError
+from deltamq.lite import PullConsumer
+
+
+@pytest.fixture
+def shop(warehouse_with):
+    return warehouse_with("orders", queues=1, group="g")
+
+
+def _bodies(log) -> list[str]:
+    return [c["body"] for c in read_log(log)]
+
+
+def _index(broker) -> list[tuple[int, int | None]]:
+    rows = broker.sql(
+        "SELECT queue_offset, due_ts FROM consume_queue WHERE topic = 'orders' ORDER BY queue_offset"
+    ).collect()
+    return [(r["queue_offset"], r["due_ts"]) for r in rows]
+
+
+def test_a_timer_is_indexed_ahead_and_handed_out_at_its_due_time_never_before(shop, clock):
+    b = shop.broker
+    ahead = b.config.promote_ahead_ms
+    assert ahead == 1000  # the default
+    t0 = clock.now_ms()
+    b.producer("p").send(Message("orders", b"timer", delay=timedelta(seconds=10)))
+    due = t0 + 10_000
+    assert b.tick(t0).job("promote").rows_out == 0  # not within the horizon yet
+    r = b.tick(due - ahead // 2)
+    assert r.job("promote").rows_out == 1 and r.job("promote").details["ahead"] == 1
+    assert "redeliver" not in [j.job for j in r.jobs]  # nothing was due already
+    assert _index(b) == [(0, due)]  # in its queue, carrying its due time
+    for at in (due - ahead // 2, due - 1):
+        r = b.tick(at)
+        assert r.delivered is None or r.delivered.taken == 0
+    assert _bodies(shop.log) == []
+    r = b.tick(due)
+    assert r.job("deliver").rows_out == 1 and r.job("promote").rows_out == 0
+    assert _bodies(shop.log) == ["timer"]
+
+
+def test_a_plain_message_behind_a_copy_not_yet_due_waits_for_it(shop, clock):
+    b = shop.broker
+    t0 = clock.now_ms()
+    p = b.producer("p")
+    p.send(Message("orders", b"delayed", delay_level=1))  # due at t0 + 1 s
+    b.tick(t0)  # promoted ahead: offset 0, due at t0 + 1 s
+    p.send(Message("orders", b"plain"))
+    r = b.tick(t0 + 500)
+    assert r.delivered is None or r.delivered.taken == 0  # the queue's reader stops at offset 0
+    assert [o for o, _ in _index(b)] == [0, 1]
+    assert _bodies(shop.log) == []
+    b.tick(t0 + 1000)
+    assert sorted(_bodies(shop.log)) == ["delayed", "plain"]
+
+
+def test_pull_clients_of_both_kinds_see_a_copy_only_when_due(warehouse_with, clock):
+    b = warehouse_with("orders", queues=1, group="workers", recorder=None).broker
+    t0 = clock.now_ms()
+    b.producer("p").send(Message("orders", b"soon", delay_level=1))
+    b.tick(t0)  # indexed ahead, due at t0 + 1 s
+    lite = PullConsumer(b.warehouse.location, "workers", "lite", config=b.config, clock=clock)
+    broker_client = b.pull_consumer("workers", "spark")
+    for client in (lite, broker_client):
+        client.heartbeat(t0)
+    assert lite.pull(10, now=t0 + 999) == [] and broker_client.pull(10, now=t0 + 999) == []
+    got = lite.pull(10, now=t0 + 1000) + broker_client.pull(10, now=t0 + 1000)
+    assert [m.body for m in got] == [b"soon"]
+
+
+def test_a_copy_due_at_the_tick_is_delivered_in_the_same_tick(shop, clock):
+    b = shop.broker
+    t0 = clock.now_ms()
+    b.producer("p").send(Message("orders", b"late", delay_level=1))
+    r = b.tick(t0 + 60_000)  # a tick long after the due time: promote finds it due already
+    assert r.job("promote").result.due_now == 1 and r.job("redeliver").rows_out == 1
+    assert r.delivered.consumed == 1 and _bodies(shop.log) == ["late"]
+
+
+def test_without_promoting_ahead_nothing_is_indexed_before_it_is_due(shop, clock):
+    b = shop.broker
+    b.reconfigure(promote_ahead_ms=0)
+    t0 = clock.now_ms()
+    b.producer("p").send(Message("orders", b"timer", delay=timedelta(seconds=10)))
+    b.tick(t0 + 9_999)
+    assert _index(b) == []
+    r = b.tick(t0 + 10_000)
+    assert r.job("redeliver").rows_out == 1 and _bodies(shop.log) == ["timer"]
+
+
+def test_a_copy_promoted_by_clock_correction_is_visible_at_once(shop, clock):
+    """An entry due implausibly late (a producer clock far ahead: due beyond now plus its
+    level's delay) is due now, as RocketMQ has it; its copy is not held to that time."""
+    b = shop.broker
+    t0 = clock.now_ms()
+    b.producer("p").send(Message("orders", b"skewed", delay_level=1))
+    r = b.tick(t0 - 3_600_000)  # this tick's clock is an hour behind the producer's
+    assert r.job("promote").rows_out == 1
+    assert _bodies(shop.log) == ["skewed"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("value", [-1, 60_001])
+def test_a_horizon_out_of_range_is_refused_naming_it(value):
+    with pytest.raises(ConfigError, match=rf"promote_ahead_ms={value}.*between 0 .* and 60000"):
+        BrokerConfig(promote_ahead_ms=value)
