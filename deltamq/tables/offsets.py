@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import pyarrow as pa
+
 from deltamq import file_reads
 from deltamq.constants import DISPATCH_GROUP
 from deltamq.schemas import TABLES
@@ -28,6 +30,10 @@ KEEP = object()
 """``attempt_ts=KEEP``: leave ``attempt_ts`` as it is."""
 
 KEY = ("consumer_group", "client_id", "topic", "queue_id")
+_ON = " AND ".join(f"t.{c} = s.{c}" for c in KEY)
+
+_ARROW = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "boolean": pa.bool_()}
+_CAST = {"string": "VARCHAR", "int": "INT", "bigint": "BIGINT", "boolean": "BOOLEAN"}
 
 _RENDER: dict[str, Callable[[Any], str]] = {
     "string": sql_str,
@@ -65,6 +71,7 @@ class OffsetsMerge:
     now: int
     extra: Mapping[str, str] = field(default_factory=dict)
     rows: list[str] = field(default_factory=list)
+    values: list[tuple[Any, ...]] = field(default_factory=list)  # the rows' values, as given
 
     def __post_init__(self) -> None:
         for c in self.columns:
@@ -79,28 +86,60 @@ class OffsetsMerge:
         cells = [sql_str(group), sql_str(client_id), sql_str(topic), sql_int(int(queue_id))]
         cells += [_RENDER[types[c]](values[c]) for c in self.columns]
         self.rows.append("(" + ", ".join(cells) + ")")
+        self.values.append((group, client_id, topic, int(queue_id), *(values[c] for c in self.columns)))
+
+    def _rules(
+        self, update: Mapping[str, str], insert: Mapping[str, str] | None
+    ) -> tuple[dict[str, str], dict[str, str] | None]:
+        """The update rules and, with an insert, every column's insert value, both with
+        ``updated_ts`` set to ``now``."""
+        now = sql_long(self.now)
+        sets = {**update, "updated_ts": now}
+        if insert is None:
+            return sets, None
+        given = {**{c: f"s.{c}" for c in KEY}, **insert, "updated_ts": now}
+        return sets, {c: given.get(c, f"CAST(NULL AS {t.upper()})") for c, t in OFFSETS_TYPES.items()}
 
     def render(self, wh: Warehouse, update: Mapping[str, str], insert: Mapping[str, str] | None) -> str:
         """The statement (the rows must not be empty)."""
         if not self.rows:
             raise ValueError("an offsets MERGE needs at least one row")
-        now = sql_long(self.now)
-        sets = ", ".join(f"t.{c} = {rule}" for c, rule in {**update, "updated_ts": now}.items())
-        on = " AND ".join(f"t.{c} = s.{c}" for c in KEY)
+        sets, values = self._rules(update, insert)
         statement = (
             f"MERGE INTO {wh.ref('offsets')} t USING (SELECT * FROM VALUES {', '.join(self.rows)} "
-            f"AS v({', '.join((*KEY, *self.columns))})) s ON {on} WHEN MATCHED THEN UPDATE SET {sets}"
+            f"AS v({', '.join((*KEY, *self.columns))})) s ON {_ON} WHEN MATCHED THEN UPDATE SET "
+            + ", ".join(f"t.{c} = {rule}" for c, rule in sets.items())
         )
-        if insert is None:
+        if values is None:
             return statement
-        given = {**{c: f"s.{c}" for c in KEY}, **insert, "updated_ts": now}
-        values = {c: given.get(c, f"CAST(NULL AS {t.upper()})") for c, t in OFFSETS_TYPES.items()}
         columns, cells = ", ".join(values), ", ".join(values.values())
         return f"{statement} WHEN NOT MATCHED THEN INSERT ({columns}) VALUES ({cells})"
 
+    def arrow(self) -> pa.Table:
+        """The rows as an Arrow table (the key, then ``columns``), typed as the table is."""
+        types = {**OFFSETS_TYPES, **self.extra}
+        names = (*KEY, *self.columns)
+        return pa.table(
+            {
+                name: pa.array([row[i] for row in self.values], _ARROW[types[name]])
+                for i, name in enumerate(names)
+            }
+        )
+
     def execute(self, wh: Warehouse, update: Mapping[str, str], insert: Mapping[str, str] | None) -> None:
-        """Run the MERGE (nothing for no rows); the caller commits (``engine.commit``)."""
-        if self.rows:
+        """Run the MERGE (nothing for no rows): written by delta-rs where the warehouse
+        allows (``Warehouse.merge_rows``: a few milliseconds), else by the engine. The
+        caller commits (``Context.commit``)."""
+        if not self.rows:
+            return
+        sets, values = self._rules(update, insert)
+
+        def typed(rules: Mapping[str, str]) -> dict[str, str]:  # delta-rs keeps the expression's type
+            return {c: f"CAST({rule} AS {_CAST[OFFSETS_TYPES[c]]})" for c, rule in rules.items()}
+
+        if not wh.merge_rows(
+            "offsets", self.arrow(), _ON, typed(sets), None if values is None else typed(values)
+        ):
             wh.engine.execute(self.render(wh, update, insert))
 
 

@@ -63,6 +63,7 @@ class Warehouse:
         self._known: set[str] = set()
         self._appenders: dict[str, BlindAppender | None] = {}
         self._snapshots: dict[str, FileSnapshot | None] = {}
+        self._merged: dict[str, Any] = {}  # delta-rs tables kept for merge_rows (None: the engine's)
         # Apache Spark commits on a local disk by check-then-rename (docs/engines.md), atomic
         # only among its own threads: there every commit goes through the engine
         self._appends_outside = not (engine.flavor == "spark" and self.storage.is_local)
@@ -121,6 +122,41 @@ class Warehouse:
             except Unsupported:
                 self._appenders[table] = None  # from now on through the engine
         self.append(table, self.engine.spark.createDataFrame(rows))
+
+    def merge_rows(
+        self,
+        table: str,
+        source: pa.Table,
+        on: str,
+        update: Mapping[str, str],
+        insert: Mapping[str, str] | None,
+    ) -> bool:
+        """A ``MERGE`` of a few rows built in Python (``source``, aliased ``s``) into
+        ``table`` (aliased ``t``) with delta-rs instead of an engine statement: a small
+        control table is rewritten in a few milliseconds where the engine's ``MERGE``
+        takes tens. ``update`` and ``insert`` map columns to SQL expressions (None: no
+        insert). False when the engine must do it (Apache Spark on a local disk, as for
+        :meth:`append_arrow`; a protocol delta-rs cannot write), and nothing was written.
+        A commit refused by a concurrent writer raises delta-rs' ``CommitFailedError``
+        (``engine.is_commit_conflict``): the caller's ``Context.commit`` runs it again."""
+        if not self._appends_outside or (table in self._merged and self._merged[table] is None):
+            return False
+        dt = self._merged.get(table)
+        if dt is None:
+            dt = self._merged[table] = self.storage.delta_table(self.uri(table))
+        else:
+            dt.update_incremental()
+        from deltalake.exceptions import DeltaProtocolError
+
+        merge = dt.merge(source, on, source_alias="s", target_alias="t").when_matched_update(dict(update))
+        if insert is not None:
+            merge = merge.when_not_matched_insert(dict(insert))
+        try:
+            merge.execute()
+        except DeltaProtocolError:
+            self._merged[table] = None  # from now on through the engine
+            return False
+        return True
 
     def snapshot(self, table: str) -> FileSnapshot | None:
         """The table's files as of now, for reads without an engine round trip
