@@ -29,8 +29,11 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import pyarrow.compute as pc
+
+from deltamq import file_reads
 from deltamq.clock import ms_to_iso
 from deltamq.errors import LeaseHeld, LeaseLost
 from deltamq.tables.sqltext import sql_in, sql_long, sql_str
@@ -139,9 +142,16 @@ class Leases:
         return cur.expires_at + allowance < wall_now or mono_now - seen[1] >= allowance
 
     def _read(self, jobs: Sequence[str]) -> dict[str, Lease]:
-        rows = self.wh.engine.rows(
-            f"SELECT job, holder, epoch, expires_at, last_now, ttl_ms FROM {self.wh.ref('leases')} "
-            f"WHERE job IN {sql_in(jobs)}"
+        """The lease rows of ``jobs`` as committed now: from the table's files (its kept
+        snapshot brought up to date, deltamq/file_reads.py), else through the engine."""
+        columns = ["job", "holder", "epoch", "expires_at", "last_now", "ttl_ms"]
+        found = file_reads.rows(self.wh, "leases", columns, pc.field("job").isin(list(jobs)))
+        rows: list[Any] = (
+            found.to_pylist()
+            if found is not None
+            else self.wh.engine.rows(
+                f"SELECT {', '.join(columns)} FROM {self.wh.ref('leases')} WHERE job IN {sql_in(jobs)}"
+            )
         )
         out: dict[str, Lease] = {}
         for r in sorted(rows, key=lambda r: (-(r["epoch"] or 0), r["holder"] or "")):
