@@ -1,7 +1,8 @@
 """deltamq on Airflow 3: three DAGs over one warehouse.
 
 - ``deltamq_tick`` (every minute): one tick's jobs as dependent tasks — dispatch →
-  promote → dispatch again → deliver → sink → check_transactions → retain — then
+  deliver → promote → dispatch again → deliver again → sink → check_transactions →
+  retain — then
   ``data_quality`` (the Great Expectations suites and the conservation check), which
   fails the run on any violation.
 - ``deltamq_loop`` (every minute): the tick loop for ``loop_seconds`` (55 s) at

@@ -42,7 +42,7 @@ from deltamq.filters import validate_expression
 from deltamq.message import validate_group_name, validate_topic_name
 from deltamq.sending import Topics
 from deltamq.tables import consume_queue
-from deltamq.tables.consume_queue import load_dispatch_state
+from deltamq.tables.consume_queue import visible_heads
 from deltamq.tables.offsets import OffsetsMerge, advance_offsets, group_has_offsets, source
 from deltamq.tables.sqltext import sql_bool, sql_int, sql_long, sql_str
 from deltamq.transactions import CheckConfig, validate_table_check
@@ -298,8 +298,11 @@ class Catalog(Topics):
         return [Subscription.from_row(r.asDict()) for r in rows]
 
     def _start_offsets(self, topic: str, mode: ConsumeFrom, timestamp: int | None) -> dict[int, int]:
-        """Per queue of ``topic``: where LAST_OFFSET / FIRST_OFFSET / TIMESTAMP starts."""
-        heads = {q: o for (t, q), o in load_dispatch_state(self.warehouse).heads.items() if t == topic}
+        """Per queue of ``topic``: where LAST_OFFSET / FIRST_OFFSET / TIMESTAMP starts. The
+        heads are those consumers see now: a copy promoted ahead and not due yet is after
+        LAST_OFFSET, as it would be had it been promoted at its due time."""
+        visible = visible_heads(self.warehouse, self.clock.now_ms())
+        heads = {q: o for (t, q), o in visible.items() if t == topic}
         if mode == "FIRST_OFFSET" or not heads:
             return {q: 0 for q in heads}
         if mode == "LAST_OFFSET":

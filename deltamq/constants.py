@@ -9,8 +9,10 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 
-SCHEMA_VERSION = 5
-"""The warehouse schema version this release writes."""
+SCHEMA_VERSION = 6
+"""The warehouse schema version this release writes. 6: copies promoted ahead are in the
+index before they are due (their ``due_ts`` says when; a release before 6 would hand them
+out early, so it refuses the warehouse). 5: ``leases.ttl_ms``."""
 
 # --- system topics -------------------------------------------------------------
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"

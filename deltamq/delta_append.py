@@ -57,6 +57,16 @@ STATS_STRING_CHARS = 32
 _STATS_TYPES = (pa.types.is_integer, pa.types.is_date, pa.types.is_string, pa.types.is_boolean)
 
 
+def plain_writer(protocol: Any) -> bool:
+    """Whether a table's protocol (delta-rs' ``ProtocolVersions``) asks a writer for no
+    more than plain Parquet files and commit entries: writer version 2, or table features
+    among :data:`WRITER_FEATURES` (no deletion vectors, column mapping, ...)."""
+    features = set(protocol.writer_features or ())
+    return bool(
+        protocol.min_writer_version <= 2 or (protocol.min_writer_version == 7 and features <= WRITER_FEATURES)
+    )
+
+
 class Unsupported(DeltaMQError, RuntimeError):
     """The table needs a writer this module is not (its protocol, features or schema)."""
 
@@ -84,10 +94,7 @@ class BlindAppender:
         table = self.storage.delta_table(self.uri)
         protocol, meta = table.protocol(), table.metadata()
         features = set(protocol.writer_features or ())
-        supported = protocol.min_writer_version <= 2 or (
-            protocol.min_writer_version == 7 and features <= WRITER_FEATURES
-        )
-        if not supported:
+        if not plain_writer(protocol):
             raise Unsupported(
                 f"{self.uri} has writer protocol {protocol.min_writer_version} with features "
                 f"{sorted(features)}; appends here support version 2 and {sorted(WRITER_FEATURES)}"

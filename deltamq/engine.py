@@ -123,10 +123,12 @@ def _java_classes(exc: BaseException) -> set[str]:
 
 def is_commit_conflict(exc: BaseException) -> bool:
     """True when ``exc`` says another writer's commit landed first: a Delta conflict
-    exception (classic or over Spark Connect, by class or error condition), or Sail's
-    failed commit. Looks through ``__cause__`` chains."""
+    exception (classic or over Spark Connect, by class or error condition), delta-rs'
+    ``CommitFailedError``, or Sail's failed commit. Looks through ``__cause__`` chains."""
     for e in cause_chain(exc):
         if _condition(e) in DELTA_CONFLICT_CONDITIONS or _java_classes(e) & DELTA_CONFLICT_CLASSES:
+            return True
+        if type(e).__name__ == "CommitFailedError":  # delta-rs (Warehouse.merge_rows, retention)
             return True
         text = str(e)
         if any(marker in text for marker in SAIL_CONFLICT_TEXTS):

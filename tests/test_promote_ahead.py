@@ -119,3 +119,50 @@ def test_a_copy_promoted_by_clock_correction_is_visible_at_once(shop, clock):
 def test_a_horizon_out_of_range_is_refused_naming_it(value):
     with pytest.raises(ConfigError, match=rf"promote_ahead_ms={value}.*between 0 .* and 60000"):
         BrokerConfig(promote_ahead_ms=value)
+
+
+def test_a_copy_is_held_to_its_due_time_whatever_pass_indexes_it(shop, clock):
+    """The hold is the copy's own (its store time), not the indexing pass's setting: a
+    timer promoted early by a watermark an earlier, longer horizon left ahead (and a
+    promote pass that leaves the indexing to dispatch) is still handed out at its due
+    time, not before."""
+    from deltamq.jobs import dispatch, promote
+
+    b = shop.broker
+    t0 = clock.now_ms()
+    b.reconfigure(promote_ahead_ms=5_000)
+    b.producer("p").send(Message("orders", b"first", delay=timedelta(seconds=1)))
+    b.tick(t0)  # the timer watermark is now t0 + 5 s
+    b.reconfigure(promote_ahead_ms=0)
+    clock.set(t0 + 100)
+    b.producer("p").send(Message("orders", b"second", delay=timedelta(seconds=3)))  # due t0 + 3.1 s
+    r = b.tick(t0 + 200)  # promoted now (due before the watermark), held in its queue
+    assert r.job("promote").rows_out == 1 and "redeliver" not in [j.job for j in r.jobs]
+    assert (r.delivered is None or r.delivered.consumed == 0) and _bodies(shop.log) == []
+    b.tick(t0 + 1_000)
+    assert _bodies(shop.log) == ["first"]
+    b.tick(t0 + 3_099)
+    assert _bodies(shop.log) == ["first"]
+    b.tick(t0 + 3_100)
+    assert _bodies(shop.log) == ["first", "second"]
+    # promote alone (dispatch's lease not held): dispatch indexes the copy later, held all the same
+    b.producer("p").send(Message("orders", b"third", delay_level=1))  # stored at t0 + 100: due t0 + 1.1 s
+    dispatch.run(b.context, t0 + 3_100)
+    b.reconfigure(promote_ahead_ms=60_000)
+    assert promote.run(b.context, t0 + 3_100).rows_out == 1
+    assert dispatch.run(b.context, t0 + 3_100).rows_out == 1
+    assert _index(b)[-1][1] == t0 + 1_100  # carries its due time as stored
+
+
+def test_a_group_created_from_the_last_offset_still_gets_a_copy_promoted_ahead(shop, clock, tmp_path):
+    from support.listeners import Recorder
+
+    b = shop.broker
+    t0 = clock.now_ms()
+    b.producer("p").send(Message("orders", b"soon", delay_level=1))
+    b.tick(t0)  # the copy is in the queue, due at t0 + 1 s
+    log = tmp_path / "late.jsonl"
+    b.create_group("late", Recorder(log), consume_from="LAST_OFFSET")
+    b.subscribe("late", "orders")
+    b.tick(t0 + 1_000)
+    assert _bodies(log) == ["soon"]  # as if it had been promoted at its due time

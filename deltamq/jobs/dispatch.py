@@ -38,20 +38,13 @@ class DispatchResult(consume_queue.Indexed):
 def run(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -> DispatchResult:
     """Index every commit_log row committed since the last run, then record the hint.
 
-    Due times come from store times; ``now`` stamps the progress rows and bounds which
-    promoted copies are held until their due time (``consume_queue.plan_index``).
+    Due times come from store times, so ``now`` only stamps the progress rows.
     ``fence`` is called before the index commit (lease check).
     """
     wh = ctx.warehouse
 
     def index() -> DispatchResult:
-        done = consume_queue.index_new(
-            wh,
-            ctx.config.dispatch_max_versions,
-            fence=fence,
-            job=JOB,
-            ahead_until=now + ctx.config.promote_ahead_ms,
-        )
+        done = consume_queue.index_new(wh, ctx.config.dispatch_max_versions, fence=fence, job=JOB)
         return DispatchResult(**vars(done))
 
     result = ctx.commit(index, what=JOB)

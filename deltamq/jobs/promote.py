@@ -27,12 +27,12 @@ point re-runs to the same result with nothing lost or written twice.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import date
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from deltamq import faults, ids
@@ -177,13 +177,27 @@ def plan_due(candidates: DataFrame, level_offsets: DataFrame) -> DataFrame:
     return due.withColumn("skip", real_topic.isNull() | (real_topic == F.lit(TRANS_HALF_TOPIC)))
 
 
+def store_at(now: int, levels: list[tuple[int, int]]) -> Column:
+    """A due entry's copy's store time, which is when consumers may have it (its index
+    row carries it as ``due_ts``): its due time; for a delay-level entry due later than
+    ``now`` plus its level's delay (RocketMQ's clock correction: a producer clock far
+    ahead), ``now``. Decided here, once, so that no later indexing pass decides it."""
+    delay = F.create_map(*[x for lvl, ms in levels for x in (F.lit(lvl - 1), F.lit(ms).cast("bigint"))])
+    corrected = (F.col("topic") == F.lit(SCHEDULE_TOPIC)) & (
+        F.col("due_ts") > F.lit(now) + F.coalesce(F.element_at(delay, F.col("queue_id")), F.lit(0))
+    )
+    return F.when(corrected, F.lit(now).cast("bigint")).otherwise(F.col("due_ts"))
+
+
 def plan_messages(due: DataFrame, bodies: DataFrame) -> DataFrame:
-    """Pure plan: due entries + their commit_log rows → new commit_log rows in the real
-    topic and queue, ids and store times derived from the entry (store time = due time)."""
+    """Pure plan: due entries (with ``store_at``, :func:`store_at`) + their commit_log rows →
+    new commit_log rows in the real topic and queue, ids derived from the entry (batch =
+    due time and kind, position = its offset), stored at ``store_at``."""
     src = due.where(~F.col("skip")).select(
         "kind",
         F.col("queue_offset").alias("src_offset"),
         F.col("due_ts"),
+        F.col("store_at"),
         F.col("properties").getItem(Prop.REAL_TOPIC).alias("real_topic"),
         F.col("properties").getItem(Prop.REAL_QID).cast("int").alias("real_qid"),
         F.col("cl_batch_id"),
@@ -203,7 +217,7 @@ def plan_messages(due: DataFrame, bodies: DataFrame) -> DataFrame:
         topic=F.col("real_topic"),
         queue_id=F.col("real_qid"),
         properties=props,
-        store_ts=F.col("due_ts"),
+        store_ts=F.col("store_at"),
         reconsume_times=F.col("orig_reconsume"),
         batch_id=batch,
         batch_pos=pos,
@@ -262,9 +276,10 @@ def _summary(wh: Warehouse, state: PromoteState, due: DataFrame) -> DataFrame:
     return grouped.unionByName(timer_hi)
 
 
-def _summarise(rows: list[Any], now: int, until: int) -> _DueSummary:
-    """The due entries' summary rows summed up; an entry due by ``now``, or later than
-    ``until`` (promoted by clock correction), counts as due now."""
+def _summarise(rows: list[Any], now: int, delays: Mapping[int, int]) -> _DueSummary:
+    """The due entries' summary rows summed up; an entry due by ``now``, or a delay-level
+    entry due later than ``now`` plus its level's delay (``delays``: by schedule queue id;
+    promoted by clock correction, :func:`store_at`), counts as due now."""
     s = _DueSummary()
     for r in rows:
         if r["topic"] is None:  # the timer queue's last offset
@@ -282,7 +297,10 @@ def _summarise(rows: list[Any], now: int, until: int) -> _DueSummary:
             s.skipped += n
             continue
         s.keys.add((r["cl_batch_id"], r["cl_date"], r["due_ts"]))
-        due_now = r["due_ts"] is None or r["due_ts"] <= now or r["due_ts"] > until
+        due, corrected = r["due_ts"], None
+        if r["topic"] == SCHEDULE_TOPIC and due is not None:
+            corrected = due > now + delays.get(r["queue_id"], 0)
+        due_now = due is None or due <= now or bool(corrected)
         s.due_now += n if due_now else 0
         try:
             queue = (r["real_topic"], int(r["real_qid"]))
@@ -337,11 +355,9 @@ def run(
     base = spark.createDataFrame(
         [(q, o) for q, o in sorted(state.level_offsets.items())], "queue_id int, next_offset bigint"
     )
-    due = plan_due(candidates, base)
-    s = _summarise(_summary(wh, state, due).collect(), now, until)
-    written, already, indexed, hint = _write_copies(
-        ctx, due, s, levels, fence=fence, indexes=indexes, ahead_until=until
-    )
+    due = plan_due(candidates, base).withColumn("store_at", store_at(now, levels))
+    s = _summarise(_summary(wh, state, due).collect(), now, {lvl - 1: ms for lvl, ms in levels})
+    written, already, indexed, hint = _write_copies(ctx, due, s, levels, fence=fence, indexes=indexes)
     timer_next = state.timer_next_offset if s.timer_hi is None else s.timer_hi + 1
     # Nothing handled and no new timers: commit nothing (an idle tick stays idle). The
     # watermark may lag; the next window (watermark, until] still covers what it missed.
@@ -377,7 +393,6 @@ def _write_copies(
     *,
     fence: Callable[[], None] | None,
     indexes: bool,
-    ahead_until: int,
 ) -> tuple[int, int, int, DispatchHint | None]:
     """Append the copies of the ``due`` entries that are not stored yet (outputs first),
     and index them when the caller holds dispatch's lease too (``indexes``); returns
@@ -406,9 +421,7 @@ def _write_copies(
     if not (written and not already and indexes and s.queues_known):
         return written, already, 0, None
     done = ctx.commit(
-        lambda: consume_queue.index_appended(
-            wh, levels, written, s.by_queue, job=JOB, ahead_until=ahead_until
-        ),
+        lambda: consume_queue.index_appended(wh, levels, written, s.by_queue, job=JOB),
         what="dispatch",
     )
     if done is None:

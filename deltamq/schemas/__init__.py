@@ -99,7 +99,12 @@ CONSUME_QUEUE = T.StructType(
         _f("keys", STR, "business keys"),
         _f("properties", PROPS, "properties (filters and routing read them here)"),
         _f("store_ts", LONG, "epoch ms the message was stored"),
-        _f("due_ts", LONG, "schedule/timer entries: epoch ms it is due; else null"),
+        _f(
+            "due_ts",
+            LONG,
+            "schedule/timer entries: epoch ms it is due; a copy promote wrote: epoch ms from "
+            "which consumers may have it (readers stop at a row not due yet); else null",
+        ),
         _f("reconsume_times", INT, "retry count of the message"),
         _f("cl_date", T.DateType(), "commit_log partition holding the body"),
         _f("cl_version", LONG, "commit_log table version that added the row"),

@@ -249,18 +249,17 @@ def int_prop(props: Column, key: str, digits: int) -> Column:
 
 def promoted_copy(batch_id: Column) -> Column:
     """Whether a commit_log row is a copy promote wrote (its batch kind is a delay level or
-    the timer kind, ``ids``): its store time is its due time, which its index row carries
-    as ``due_ts`` so that no reader hands it out earlier (:func:`not_due`)."""
+    the timer kind, ``ids``): its store time is when it may be handed out, which its index
+    row carries as ``due_ts`` so that no reader hands it out earlier (:func:`not_due`)."""
     kind = batch_id.bitwiseAND(F.lit(ids.PRODUCER_BIT - 1))
     return (batch_id.bitwiseAND(F.lit(ids.PRODUCER_BIT)) == F.lit(0)) & kind.between(1, ids.KIND_TIMER)
 
 
-def _routed(rows: DataFrame, levels: list[tuple[int, int]], ahead_until: int | None = None) -> DataFrame:
+def _routed(rows: DataFrame, levels: list[tuple[int, int]]) -> DataFrame:
     """New commit_log rows with their ``route`` (plain / schedule / timer / half), the
-    index queue they go to (``q_topic``, ``q_id``) and their due time (``due``). A
-    promoted copy stored (due) by ``ahead_until`` keeps its store time as its due time; one
-    stored later was promoted by RocketMQ's clock correction (an entry due implausibly
-    late is due at once) and is visible at once."""
+    index queue they go to (``q_topic``, ``q_id``) and their due time (``due``): for a copy
+    promote wrote, its store time, which promote set to when it may be handed out
+    (``promote.store_at``)."""
     max_level = max((lvl for lvl, _ in levels), default=0)
     delay_of = F.create_map(*[x for lvl, ms in levels for x in (F.lit(lvl), F.lit(ms).cast("bigint"))])
     props = F.col("properties")
@@ -294,24 +293,18 @@ def _routed(rows: DataFrame, levels: list[tuple[int, int]], ahead_until: int | N
         .when(on.isin("half", "timer"), F.lit(0))
         .otherwise(F.col("queue_id"))
     )
-    due = F.when(on == "timer", timer_ms).when(
-        on == "schedule", F.col("store_ts") + F.element_at(delay_of, F.col("level").cast("int"))
+    due = (
+        F.when(on == "timer", timer_ms)
+        .when(on == "schedule", F.col("store_ts") + F.element_at(delay_of, F.col("level").cast("int")))
+        .when((on == "plain") & promoted_copy(F.col("batch_id")), F.col("store_ts"))
+        .cast("bigint")
     )
-    if ahead_until is not None:  # plain: a copy promote wrote (ahead or not), visible from its due time
-        due = due.when(
-            (on == "plain") & promoted_copy(F.col("batch_id")) & (F.col("store_ts") <= F.lit(ahead_until)),
-            F.col("store_ts"),
-        )
-    due = due.cast("bigint")
     return routed.withColumn("q_topic", topic).withColumn("q_id", qid).withColumn("due", due)
 
 
-def plan_index(
-    rows: DataFrame, heads: DataFrame, levels: list[tuple[int, int]], ahead_until: int | None = None
-) -> DataFrame:
+def plan_index(rows: DataFrame, heads: DataFrame, levels: list[tuple[int, int]]) -> DataFrame:
     """Pure plan: new commit_log rows (+ ``cl_version``) and queue heads → consume_queue rows
-    with a ``route`` column (plain / schedule / timer / half). ``ahead_until``: the indexing
-    pass's ``now`` plus ``promote_ahead_ms`` (promoted copies' due times, :func:`_routed`)."""
+    with a ``route`` column (plain / schedule / timer / half)."""
     props = F.col("properties")
     on = F.col("route")
     clean = F.map_filter(
@@ -321,7 +314,7 @@ def plan_index(
     real = F.create_map(
         F.lit(Prop.REAL_TOPIC), F.col("topic"), F.lit(Prop.REAL_QID), F.col("queue_id").cast("string")
     )
-    indexed = _routed(rows, levels, ahead_until).select(
+    indexed = _routed(rows, levels).select(
         "q_topic",
         "q_id",
         "msg_id",
@@ -402,13 +395,11 @@ def index_new(
     *,
     fence: Callable[[], None] | None = None,
     job: str = "dispatch",
-    ahead_until: int | None = None,
 ) -> Indexed:
     """Index every commit_log commit after the index's version (at most ``max_versions``
     of them). ``fence`` is called before the index commit (lease check); ``job`` names the
-    caller's fault points (``<job>.before_index_commit`` / ``.after_index_commit``);
-    ``ahead_until`` as in :func:`plan_index`. The caller commits (``Context.commit``: a
-    conflict re-runs the whole pass)."""
+    caller's fault points (``<job>.before_index_commit`` / ``.after_index_commit``). The
+    caller commits (``Context.commit``: a conflict re-runs the whole pass)."""
     state = load_dispatch_state(wh)
     commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), state.version, max_versions)
     if not commits:
@@ -437,7 +428,7 @@ def index_new(
         rows, repeated = drop_repeated(wh, rows, commits)
     if rows is not None and commit_log.may_hold_commits(commits):
         rows, dropped = drop_duplicate_commits(wh, rows)
-    plan = None if rows is None else plan_index(rows, heads_frame(wh, state.heads), wh.levels(), ahead_until)
+    plan = None if rows is None else plan_index(rows, heads_frame(wh, state.heads), wh.levels())
     faults.point(f"{job}.before_index_commit")
     if plan is not None:
         if fence:
@@ -470,7 +461,6 @@ def index_appended(
     by_queue: Mapping[Queue, int],
     *,
     job: str,
-    ahead_until: int | None = None,
 ) -> Indexed | None:
     """Index the ``rows`` plain messages a caller has just appended in one commit (their
     count per real queue: ``by_queue``), when that commit is the only one the index lacks:
@@ -500,7 +490,7 @@ def index_appended(
     added = commit_log.read_added(wh, commits)
     if added is None:
         return None
-    merge_index(wh, plan_index(added, heads_frame(wh, state.heads), levels, ahead_until), version, version)
+    merge_index(wh, plan_index(added, heads_frame(wh, state.heads), levels), version, version)
     faults.point(f"{job}.after_index_commit")
     queues = dict(state.stale) | {q: state.heads.get(q, 0) + n for q, n in by_queue.items()}
     return Indexed(

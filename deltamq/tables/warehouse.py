@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pyarrow as pa
 
 from deltamq.config import TOMBSTONE_RETENTION, BrokerConfig, CommitPolicy, parse_levels, tombstone_retention
-from deltamq.delta_append import BlindAppender, Unsupported
+from deltamq.delta_append import BlindAppender, Unsupported, plain_writer
 from deltamq.delta_read import FileSnapshot
 from deltamq.errors import ConfigError, SchemaVersionError, WarehouseNotFound
 from deltamq.schemas import SCHEMA_VERSION, TABLES, TableSpec
@@ -136,26 +136,25 @@ class Warehouse:
         control table is rewritten in a few milliseconds where the engine's ``MERGE``
         takes tens. ``update`` and ``insert`` map columns to SQL expressions (None: no
         insert). False when the engine must do it (Apache Spark on a local disk, as for
-        :meth:`append_arrow`; a protocol delta-rs cannot write), and nothing was written.
+        :meth:`append_arrow`; a protocol asking for more than plain files, such as deletion
+        vectors), and nothing was written.
         A commit refused by a concurrent writer raises delta-rs' ``CommitFailedError``
         (``engine.is_commit_conflict``): the caller's ``Context.commit`` runs it again."""
         if not self._appends_outside or (table in self._merged and self._merged[table] is None):
             return False
         dt = self._merged.get(table)
         if dt is None:
-            dt = self._merged[table] = self.storage.delta_table(self.uri(table))
+            dt = self.storage.delta_table(self.uri(table))
+            if not plain_writer(dt.protocol()):  # e.g. deletion vectors: the engine honours them
+                self._merged[table] = None
+                return False
+            self._merged[table] = dt
         else:
             dt.update_incremental()
-        from deltalake.exceptions import DeltaProtocolError
-
         merge = dt.merge(source, on, source_alias="s", target_alias="t").when_matched_update(dict(update))
         if insert is not None:
             merge = merge.when_not_matched_insert(dict(insert))
-        try:
-            merge.execute()
-        except DeltaProtocolError:
-            self._merged[table] = None  # from now on through the engine
-            return False
+        merge.execute()
         return True
 
     def snapshot(self, table: str) -> FileSnapshot | None:
