@@ -18,7 +18,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from deltamq import dedup
+from deltamq import dedup, file_reads
 from deltamq.clock import Clock
 from deltamq.config import (
     EXPRESSION_TYPES,
@@ -172,16 +172,21 @@ class Catalog(Topics):
         return self._max_level
 
     # --- groups ------------------------------------------------------------------------------
+    def _rows(self, table: str, columns: str = "*") -> list[dict[str, Any]]:
+        """Every row of a settings table: from its files (deltamq/file_reads.py), else
+        through the engine."""
+        found = file_reads.all_rows(self.warehouse, table, None if columns == "*" else columns.split(", "))
+        if found is not None:
+            return found
+        return [r.asDict() for r in self.engine.rows(f"SELECT {columns} FROM {self.warehouse.ref(table)}")]
+
     def groups(self) -> dict[str, GroupConfig]:
         """Every consumer group's configuration, by name."""
-        rows = self.engine.rows(f"SELECT * FROM {self.warehouse.ref('group_config')} ORDER BY consumer_group")
-        return {r["consumer_group"]: GroupConfig.from_row(r.asDict()) for r in rows}
+        rows = sorted(self._rows("group_config"), key=lambda r: r["consumer_group"])
+        return {r["consumer_group"]: GroupConfig.from_row(r) for r in rows}
 
     def group(self, name: str) -> GroupConfig | None:
-        rows = self.engine.rows(
-            f"SELECT * FROM {self.warehouse.ref('group_config')} WHERE consumer_group = {sql_str(name)}"
-        )
-        return GroupConfig.from_row(rows[0].asDict()) if rows else None
+        return self.groups().get(name)
 
     def require_group(self, name: str, hint: str = "") -> GroupConfig:
         cfg = self.group(validate_group_name(name))
@@ -290,12 +295,10 @@ class Catalog(Topics):
         )
 
     def subscriptions(self, group: str | None = None) -> list[Subscription]:
-        where = "" if group is None else f" WHERE consumer_group = {sql_str(group)}"
-        rows = self.engine.rows(
-            f"SELECT consumer_group, topic, expr_type, expression FROM {self.warehouse.ref('subscription')}"
-            f"{where} ORDER BY consumer_group, topic"
-        )
-        return [Subscription.from_row(r.asDict()) for r in rows]
+        rows = self._rows("subscription", "consumer_group, topic, expr_type, expression")
+        chosen = [r for r in rows if group is None or r["consumer_group"] == group]
+        chosen.sort(key=lambda r: (r["consumer_group"], r["topic"]))
+        return [Subscription.from_row(r) for r in chosen]
 
     def _start_offsets(self, topic: str, mode: ConsumeFrom, timestamp: int | None) -> dict[int, int]:
         """Per queue of ``topic``: where LAST_OFFSET / FIRST_OFFSET / TIMESTAMP starts. The

@@ -57,6 +57,16 @@ def rows(
     return snap.read(snap.files(keep) if keep else snap.files(), list(columns), where)
 
 
+def all_rows(wh: Snapshots, table: str, columns: Sequence[str] | None = None) -> list[dict[str, Any]] | None:
+    """Every row of a small table (``columns`` only; all by default) as dicts, from its
+    kept snapshot: the control tables a tick reads (group and subscription settings,
+    offsets, delay levels) cost a look at the next log entry instead of a statement."""
+    snap = wh.snapshot(table)
+    if snap is None:
+        return None
+    return snap.read(snap.files(), list(columns) if columns else snap.column_names).to_pylist()
+
+
 def index_rows(wh: Snapshots, ranges: Sequence[Range], columns: Sequence[str]) -> pa.Table | None:
     """``consume_queue`` rows within ``ranges``, ``columns`` only, in no set order."""
     snap = wh.snapshot("consume_queue")

@@ -210,17 +210,29 @@ def positions(
 ) -> dict[QueueKey, Position]:
     """The consumer groups' positions (of ``groups`` and ``queues`` only, if given; the
     jobs' own progress rows never)."""
-    where = [USER_GROUPS]
-    if groups is not None:
-        if not groups:
-            return {}
-        where.append(f"consumer_group IN {sql_in(groups)}")
-    if queues is not None:
-        where.append(sql_queues(queues))
-    rows = wh.engine.rows(
-        f"SELECT consumer_group, client_id, topic, queue_id, {_POSITION_COLUMNS} "
-        f"FROM {wh.ref('offsets')} WHERE {' AND '.join(where)}"
-    )
+    if groups is not None and not groups:
+        return {}
+    found = file_reads.all_rows(wh, "offsets")
+    if found is not None:
+        wanted_groups = None if groups is None else set(groups)
+        wanted_queues = None if queues is None else set(queues)
+        rows: list[Any] = [
+            r
+            for r in found
+            if not r["consumer_group"].startswith("%")
+            and (wanted_groups is None or r["consumer_group"] in wanted_groups)
+            and (wanted_queues is None or (r["topic"], r["queue_id"]) in wanted_queues)
+        ]
+    else:
+        where = [USER_GROUPS]
+        if groups is not None:
+            where.append(f"consumer_group IN {sql_in(groups)}")
+        if queues is not None:
+            where.append(sql_queues(queues))
+        rows = wh.engine.rows(
+            f"SELECT consumer_group, client_id, topic, queue_id, {_POSITION_COLUMNS} "
+            f"FROM {wh.ref('offsets')} WHERE {' AND '.join(where)}"
+        )
     return {
         QueueKey(r["consumer_group"], r["client_id"] or "", r["topic"], r["queue_id"]): Position(
             r["next_offset"] or 0,
@@ -266,16 +278,26 @@ class Progress:
 def progress(wh: Warehouse, wanted: Mapping[str, Sequence[str] | None]) -> dict[str, list[Progress]]:
     """The progress rows of each job group in ``wanted`` (of the topics given, or all
     of them for None), in one query: ``{group: [Progress, ...]}``."""
-    conds = []
-    for group, topics in sorted(wanted.items()):
-        cond = f"consumer_group = {sql_str(group)}"
-        if topics is not None:
-            cond += f" AND topic IN {sql_in(topics)}"
-        conds.append(f"({cond})")
-    rows = wh.engine.rows(
-        f"SELECT consumer_group, topic, queue_id, next_offset, progress_version, attempt_ts "
-        f"FROM {wh.ref('offsets')} WHERE client_id = '' AND ({' OR '.join(conds)})"
-    )
+    found = file_reads.all_rows(wh, "offsets")
+    if found is not None:
+        rows: list[Any] = [
+            r
+            for r in found
+            if r["client_id"] == ""
+            and r["consumer_group"] in wanted
+            and (wanted[r["consumer_group"]] is None or r["topic"] in (wanted[r["consumer_group"]] or ()))
+        ]
+    else:
+        conds = []
+        for group, topics in sorted(wanted.items()):
+            cond = f"consumer_group = {sql_str(group)}"
+            if topics is not None:
+                cond += f" AND topic IN {sql_in(topics)}"
+            conds.append(f"({cond})")
+        rows = wh.engine.rows(
+            f"SELECT consumer_group, topic, queue_id, next_offset, progress_version, attempt_ts "
+            f"FROM {wh.ref('offsets')} WHERE client_id = '' AND ({' OR '.join(conds)})"
+        )
     out: dict[str, list[Progress]] = {g: [] for g in wanted}
     for r in rows:
         out[r["consumer_group"]].append(

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
+from deltamq import file_reads
 from deltamq.config import TOMBSTONE_RETENTION, BrokerConfig, CommitPolicy, parse_levels, tombstone_retention
 from deltamq.delta_append import BlindAppender, Unsupported, plain_writer
 from deltamq.delta_read import FileSnapshot
@@ -34,6 +35,11 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 
 __all__ = ["Warehouse", "normalize_location"]
+
+
+MERGE_CHECKPOINT_EVERY = 10
+"""A table :meth:`Warehouse.merge_rows` writes gets a checkpoint every this many versions
+(Delta's default interval, as Sail writes them)."""
 
 
 class Warehouse:
@@ -64,6 +70,7 @@ class Warehouse:
         self._appenders: dict[str, BlindAppender | None] = {}
         self._snapshots: dict[str, FileSnapshot | None] = {}
         self._merged: dict[str, Any] = {}  # delta-rs tables kept for merge_rows (None: the engine's)
+        self._checkpointed: dict[str, int] = {}  # per table merge_rows writes: version of its last checkpoint
         # Apache Spark commits on a local disk by check-then-rename (docs/engines.md), atomic
         # only among its own threads: there every commit goes through the engine
         self._appends_outside = not (engine.flavor == "spark" and self.storage.is_local)
@@ -151,10 +158,21 @@ class Warehouse:
             self._merged[table] = dt
         else:
             dt.update_incremental()
-        merge = dt.merge(source, on, source_alias="s", target_alias="t").when_matched_update(dict(update))
+        from deltalake import PostCommitHookProperties
+
+        hooks = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
+        merge = dt.merge(
+            source, on, source_alias="s", target_alias="t", post_commithook_properties=hooks
+        ).when_matched_update(dict(update))
         if insert is not None:
             merge = merge.when_not_matched_insert(dict(insert))
         merge.execute()
+        version, last = dt.version(), self._checkpointed.setdefault(table, dt.version() - 1)
+        if version // MERGE_CHECKPOINT_EVERY > last // MERGE_CHECKPOINT_EVERY:
+            # as the engine's writers do: readers start from the newest checkpoint, and log
+            # cleanup removes only entries below one (jobs/compact.py)
+            dt.create_checkpoint()
+            self._checkpointed[table] = version
         return True
 
     def snapshot(self, table: str) -> FileSnapshot | None:
@@ -301,8 +319,13 @@ class Warehouse:
 
     def levels(self) -> list[tuple[int, int]]:
         """(level, delay_ms) rows of ``schedule_levels``, by level."""
-        rows = self.engine.rows(f"SELECT level, delay_ms FROM {self.ref('schedule_levels')} ORDER BY level")
-        return [(r["level"], r["delay_ms"]) for r in rows]
+        found = file_reads.all_rows(self, "schedule_levels", ["level", "delay_ms"])
+        rows: list[Any] = (
+            found
+            if found is not None
+            else self.engine.rows(f"SELECT level, delay_ms FROM {self.ref('schedule_levels')}")
+        )
+        return sorted((r["level"], r["delay_ms"]) for r in rows)
 
     def ensure_ready(self) -> None:
         """Raise unless the warehouse was initialised at this release's schema version."""
