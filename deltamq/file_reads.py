@@ -375,6 +375,7 @@ def not_due(wh: Snapshots, now: int) -> dict[Queue, tuple[int, int]] | None:
     }
 
 
-def clamped(heads: Mapping[Queue, int], first_not_due: Mapping[Queue, int]) -> dict[Queue, int]:
-    """``heads`` with each queue cut at its first row not yet due, when there is one."""
-    return {q: min(h, first_not_due.get(q, h)) for q, h in heads.items()}
+def clamped(heads: Mapping[Queue, int], not_due: Mapping[Queue, tuple[int, int]]) -> dict[Queue, int]:
+    """``heads`` with each queue cut at its first row not yet due (``not_due``, as
+    :func:`not_due` gives it), when there is one."""
+    return {q: min(h, not_due[q][0]) if q in not_due else h for q, h in heads.items()}

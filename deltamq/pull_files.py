@@ -239,7 +239,7 @@ class FileStore:
     def heads(self, now: int) -> dict[Queue, int]:
         found, ahead = file_reads.heads(self), file_reads.not_due(self, now)
         assert found is not None and ahead is not None  # snapshot() raises rather than answer None
-        return file_reads.clamped(found, {q: first for q, (first, _) in ahead.items()})
+        return file_reads.clamped(found, ahead)
 
     def _log_rows(self, where: pc.Expression) -> list[LogRow]:
         snap = self.snapshot("deliveries")

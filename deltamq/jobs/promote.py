@@ -27,7 +27,7 @@ point re-runs to the same result with nothing lost or written twice.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date
 from typing import TYPE_CHECKING, Any
@@ -121,12 +121,11 @@ def load_state(wh: Warehouse) -> PromoteState:
 
 # --- reading ------------------------------------------------------------------------------
 def read_candidates(
-    wh: Warehouse, state: PromoteState, levels: list[tuple[int, int]], now: int, until: int | None = None
+    wh: Warehouse, state: PromoteState, levels: list[tuple[int, int]], now: int, until: int
 ) -> DataFrame:
-    """consume_queue rows that may be due by ``until`` (default ``now``; later when
-    promoting ahead): every level's head (partition = level, offset ≥ saved, due ≤ until
-    or clock-corrected) and the timers due since the watermark."""
-    until = now if until is None else until
+    """consume_queue rows that may be due by ``until`` (``now`` plus ``promote_ahead_ms``):
+    every level's head (partition = level, offset ≥ saved, due ≤ until or clock-corrected
+    at ``now``) and the timers due since the watermark."""
     cq = wh.read("consume_queue")
     level_preds = []
     for level, delay_ms in levels:
@@ -252,7 +251,17 @@ def _summary(wh: Warehouse, state: PromoteState, due: DataFrame) -> DataFrame:
     the bodies' keys, the copies per real queue), and a row with the timer queue's last
     offset (``topic`` NULL): one statement."""
     props = F.col("properties")
-    keys = ["topic", "queue_id", "skip", "real_topic", "real_qid", "cl_batch_id", "cl_date", "due_ts"]
+    keys = [
+        "topic",
+        "queue_id",
+        "skip",
+        "real_topic",
+        "real_qid",
+        "cl_batch_id",
+        "cl_date",
+        "due_ts",
+        "store_at",
+    ]
     grouped = (
         due.select(
             *keys[:3],
@@ -264,7 +273,7 @@ def _summary(wh: Warehouse, state: PromoteState, due: DataFrame) -> DataFrame:
         .groupBy(*[F.col(k) for k in keys])  # columns, not names: no schema round trip
         .agg(F.count(F.lit(1)).alias("n"), F.max("queue_offset").alias("hi"))
     )
-    types = ["string", "int", "boolean", "string", "string", "bigint", "date", "bigint", "bigint"]
+    types = ["string", "int", "boolean", "string", "string", "bigint", "date", "bigint", "bigint", "bigint"]
     timer_hi = (
         wh.read("consume_queue")
         .where(
@@ -276,10 +285,9 @@ def _summary(wh: Warehouse, state: PromoteState, due: DataFrame) -> DataFrame:
     return grouped.unionByName(timer_hi)
 
 
-def _summarise(rows: list[Any], now: int, delays: Mapping[int, int]) -> _DueSummary:
-    """The due entries' summary rows summed up; an entry due by ``now``, or a delay-level
-    entry due later than ``now`` plus its level's delay (``delays``: by schedule queue id;
-    promoted by clock correction, :func:`store_at`), counts as due now."""
+def _summarise(rows: list[Any], now: int) -> _DueSummary:
+    """The due entries' summary rows summed up; an entry whose copy is stored by ``now``
+    (:func:`store_at`: due by then, or promoted by clock correction) counts as due now."""
     s = _DueSummary()
     for r in rows:
         if r["topic"] is None:  # the timer queue's last offset
@@ -297,10 +305,7 @@ def _summarise(rows: list[Any], now: int, delays: Mapping[int, int]) -> _DueSumm
             s.skipped += n
             continue
         s.keys.add((r["cl_batch_id"], r["cl_date"], r["due_ts"]))
-        due, corrected = r["due_ts"], None
-        if r["topic"] == SCHEDULE_TOPIC and due is not None:
-            corrected = due > now + delays.get(r["queue_id"], 0)
-        due_now = due is None or due <= now or bool(corrected)
+        due_now = r["store_at"] is None or r["store_at"] <= now
         s.due_now += n if due_now else 0
         try:
             queue = (r["real_topic"], int(r["real_qid"]))
@@ -356,7 +361,7 @@ def run(
         [(q, o) for q, o in sorted(state.level_offsets.items())], "queue_id int, next_offset bigint"
     )
     due = plan_due(candidates, base).withColumn("store_at", store_at(now, levels))
-    s = _summarise(_summary(wh, state, due).collect(), now, {lvl - 1: ms for lvl, ms in levels})
+    s = _summarise(_summary(wh, state, due).collect(), now)
     written, already, indexed, hint = _write_copies(ctx, due, s, levels, fence=fence, indexes=indexes)
     timer_next = state.timer_next_offset if s.timer_hi is None else s.timer_hi + 1
     # Nothing handled and no new timers: commit nothing (an idle tick stays idle). The

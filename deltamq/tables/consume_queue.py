@@ -102,14 +102,9 @@ def not_due(wh: Warehouse, now: int) -> dict[Queue, tuple[int, int]]:
     ``now`` (``due_ts`` later than it): the first such offset and the earliest such due
     time. Readers of a queue stop at that offset (:func:`visible_heads`). From the files
     whose statistics allow such rows (deltamq/file_reads.py), else through the engine."""
-    found = file_reads.ahead_rows(wh, now)
+    found = file_reads.not_due(wh, now)
     if found is not None:
-        grouped = found.group_by(["topic", "queue_id"]).aggregate(
-            [("queue_offset", "min"), ("due_ts", "min")]
-        )
-        return {
-            (r["topic"], r["queue_id"]): (r["queue_offset_min"], r["due_ts_min"]) for r in grouped.to_pylist()
-        }
+        return found
     return {
         (r["topic"], r["queue_id"]): (r["o"], r["d"])
         for r in wh.engine.rows(
@@ -127,7 +122,7 @@ def visible_heads(wh: Warehouse, now: int, heads: Mapping[Queue, int] | None = N
     when one is below it. Deliver, the sinks and pull clients take offsets below this
     only, so no message reaches a consumer before its due time."""
     heads = load_dispatch_state(wh).heads if heads is None else heads
-    return file_reads.clamped(heads, {q: first for q, (first, _) in not_due(wh, now).items()})
+    return file_reads.clamped(heads, not_due(wh, now))
 
 
 # --- indexing -------------------------------------------------------------------------------
