@@ -177,7 +177,11 @@ def test_spark_free_and_spark_based_client_processes_hand_out_everything_once(pu
         f"q{q}n{i}" for q in range(4) for i in range(per_queue)
     }
     assert sorted(b for b, _, _ in handed) == sorted(expected)  # each exactly once
-    assert all(r["got"] for r in reports.values()), {c: len(r["got"]) for c, r in reports.items()}
+    # The group is shared: both kinds of client handed messages out. Which client of a kind
+    # gets a queue is a race (a process scheduled late may find every queue taken), so only
+    # the kinds are checked, not every process.
+    counts = {c: len(r["got"]) for c, r in reports.items()}
+    assert counts["lite0"] + counts["lite1"] > 0 and counts["spark0"] + counts["spark1"] > 0, counts
     pulled.tick(clock.now_ms() + 1)
     acked = pulled.sql(
         "SELECT queue_id, next_offset FROM offsets WHERE consumer_group = 'workers' AND topic = 'orders'"
