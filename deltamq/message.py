@@ -6,7 +6,9 @@ bad value and the rule. Validation runs before anything is written.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import gc
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -109,13 +111,32 @@ def stored_fields(r: Mapping[str, Any]) -> dict[str, Any]:
 M = TypeVar("M", bound=StoredMessage)
 
 
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for a block that builds many acyclic objects:
+    every few hundred new objects would start it again, and each start walks the objects
+    alive (building 1 000 messages: 3.0 µs a message with it, 1.75 µs without)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
 def messages_of(table: Any, cls: type[M], **more: Sequence[Any]) -> list[M]:
     """The messages (``cls``: StoredMessage or a subclass) of an Arrow table or record
     batch of consume_queue + commit_log columns, each as :func:`stored_fields` makes it;
     ``more``: further fields, one value per row. Built column by column, and each object
     by filling its ``__dict__`` (a frozen dataclass's ``__init__`` sets every field
-    through ``object.__setattr__``, several times slower): the per-message cost of pull
-    clients and listeners."""
+    through ``object.__setattr__``, several times slower), with the cyclic collector
+    paused: the per-message cost of pull clients and listeners."""
+    with collector_paused():
+        return _messages_of(table, cls, more)
+
+
+def _messages_of(table: Any, cls: type[M], more: Mapping[str, Sequence[Any]]) -> list[M]:
     n = table.num_rows
     names = set(table.schema.names)
 

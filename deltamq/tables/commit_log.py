@@ -39,8 +39,10 @@ def file_batch(f: deltalog.AddedFile) -> int | None:
 
 def batch_ids(commits: list[deltalog.Commit]) -> tuple[set[int], bool]:
     """The producer batches the commits' files hold (:func:`file_batch`), and whether
-    that is all of them and each batch is in one file of one commit only."""
-    seen: dict[int, int] = {}
+    that is all of them and each batch is in one commit only. One commit may spread a
+    batch over several files (an engine write of a large send): one write stores each
+    row once, so only a batch seen in two commits may repeat rows."""
+    seen: dict[int, set[int]] = defaultdict(set)
     exact = True
     for c in commits:
         for f in c.files:
@@ -48,8 +50,8 @@ def batch_ids(commits: list[deltalog.Commit]) -> tuple[set[int], bool]:
             if batch is None:
                 exact = False
             else:
-                seen[batch] = seen.get(batch, 0) + 1
-    return set(seen), exact and all(n == 1 for n in seen.values())
+                seen[batch].add(c.version)
+    return set(seen), exact and all(len(v) == 1 for v in seen.values())
 
 
 def read_added(wh: Warehouse, commits: list[deltalog.Commit]) -> DataFrame | None:
