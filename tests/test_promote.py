@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 from conftest import table_versions
-from support.helpers import hint_matches_the_index
+from support.helpers import append_half_with_delay, hint_matches_the_index
 
 from deltamq import Broker, Message
 from deltamq.config import parse_levels
@@ -138,30 +138,8 @@ def test_clock_correction_due_beyond_now_plus_delay_is_due_now(orders, clock):
 
 
 def test_half_topic_entry_is_skipped(orders, clock):
-    from deltamq import ids
-    from deltamq.sending import rows_to_arrow
-
     t0 = clock.now_ms()
-    batch = ids.new_batch_id(t0)
-    row = {
-        "msg_id": ids.msg_id(batch, 0),
-        "topic": TRANS_HALF_TOPIC,
-        "queue_id": 0,
-        "tags": None,
-        "keys": None,
-        "body": b"h",
-        "flag": 0,
-        "properties": {Prop.DELAY: "1"},
-        "born_ts": t0,
-        "store_ts": t0,
-        "reconsume_times": 0,
-        "sys_flag": 0,
-        "producer_group": "p",
-        "batch_id": batch,
-        "batch_pos": 0,
-        "store_date": ids.store_date(t0),
-    }
-    orders.append_commit_log(rows_to_arrow([row]), what="test")
+    append_half_with_delay(orders, t0)
     orders.producer("p").send(Message("orders", "after", delay_level=1))
     orders.tick(t0)
     result = orders.tick(t0 + 1000).job("promote")

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame, Window
@@ -44,6 +45,7 @@ from deltamq.constants import (
     TRANS_HALF_TOPIC,
     Prop,
 )
+from deltamq.jobs import promote_files
 from deltamq.tables import consume_queue
 from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns, restored_message, stored_ids
 from deltamq.tables.consume_queue import TIMER_SLOT_MS
@@ -251,17 +253,7 @@ def _summary(wh: Warehouse, state: PromoteState, due: DataFrame) -> DataFrame:
     the bodies' keys, the copies per real queue), and a row with the timer queue's last
     offset (``topic`` NULL): one statement."""
     props = F.col("properties")
-    keys = [
-        "topic",
-        "queue_id",
-        "skip",
-        "real_topic",
-        "real_qid",
-        "cl_batch_id",
-        "cl_date",
-        "due_ts",
-        "store_at",
-    ]
+    keys = list(promote_files.SUMMARY_KEYS)
     grouped = (
         due.select(
             *keys[:3],
@@ -351,18 +343,25 @@ def run(
     progress itself. ``memory``: the state the runner's last pass left committed
     (:class:`Memory`), updated once the progress is committed.
     """
-    wh, engine = ctx.warehouse, ctx.engine
-    spark = engine.spark
+    wh = ctx.warehouse
     levels = wh.levels()
     state = (memory.take() if memory is not None else None) or load_state(wh)
     until = now + ctx.config.promote_ahead_ms
-    candidates = read_candidates(wh, state, levels, now, until)
-    base = spark.createDataFrame(
-        [(q, o) for q, o in sorted(state.level_offsets.items())], "queue_id int, next_offset bigint"
+    # the due entries from the tables' files (promote_files), or through the engine
+    found = promote_files.due_entries(
+        wh, state.level_offsets, state.timer_watermark, state.timer_next_offset, levels, now, until
     )
-    due = plan_due(candidates, base).withColumn("store_at", store_at(now, levels))
-    s = _summarise(_summary(wh, state, due).collect(), now)
-    written, already, indexed, hint = _write_copies(ctx, due, s, levels, fence=fence, indexes=indexes)
+    if found is not None:
+        s = _summarise(promote_files.summary_rows(*found), now)
+        engine_due = partial(_due, ctx, state, levels, now, until)
+        append: Callable[[], tuple[int, int]] = partial(
+            _append_from_files, ctx, found[0], s, fence, engine_due
+        )
+    else:
+        due = _due(ctx, state, levels, now, until)
+        s = _summarise(_summary(wh, state, due).collect(), now)
+        append = partial(_append, ctx, due, s, fence)
+    written, already, indexed, hint = _write_copies(ctx, s, levels, append, indexes=indexes)
     timer_next = state.timer_next_offset if s.timer_hi is None else s.timer_hi + 1
     # Nothing handled and no new timers: commit nothing (an idle tick stays idle). The
     # watermark may lag; the next window (watermark, until] still covers what it missed.
@@ -390,22 +389,21 @@ def run(
     )
 
 
-def _write_copies(
-    ctx: Context,
-    due: DataFrame,
-    s: _DueSummary,
-    levels: list[tuple[int, int]],
-    *,
-    fence: Callable[[], None] | None,
-    indexes: bool,
-) -> tuple[int, int, int, DispatchHint | None]:
-    """Append the copies of the ``due`` entries that are not stored yet (outputs first),
-    and index them when the caller holds dispatch's lease too (``indexes``); returns
-    (copies written, copies found already stored, copies indexed, dispatch's hint)."""
+def _due(ctx: Context, state: PromoteState, levels: list[tuple[int, int]], now: int, until: int) -> DataFrame:
+    """The entries to promote, through the engine (:func:`plan_due`, with ``store_at``)."""
+    base = ctx.engine.spark.createDataFrame(
+        [(q, o) for q, o in sorted(state.level_offsets.items())], "queue_id int, next_offset bigint"
+    )
+    candidates = read_candidates(ctx.warehouse, state, levels, now, until)
+    return plan_due(candidates, base).withColumn("store_at", store_at(now, levels))
+
+
+def _append(
+    ctx: Context, due: DataFrame, s: _DueSummary, fence: Callable[[], None] | None
+) -> tuple[int, int]:
+    """Append, through the engine, the copies of the ``due`` entries not stored yet;
+    returns (copies written, copies found already stored)."""
     wh = ctx.warehouse
-    to_write = s.n_in - s.skipped
-    if to_write <= 0:
-        return 0, 0, 0, None
     # Bodies and already-stored ids are looked up by narrow batch-id ranges (store
     # times of the entries, and their due times), so the reads follow what falls due.
     bodies = read_bodies(wh, (k[1] for k in s.keys), (k[0] for k in s.keys))
@@ -413,7 +411,7 @@ def _write_copies(
     stored = stored_ids(wh, merge_ranges([k[2] for k in s.keys], gap=60_000))
     # copies a pass killed before its progress commit left behind (ids are derived)
     already = _copy_id(due).join(stored, "msg_id", "left_semi").count()
-    written = to_write - already
+    written = s.n_in - s.skipped - already
     faults.point("promote.before_output_commit")
     if written:
         # with both leases checked here (``indexes``), the index commit that follows
@@ -422,6 +420,50 @@ def _write_copies(
             fence()
         out = messages if not already else messages.join(stored, "msg_id", "left_anti")
         ctx.commit(lambda: wh.append("commit_log", out), what=JOB)
+    return written, already
+
+
+def _append_from_files(
+    ctx: Context,
+    entries: list[dict[str, Any]],
+    s: _DueSummary,
+    fence: Callable[[], None] | None,
+    engine_due: Callable[[], DataFrame],
+) -> tuple[int, int]:
+    """:func:`_append` with the stored ids, the bodies and the copies from the tables'
+    files (promote_files); through the engine (``engine_due``: the same entries as the
+    engine plans them) when the files cannot say."""
+    wh = ctx.warehouse
+    stored = promote_files.stored_ids(wh, merge_ranges([k[2] for k in s.keys], gap=60_000))
+    rows = None if stored is None else promote_files.copies(wh, entries, stored)
+    if stored is None or rows is None:
+        return _append(ctx, engine_due(), s, fence)
+    already = sum(1 for e in entries if not e["skip"] and promote_files.copy_id(e) in stored)
+    written = s.n_in - s.skipped - already
+    faults.point("promote.before_output_commit")
+    if written:
+        if fence:
+            fence()
+        ctx.append_commit_log(rows, what=JOB)
+    return written, already
+
+
+def _write_copies(
+    ctx: Context,
+    s: _DueSummary,
+    levels: list[tuple[int, int]],
+    append: Callable[[], tuple[int, int]],
+    *,
+    indexes: bool,
+) -> tuple[int, int, int, DispatchHint | None]:
+    """Append the copies of the due entries that are not stored yet (outputs first:
+    ``append``), and index them when the caller holds dispatch's lease too
+    (``indexes``); returns (copies written, copies found already stored, copies
+    indexed, dispatch's hint)."""
+    wh = ctx.warehouse
+    if s.n_in - s.skipped <= 0:
+        return 0, 0, 0, None
+    written, already = append()
     faults.point("promote.after_output_commit")
     if not (written and not already and indexes and s.queues_known):
         return written, already, 0, None

@@ -88,3 +88,32 @@ def hint_matches_the_index(broker: Broker, why: object = None) -> None:
         ).collect()
     }
     assert heads == counts, why
+
+
+def append_half_with_delay(broker: Broker, t0: int) -> None:
+    """Append a half message carrying DELAY (as no producer would: its schedule entry's
+    real topic is the half topic, which promote skips, as RocketMQ does)."""
+    from deltamq import ids
+    from deltamq.constants import TRANS_HALF_TOPIC, Prop
+    from deltamq.sending import rows_to_arrow
+
+    batch = ids.new_batch_id(t0)
+    row = {
+        "msg_id": ids.msg_id(batch, 0),
+        "topic": TRANS_HALF_TOPIC,
+        "queue_id": 0,
+        "tags": None,
+        "keys": None,
+        "body": b"h",
+        "flag": 0,
+        "properties": {Prop.DELAY: "1"},
+        "born_ts": t0,
+        "store_ts": t0,
+        "reconsume_times": 0,
+        "sys_flag": 0,
+        "producer_group": "p",
+        "batch_id": batch,
+        "batch_pos": 0,
+        "store_date": ids.store_date(t0),
+    }
+    broker.append_commit_log(rows_to_arrow([row]), what="test")
