@@ -35,13 +35,15 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import functions as F
 
 from deltamq import dedup, faults
 from deltamq.constants import FailReason
 from deltamq.consumer import ImportPathListener, is_columnar, resolve_listener
 from deltamq.filters import compile_sql92, parse_tag_expression, tags_match
-from deltamq.jobs import consume_partition, sendback
+from deltamq.jobs import consume_partition, deliver_files, sendback
 from deltamq.jobs.listener_worker import Home
 from deltamq.tables.bodies import join_bodies, read_bodies
 from deltamq.tables.consume_queue import visible_heads
@@ -353,6 +355,7 @@ class Taken:
     summary: tuple[Any, ...]
     deliverable: tuple[Any, ...]  # summary rows of messages the listeners get
     counts: Counts
+    table: pa.Table | None = None  # the rows themselves, when read from the files (no view)
 
     @property
     def rows(self) -> int:
@@ -439,13 +442,20 @@ def run(
         fence()
     _record_attempts(ctx, work.takes, now)
     faults.point("deliver.after_attempt_commit")
-    with ctx.engine.views() as views:
-        # 2. take, filter, call the listeners; outcomes materialised once
-        taken = take(ctx, views, work, now)
-        consumed = consume(ctx, work, taken)
+    # 2. take, filter, call the listeners; outcomes materialised once: from the tables'
+    # files for a small pass (deliver_files), else through the engine
+    done = _from_files(ctx, work)
+    if done is not None:
+        taken, consumed = done
         faults.point("deliver.after_listener")
-        # 3. failures → retry / DLQ; 4. keys, then offsets past everything taken
         decided = decide(ctx, work, taken, consumed, now)
+    else:
+        with ctx.engine.views() as views:
+            taken = take(ctx, views, work, now)
+            consumed = consume(ctx, work, taken)
+            faults.point("deliver.after_listener")
+            # 3. failures → retry / DLQ; 4. keys, then offsets past everything taken
+            decided = decide(ctx, work, taken, consumed, now)
     write(ctx, work, consumed, decided, now, fence)
     if memory is not None:
         memory.learn(consumed.handed_over, consumed.body_bytes)
@@ -526,6 +536,12 @@ def take(ctx: Context, views: Views, work: Pass, now: int) -> Taken:
         "SELECT consumer_group, matched, poison, dup, cl_date, cl_batch_id, count(*) AS n "
         f"FROM {view} GROUP BY consumer_group, matched, poison, dup, cl_date, cl_batch_id"
     )
+    return _taken(view, summary)
+
+
+def _taken(view: str, summary: list[Any], table: pa.Table | None = None) -> Taken:
+    """A :class:`Taken` from the take's summary rows (group, matched, poison, dup, body
+    batch, ``n``): what goes to the listeners and what the take itself counted."""
     counted = []
     deliverable = []
     for r in summary:
@@ -537,7 +553,24 @@ def take(ctx: Context, views: Views, work: Pass, now: int) -> Taken:
             counted.append((r["consumer_group"], "deduplicated", r["n"]))
         else:
             deliverable.append(r)
-    return Taken(view, tuple(summary), tuple(deliverable), _counts(counted))
+    return Taken(view, tuple(summary), tuple(deliverable), _counts(counted), table)
+
+
+def _from_files(ctx: Context, work: Pass) -> tuple[Taken, Consumed] | None:
+    """The take and the listener calls of a small pass from the tables' files
+    (deliver_files); None when the pass is the engine's."""
+    if not deliver_files.eligible(work.groups, work.takes, ctx.engine.mode == "embedded"):
+        return None
+    table = deliver_files.taken_rows(ctx.warehouse, work.takes, POISON_TRIES)
+    if table is None:
+        return None
+    taken = _taken("", deliver_files.summary(table), table)
+    if not taken.deliverable:
+        return taken, Consumed()
+    rows = deliver_files.consume(ctx.warehouse, table, _consumer(ctx, work, None))
+    if rows is None:
+        return None
+    return taken, _outcomes(rows, sum(r["n"] for r in taken.deliverable))
 
 
 def consume(ctx: Context, work: Pass, taken: Taken) -> Consumed:
@@ -565,17 +598,10 @@ def consume(ctx: Context, work: Pass, taken: Taken) -> Consumed:
         "cl_batch_pos",
         "dkey",
     )
-    orderly = frozenset(g for g, cfg in groups.items() if cfg.orderly)
-    consumer = consume_partition.make_consumer(
-        {g: work.listeners[g] for g in groups},
-        {g: cfg.consume_batch_size for g, cfg in groups.items()},
-        {g: cfg.consume_timeout_ms / 1000.0 for g, cfg in groups.items()},
-        POISON_TRIES,
-        orderly,
-        # the embedded server runs this in its own process: listeners get the
-        # broker's environment and path (never shipped to a remote endpoint)
-        Home.here() if engine.mode == "embedded" else None,
-    )
+    orderly = any(cfg.orderly for cfg in groups.values())
+    # the embedded server runs this in its own process: listeners get the broker's
+    # environment and path (never shipped to a remote endpoint)
+    consumer = _consumer(ctx, work, Home.here() if engine.mode == "embedded" else None)
     if orderly:
         # whole queues per partition (orderly needs them), spread over the engine's cores
         msgs = msgs.repartition(_parallelism(spark), "consumer_group", "client_id", "topic", "queue_id")
@@ -585,11 +611,31 @@ def consume(ctx: Context, work: Pass, taken: Taken) -> Consumed:
         # for them the shuffle of every body costs more than uneven partitions do
         # (consume of 1M x 1 KiB: 1.3 s without it, 1.8-1.9 s with it).
         msgs = msgs.repartition(_parallelism(spark))
+    return _outcomes(msgs.mapInArrow(consumer, consume_partition.OUT_SCHEMA).collect(), n_deliverable)
+
+
+def _consumer(ctx: Context, work: Pass, home: Home | None) -> Any:
+    """The partition function of the pass's groups (``consume_partition``), its listeners
+    run in worker processes with ``home``'s environment (None: this process's)."""
+    groups = work.groups
+    return consume_partition.make_consumer(
+        {g: work.listeners[g] for g in groups},
+        {g: cfg.consume_batch_size for g, cfg in groups.items()},
+        {g: cfg.consume_timeout_ms / 1000.0 for g, cfg in groups.items()},
+        POISON_TRIES,
+        frozenset(g for g, cfg in groups.items() if cfg.orderly),
+        home,
+    )
+
+
+def _outcomes(rows: Iterable[Any], n_deliverable: int) -> Consumed:
+    """The partition function's output rows summed up: failures, keys, counts; every
+    deliverable message must have its outcome."""
     failures: list[Failed] = []
     keys: list[tuple[str, str, str]] = []
     by_group: dict[str, int] = {}
     consumed = body_bytes = 0
-    for r in msgs.mapInArrow(consumer, consume_partition.OUT_SCHEMA).collect():
+    for r in rows:
         if r["kind"] == "fail":
             failures.append(Failed.of(r))
         elif r["kind"] == "key":
@@ -611,13 +657,16 @@ def _poisoned(ctx: Context, taken: Taken) -> list[Failed]:
     if not any(r["matched"] and r["poison"] for r in taken.summary):
         return []
     error = f"{POISON_TRIES} delivery attempts ended without an outcome"
-    return [
-        replace(Failed.of(r, FailReason.POISON), error=error)
-        for r in ctx.engine.rows(
-            "SELECT consumer_group, client_id, topic, queue_id, queue_offset, msg_id, cl_date, "
-            f"cl_batch_id, cl_batch_pos, reconsume_times FROM {taken.view} WHERE poison AND matched"
-        )
-    ]
+    columns = (
+        "consumer_group, client_id, topic, queue_id, queue_offset, msg_id, cl_date, "
+        "cl_batch_id, cl_batch_pos, reconsume_times"
+    )
+    if taken.table is not None:
+        rows = taken.table.filter(pc.field("poison") & pc.field("matched"))
+        found = rows.select(columns.split(", ")).to_pylist()
+    else:
+        found = ctx.engine.rows(f"SELECT {columns} FROM {taken.view} WHERE poison AND matched")
+    return [replace(Failed.of(r, FailReason.POISON), error=error) for r in found]
 
 
 # failures that hold their queue instead of going the send-back way

@@ -1,0 +1,120 @@
+"""Deliver's take and its listener calls from the tables' files, for small passes.
+
+A pass that takes a few hundred messages (timers falling due, a trickle of sends) spent
+most of its ~160 ms in engine statements: the take with its summary, then the listener
+call inside the engine with the bodies joined (``mapInArrow``). Here the take's index
+rows are read from the kept ``consume_queue`` snapshot (the files the ranges lie in),
+matched against the tag subscriptions in Python, their bodies read from
+``commit_log``'s files, and handed to the same partition function
+(``consume_partition.make_consumer``) in this process, whose listener calls go to the
+same isolated worker processes. The outcomes are the same rows the engine collects.
+
+Two ways, one result; this one is taken only when it gives what the engine's gives:
+the embedded engine (listeners run in this machine's worker processes either way),
+no SQL92 subscription and no de-duplication key among the pass's groups (their
+matching is the engine's), at most :data:`MAX_MESSAGES` taken, and tables the file
+reader can read. Otherwise None, and deliver goes through the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from deltamq import file_reads
+from deltamq.jobs import consume_partition
+
+if TYPE_CHECKING:
+    from deltamq.config import GroupConfig
+    from deltamq.file_reads import Snapshots
+
+MAX_MESSAGES = 10_000
+"""Messages a pass may take and still be delivered here (larger passes are the engine's:
+its partitions call the listeners on every core)."""
+_INDEX = file_reads.HANDOUT_INDEX_COLUMNS
+_BODY = file_reads.HANDOUT_BODY_COLUMNS
+
+
+def eligible(groups: dict[str, GroupConfig], takes: Sequence[Any], embedded: bool) -> bool:
+    """Whether a pass may be delivered from the files (module docstring)."""
+    return (
+        embedded
+        and bool(takes)
+        and all(t.sql92 is None for t in takes)
+        and not any(cfg.dedup_key for cfg in groups.values())
+        and sum(t.hi - t.lo for t in takes) <= MAX_MESSAGES
+    )
+
+
+def taken_rows(wh: Snapshots, takes: Sequence[Any], poison_tries: int) -> pa.Table | None:
+    """The index rows of every take, with ``consumer_group``, ``client_id``, ``matched``
+    (its tag subscription), ``poison`` (a head whose attempts keep ending without an
+    outcome), ``dup`` (False: no de-duplication here), ``suspends`` (the orderly head's
+    count) and ``dkey`` (null), as ``deliver.take`` leaves them in its view; None when
+    ``consume_queue`` must be read with the engine."""
+    ranges = sorted({(t.topic, t.queue_id, t.lo, t.hi) for t in takes})
+    index = file_reads.index_rows(wh, ranges, _INDEX)
+    if index is None:
+        return None
+    parts = []
+    for t in takes:
+        rows = index.filter(
+            (pc.field("topic") == t.topic)
+            & (pc.field("queue_id") == t.queue_id)
+            & (pc.field("queue_offset") >= t.lo)
+            & (pc.field("queue_offset") < t.hi)
+        )
+        n = rows.num_rows
+        if t.tags is None:
+            matched = pa.array([True] * n, pa.bool_())
+        else:
+            matched = pc.fill_null(pc.is_in(rows.column("tags"), pa.array(list(t.tags), pa.string())), False)
+        head = pc.equal(rows.column("queue_offset"), t.lo)
+        suspends = pc.if_else(head, pa.scalar(t.suspends, pa.int32()), pa.scalar(0, pa.int32()))
+        columns = {
+            "consumer_group": pa.array([t.group] * n, pa.string()),
+            "client_id": pa.array([t.client] * n, pa.string()),
+            **{c: rows.column(c) for c in rows.column_names},
+            "matched": matched,
+            "poison": pa.array([t.attempts >= poison_tries] * n, pa.bool_()),
+            "dup": pa.array([False] * n, pa.bool_()),
+            "suspends": suspends,
+            "dkey": pa.nulls(n, pa.string()),
+        }
+        parts.append(pa.table(columns))
+    return pa.concat_tables(parts)
+
+
+def summary(taken: pa.Table) -> list[dict[str, Any]]:
+    """``deliver.take``'s summary: rows per group, outcome class and body batch (``n``)."""
+    keys = ["consumer_group", "matched", "poison", "dup", "cl_date", "cl_batch_id"]
+    grouped = (
+        taken.select([*keys, "queue_offset"])
+        .group_by(keys, use_threads=False)
+        .aggregate([("queue_offset", "count")])
+    )
+    return [r | {"n": r.pop("queue_offset_count")} for r in grouped.to_pylist()]
+
+
+def consume(
+    wh: Snapshots,
+    taken: pa.Table,
+    consumer: Any,
+) -> list[dict[str, Any]] | None:
+    """The deliverable rows of ``taken`` with their bodies, through ``consumer`` (the
+    partition function): its output rows, as the engine's ``collect`` gives them (rows
+    whose body is gone are left out, as the engine's join leaves them); None when
+    ``commit_log`` must be read with the engine."""
+    rows = taken.filter(pc.field("matched") & ~pc.field("poison") & ~pc.field("dup"))
+    joined = file_reads.bodies(wh, rows.drop_columns([c for c in _BODY if c in rows.column_names]), _BODY)
+    if joined is None:
+        return None
+    if joined.num_rows == 0:
+        return []
+    names = ["consumer_group", "client_id", *consume_partition.MESSAGE_COLUMNS]
+    msgs = joined.select([*names, "cl_date", "cl_batch_id", "cl_batch_pos", "dkey"])
+    out = list(consumer(iter(msgs.to_batches())))
+    return pa.Table.from_batches(out).to_pylist() if out else []

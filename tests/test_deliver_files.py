@@ -1,0 +1,101 @@
+"""Deliver's small passes from the tables' files (deltamq/jobs/deliver_files.py): the same
+outcomes as through the engine, and the engine for what the files' way does not do."""
+
+from __future__ import annotations
+
+import pytest
+from support.listeners import read_log
+
+from deltamq import Message
+from deltamq.jobs import deliver, deliver_files
+
+
+@pytest.fixture
+def spied(monkeypatch):
+    """Counts the passes delivered from the files."""
+    calls = []
+    real = deliver_files.consume
+
+    def consume(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(deliver_files, "consume", consume)
+    return calls
+
+
+def _scenario(broker, clock, warehouse_with, topic, log):
+    """Tags filtered, one message failing (sent back at level 3), an ack index, an orderly
+    group; returns each group's outcomes, what the listeners saw and where offsets are."""
+    setup = warehouse_with(topic, queues=2, group=f"{topic}-tags", expression="a || b", log=log)
+    setup.add_group("fail_on_b", name=f"{topic}-fail")
+    setup.add_group("ack_first", name=f"{topic}-ack", consume_message_batch_max_size=4)
+    setup.add_group("ok", name=f"{topic}-orderly", orderly=True)
+    p = broker.producer("p")
+    p.send_batch(
+        [Message(topic, f"{t}{i}", tags=t) for i, t in enumerate("aabcab")], selector=lambda n, m, a: 0
+    )
+    p.send_batch([Message(topic, f"x{i}", tags="c") for i in range(3)], selector=lambda n, m, a: 1)
+    r = broker.tick(clock.now_ms()).delivered
+    seen = sorted((c["body"], c["batch"]) for c in read_log(log))
+    offsets = broker.sql(
+        "SELECT consumer_group, queue_id, next_offset, attempts FROM offsets "
+        f"WHERE topic = '{topic}' AND consumer_group LIKE '{topic}-%'"
+    ).collect()
+    retries = broker.sql(f"SELECT count(*) FROM commit_log WHERE topic LIKE '%RETRY%{topic}-%'").collect()[0][
+        0
+    ]
+    groups = {g.split("-", 1)[1]: counts for g, counts in r.by_group.items() if g.startswith(topic)}
+    return (
+        groups,
+        seen,
+        sorted(
+            (o["consumer_group"].split("-", 1)[1], o["queue_id"], o["next_offset"], o["attempts"])
+            for o in offsets
+        ),
+        retries,
+    )
+
+
+def test_a_small_pass_from_the_files_gives_the_engines_outcomes(
+    broker, clock, warehouse_with, monkeypatch, spied
+):
+    by_files = _scenario(broker, clock, warehouse_with, "viaFiles", "files.jsonl")
+    assert spied  # the files' way delivered
+    monkeypatch.setattr(deliver_files, "eligible", lambda *a: False)
+    spied.clear()
+    by_engine = _scenario(broker, clock, warehouse_with, "viaEngine", "engine.jsonl")
+    assert not spied
+    strip = [(b.split(":")[-1], n) for b, n in by_files[1]]
+    assert by_files[0] == by_engine[0] and by_files[2:] == by_engine[2:]
+    assert strip == [(b.split(":")[-1], n) for b, n in by_engine[1]]
+    assert (
+        by_files[0]["tags"] == {"consumed": 5, "filtered": 4} and by_files[3] == 6
+    )  # b2, b5; 4 after ack_index
+
+
+def test_an_sql92_subscription_goes_through_the_engine(broker, clock, warehouse_with, spied):
+    setup = warehouse_with("orders", queues=1, group="sql", expression="*")
+    broker.subscribe("sql", "orders", "a IS NULL", type="SQL92")
+    broker.producer("p").send_batch([Message("orders", f"m{i}") for i in range(3)])
+    broker.tick(clock.now_ms())
+    assert not spied and len(read_log(setup.log)) == 3
+
+
+@pytest.mark.unit
+def test_which_passes_the_files_way_takes():
+    """The embedded engine, no SQL92 take, no de-duplicating group, at most MAX_MESSAGES."""
+    from deltamq.config import GroupConfig
+
+    def take(lo=0, hi=10, sql92=None):
+        return deliver.QueueTake("g", "orders", 0, lo, hi, None, 0, 0, sql92)
+
+    plain = {"g": GroupConfig("g")}
+    assert deliver_files.eligible(plain, [take()], embedded=True)
+    assert not deliver_files.eligible(plain, [take()], embedded=False)
+    assert not deliver_files.eligible(plain, [], embedded=True)
+    assert not deliver_files.eligible(plain, [take(sql92="a > 1")], embedded=True)
+    assert not deliver_files.eligible({"g": GroupConfig("g", dedup_key="keys")}, [take()], embedded=True)
+    limit = deliver_files.MAX_MESSAGES
+    assert deliver_files.eligible(plain, [take(0, limit // 2), take(5, 5 + limit // 2)], embedded=True)
+    assert not deliver_files.eligible(plain, [take(0, limit), take(0, 1)], embedded=True)
