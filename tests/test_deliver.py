@@ -343,7 +343,7 @@ def test_each_stage_of_a_pass_runs_alone(broker, clock, warehouse_with):
 
 @pytest.mark.unit
 def test_size_takes_shares_a_budget_evenly_between_the_backlogs():
-    from deltamq.jobs.deliver import size_takes
+    from deltamq.jobs.deliver_plan import size_takes
 
     assert size_takes([100, 100, 100, 100], 200) == [50, 50, 50, 50]
     # a queue with less than its share takes all of it; the others share the rest

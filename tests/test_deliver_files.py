@@ -7,7 +7,7 @@ import pytest
 from support.listeners import read_log
 
 from deltamq import Message
-from deltamq.jobs import deliver, deliver_files
+from deltamq.jobs import deliver_files, deliver_plan
 
 
 @pytest.fixture
@@ -88,7 +88,7 @@ def test_which_passes_the_files_way_takes():
     from deltamq.config import GroupConfig
 
     def take(lo=0, hi=10, sql92=None):
-        return deliver.QueueTake("g", "orders", 0, lo, hi, None, 0, 0, sql92)
+        return deliver_plan.QueueTake("g", "orders", 0, lo, hi, None, 0, 0, sql92)
 
     plain = {"g": GroupConfig("g")}
     assert deliver_files.eligible(plain, [take()], embedded=True)

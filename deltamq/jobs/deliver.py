@@ -42,31 +42,28 @@ from pyspark.sql import functions as F
 from deltamq import dedup, faults
 from deltamq.constants import FailReason
 from deltamq.consumer import ImportPathListener, is_columnar, resolve_listener
-from deltamq.filters import compile_sql92, parse_tag_expression, tags_match
+from deltamq.filters import compile_sql92, tags_match
 from deltamq.jobs import consume_partition, deliver_files, sendback
+from deltamq.jobs.deliver_plan import POISON_TRIES, QueueTake, plan_takes
 from deltamq.jobs.listener_worker import Home
 from deltamq.tables.bodies import join_bodies, read_bodies
 from deltamq.tables.consume_queue import visible_heads
-from deltamq.tables.offsets import START, OffsetsMerge, Position, QueueKey, forward, positions, source
+from deltamq.tables.offsets import OffsetsMerge, QueueKey, forward, positions, source
 from deltamq.tables.ranges import queue_ranges
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from deltamq.config import GroupConfig, Subscription
+    from deltamq.config import GroupConfig
     from deltamq.context import Context
     from deltamq.engine import Views
 
 log = logging.getLogger(__name__)
 JOB = "deliver"
-POISON_TRIES = 3
 BACKLOG_KEY = "backlog."
 """``job_runs.details`` of a deliver row: ``backlog.<group>`` = that push group's lag when
 the pass began (``backlog`` is their total)."""
 _PARALLEL_ABOVE = 10_000
-AUTO_FIRST_TAKE = 10_000
-"""Messages per queue an automatic take (``pull_batch_size`` 0) gets while the size of a
-message is not known yet: the first pass of a process with no deliver on record."""
 
 
 @dataclass
@@ -88,21 +85,6 @@ def _parallelism(spark: SparkSession) -> int:
         return max(1, int(spark.conf.get("spark.default.parallelism", "0") or 0) or (os.cpu_count() or 1))
     except Exception:  # noqa: BLE001 - engines without the setting
         return os.cpu_count() or 1
-
-
-@dataclass(frozen=True)
-class QueueTake:
-    group: str
-    topic: str
-    queue_id: int
-    lo: int
-    hi: int  # exclusive
-    tags: tuple[str, ...] | None
-    attempts: int
-    attempt_ts: int
-    sql92: str | None = None
-    client: str = ""  # BROADCASTING: the instance; CLUSTERING: ''
-    suspends: int = 0  # orderly: times the head message was suspended
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,85 +188,6 @@ def _is_columnar(ctx: Context, group: str, cfg: GroupConfig) -> bool:
         except Exception:  # noqa: BLE001 - whatever stops the import, the workers report it
             return False
     return is_columnar(fn)
-
-
-def plan_takes(
-    groups: dict[str, GroupConfig],
-    subscriptions: list[Subscription],
-    heads: dict[tuple[str, int], int],
-    offsets: Mapping[QueueKey, Position],
-    now: int,
-    poison_tries: int = POISON_TRIES,
-    auto_budget: int | None = None,
-) -> list[QueueTake]:
-    """Pure: which offsets of which queues each group takes in this pass. A group with a
-    ``pull_batch_size`` takes at most that many per queue; the others (0, the default)
-    share ``auto_budget`` messages between their queues (:func:`size_takes`), or take
-    :data:`AUTO_FIRST_TAKE` per queue when it is None."""
-    takes: list[QueueTake] = []
-    backlogs: list[int] = []
-    auto: list[int] = []
-    for sub in subscriptions:
-        g = groups.get(sub.consumer_group)
-        if g is None:
-            continue
-        tags = parse_tag_expression(sub.expression) if sub.expr_type == "TAG" else None
-        clients = [""] if g.mode == "CLUSTERING" else list(g.instances or [])
-        for client, ((topic, qid), head) in ((c, h) for c in clients for h in sorted(heads.items())):
-            if topic != sub.topic:
-                continue
-            at = offsets.get(QueueKey(g.consumer_group, client, topic, qid), START)
-            nxt, attempts, attempt_ts = at.next_offset, at.attempts, at.attempt_ts
-            suspends, suspend_until = at.suspends, at.suspend_until
-            if nxt >= head:
-                continue
-            if g.orderly and suspend_until is not None and suspend_until > now:
-                continue  # orderly: the queue waits behind its suspended message
-            # After a lost attempt the range is taken again from the same offset with the
-            # same attempt time, so its sends-back get the same ids (already-stored ones are
-            # skipped). Only a head that keeps ending attempts without an outcome is taken
-            # alone, to be dead-lettered.
-            if attempts >= poison_tries:
-                size = 1
-            elif g.pull_batch_size:
-                size = g.pull_batch_size
-            else:
-                size = AUTO_FIRST_TAKE
-                auto.append(len(takes))
-            backlogs.append(head - nxt)
-            takes.append(
-                QueueTake(
-                    g.consumer_group,
-                    topic,
-                    qid,
-                    nxt,
-                    min(head, nxt + size),
-                    tuple(tags) if tags is not None else None,
-                    attempts,
-                    attempt_ts if attempts and attempt_ts is not None else now,
-                    sub.expression if sub.expr_type == "SQL92" else None,
-                    client,
-                    suspends if g.orderly else 0,
-                )
-            )
-    if auto_budget is not None and auto:
-        for i, size in zip(auto, size_takes([backlogs[i] for i in auto], auto_budget), strict=True):
-            takes[i] = replace(takes[i], hi=takes[i].lo + size)
-    return takes
-
-
-def size_takes(backlogs: list[int], budget: int) -> list[int]:
-    """Pure: how many of each queue's ``backlogs`` to take so that together they stay
-    within ``budget`` messages, as evenly as the backlogs allow (a queue with less than
-    its share takes all of it and leaves the rest to the others); at least one each."""
-    sizes = [0] * len(backlogs)
-    left = budget
-    order = sorted(range(len(backlogs)), key=lambda i: backlogs[i])
-    for k, i in enumerate(order):
-        share = left // (len(order) - k)
-        sizes[i] = max(1, min(backlogs[i], share))
-        left = max(0, left - sizes[i])
-    return sizes
 
 
 def auto_budget(ctx: Context, memory: Memory | None, now: int) -> int | None:

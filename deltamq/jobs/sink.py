@@ -36,7 +36,7 @@ from deltamq.config import GroupConfig, Subscription
 from deltamq.constants import Prop
 from deltamq.errors import ConfigError, DeltaMQError, UnknownGroup
 from deltamq.filters import subscriptions_filter
-from deltamq.jobs import deliver
+from deltamq.jobs import deliver_plan
 from deltamq.message import validate_group_name
 from deltamq.storage import normalize_location
 from deltamq.tables.bodies import join_bodies, read_bodies
@@ -243,7 +243,7 @@ def run(
     heads = visible_heads(ctx.warehouse, now)
     offsets = positions(ctx.warehouse, sorted(sinks))
     subs = [s for s in ctx.catalog.subscriptions() if s.consumer_group in sinks]
-    takes = deliver.plan_takes({g: groups[g] for g in sinks}, subs, heads, offsets, now)
+    takes = deliver_plan.plan_takes({g: groups[g] for g in sinks}, subs, heads, offsets, now)
     results = []
     for group, cfg in sorted(sinks.items()):
         mine = [t for t in takes if t.group == group]
@@ -255,7 +255,7 @@ def run(
 
 
 def _pass(
-    ctx: Context, cfg: SinkConfig, takes: list[deliver.QueueTake], now: int, subs: list[Subscription]
+    ctx: Context, cfg: SinkConfig, takes: list[deliver_plan.QueueTake], now: int, subs: list[Subscription]
 ) -> SinkResult:
     wh = ctx.warehouse
     pred = queue_ranges((t.topic, t.queue_id, t.lo, t.hi) for t in takes)
