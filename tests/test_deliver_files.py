@@ -99,3 +99,24 @@ def test_which_passes_the_files_way_takes():
     limit = deliver_files.MAX_MESSAGES
     assert deliver_files.eligible(plain, [take(0, limit // 2), take(5, 5 + limit // 2)], embedded=True)
     assert not deliver_files.eligible(plain, [take(0, limit), take(0, 1)], embedded=True)
+
+
+@pytest.mark.unit
+def test_a_pass_is_split_into_whole_queues_for_the_cores():
+    import pyarrow as pa
+
+    queues = [0] * 5 + [1] * 3 + [2] * 3 + [3] * 1
+    rows = pa.table(
+        {
+            "consumer_group": ["g"] * len(queues),
+            "client_id": [""] * len(queues),
+            "topic": ["orders"] * len(queues),
+            "queue_id": queues,
+            "queue_offset": list(range(len(queues))),
+        }
+    )
+    parts = deliver_files.partitions(rows, 2)
+    assert [sorted(set(p.column("queue_id").to_pylist())) for p in parts] == [[0, 3], [1, 2]]
+    assert sorted(o for p in parts for o in p.column("queue_offset").to_pylist()) == list(range(len(queues)))
+    assert deliver_files.partitions(rows, 1) == [rows]
+    assert len(deliver_files.partitions(rows, 8)) == 4  # never more than the queues

@@ -146,3 +146,26 @@ def test_a_backlog_falling_due_at_once_is_the_engines(orders, clock, monkeypatch
         "SELECT count(*) AS n, count(DISTINCT msg_id) AS d FROM consume_queue WHERE topic = 'orders'"
     )
     assert rows.collect()[0].asDict() == {"n": 5, "d": 5}
+
+
+@pytest.mark.parametrize("way", ["files", "engine"])
+def test_a_clock_corrected_copy_written_before_a_kill_is_not_written_again(orders, clock, monkeypatch, way):
+    """A copy promoted by clock correction is stored at ``now``, not on its due day: the
+    look-up of copies already stored covers the days they are stored on (a producer
+    clock a day ahead, then a pass killed between its output and its progress)."""
+    if way == "engine":
+        monkeypatch.setattr(promote_files, "due_entries", lambda *a, **k: None)
+    t0 = clock.now_ms()
+    clock.set(t0 + 86_400_000)  # a producer a day ahead
+    orders.producer("p").send(Message("orders", "skewed", delay_level=2))
+    clock.set(t0)
+    with monkeypatch.context() as m:
+        m.setattr(promote, "write_progress", lambda *a, **k: (_ for _ in ()).throw(OSError("killed")))
+        with pytest.raises(OSError):
+            orders.tick(t0)
+    result = orders.tick(t0 + 1).job("promote")
+    assert (result.rows_out, result.details["already_stored"]) == (0, 1)
+    rows = orders.sql(
+        "SELECT count(*) AS n, count(DISTINCT msg_id) AS d FROM commit_log WHERE topic = 'orders'"
+    )
+    assert rows.collect()[0].asDict() == {"n": 2, "d": 2}  # the message and one copy

@@ -470,7 +470,7 @@ def _from_files(ctx: Context, work: Pass) -> tuple[Taken, Consumed] | None:
     taken = _taken("", deliver_files.summary(table), table)
     if not taken.deliverable:
         return taken, Consumed()
-    rows = deliver_files.consume(ctx.warehouse, table, _consumer(ctx, work, None))
+    rows = deliver_files.consume(ctx.warehouse, table, _consumer(ctx, work, None), os.cpu_count() or 1)
     if rows is None:
         return None
     return taken, _outcomes(rows, sum(r["n"] for r in taken.deliverable))

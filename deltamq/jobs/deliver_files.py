@@ -19,6 +19,7 @@ reader can read. Otherwise None, and deliver goes through the engine.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -103,10 +104,13 @@ def consume(
     wh: Snapshots,
     taken: pa.Table,
     consumer: Any,
+    parallel: int = 1,
 ) -> list[dict[str, Any]] | None:
     """The deliverable rows of ``taken`` with their bodies, through ``consumer`` (the
-    partition function): its output rows, as the engine's ``collect`` gives them (rows
-    whose body is gone are left out, as the engine's join leaves them); None when
+    partition function), whole queues split into at most ``parallel`` partitions called
+    at once (threads: the listeners run in worker processes, as the engine's partitions
+    call them on every core); its output rows, as the engine's ``collect`` gives them
+    (rows whose body is gone are left out, as the engine's join leaves them); None when
     ``commit_log`` must be read with the engine."""
     rows = taken.filter(pc.field("matched") & ~pc.field("poison") & ~pc.field("dup"))
     joined = file_reads.bodies(wh, rows.drop_columns([c for c in _BODY if c in rows.column_names]), _BODY)
@@ -116,5 +120,35 @@ def consume(
         return []
     names = ["consumer_group", "client_id", *consume_partition.MESSAGE_COLUMNS]
     msgs = joined.select([*names, "cl_date", "cl_batch_id", "cl_batch_pos", "dkey"])
-    out = list(consumer(iter(msgs.to_batches())))
+    parts = partitions(msgs, parallel)
+    if len(parts) == 1:
+        out = list(consumer(iter(msgs.to_batches())))
+    else:
+        with ThreadPoolExecutor(len(parts), thread_name_prefix="deltamq-deliver") as pool:
+            done = list(pool.map(lambda part: list(consumer(iter(part.to_batches()))), parts))
+        out = [b for batches in done for b in batches]
     return pa.Table.from_batches(out).to_pylist() if out else []
+
+
+def partitions(rows: pa.Table, most: int) -> list[pa.Table]:
+    """``rows`` split into at most ``most`` tables of whole queues (group, instance, topic,
+    queue), the queues dealt out largest first to the emptiest table."""
+    keys = list(
+        zip(
+            *(rows.column(c).to_pylist() for c in ("consumer_group", "client_id", "topic", "queue_id")),
+            strict=True,
+        )
+    )
+    sizes: dict[tuple[Any, ...], int] = {}
+    for k in keys:
+        sizes[k] = sizes.get(k, 0) + 1
+    if most <= 1 or len(sizes) <= 1:
+        return [rows]
+    loads = [0] * min(most, len(sizes))
+    home: dict[tuple[Any, ...], int] = {}
+    for k, n in sorted(sizes.items(), key=lambda kv: -kv[1]):
+        i = loads.index(min(loads))
+        home[k] = i
+        loads[i] += n
+    place = [home[k] for k in keys]
+    return [rows.filter(pa.array([p == i for p in place], pa.bool_())) for i in range(len(loads))]

@@ -33,6 +33,7 @@ from datetime import date
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
@@ -242,6 +243,7 @@ class _DueSummary:
     new_levels: dict[int, int] = field(default_factory=dict)  # schedule queue id -> next offset
     timer_hi: int | None = None
     keys: set[tuple[int, date, int]] = field(default_factory=set)  # (cl_batch_id, cl_date, due_ts)
+    store_days: set[date] = field(default_factory=set)  # the copies' store dates (clock correction: now's)
     by_queue: dict[tuple[str, int], int] = field(default_factory=dict)  # real queue -> copies
     due_now: int = 0  # entries to copy that were due at the pass's now
     due_queues: set[tuple[str, int]] = field(default_factory=set)  # and their real queues
@@ -297,6 +299,8 @@ def _summarise(rows: list[Any], now: int) -> _DueSummary:
             s.skipped += n
             continue
         s.keys.add((r["cl_batch_id"], r["cl_date"], r["due_ts"]))
+        if r["store_at"] is not None:
+            s.store_days.add(ids.store_date(r["store_at"]))
         due_now = r["store_at"] is None or r["store_at"] <= now
         s.due_now += n if due_now else 0
         try:
@@ -351,13 +355,11 @@ def run(
     found = promote_files.due_entries(
         wh, state.level_offsets, state.timer_watermark, state.timer_next_offset, levels, now, until
     )
-    if found is not None:
-        s = _summarise(promote_files.summary_rows(*found), now)
-        engine_due = partial(_due, ctx, state, levels, now, until)
-        append: Callable[[], tuple[int, int]] = partial(
-            _append_from_files, ctx, found[0], s, fence, engine_due
-        )
-    else:
+    prepared = None if found is None else _prepare_from_files(ctx, *found, now)
+    if prepared is not None:
+        s, rows, already = prepared
+        append: Callable[[], tuple[int, int]] = partial(_append_rows, ctx, rows, s, already, fence)
+    else:  # the whole pass through the engine
         due = _due(ctx, state, levels, now, until)
         s = _summarise(_summary(wh, state, due).collect(), now)
         append = partial(_append, ctx, due, s, fence)
@@ -408,7 +410,7 @@ def _append(
     # times of the entries, and their due times), so the reads follow what falls due.
     bodies = read_bodies(wh, (k[1] for k in s.keys), (k[0] for k in s.keys))
     messages = plan_messages(due, bodies)
-    stored = stored_ids(wh, merge_ranges([k[2] for k in s.keys], gap=60_000))
+    stored = stored_ids(wh, merge_ranges([k[2] for k in s.keys], gap=60_000), s.store_days)
     # copies a pass killed before its progress commit left behind (ids are derived)
     already = _copy_id(due).join(stored, "msg_id", "left_semi").count()
     written = s.n_in - s.skipped - already
@@ -423,25 +425,31 @@ def _append(
     return written, already
 
 
-def _append_from_files(
-    ctx: Context,
-    entries: list[dict[str, Any]],
-    s: _DueSummary,
-    fence: Callable[[], None] | None,
-    engine_due: Callable[[], DataFrame],
-) -> tuple[int, int]:
-    """:func:`_append` with the stored ids, the bodies and the copies from the tables'
-    files (promote_files); through the engine (``engine_due``: the same entries as the
-    engine plans them) when the files cannot say."""
+def _prepare_from_files(
+    ctx: Context, entries: list[dict[str, Any]], timer_hi: int | None, now: int
+) -> tuple[_DueSummary, pa.Table | None, int] | None:
+    """The pass's summary, the copies to append and how many were stored already, from
+    the tables' files (promote_files); None when the files cannot say, and the whole
+    pass goes through the engine."""
     wh = ctx.warehouse
-    stored = promote_files.stored_ids(wh, merge_ranges([k[2] for k in s.keys], gap=60_000))
+    s = _summarise(promote_files.summary_rows(entries, timer_hi), now)
+    if s.n_in - s.skipped <= 0:
+        return s, None, 0
+    stored = promote_files.stored_ids(wh, merge_ranges([k[2] for k in s.keys], gap=60_000), s.store_days)
     rows = None if stored is None else promote_files.copies(wh, entries, stored)
     if stored is None or rows is None:
-        return _append(ctx, engine_due(), s, fence)
+        return None
     already = sum(1 for e in entries if not e["skip"] and promote_files.copy_id(e) in stored)
+    return s, rows, already
+
+
+def _append_rows(
+    ctx: Context, rows: pa.Table | None, s: _DueSummary, already: int, fence: Callable[[], None] | None
+) -> tuple[int, int]:
+    """:func:`_append` of copies built from the files (:func:`_prepare_from_files`)."""
     written = s.n_in - s.skipped - already
     faults.point("promote.before_output_commit")
-    if written:
+    if written and rows is not None:
         if fence:
             fence()
         ctx.append_commit_log(rows, what=JOB)

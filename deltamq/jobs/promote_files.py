@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from datetime import date
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -30,6 +31,7 @@ from deltamq import file_reads, ids
 from deltamq.constants import SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, Prop
 from deltamq.delta_read import DataFile
 from deltamq.sending import COMMIT_LOG_ARROW
+from deltamq.tables.bodies import store_days
 from deltamq.tables.consume_queue import TIMER_SLOT_MS
 
 if TYPE_CHECKING:
@@ -94,7 +96,8 @@ def due_entries(
     dict of :data:`CANDIDATE_COLUMNS` plus ``kind``, ``skip`` and ``store_at`` (as
     ``promote.plan_due`` and ``promote.store_at`` give them); and the timer queue's
     highest offset at or after ``timer_next_offset`` (None: no such entry). None when
-    the files cannot be read, or hold more than :data:`MAX_ENTRIES` candidates."""
+    the files cannot be read, or hold more than :data:`MAX_ENTRIES` candidates (or their
+    files four times as many rows)."""
     delays = {lvl - 1: ms for lvl, ms in levels}
     wm = timer_watermark
     hours = (max(wm, 0) // TIMER_SLOT_MS, until // TIMER_SLOT_MS)
@@ -103,7 +106,11 @@ def due_entries(
         topic, slot = f.partition.get("topic"), f.partition.get("slot")
         if topic == SCHEDULE_TOPIC and slot is not None:
             q = int(slot)
-            return q in delays and f.overlaps("queue_offset", level_offsets.get(q, 0), _FAR)
+            if q not in delays or not f.overlaps("queue_offset", level_offsets.get(q, 0), _FAR):
+                return False
+            # a level's pending entries span its whole delay: only files with one due by
+            # ``until`` or clock-corrected are read (as the engine's statistics skip them)
+            return f.overlaps("due_ts", -_FAR, until) or f.overlaps("due_ts", now + delays[q] + 1, _FAR)
         if topic == TIMER_TOPIC and slot is not None:
             in_window = hours[0] <= int(slot) <= hours[1] and f.overlaps("due_ts", wm + 1, until)
             return in_window or f.overlaps("queue_offset", timer_next_offset, _FAR)
@@ -126,17 +133,25 @@ def due_entries(
     where = (
         (pc.field("topic") == SCHEDULE_TOPIC) & file_reads.balanced_or(level_preds, pc.scalar(False))
     ) | (timer_rows & (window | late))
-    found = file_reads.rows(wh, "consume_queue", [*CANDIDATE_COLUMNS, "slot"], where, keep)
-    newest = file_reads.rows(
-        wh,
-        "consume_queue",
-        ["queue_offset"],
-        timer_rows & (pc.field("queue_offset") >= timer_next_offset),
-        lambda f: (
-            f.partition.get("topic") == TIMER_TOPIC and f.overlaps("queue_offset", timer_next_offset, _FAR)
-        ),
+    # Both reads from one refresh of the snapshot, the timer queue's last offset first: an
+    # entry indexed between them would be left behind by the progress (the timer offset
+    # moved past it, the watermark too) if the entries were read before it; read after
+    # it, such an entry is promoted now or found again (its copy already stored).
+    snap = wh.snapshot("consume_queue")
+    if snap is None:
+        return None
+
+    def timer_tail(f: DataFile) -> bool:
+        return f.partition.get("topic") == TIMER_TOPIC and f.overlaps("queue_offset", timer_next_offset, _FAR)
+
+    newest = snap.read(
+        snap.files(timer_tail), ["queue_offset"], timer_rows & (pc.field("queue_offset") >= timer_next_offset)
     )
-    if found is None or newest is None or found.num_rows > MAX_ENTRIES:
+    chosen = snap.files(keep)
+    if sum(f.num_records or MAX_ENTRIES + 1 for f in chosen) > 4 * MAX_ENTRIES:
+        return None  # a backlog: not decoded here
+    found = snap.read(chosen, [*CANDIDATE_COLUMNS, "slot"], where)
+    if found.num_rows > MAX_ENTRIES:
         return None
     timer_hi = pc.max(newest.column("queue_offset")).as_py() if newest.num_rows else None
     out: list[dict[str, Any]] = []
@@ -189,13 +204,15 @@ def copy_id(e: dict[str, Any]) -> str:
     return ids.msg_id(ids.engine_batch_id(e["due_ts"], e["kind"]), e["queue_offset"] & 0xFFFFFFFF)
 
 
-def stored_ids(wh: Snapshots, ranges: Sequence[tuple[int, int]]) -> set[str] | None:
-    """``commit_log`` msg ids whose batch id encodes a store time in ``ranges`` (as
-    ``bodies.stored_ids`` reads them through the engine)."""
+def stored_ids(
+    wh: Snapshots, ranges: Sequence[tuple[int, int]], more_days: Iterable[date] = ()
+) -> set[str] | None:
+    """``commit_log`` msg ids whose batch id encodes a time in ``ranges``, stored on those
+    times' days or on ``more_days`` (as ``bodies.stored_ids`` reads them through the
+    engine)."""
     shift = ids.BATCH_RANDOM_BITS
     spans = [(lo << shift, ((hi + 1) << shift) - 1) for lo, hi in ranges]
-    days = {ids.store_date(ms).isoformat() for lo, hi in ranges for ms in range(lo, hi + 1, ids.DAY_MS)}
-    days |= {ids.store_date(hi).isoformat() for _, hi in ranges}
+    days = {d.isoformat() for d in store_days(ranges) | set(more_days)}
     found = file_reads.rows(
         wh,
         "commit_log",

@@ -103,14 +103,15 @@ def join_bodies(
     return rows.join(b, on).drop("_b_batch", "_b_pos", "_b_id")
 
 
-def stored_ids(wh: Warehouse, store_ms_ranges: Sequence[tuple[int, int]]) -> DataFrame:
-    """msg ids of commit_log rows whose batch id encodes a store time in the ranges (the
-    ids engine jobs derive: look-ups for "already written" before a re-run appends)."""
+def stored_ids(
+    wh: Warehouse, store_ms_ranges: Sequence[tuple[int, int]], more_days: Iterable[date] = ()
+) -> DataFrame:
+    """msg ids of commit_log rows whose batch id encodes a time in the ranges (the ids
+    engine jobs derive: look-ups for "already written" before a re-run appends), stored on
+    the days of those times or on ``more_days`` (a copy stored at another time than its id
+    says: promote's clock-corrected copies)."""
     shift = ids.BATCH_RANDOM_BITS
-    days = sorted(
-        {ids.store_date(ms) for lo, hi in store_ms_ranges for ms in range(lo, hi + 1, ids.DAY_MS)}
-        | {ids.store_date(hi) for _, hi in store_ms_ranges}
-    )
+    days = sorted(store_days(store_ms_ranges) | set(more_days))
     return (
         wh.read("commit_log")
         .where(
@@ -121,3 +122,10 @@ def stored_ids(wh: Warehouse, store_ms_ranges: Sequence[tuple[int, int]]) -> Dat
         )
         .select("msg_id")
     )
+
+
+def store_days(store_ms_ranges: Sequence[tuple[int, int]]) -> set[date]:
+    """The ``store_date`` partitions of the times in the ranges."""
+    return {ids.store_date(ms) for lo, hi in store_ms_ranges for ms in range(lo, hi + 1, ids.DAY_MS)} | {
+        ids.store_date(hi) for _, hi in store_ms_ranges
+    }
