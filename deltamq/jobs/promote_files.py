@@ -154,9 +154,18 @@ def due_entries(
     if found.num_rows > MAX_ENTRIES:
         return None
     timer_hi = pc.max(newest.column("queue_offset")).as_py() if newest.num_rows else None
+    return _plan(found.drop_columns(["slot"]).to_pylist(), level_offsets, delays, now), timer_hi
+
+
+def _plan(
+    candidates: list[dict[str, Any]], level_offsets: dict[int, int], delays: dict[int, int], now: int
+) -> list[dict[str, Any]]:
+    """The candidates a pass promotes (``promote.plan_due`` with ``store_at``): every timer;
+    of each level, the run of consecutive offsets from its saved one, each stored at its
+    due time or, clock-corrected (due after ``now`` plus the level's delay), at ``now``."""
     out: list[dict[str, Any]] = []
     by_level: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for r in found.drop_columns(["slot"]).to_pylist():
+    for r in candidates:
         if r["topic"] == SCHEDULE_TOPIC:
             by_level[r["queue_id"]].append(r)
         else:
@@ -169,7 +178,7 @@ def due_entries(
                 break  # the pass stops at the first entry not yet due
             corrected = r["due_ts"] > now + delays.get(q, 0)
             out.append(_entry(r, q + 1, now if corrected else r["due_ts"]))
-    return out, timer_hi
+    return out
 
 
 def _entry(r: dict[str, Any], kind: int, store_at: int) -> dict[str, Any]:
