@@ -347,18 +347,16 @@ def run(
     faults.point("deliver.after_attempt_commit")
     # 2. take, filter, call the listeners; outcomes materialised once: from the tables'
     # files for a small pass (deliver_files), else through the engine
-    done = _from_files(ctx, work)
-    if done is not None:
-        taken, consumed = done
-        faults.point("deliver.after_listener")
-        decided = decide(ctx, work, taken, consumed, now)
-    else:
-        with ctx.engine.views() as views:
+    with ctx.engine.views() as views:
+        done = _from_files(ctx, work)
+        if done is not None:
+            taken, consumed = done
+        else:
             taken = take(ctx, views, work, now)
             consumed = consume(ctx, work, taken)
-            faults.point("deliver.after_listener")
-            # 3. failures → retry / DLQ; 4. keys, then offsets past everything taken
-            decided = decide(ctx, work, taken, consumed, now)
+        faults.point("deliver.after_listener")
+        # 3. failures → retry / DLQ; 4. keys, then offsets past everything taken
+        decided = decide(ctx, work, taken, consumed, now)
     write(ctx, work, consumed, decided, now, fence)
     if memory is not None:
         memory.learn(consumed.handed_over, consumed.body_bytes)

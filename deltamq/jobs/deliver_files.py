@@ -6,8 +6,9 @@ call inside the engine with the bodies joined (``mapInArrow``). Here the take's 
 rows are read from the kept ``consume_queue`` snapshot (the files the ranges lie in),
 matched against the tag subscriptions in Python, their bodies read from
 ``commit_log``'s files, and handed to the same partition function
-(``consume_partition.make_consumer``) in this process, whose listener calls go to the
-same isolated worker processes. The outcomes are the same rows the engine collects.
+(``consume_partition.make_consumer``) in this process, whose listener calls go to
+isolated worker processes of the same kind (this process's pool; the embedded server
+keeps its own). The outcomes are the same rows the engine collects.
 
 Two ways, one result; this one is taken only when it gives what the engine's gives:
 the embedded engine (listeners run in this machine's worker processes either way),
@@ -27,6 +28,7 @@ import pyarrow.compute as pc
 
 from deltamq import file_reads
 from deltamq.jobs import consume_partition
+from deltamq.jobs.deliver_plan import QueueTake
 
 if TYPE_CHECKING:
     from deltamq.config import GroupConfig
@@ -39,7 +41,7 @@ _INDEX = file_reads.HANDOUT_INDEX_COLUMNS
 _BODY = file_reads.HANDOUT_BODY_COLUMNS
 
 
-def eligible(groups: dict[str, GroupConfig], takes: Sequence[Any], embedded: bool) -> bool:
+def eligible(groups: dict[str, GroupConfig], takes: Sequence[QueueTake], embedded: bool) -> bool:
     """Whether a pass may be delivered from the files (module docstring)."""
     return (
         embedded
@@ -50,7 +52,7 @@ def eligible(groups: dict[str, GroupConfig], takes: Sequence[Any], embedded: boo
     )
 
 
-def taken_rows(wh: Snapshots, takes: Sequence[Any], poison_tries: int) -> pa.Table | None:
+def taken_rows(wh: Snapshots, takes: Sequence[QueueTake], poison_tries: int) -> pa.Table | None:
     """The index rows of every take, with ``consumer_group``, ``client_id``, ``matched``
     (its tag subscription), ``poison`` (a head whose attempts keep ending without an
     outcome), ``dup`` (False: no de-duplication here), ``suspends`` (the orderly head's
@@ -113,7 +115,7 @@ def consume(
     (rows whose body is gone are left out, as the engine's join leaves them); None when
     ``commit_log`` must be read with the engine."""
     rows = taken.filter(pc.field("matched") & ~pc.field("poison") & ~pc.field("dup"))
-    joined = file_reads.bodies(wh, rows.drop_columns([c for c in _BODY if c in rows.column_names]), _BODY)
+    joined = file_reads.bodies(wh, rows, _BODY)  # the index rows carry none of the body columns
     if joined is None:
         return None
     if joined.num_rows == 0:

@@ -31,7 +31,7 @@ from deltamq import file_reads, ids
 from deltamq.constants import SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, Prop
 from deltamq.delta_read import DataFile
 from deltamq.sending import COMMIT_LOG_ARROW
-from deltamq.tables.bodies import store_days
+from deltamq.tables.bodies import batch_spans, store_days
 from deltamq.tables.consume_queue import TIMER_SLOT_MS
 
 if TYPE_CHECKING:
@@ -219,8 +219,7 @@ def stored_ids(
     """``commit_log`` msg ids whose batch id encodes a time in ``ranges``, stored on those
     times' days or on ``more_days`` (as ``bodies.stored_ids`` reads them through the
     engine)."""
-    shift = ids.BATCH_RANDOM_BITS
-    spans = [(lo << shift, ((hi + 1) << shift) - 1) for lo, hi in ranges]
+    spans = batch_spans(ranges)
     days = {d.isoformat() for d in store_days(ranges) | set(more_days)}
     found = file_reads.rows(
         wh,

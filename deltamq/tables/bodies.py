@@ -110,18 +110,18 @@ def stored_ids(
     engine jobs derive: look-ups for "already written" before a re-run appends), stored on
     the days of those times or on ``more_days`` (a copy stored at another time than its id
     says: promote's clock-corrected copies)."""
-    shift = ids.BATCH_RANDOM_BITS
     days = sorted(store_days(store_ms_ranges) | set(more_days))
     return (
         wh.read("commit_log")
-        .where(
-            F.col("store_date").isin(days)
-            & ranges_predicate(
-                "batch_id", [(lo << shift, ((hi + 1) << shift) - 1) for lo, hi in store_ms_ranges]
-            )
-        )
+        .where(F.col("store_date").isin(days) & ranges_predicate("batch_id", batch_spans(store_ms_ranges)))
         .select("msg_id")
     )
+
+
+def batch_spans(store_ms_ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The batch ids (closed ranges) that encode a time in the ranges."""
+    shift = ids.BATCH_RANDOM_BITS
+    return [(lo << shift, ((hi + 1) << shift) - 1) for lo, hi in store_ms_ranges]
 
 
 def store_days(store_ms_ranges: Sequence[tuple[int, int]]) -> set[date]:
