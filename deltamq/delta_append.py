@@ -71,6 +71,11 @@ class Unsupported(DeltaMQError, RuntimeError):
     """The table needs a writer this module is not (its protocol, features or schema)."""
 
 
+class VersionTaken(DeltaMQError, RuntimeError):
+    """A conditional append found its version committed by another writer (a commit
+    conflict, ``engine.is_commit_conflict``)."""
+
+
 @dataclass(frozen=True)
 class _State:
     version: int
@@ -117,9 +122,15 @@ class BlindAppender:
         return self._state
 
     # --- appending ------------------------------------------------------------------
-    def append(self, rows: pa.Table) -> int:
+    def ready(self) -> None:
+        """Read the table once (Unsupported when this writer cannot append to it)."""
+        self._current()
+
+    def append(self, rows: pa.Table, *, at: int | None = None) -> int:
         """Append ``rows`` (the table's columns, partition columns included) in one
-        commit; returns its version."""
+        commit; returns its version. With ``at``, the commit is that version or nothing:
+        when another writer has it, :class:`VersionTaken` (a commit conflict: the caller
+        planned ``rows`` from the table as of ``at - 1`` and plans again)."""
         state = self._current()
         txn = str(uuid.uuid4())
         adds = [
@@ -127,6 +138,8 @@ class BlindAppender:
             for values, mask in _partitions(rows, state.partition_by)
         ]
         entry = self._entry(txn, adds, state)
+        if at is not None:
+            return self._append_at(at, txn, entry, state)
         version = state.version + 1
         for step in range(MAX_VERSION_STEPS):
             path = self._log_entry(version)
@@ -157,6 +170,27 @@ class BlindAppender:
                 "writers while this append waited"
             )
         self._state = _State(version, state.schema, state.partition_by, state.checkpoint_interval)
+        if version % state.checkpoint_interval == 0:
+            self._checkpoint(version)
+        return version
+
+    def _append_at(self, version: int, txn: str, entry: bytes, state: _State) -> int:
+        path = self._log_entry(version)
+        for _ in range(5):
+            if self.storage.put_if_absent(path, entry):
+                break
+            winner = self.storage.read_bytes(path)
+            if winner is None:
+                time.sleep(0.01)  # refused, yet nothing there: a create racing another request
+                continue
+            if _txn_of(winner) == txn:
+                break  # this append's own entry: the write landed, its answer was lost
+            raise VersionTaken(f"{self.uri}: version {version} was committed by another writer")
+        else:
+            raise VersionTaken(f"{self.uri}: version {version} could not be created")
+        self._state = _State(
+            max(version, state.version), state.schema, state.partition_by, state.checkpoint_interval
+        )
         if version % state.checkpoint_interval == 0:
             self._checkpoint(version)
         return version

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from deltamq import sail
+from deltamq.delta_append import VersionTaken
 from deltamq.errors import CommitConflict, EngineError, UnsafeStorage, cause_chain
 from deltamq.spark_connect import connect
 from deltamq.spark_setup import DELTA_CATALOG, DELTA_EXTENSION, DELTA_PACKAGE, SESSION_TUNING
@@ -129,6 +130,8 @@ def is_commit_conflict(exc: BaseException) -> bool:
         if _condition(e) in DELTA_CONFLICT_CONDITIONS or _java_classes(e) & DELTA_CONFLICT_CLASSES:
             return True
         if type(e).__name__ == "CommitFailedError":  # delta-rs (Warehouse.merge_rows, retention)
+            return True
+        if isinstance(e, VersionTaken):  # a conditional append (deltamq/tables/index_files.py)
             return True
         text = str(e)
         if any(marker in text for marker in SAIL_CONFLICT_TEXTS):

@@ -46,7 +46,7 @@ from deltamq.constants import (
     SysFlag,
 )
 from deltamq.schemas import TABLES
-from deltamq.tables import commit_log, deltalog
+from deltamq.tables import commit_log, deltalog, index_files
 from deltamq.tables.offsets import dispatch_hint
 from deltamq.tables.sqltext import sql_in, sql_long, sql_str
 
@@ -394,8 +394,11 @@ def index_new(
     """Index every commit_log commit after the index's version (at most ``max_versions``
     of them). ``fence`` is called before the index commit (lease check); ``job`` names the
     caller's fault points (``<job>.before_index_commit`` / ``.after_index_commit``). The
-    caller commits (``Context.commit``: a conflict re-runs the whole pass)."""
-    state = load_dispatch_state(wh)
+    caller commits (``Context.commit``: a conflict re-runs the whole pass). A pass of a
+    few thousand rows is planned and appended from the tables' files
+    (deltamq/tables/index_files.py), a larger one through the engine."""
+    fs = index_files.state(wh)
+    state = DispatchState(fs.version, fs.heads, fs.stale) if fs else load_dispatch_state(wh)
     commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), state.version, max_versions)
     if not commits:
         # Nothing new; but a pass killed after its index commit left the hint behind the
@@ -410,34 +413,32 @@ def index_new(
             queues=dict(state.stale),
             heads=dict(state.heads),
         )
-    to_version = commits[-1].version
-    rows = commit_log.read_added(wh, commits)
-    routes: dict[str, int] = {}
+    if fs is not None and index_files.fits(commits):
+        rows, repeated = index_files.drop_repeated(fs, index_files.added(wh, fs, commits), commits)
+        index = index_files.plan(rows, state.heads, wh.levels())
+        faults.point(f"{job}.before_index_commit")
+        if index.num_rows:
+            if fence:
+                fence()
+            index_files.append(wh, fs, index)
+        indexed, dropped = index_files.tally(index), 0
+    else:
+        indexed, dropped, repeated = _index_by_engine(wh, commits, state, fence, job)
+    faults.point(f"{job}.after_index_commit")
     # heads an earlier pass indexed but its hint never recorded (killed between its
     # index and progress commits): the hint written next moves its version past them,
     # so they must go with it
     queues: dict[Queue, int] = dict(state.stale)
-    n = dropped = 0
-    repeated = 0
-    if rows is not None:
-        rows, repeated = drop_repeated(wh, rows, commits)
-    if rows is not None and commit_log.may_hold_commits(commits):
-        rows, dropped = drop_duplicate_commits(wh, rows)
-    plan = None if rows is None else plan_index(rows, heads_frame(wh, state.heads), wh.levels())
-    faults.point(f"{job}.before_index_commit")
-    if plan is not None:
-        if fence:
-            fence()
-        merge_index(wh, plan, commits[0].version, to_version)
-        for queue, count, hi in _indexed_in(wh, commits[0].version, to_version):
-            route = _ROUTE_OF_TOPIC.get(queue[0], "plain")
-            routes[route] = routes.get(route, 0) + count
-            queues[queue] = max(queues.get(queue, 0), hi + 1)
-            n += count
-    faults.point(f"{job}.after_index_commit")
+    routes: dict[str, int] = {}
+    n = 0
+    for queue, count, hi in indexed:
+        route = _ROUTE_OF_TOPIC.get(queue[0], "plain")
+        routes[route] = routes.get(route, 0) + count
+        queues[queue] = max(queues.get(queue, 0), hi + 1)
+        n += count
     return Indexed(
         from_version=state.version,
-        to_version=to_version,
+        to_version=commits[-1].version,
         commits_read=len(commits),
         rows_in=n + dropped + repeated,
         rows_out=n,
@@ -447,6 +448,31 @@ def index_new(
         repeated=repeated,
         heads=state.heads | queues,
     )
+
+
+def _index_by_engine(
+    wh: Warehouse,
+    commits: list[deltalog.Commit],
+    state: DispatchState,
+    fence: Callable[[], None] | None,
+    job: str,
+) -> tuple[list[tuple[Queue, int, int]], int, int]:
+    """:func:`index_new`'s pass through the engine: the rows indexed (queue, rows, highest
+    offset), the committed messages dropped as duplicates and the repeated rows dropped."""
+    rows = commit_log.read_added(wh, commits)
+    dropped = repeated = 0
+    if rows is not None:
+        rows, repeated = drop_repeated(wh, rows, commits)
+    if rows is not None and commit_log.may_hold_commits(commits):
+        rows, dropped = drop_duplicate_commits(wh, rows)
+    plan = None if rows is None else plan_index(rows, heads_frame(wh, state.heads), wh.levels())
+    faults.point(f"{job}.before_index_commit")
+    if plan is None:
+        return [], dropped, repeated
+    if fence:
+        fence()
+    merge_index(wh, plan, commits[0].version, commits[-1].version)
+    return _indexed_in(wh, commits[0].version, commits[-1].version), dropped, repeated
 
 
 def index_appended(
@@ -471,9 +497,11 @@ def index_appended(
     caller writes with its progress (``offsets.advance_offsets``, ``%DISPATCH%`` rows):
     the version reached and those heads, with the ones the old hint lacked. The caller
     commits (``Context.commit``); dispatch's state is read inside, so a retry after a
-    conflict starts from the index as it then is.
+    conflict starts from the index as it then is. Planned and appended from the files
+    when they allow it (deltamq/tables/index_files.py), else through the engine.
     """
-    state: DispatchState = load_dispatch_state(wh)
+    fs = index_files.state(wh)
+    state = DispatchState(fs.version, fs.heads, fs.stale) if fs else load_dispatch_state(wh)
     commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), state.version, 2)
     if (
         len(commits) != 1
@@ -482,10 +510,13 @@ def index_appended(
     ):
         return None
     version = commits[0].version
-    added = commit_log.read_added(wh, commits)
-    if added is None:
-        return None
-    merge_index(wh, plan_index(added, heads_frame(wh, state.heads), levels), version, version)
+    if fs is not None and index_files.fits(commits):
+        index_files.append(wh, fs, index_files.plan(index_files.added(wh, fs, commits), state.heads, levels))
+    else:
+        added = commit_log.read_added(wh, commits)
+        if added is None:
+            return None
+        merge_index(wh, plan_index(added, heads_frame(wh, state.heads), levels), version, version)
     faults.point(f"{job}.after_index_commit")
     queues = dict(state.stale) | {q: state.heads.get(q, 0) + n for q, n in by_queue.items()}
     return Indexed(

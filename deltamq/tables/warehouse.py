@@ -115,6 +115,19 @@ class Warehouse:
         the commit is recognised as its own). A table whose protocol that writer does not
         meet is appended to by the engine, as is every table when the engine is Apache
         Spark on a local disk."""
+        appender = self.arrow_appender(table)
+        if appender is not None:
+            try:
+                appender.append(rows)
+                return
+            except Unsupported:
+                self._appenders[table] = None  # from now on through the engine
+        self.append(table, self.engine.spark.createDataFrame(rows))
+
+    def arrow_appender(self, table: str) -> BlindAppender | None:
+        """The table's writer of rows built in Python (deltamq/delta_append.py), its table
+        read once; None when the engine must write the table (Apache Spark on a local
+        disk, or a protocol that writer does not meet)."""
         if table not in self._appenders:
             self._appenders[table] = (
                 BlindAppender(self.storage, self.uri(table), engine_info="deltamq")
@@ -124,11 +137,10 @@ class Warehouse:
         appender = self._appenders[table]
         if appender is not None:
             try:
-                appender.append(rows)
-                return
+                appender.ready()
             except Unsupported:
-                self._appenders[table] = None  # from now on through the engine
-        self.append(table, self.engine.spark.createDataFrame(rows))
+                self._appenders[table] = appender = None  # from now on through the engine
+        return appender
 
     def merge_rows(
         self,

@@ -1,0 +1,351 @@
+"""The index of new ``commit_log`` rows built from the tables' files, without the engine.
+
+A dispatch pass through the engine is four statements whatever its size: the new rows
+read back (``commit_log.read_added``), a look-up of the batches already indexed, the
+insert-only ``MERGE`` into ``consume_queue`` and the read-back of what it indexed. On
+an object store each statement also lists the tables' logs and reads their last
+checkpoint. A pass of a few thousand rows does all of it here instead: the files the new
+commits added are read through the kept ``commit_log`` snapshot (deltamq/delta_read.py;
+deliver then finds the same bodies decoded), routed and given their offsets in Arrow,
+and appended to ``consume_queue`` as one commit at the version after the one the plan
+was read from (``BlindAppender.append(at=…)``). Any commit to the index in between (a
+raced indexer, retention, compaction) takes that version: the append is refused as a
+commit conflict and the caller's ``Context.commit`` plans the pass again from the new
+state, as the engine's ``MERGE`` conflicts.
+
+One plan, two ways: every column is what ``consume_queue.plan_index`` computes through
+the engine (the same routes, due times, offsets, ``tags_hash`` as Spark's ``xxhash64``
+with seed 42, properties); ``tests/test_index_files.py`` compares them row by row. A
+pass is the engine's when these reads cannot be sure to match it: a table the file
+reader or appender does not support, Apache Spark on a local disk (every commit there
+goes through the engine, docs/engines.md), committed transactional messages (their
+de-duplication is the engine's), or more than :data:`MAX_ROWS` new rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import xxhash
+
+from deltamq import file_reads, ids
+from deltamq.constants import (
+    SCHEDULE_TOPIC,
+    TIMER_TOPIC,
+    TRANS_CHECK_MAX_TIME_TOPIC,
+    TRANS_HALF_TOPIC,
+    Prop,
+    SysFlag,
+)
+from deltamq.delta_append import Unsupported
+from deltamq.delta_read import DataFile, FileSnapshot
+from deltamq.schemas import TABLES
+from deltamq.tables import commit_log, deltalog
+from deltamq.tables.integrity import check_added
+
+if TYPE_CHECKING:
+    from deltamq.tables.warehouse import Warehouse
+
+MAX_ROWS = 50_000
+"""New rows above which a pass is the engine's (its statements cost the same whatever
+their size; here every row costs a few microseconds of Python and Arrow)."""
+TIMER_SLOT_MS = 3_600_000
+XXHASH_SEED = 42
+"""Spark's ``xxhash64`` seed: ``tags_hash`` must equal what the engine writes."""
+COLUMNS = TABLES["consume_queue"].columns
+_READ = ("topic", "queue_id", "msg_id", "tags", "keys", "properties", "store_ts", "reconsume_times",
+         "sys_flag", "batch_id", "batch_pos", "born_ts")  # fmt: skip
+_PROPS = pa.map_(pa.string(), pa.string())
+
+Queue = tuple[str, int]
+
+
+class _Held:
+    """The snapshots a pass read its state from, handed to ``file_reads`` without a second
+    refresh: the plan and the version it is appended after come from one look."""
+
+    def __init__(self, snaps: Mapping[str, FileSnapshot]) -> None:
+        self.snaps = dict(snaps)
+
+    def snapshot(self, table: str) -> FileSnapshot | None:
+        return self.snaps.get(table)
+
+
+@dataclass(frozen=True)
+class FilesState:
+    """Dispatch's state as the files say (``consume_queue.DispatchState``'s fields) and
+    the ``consume_queue`` version it was read at: the index commit goes right after it."""
+
+    index_version: int
+    version: int
+    heads: dict[Queue, int]
+    stale: dict[Queue, int]
+    held: _Held
+
+
+def state(wh: Warehouse) -> FilesState | None:
+    """Dispatch's hint corrected by the index rows newer than it, from one refresh of the
+    ``offsets``, ``consume_queue`` and ``commit_log`` snapshots; None when a pass cannot be
+    planned and appended here (the caller reads the state through the engine)."""
+    if wh.arrow_appender("consume_queue") is None:
+        return None
+    snaps = {t: wh.snapshot(t) for t in ("consume_queue", "offsets", "commit_log")}
+    if any(s is None for s in snaps.values()):
+        return None
+    held = _Held({t: s for t, s in snaps.items() if s is not None})
+    index_version = held.snaps["consume_queue"].version
+    hint = file_reads.dispatch_hint(held)
+    if hint is None:
+        return None
+    version, recorded = file_reads.hint_of(hint)
+    newer = file_reads.heads_after(held, version)
+    if newer is None:
+        return None
+    version, heads, stale = file_reads.corrected(version, recorded, newer)
+    return FilesState(index_version, version, heads, stale, held)
+
+
+def fits(commits: Sequence[deltalog.Commit]) -> bool:
+    """Whether the commits' new rows can be indexed here: their count is known and at most
+    :data:`MAX_ROWS`, and none may be a committed transactional message."""
+    counts = [f.num_records for c in commits for f in c.files]
+    if any(n is None for n in counts) or sum(n or 0 for n in counts) > MAX_ROWS:
+        return False
+    return not commit_log.may_hold_commits(list(commits))
+
+
+def added(wh: Warehouse, fs: FilesState, commits: Sequence[deltalog.Commit]) -> pa.Table:
+    """The ``commit_log`` rows the commits added, each with its commit's ``cl_version``,
+    decoded through the kept snapshot (its cache: deliver reads the same files next). A
+    missing or truncated file raises TableDamaged naming it, as the engine's read does."""
+    snap = fs.held.snaps["commit_log"]
+    parts = []
+    for c in commits:
+        for f in c.files:
+            data = DataFile(f.path, dict(f.partition_values), f.min_values, f.max_values, f.num_records)
+            try:
+                part = snap.whole(data).select(list(_READ))
+            except Exception:
+                check_added(wh.storage, "commit_log", [f])  # names the damaged file
+                raise
+            parts.append(part.append_column("cl_version", pa.array([c.version] * part.num_rows, pa.int64())))
+    if not parts:
+        empty = snap.read([], list(_READ))
+        return empty.append_column("cl_version", pa.array([], pa.int64()))
+    return pa.concat_tables(parts, promote_options="permissive")
+
+
+def drop_repeated(fs: FilesState, rows: pa.Table, commits: Sequence[deltalog.Commit]) -> tuple[pa.Table, int]:
+    """``consume_queue.drop_repeated`` on Arrow rows: without the messages already indexed
+    (looked up in the index files of the new batch ids) or repeated by an earlier new row.
+    Returns the rows and how many were dropped."""
+    batches, exact = commit_log.batch_ids(list(commits))
+    indexed: set[str] = set()
+    if batches:
+        lo, hi = min(batches), max(batches)
+        found = fs.held.snaps["consume_queue"].read(
+            fs.held.snaps["consume_queue"].files(lambda f: f.overlaps("cl_batch_id", lo, hi)),
+            ["cl_batch_id", "msg_id"],
+            (pc.field("cl_batch_id") >= lo) & (pc.field("cl_batch_id") <= hi),
+        )
+        hit = pc.is_in(found.column("cl_batch_id"), value_set=pa.array(sorted(batches), pa.int64()))
+        indexed = set(found.filter(hit).column("msg_id").to_pylist())
+    if exact and not indexed:
+        return rows, 0
+    keep = np.ones(rows.num_rows, dtype=bool)
+    if not exact:
+        order = pc.sort_indices(rows, [("cl_version", "ascending"), ("batch_pos", "ascending")]).to_pylist()
+        msg = rows.column("msg_id").to_pylist()
+        seen: set[str] = set()
+        for i in order:
+            if msg[i] in seen:
+                keep[i] = False
+            seen.add(msg[i])
+    if indexed:
+        keep &= ~pc.is_in(rows.column("msg_id"), value_set=pa.array(sorted(indexed))).to_numpy(
+            zero_copy_only=False
+        )
+    out = rows.filter(pa.array(keep))
+    return out, rows.num_rows - out.num_rows
+
+
+def _int_prop(props: pa.ChunkedArray, key: str, digits: int) -> pa.Array:
+    """A property as an int64 when it is 1..``digits`` decimal digits, else null
+    (``consume_queue.int_prop``)."""
+    raw = pc.map_lookup(props, key, "first")
+    ok = pc.fill_null(pc.match_substring_regex(raw, f"^[0-9]{{1,{digits}}}$"), False)
+    return pc.cast(pc.if_else(ok, raw, pa.scalar(None, pa.string())), pa.int64())
+
+
+def tags_hash(tags: pa.ChunkedArray) -> pa.Array:
+    """Spark's ``xxhash64(tags)`` (seed 42, a signed 64-bit value), null for a null tag;
+    each distinct tag hashed once."""
+    distinct = pc.unique(tags).drop_null()
+    values = [xxhash.xxh64_intdigest(t.encode("utf-8"), seed=XXHASH_SEED) for t in distinct.to_pylist()]
+    signed = pa.array(np.array(values, dtype=np.uint64).view(np.int64), pa.int64())
+    return pc.take(signed, pc.index_in(tags, value_set=distinct))
+
+
+def _routes(rows: pa.Table, levels: list[tuple[int, int]]) -> dict[str, pa.Array]:
+    """Each row's route flags (``half``, ``timer``, ``schedule``, ``plain``) and its delay
+    ``level`` (clamped to the highest) and ``timer_ms`` (``consume_queue._routed``)."""
+    props = rows.column("properties")
+    max_level = max((lvl for lvl, _ in levels), default=0)
+    half = pc.fill_null(
+        pc.and_(
+            pc.and_(
+                pc.equal(pc.map_lookup(props, Prop.TRAN_MSG, "first"), "true"),
+                pc.equal(pc.bit_wise_and(rows.column("sys_flag"), 0xC), SysFlag.TRANSACTION_PREPARED_TYPE),
+            ),
+            pc.not_equal(rows.column("topic"), TRANS_CHECK_MAX_TIME_TOPIC),
+        ),
+        False,
+    )
+    timer_ms = _int_prop(props, Prop.TIMER_DELIVER_MS, 18)
+    level = pc.min_element_wise(_int_prop(props, Prop.DELAY, 9), max_level, skip_nulls=False)
+    timer = pc.and_(pc.invert(half), pc.is_valid(timer_ms))
+    schedule = pc.and_(
+        pc.and_(pc.invert(half), pc.invert(timer)),
+        pc.fill_null(pc.greater(level, 0), False) if max_level > 0 else pa.array([False] * rows.num_rows),
+    )
+    plain = pc.invert(pc.or_(pc.or_(half, timer), schedule))
+    return {
+        "half": half,
+        "timer": timer,
+        "schedule": schedule,
+        "plain": plain,
+        "level": level,
+        "timer_ms": timer_ms,
+    }
+
+
+def _due(rows: pa.Table, r: dict[str, pa.Array], levels: list[tuple[int, int]]) -> pa.Array:
+    """Each row's due time: a timer's deliver time, a delayed message's store time plus its
+    level's delay, a copy promote wrote its store time (when it may be handed out)."""
+    delays = dict(levels)
+    delay = pc.take(
+        pa.array([delays.get(lvl) for lvl in range(max(delays, default=0) + 1)], pa.int64()),
+        pc.fill_null(r["level"], 0),
+    )
+    batch = rows.column("batch_id")
+    kind = pc.bit_wise_and(batch, ids.PRODUCER_BIT - 1)
+    copy = pc.and_(
+        pc.equal(pc.bit_wise_and(batch, ids.PRODUCER_BIT), 0),
+        pc.and_(pc.greater_equal(kind, 1), pc.less_equal(kind, ids.KIND_TIMER)),
+    )
+    store_ts = rows.column("store_ts")
+    return pc.case_when(
+        pc.make_struct(r["timer"], r["schedule"], pc.and_(r["plain"], copy)),
+        r["timer_ms"],
+        pc.add(store_ts, delay),
+        store_ts,
+        pa.scalar(None, pa.int64()),
+    )
+
+
+def plan(rows: pa.Table, heads: Mapping[Queue, int], levels: list[tuple[int, int]]) -> pa.Table:
+    """``consume_queue.plan_index`` on Arrow rows (``commit_log`` columns with
+    ``cl_version``): the index rows in the table's column order, plus ``route``."""
+    topic, qid = rows.column("topic"), rows.column("queue_id")
+    r = _routes(rows, levels)
+    flags = pc.make_struct(r["half"], r["timer"], r["schedule"])
+    q_id = pc.cast(
+        pc.case_when(
+            pc.make_struct(r["schedule"], pc.or_(r["half"], r["timer"])),
+            pc.subtract(r["level"], 1),
+            pa.scalar(0, pa.int64()),
+            pc.cast(qid, pa.int64()),
+        ),
+        pa.int32(),
+    )
+    due = _due(rows, r, levels)
+    slot = pc.case_when(
+        pc.make_struct(r["schedule"], r["timer"]),
+        pc.cast(q_id, pa.int64()),
+        pc.divide(due, TIMER_SLOT_MS),  # due times are positive: division floors
+        pa.scalar(0, pa.int64()),
+    )
+    out = {
+        "topic": pc.case_when(flags, TRANS_HALF_TOPIC, TIMER_TOPIC, SCHEDULE_TOPIC, topic),
+        "queue_id": q_id,
+        "msg_id": rows.column("msg_id"),
+        "tags": rows.column("tags"),
+        "tags_hash": tags_hash(rows.column("tags")),
+        "keys": rows.column("keys"),
+        "properties": _routed_props(rows.column("properties"), r["plain"], topic, qid),
+        "store_ts": rows.column("store_ts"),
+        "due_ts": due,
+        "reconsume_times": rows.column("reconsume_times"),
+        "cl_date": pc.cast(pc.cast(pc.divide(rows.column("store_ts"), ids.DAY_MS), pa.int32()), pa.date32()),
+        "cl_version": rows.column("cl_version"),
+        "cl_batch_id": rows.column("batch_id"),
+        "cl_batch_pos": rows.column("batch_pos"),
+        "slot": pc.cast(slot, pa.int32()),
+        "born_ts": rows.column("born_ts"),
+        "route": pc.case_when(flags, "half", "timer", "schedule", pa.scalar("plain")),
+    }
+    table = pa.table({k: v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v for k, v in out.items()})
+    return _with_offsets(table, heads)
+
+
+def _routed_props(
+    props: pa.ChunkedArray, plain: pa.Array, topic: pa.ChunkedArray, qid: pa.ChunkedArray
+) -> pa.Array:
+    """Properties as the index keeps them: a plain row's as stored; a routed row's without
+    any ``REAL_TOPIC`` / ``REAL_QID`` it had, then those two naming its real queue."""
+    if pc.all(plain).as_py():
+        return props.combine_chunks()
+    flags = plain.to_pylist()
+    values = props.to_pylist()
+    topics, qids = topic.to_pylist(), qid.to_pylist()
+    drop = (Prop.REAL_TOPIC, Prop.REAL_QID)
+    for i, is_plain in enumerate(flags):
+        if not is_plain:
+            kept = [(k, v) for k, v in (values[i] or []) if k not in drop]
+            values[i] = [*kept, (Prop.REAL_TOPIC, topics[i]), (Prop.REAL_QID, str(qids[i]))]
+    return pa.array(values, _PROPS)
+
+
+def _with_offsets(table: pa.Table, heads: Mapping[Queue, int]) -> pa.Table:
+    """``table`` ordered by queue, then (commit version, batch, position), with each row's
+    ``queue_offset``: its queue's head plus its rank in that order."""
+    keys = [("topic", "ascending"), ("queue_id", "ascending"), ("cl_version", "ascending"),
+            ("cl_batch_id", "ascending"), ("cl_batch_pos", "ascending")]  # fmt: skip
+    table = table.take(pc.sort_indices(table, keys))
+    n = table.num_rows
+    offsets = np.zeros(n, dtype=np.int64)
+    if n:
+        topics, qids = table.column("topic").to_pylist(), table.column("queue_id").to_numpy()
+        start = 0
+        for i in range(1, n + 1):
+            if i == n or topics[i] != topics[start] or qids[i] != qids[start]:
+                offsets[start:i] = heads.get((topics[start], int(qids[start])), 0) + np.arange(i - start)
+                start = i
+    at = table.column_names.index("msg_id")
+    return table.add_column(at, "queue_offset", pa.array(offsets, pa.int64()))
+
+
+def tally(index: pa.Table) -> list[tuple[Queue, int, int]]:
+    """(queue, rows, highest offset) of planned index rows, as ``consume_queue`` reads
+    them back after the engine's ``MERGE``."""
+    grouped = index.group_by(["topic", "queue_id"]).aggregate(
+        [("queue_offset", "count"), ("queue_offset", "max")]
+    )
+    return [
+        ((r["topic"], r["queue_id"]), r["queue_offset_count"], r["queue_offset_max"])
+        for r in grouped.to_pylist()
+    ]
+
+
+def append(wh: Warehouse, fs: FilesState, index: pa.Table) -> None:
+    """The index commit: ``index`` appended to ``consume_queue`` as the version after the
+    one ``fs`` was read at (a commit conflict when another writer has taken it)."""
+    appender = wh.arrow_appender("consume_queue")
+    if appender is None:  # state() found one; it is only ever withdrawn for a protocol change
+        raise Unsupported(f"{wh.uri('consume_queue')} can no longer be appended to without the engine")
+    appender.append(index.select(list(COLUMNS)), at=fs.index_version + 1)
