@@ -122,6 +122,11 @@ class BlindAppender:
         return self._state
 
     # --- appending ------------------------------------------------------------------
+    @property
+    def version(self) -> int | None:
+        """The table's version as this appender last knew it (its last commit or read)."""
+        return None if self._state is None else self._state.version
+
     def ready(self) -> None:
         """Read the table once (Unsupported when this writer cannot append to it)."""
         self._current()

@@ -25,6 +25,7 @@ from deltamq.config import Subscription
 from deltamq.constants import DISPATCH_GROUP, SCHEDULE_TOPIC, TIMER_TOPIC
 from deltamq.delta_read import DataFile, FileSnapshot, positions
 from deltamq.filters import parse_tag_expression
+from deltamq.pull_log import LOG_COLUMNS, LogRow
 
 P = TypeVar("P")
 
@@ -379,3 +380,32 @@ def clamped(heads: Mapping[Queue, int], not_due: Mapping[Queue, tuple[int, int]]
     """``heads`` with each queue cut at its first row not yet due (``not_due``, as
     :func:`not_due` gives it), when there is one."""
     return {q: min(h, not_due[q][0]) if q in not_due else h for q, h in heads.items()}
+
+
+# --- the deliveries log ---------------------------------------------------------------------
+MAX_LOG_ROWS = 100_000
+"""Rows of the deliveries log above which :func:`log_rows` leaves the read to the engine:
+each row here becomes a Python tuple."""
+
+
+def log_rows(
+    wh: Snapshots, where: pc.Expression | None = None, most: int | None = None
+) -> list[LogRow] | None:
+    """The deliveries log's rows matching ``where``, as tuples in the table's column order;
+    None when the table must be read with the engine, or holds more than ``most`` rows."""
+    snap = wh.snapshot("deliveries")
+    if snap is None:
+        return None
+    files = snap.files()
+    if most is not None and sum(most + 1 if f.num_records is None else f.num_records for f in files) > most:
+        return None
+    table = snap.read(files, list(LOG_COLUMNS), where)
+    return list(zip(*(table.column(c).to_pylist() for c in LOG_COLUMNS), strict=True))
+
+
+def queues_filter(queues: Iterable[Queue]) -> pc.Expression:
+    """Rows of any of ``queues`` (topic, queue_id)."""
+    return balanced_or(
+        ((pc.field("topic") == t) & (pc.field("queue_id") == q) for t, q in sorted(set(queues))),
+        pc.scalar(False),
+    )

@@ -31,7 +31,6 @@ from deltamq.delta_read import FileSnapshot
 from deltamq.errors import ConfigError, DeltaMQError, StorageError
 from deltamq.pull_log import (
     LOCK_COLUMNS,
-    LOG_COLUMNS,
     LockEntry,
     LogRow,
     Queue,
@@ -242,14 +241,15 @@ class FileStore:
         return file_reads.clamped(found, ahead)
 
     def _log_rows(self, where: pc.Expression) -> list[LogRow]:
-        snap = self.snapshot("deliveries")
-        table = snap.read(snap.files(), list(LOG_COLUMNS), where)
-        return list(zip(*(table.column(c).to_pylist() for c in LOG_COLUMNS), strict=True))
+        found = file_reads.log_rows(self, where)
+        assert found is not None  # snapshot() raises rather than answer None
+        return found
 
     def positions(self, group: str, queues: Sequence[Queue]) -> dict[Queue, tuple[int, int]]:
         """(acknowledged, delivered) per queue: the log read first, then the stored offsets
         (the fold writes offsets before it deletes log rows)."""
-        logs = sum_up(handle_classes(self._log_rows((pc.field("consumer_group") == group) & _queues(queues))))
+        where = (pc.field("consumer_group") == group) & file_reads.queues_filter(queues)
+        logs = sum_up(handle_classes(self._log_rows(where)))
         stored = {
             (group, r["topic"], r["queue_id"]): (r["next_offset"] or 0, r["delivered_offset"])
             for r in self._rows(
@@ -287,7 +287,8 @@ class FileStore:
             rows = self._log_rows((pc.field("consumer_group") == group) & where)
             chosen = set(wanted)
             return still_open(r for r in rows if r[6] in chosen)
-        return still_open(self._log_rows((pc.field("consumer_group") == group) & _queues(list(queues))))
+        where = (pc.field("consumer_group") == group) & file_reads.queues_filter(list(queues))
+        return still_open(self._log_rows(where))
 
     def append_log(self, rows: list[LogRow]) -> None:
         self._log.append(log_table(rows))
@@ -303,13 +304,6 @@ class FileStore:
 
 
 _SAME_QUEUE = "t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id"
-
-
-def _queues(queues: Sequence[Queue]) -> pc.Expression:
-    return file_reads.balanced_or(
-        ((pc.field("topic") == t) & (pc.field("queue_id") == q) for t, q in sorted(set(queues))),
-        pc.scalar(False),
-    )
 
 
 def _text(value: str) -> str:

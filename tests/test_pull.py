@@ -435,6 +435,37 @@ def test_a_fold_keeps_a_takeover_that_came_after_it_read_the_log(pulled, clock, 
     assert bodies(rest) == ["q0m3", "q0m4"]  # a's q0m3 again (revoked), then the new one
 
 
+def test_the_logs_summary_from_the_files_is_the_engines(pulled, clock, broker):
+    """Every class of handle in the log (a takeover mark, revoked, ended, a nack requested
+    by a client without an engine, in flight): the fold's summary read from the files is
+    the one the engine's statement computes, whole and for one group's queues."""
+    from deltamq.lite import PullConsumer
+    from deltamq.tables import deliveries
+
+    t = clock.now_ms()
+    a = broker.pull_consumer("workers", "a")
+    got = [m for m in a.pull(4, now=t) if m.queue_id == 0]
+    assert a.ack([got[0].receipt_handle], now=t) == 1  # ended; the rest in flight
+    b = broker.pull_consumer("workers", "b")
+    later = t + broker.config.client_timeout_ms + 1
+    taken = b.pull(3, now=later)  # a takeover of queue 0: a's rows revoked
+    assert taken
+    lite = PullConsumer(broker.warehouse.location, "workers", "c", clock=clock)
+    clock.set(later + broker.config.client_timeout_ms + 1)
+    mine = lite.pull(2)
+    assert mine
+    lite.nack([mine[0].receipt_handle])
+    lite.close()
+    wh = broker.warehouse
+    whole = deliveries.summary(wh)
+    assert whole and whole == deliveries._summary_by_engine(wh, None, None)
+    assert any(s.taken_ts is not None for s in whole.values())
+    assert any(s.due is not None for s in whole.values())
+    assert any(s.old_hi is not None for s in whole.values())
+    some = [("orders", 0), ("orders", 2)]
+    assert deliveries.summary(wh, "workers", some) == deliveries._summary_by_engine(wh, "workers", some)
+
+
 def _a_holds_queue_0_and_b_comes_later(broker, clock):
     """a pulls and acks q0m0, q0m1 (reserving queue 0 up to its head); b is a client that
     comes when a is silent past the client and lock timeouts by b's clock."""

@@ -413,6 +413,7 @@ class TickRunner:
         self._stop = threading.Event()
         self._versions: dict[str, int] = {}  # the watched tables' versions, as last seen
         self.quiet: Quiet | None = None
+        self._looked: dict[str, int] | None = None  # versions the quiet check found moved
 
     @property
     def holder(self) -> str:
@@ -454,7 +455,11 @@ class TickRunner:
         self.ctx.engine.recycle_if_large(self.ctx.config.embedded_max_rss_mb)
         with faults_named(self.ctx.warehouse):
             self._take_leases(now_ms)
-            seen = self._watch() if self.ctx.config.skip_idle_ticks and len(self.jobs) > 1 else None
+            # the versions the quiet check just looked up (the lease rows are not watched),
+            # else a look now
+            seen, self._looked = self._looked, None
+            if seen is None and self.ctx.config.skip_idle_ticks and len(self.jobs) > 1:
+                seen = self._watch()
         held = self._held_now(now_ms, now is None)
         if held != now_ms:
             log.warning(
@@ -516,6 +521,11 @@ class TickRunner:
     def _watch(self) -> dict[str, int]:
         """The watched tables' versions now (a look-up per table, one more per new commit)."""
         wh = self.ctx.warehouse
+        # the walk to each table's head starts from the newest version this process knows
+        # of: what its jobs read and wrote since the last look costs no look-up of its own
+        if self._versions:
+            known = wh.known_versions()
+            self._versions = {t: max(v, known.get(t, -1)) for t, v in self._versions.items()}
         self._versions = deltalog.latest_versions(wh.storage, {t: wh.uri(t) for t in WATCHED}, self._versions)
         return dict(self._versions)
 
@@ -554,8 +564,10 @@ class TickRunner:
             self.quiet = None
             return None
         with faults_named(self.ctx.warehouse):
-            if self._watch() != quiet.versions:
+            looked = self._watch()
+            if looked != quiet.versions:
                 self.quiet = None
+                self._looked = looked  # the tick's own look at its start
                 return None
         self.last_now = now_ms
         return TickResult(self._tick_id(now_ms), now_ms, self.holder, (), idle=True)

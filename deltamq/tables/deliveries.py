@@ -25,6 +25,7 @@ from deltamq.pull_log import (
     as_dict,
     decide_lock,
     ended,
+    handle_classes,
     lock_entries,
     log_table,
     position,
@@ -193,7 +194,22 @@ def open_rows(wh: Warehouse, cond: Column, sent_only: Column | None = None) -> l
 def summary(
     wh: Warehouse, group: str | None = None, queues: Iterable[Queue] | None = None
 ) -> dict[tuple[str, str, int], QueueLog]:
-    """{(group, topic, queue): QueueLog} of the log (one statement)."""
+    """{(group, topic, queue): QueueLog} of the log: from its files (a log of at most
+    ``file_reads.MAX_LOG_ROWS`` rows, read through the kept snapshot: an empty log costs
+    a look at its next commit entry), else in one statement."""
+    wanted = None if queues is None else list(queues)
+    where = None if group is None else pc.field("consumer_group") == group
+    if wanted is not None:
+        where = files.queues_filter(wanted) if where is None else where & files.queues_filter(wanted)
+    found = files.log_rows(wh, where, most=files.MAX_LOG_ROWS)
+    if found is not None:
+        return sum_up(handle_classes(found))
+    return _summary_by_engine(wh, group, wanted)
+
+
+def _summary_by_engine(
+    wh: Warehouse, group: str | None, queues: Iterable[Queue] | None
+) -> dict[tuple[str, str, int], QueueLog]:
     where = []
     if group is not None:
         where.append(f"consumer_group = {sql_str(group)}")

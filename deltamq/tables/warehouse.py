@@ -187,6 +187,24 @@ class Warehouse:
             self._checkpointed[table] = version
         return True
 
+    def known_versions(self) -> dict[str, int]:
+        """Per table, the latest version this process has read (its snapshot) or committed
+        (its appenders, its delta-rs MERGEs): a version each table has at least, from which
+        a look for newer commits can start."""
+        known: dict[str, int] = {}
+
+        def saw(table: str, version: int | None) -> None:
+            if version is not None and version >= 0:
+                known[table] = max(known.get(table, -1), version)
+
+        for table, snap in self._snapshots.items():
+            saw(table, snap.version if snap is not None else None)
+        for table, appender in self._appenders.items():
+            saw(table, appender.version if appender is not None else None)
+        for table, dt in self._merged.items():
+            saw(table, dt.version() if dt is not None else None)
+        return known
+
     def snapshot(self, table: str) -> FileSnapshot | None:
         """The table's files as of now, for reads without an engine round trip
         (deltamq/delta_read.py): kept between calls and brought up to date from the new
