@@ -260,9 +260,9 @@ def _partitions(rows: pa.Table, columns: tuple[str, ...]) -> list[tuple[dict[str
         return [({}, None)]
     if len(columns) == 1:  # the usual case (commit_log's day): no Python object per row
         distinct = [(v,) for v in pc.unique(rows[columns[0]]).to_pylist()]
-    else:
-        keys = rows.select(list(columns)).to_pylist()
-        distinct = list(dict.fromkeys(tuple(k[c] for c in columns) for k in keys))
+    else:  # the distinct combinations by Arrow (the index's topic and slot), not row by row
+        found = rows.select(list(columns)).group_by(list(columns), use_threads=False).aggregate([])
+        distinct = list(zip(*(found.column(c).to_pylist() for c in columns), strict=True))
     if len(distinct) == 1:
         return [({c: _log_value(v) for c, v in zip(columns, distinct[0], strict=True)}, None)]
     out = []

@@ -195,6 +195,25 @@ class FileSnapshot:
             tables = [_filter(t, where) for t in tables]
         return pa.concat_tables([t.select(columns) for t in tables])
 
+    def columns(self, f: DataFile, names: list[str]) -> pa.Table:
+        """The ``names`` columns of file ``f`` (partition columns filled in): from the
+        decoded file when it is kept, else read alone and not kept (a reader that needs a
+        few narrow columns of many rows need not decode, nor evict, the wide ones)."""
+        with self._lock:
+            data = self._cache.get(f.path)
+            schema, parts = self._schema, self._partition_by
+        if data is not None:
+            return data.select(names)
+        assert schema is not None, "refresh() first"
+        stored = [n for n in names if n not in parts]
+        data = self.storage.read_parquet(f.path, pa.schema([schema.field(n) for n in stored]))
+        for name in names:
+            if name in parts:
+                field = schema.field(name)
+                value = _typed(f.partition.get(name), field.type)
+                data = data.append_column(field, pa.array([value] * data.num_rows, field.type))
+        return data.select(names)
+
     def whole(self, f: DataFile) -> pa.Table:
         """Every row of file ``f``, partition columns filled in; kept (data files never
         change) in a cache of at most ``cache_bytes``, least recently used out first: the

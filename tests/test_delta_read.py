@@ -126,6 +126,18 @@ def test_a_decoded_file_is_kept_and_the_cache_stays_within_its_bound(tmp_path):
     assert any(t is first for t in big._cache.values())  # read once, then kept
 
 
+def test_a_few_columns_are_read_alone_unless_the_file_is_kept(tmp_path):
+    storage, uri = _table(tmp_path)
+    write_deltalake(uri, _rows(range(5), day=date(2026, 11, 27)), mode="append")
+    snap = FileSnapshot(storage, uri)
+    snap.refresh()
+    (f,) = snap.files()
+    narrow = snap.columns(f, ["off", "topic", "day"])
+    assert narrow.column_names == ["off", "topic", "day"] and not snap._cache  # not decoded whole
+    assert narrow.to_pylist() == snap.whole(f).select(["off", "topic", "day"]).to_pylist()
+    assert snap.columns(f, ["off"]).column("off").to_pylist() == list(range(5))  # from the kept file now
+
+
 def test_deletion_vectors_and_column_mapping_are_refused(tmp_path):
     storage, uri = _table(tmp_path)
     snap = FileSnapshot(storage, uri)

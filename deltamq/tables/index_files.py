@@ -51,9 +51,15 @@ from deltamq.tables.integrity import check_added
 if TYPE_CHECKING:
     from deltamq.tables.warehouse import Warehouse
 
-MAX_ROWS = 50_000
-"""New rows above which a pass is the engine's (its statements cost the same whatever
-their size; here every row costs a few microseconds of Python and Arrow)."""
+MAX_ROWS = 20_000
+"""New rows above which a pass is the engine's. Measured on 2 cores (1 KiB bodies, one
+pass, `bench/README.md`): 5 000 rows 0.06 s here against 0.13 s by the engine, 20 000
+alike (0.17-0.19 s), 50 000 0.35 s against 0.18-0.23 s: the engine's statements cost
+about the same whatever their size, while here every row costs Python and Arrow time."""
+KEEP_DECODED = 10_000
+"""New rows up to which their files are decoded whole and kept in the snapshot's cache:
+deliver's small passes (deltamq/jobs/deliver_files.py, at most as many messages) then
+find the bodies decoded. Above it only the narrow columns the index needs are read."""
 TIMER_SLOT_MS = 3_600_000
 XXHASH_SEED = 42
 """Spark's ``xxhash64`` seed: ``tags_hash`` must equal what the engine writes."""
@@ -121,15 +127,17 @@ def fits(commits: Sequence[deltalog.Commit]) -> bool:
 
 def added(wh: Warehouse, fs: FilesState, commits: Sequence[deltalog.Commit]) -> pa.Table:
     """The ``commit_log`` rows the commits added, each with its commit's ``cl_version``,
-    decoded through the kept snapshot (its cache: deliver reads the same files next). A
+    decoded through the kept snapshot (its cache, for a pass deliver may take from the
+    files next: :data:`KEEP_DECODED`). A
     missing or truncated file raises TableDamaged naming it, as the engine's read does."""
     snap = fs.held.snaps["commit_log"]
+    keep = sum(f.num_records or 0 for c in commits for f in c.files) <= KEEP_DECODED
     parts = []
     for c in commits:
         for f in c.files:
             data = DataFile(f.path, dict(f.partition_values), f.min_values, f.max_values, f.num_records)
             try:
-                part = snap.whole(data).select(list(_READ))
+                part = snap.whole(data).select(list(_READ)) if keep else snap.columns(data, list(_READ))
             except Exception:
                 check_added(wh.storage, "commit_log", [f])  # names the damaged file
                 raise
