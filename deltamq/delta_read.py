@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -69,6 +70,26 @@ class DataFile:
         return n is not None and self.num_records is not None and n >= self.num_records
 
 
+@dataclass(frozen=True)
+class SortedKeys:
+    """A file's row keys in ascending order (``keys``) and the row each came from (``rows``)."""
+
+    keys: np.ndarray
+    rows: np.ndarray
+
+    def rows_equal(self, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each of ``wanted``: whether a row has that key (a mask) and that row."""
+        at = np.searchsorted(self.keys, wanted)
+        inside = at < len(self.keys)
+        hit = np.zeros(len(wanted), dtype=bool)
+        hit[inside] = self.keys[at[inside]] == wanted[inside]
+        return hit, self.rows[np.where(hit, at, 0)] if len(self.rows) else np.zeros(len(wanted), np.int64)
+
+    def rows_between(self, lo: int, hi: int) -> np.ndarray:
+        """The rows whose key is in [lo, hi)."""
+        return self.rows[np.searchsorted(self.keys, lo) : np.searchsorted(self.keys, hi)]
+
+
 class FileSnapshot:
     """The live files of the Delta table at ``uri`` (under ``storage``), kept up to date
     by :meth:`refresh`. Safe to share between threads."""
@@ -88,6 +109,7 @@ class FileSnapshot:
         self._partition_by: tuple[str, ...] = ()
         self._checked = 0.0
         self._lock = threading.RLock()
+        self._sorted: dict[tuple[str, str], SortedKeys | None] = {}  # per (file, key name)
 
     # --- keeping up -----------------------------------------------------------------
     def refresh(self) -> int:
@@ -138,6 +160,7 @@ class FileSnapshot:
             )
         self._files = files
         self._cache.clear()  # decoded with the old schema
+        self._sorted.clear()
         self._cached = 0
         self.version = table.version()
         self._checked = time.monotonic()
@@ -214,6 +237,27 @@ class FileSnapshot:
                 data = data.append_column(field, pa.array([value] * data.num_rows, field.type))
         return data.select(names)
 
+    def sorted_keys(
+        self, f: DataFile, name: str, key: Callable[[pa.Table], np.ndarray | None]
+    ) -> SortedKeys | None:
+        """File ``f``'s rows ordered by ``key`` (an int64 per row, computed from the decoded
+        file; None: the file cannot be keyed so), kept with the decoded file under
+        ``name``: a reader of a few rows of a large file finds them by binary search
+        instead of a filter over every row."""
+        cache_key = (f.path, name)
+        with self._lock:
+            if cache_key in self._sorted:
+                return self._sorted[cache_key]
+        keys = key(self.whole(f))
+        found = None
+        if keys is not None:
+            order = np.argsort(keys, kind="stable")
+            found = SortedKeys(keys[order], order)
+        with self._lock:
+            if f.path in self._cache:  # kept only while the file is
+                self._sorted[cache_key] = found
+        return found
+
     def whole(self, f: DataFile) -> pa.Table:
         """Every row of file ``f``, partition columns filled in; kept (data files never
         change) in a cache of at most ``cache_bytes``, least recently used out first: the
@@ -237,8 +281,10 @@ class FileSnapshot:
             self._cache[f.path] = data
             self._cached += data.nbytes
             while self._cached > self.cache_bytes and len(self._cache) > 1:
-                _, old = self._cache.popitem(last=False)
+                gone, old = self._cache.popitem(last=False)
                 self._cached -= old.nbytes
+                for k in [k for k in self._sorted if k[0] == gone]:
+                    del self._sorted[k]
         return data
 
 

@@ -17,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -87,7 +88,38 @@ def index_rows(wh: Snapshots, ranges: Sequence[Range], columns: Sequence[str]) -
         (pc.field("topic") == topic) & (pc.field("queue_id") == qid) & _between("queue_offset", lo, hi - 1)
         for topic, qid, lo, hi in ranges
     )
-    return snap.read(snap.files(keep), list(columns), where)
+    parts = []
+    for f in snap.files(keep):
+        keyed = snap.sorted_keys(f, "queue", _queue_keys)
+        if keyed is None:
+            parts.append(snap.read([f], list(columns), where))
+            continue
+        found = [
+            keyed.rows_between((q << QUEUE_SHIFT) + lo, (q << QUEUE_SHIFT) + hi)
+            for q, lo, hi in ((q, lo, hi + 1) for q, lo, hi in spans.get(f.partition.get("topic") or "", ()))
+        ]
+        rows = np.concatenate(found) if found else np.zeros(0, np.int64)
+        parts.append(snap.whole(f).take(pa.array(rows, pa.int64())).select(list(columns)))
+    return pa.concat_tables(parts) if parts else snap.read([], list(columns))
+
+
+QUEUE_SHIFT = 40
+"""Bits of a queue offset in the key :func:`index_rows` orders a file's rows by (queue id
+above them): offsets up to 2^40 (a trillion) per queue."""
+
+
+def _queue_keys(data: pa.Table) -> np.ndarray | None:
+    """Each row's (queue id, offset) as one int64, or None when a file's values do not fit
+    (the reader filters it instead)."""
+    qid, off = data.column("queue_id"), data.column("queue_offset")
+    if not data.num_rows:
+        return np.zeros(0, np.int64)
+    if qid.null_count or off.null_count:
+        return None
+    q, o = qid.to_numpy().astype(np.int64), off.to_numpy()
+    if q.min() < 0 or q.max() >= 1 << (62 - QUEUE_SHIFT) or o.min() < 0 or o.max() >= 1 << QUEUE_SHIFT:
+        return None
+    return (q << QUEUE_SHIFT) + o
 
 
 def bodies(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> pa.Table | None:
@@ -103,38 +135,70 @@ def bodies(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> pa.Table |
     places = index.column("cl_batch_pos").to_pylist()
     dates = {d.isoformat() for d in index.column("cl_date").unique().to_pylist()}
     batches = merge_ranges(batch_ids)
+    low, high = min(places), max(places)
 
     def keep(f: DataFile) -> bool:
-        if f.partition.get("store_date") not in dates:
+        # positions too: an engine's write of one large send spreads one batch over many
+        # files, told apart only by their batch_pos statistics
+        if f.partition.get("store_date") not in dates or not f.overlaps("batch_pos", low, high):
             return False
         return any(f.overlaps("batch_id", lo, hi) for lo, hi in batches)
 
-    where = _any(_between("batch_id", lo, hi) for lo, hi in batches) & _between(
-        "batch_pos", min(places), max(places)
-    )
-    return join_bodies(index, [snap.whole(f) for f in snap.files(keep)], columns, where)
+    where = _any(_between("batch_id", lo, hi) for lo, hi in batches) & _between("batch_pos", low, high)
+    chosen = snap.files(keep)
+    ids, pos = index.column("cl_batch_id").to_numpy(), index.column("cl_batch_pos").to_numpy()
+    picks = [_picked(snap, f, ids, pos) for f in chosen]
+    return join_bodies(index, [snap.whole(f) for f in chosen], columns, where, picks)
+
+
+def _positions(data: pa.Table) -> np.ndarray | None:
+    column = data.column("batch_pos")
+    return None if column.null_count else column.to_numpy()
+
+
+def _picked(snap: FileSnapshot, f: DataFile, ids: np.ndarray, pos: np.ndarray) -> np.ndarray | None:
+    """The rows of file ``f`` holding the wanted (batch id, position) pairs, found by
+    binary search over its positions when it holds one batch (a large send spreads one
+    batch over few large files: a filter over every row cost a pull most of its read);
+    None to filter the file instead."""
+    batch = f.min_values.get("batch_id")
+    if batch is None or batch != f.max_values.get("batch_id"):
+        return None
+    keyed = snap.sorted_keys(f, "batch_pos", _positions)
+    if keyed is None:
+        return None
+    hit, rows = keyed.rows_equal(pos[ids == batch])
+    return np.unique(rows[hit])
+
+
+_JOIN_KEYS = ("batch_id", "batch_pos", "msg_id")
 
 
 def join_bodies(
-    index: pa.Table, parts: Sequence[pa.Table], columns: Sequence[str], where: pc.Expression | None = None
+    index: pa.Table,
+    parts: Sequence[pa.Table],
+    columns: Sequence[str],
+    where: pc.Expression | None = None,
+    picks: Sequence[np.ndarray | None] | None = None,
 ) -> pa.Table:
     """``index`` with the ``columns`` of its rows' ``commit_log`` rows, found in ``parts``
     (tables of ``batch_id``, ``batch_pos``, ``msg_id`` and those columns; ``where``
-    narrows them first), joined in Arrow on (batch id, position, msg id), in no set order.
-    Rows without a body are left out. Each part's wide columns are copied once, at the
-    matching rows only."""
+    narrows them first, or, for a part with one, its ``picks`` entry: the rows to look
+    at), joined in Arrow on (batch id, position, msg id), in no set order. Rows without a
+    body are left out. Each part's wide columns are copied once, at the matching rows
+    only."""
     keys = ["cl_batch_id", "cl_batch_pos", "msg_id"]
     found = []
     for k, part in enumerate(parts):
+        pick = picks[k] if picks is not None else None
+        rows = positions(part.num_rows) if pick is None else pa.array(pick, pa.int64())
         narrow = pa.table(
             {
-                "batch_id": part.column("batch_id"),
-                "batch_pos": part.column("batch_pos"),
-                "msg_id": part.column("msg_id"),
-                "_j": positions(part.num_rows),
+                **{c: part.column(c) if pick is None else part.column(c).take(rows) for c in _JOIN_KEYS},
+                "_j": rows,
             }
         )
-        narrow = narrow if where is None else narrow.filter(where)
+        narrow = narrow if where is None or pick is not None else narrow.filter(where)
         found.append(narrow.append_column("_f", pa.array([k] * narrow.num_rows, pa.int32())))
     left = index.select(keys).append_column("_i", positions(index.num_rows))
     right = _first_of_each(pa.concat_tables(found)) if found else None

@@ -138,6 +138,47 @@ def test_a_few_columns_are_read_alone_unless_the_file_is_kept(tmp_path):
     assert snap.columns(f, ["off"]).column("off").to_pylist() == list(range(5))  # from the kept file now
 
 
+def test_sorted_keys_find_rows_by_binary_search():
+    import numpy as np
+
+    from deltamq.delta_read import SortedKeys
+
+    keys = np.array([7, 3, 9, 3, 1], dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    sk = SortedKeys(keys[order], order)
+    hit, rows = sk.rows_equal(np.array([3, 4, 9, 10, 1], dtype=np.int64))
+    assert hit.tolist() == [True, False, True, False, True]
+    assert [int(r) for r, h in zip(rows, hit, strict=True) if h] == [1, 2, 4]
+    assert sorted(sk.rows_between(3, 9).tolist()) == [0, 1, 3]  # keys 3, 3, 7
+    assert sk.rows_between(10, 20).tolist() == []
+
+
+def test_index_rows_found_by_key_are_the_filters_rows(tmp_path):
+    """``file_reads.index_rows`` finds a range's rows by binary search over (queue, offset)
+    keys; a file whose values do not fit the key is filtered instead: both give the rows a
+    filter gives."""
+    from deltamq import file_reads
+
+    storage = Storage(str(tmp_path))
+    uri = str(tmp_path / "consume_queue")
+    rows = pa.table(
+        {
+            "topic": ["orders"] * 8 + ["other"] * 2,
+            "queue_id": pa.array([0, 1, 0, 1, 0, 1, 2, 2, 0, 0], pa.int32()),
+            "queue_offset": pa.array([0, 0, 1, 1, 2, 2, 0, (1 << 41), 0, 1], pa.int64()),
+            "msg_id": [f"m{i}" for i in range(10)],
+        }
+    )
+    write_deltalake(uri, rows.slice(0, 6), partition_by=["topic"])
+    write_deltalake(uri, rows.slice(6), mode="append")  # offsets past 2^40: filtered
+    snap = FileSnapshot(storage, uri)
+    snap.refresh()
+    wh = SimpleNamespace(snapshot=lambda table: snap)
+    ranges = [("orders", 0, 1, 3), ("orders", 1, 0, 1), ("orders", 2, 0, 1 << 42), ("other", 0, 1, 2)]
+    got = file_reads.index_rows(wh, ranges, ["msg_id"])
+    assert sorted(got.column("msg_id").to_pylist()) == ["m1", "m2", "m4", "m6", "m7", "m9"]
+
+
 def test_deletion_vectors_and_column_mapping_are_refused(tmp_path):
     storage, uri = _table(tmp_path)
     snap = FileSnapshot(storage, uri)
