@@ -52,10 +52,11 @@ if TYPE_CHECKING:
     from deltamq.tables.warehouse import Warehouse
 
 MAX_ROWS = 20_000
-"""New rows above which a pass is the engine's. Measured on 2 cores (1 KiB bodies, one
-pass, `bench/README.md`): 5 000 rows 0.06 s here against 0.13 s by the engine, 20 000
-alike (0.17-0.19 s), 50 000 0.35 s against 0.18-0.23 s: the engine's statements cost
-about the same whatever their size, while here every row costs Python and Arrow time."""
+"""New rows above which a pass is the engine's. Where the two cross, measured on 2 cores
+(`bench/bench_index.py`, 1 KiB bodies, one pass after a warm one): 100 rows 0.025 s here
+against 0.14 s by the engine, 5 000 rows 0.08 s against 0.15 s, 20 000 alike
+(0.17-0.18 s), 50 000 0.27 s against 0.16 s: the engine's statements cost about the same
+whatever their size, while here every row costs Python and Arrow time."""
 KEEP_DECODED = 10_000
 """New rows up to which their files are decoded whole and kept in the snapshot's cache:
 deliver's small passes (deltamq/jobs/deliver_files.py, at most as many messages) then
