@@ -8,13 +8,14 @@ and one push group it counts
 - an idle tick (``--idle`` ticks, per tick), once the runner is quiet (its ticks skip
   their jobs: orchestration/tick.py), and the same with ``skip_idle_ticks=False``;
 - a send of 100 messages (one ``send_batch``) by the Spark producer and by the
-  Spark-free one, and the tick that dispatches and delivers each;
+  Spark-free one, and the tick that dispatches and delivers each (``--busy`` rounds of
+  each, the ticks' requests averaged);
 - a pull + ack of 100 by the Spark-free pull client and by the broker's (each after a
   first cycle that loads its snapshots and takes its locks).
 
 Writes bench/results/s3-requests-<timestamp>.json and prints the tables.
 
-    python bench/s3_requests.py [--idle 10] [--root /tmp/dmq-s3-requests]
+    python bench/s3_requests.py [--idle 10] [--busy 5] [--root /tmp/dmq-s3-requests]
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from deltamq import Broker, BrokerConfig, FakeClock, Message  # noqa: E402
 
 
-def measure(root: Path, idle: int) -> dict:
+def measure(root: Path, idle: int, busy: int = 5) -> dict:
     from conftest import S3_BUCKET
     from s3_emulator import s3_behind_proxy
 
@@ -69,19 +70,34 @@ def measure(root: Path, idle: int) -> dict:
             full, full_s, _ = counted(lambda: ticks(idle))
             broker.reconfigure(skip_idle_ticks=True)
             ticks(3)
-            spark_send, _, _ = counted(
+
+            def rounds(send) -> tuple[dict[str, int], list[dict[str, int]], list]:
+                """``busy`` rounds of a send of 100 and the tick after it: the first send's
+                requests, each tick's, and the ticks' results. One tick can meet a table's
+                checkpoint (every tenth version of a table rewritten by delta-rs MERGEs),
+                which reads that table's log since the last one: rounds average it."""
+                first_send: dict[str, int] = {}
+                each, results = [], []
+                for _ in range(busy):
+                    sent, _, _ = counted(send)
+                    first_send = first_send or sent
+                    tick, _, out = counted(lambda: ticks(1))
+                    each.append(tick)
+                    results += out
+                    ticks(2)  # the runner quiet again before the next send
+                return first_send, each, results
+
+            spark_send, spark_ticks, results = rounds(
                 lambda: broker.producer("shop").send_batch(
                     [Message("orders", f"m{i}".encode()) for i in range(100)]
                 )
             )
-            tick_counts, _, results = counted(lambda: ticks(1))
             lite = Producer(location, "lite-shop", config=config)
             lite.send(Message("orders", b"warm-up"))  # opens the table once
             ticks(3)
-            lite_send, _, _ = counted(
+            lite_send, lite_ticks, lite_results = rounds(
                 lambda: lite.send_batch([Message("orders", f"l{i}".encode()) for i in range(100)])
             )
-            lite_tick, _, lite_results = counted(lambda: ticks(1))
             # pull + ack of 100: the Spark-free client and the broker's, each in its group
             for group in ("pullers", "pullers-spark"):
                 broker.create_group(group, consume_from="FIRST_OFFSET")
@@ -108,8 +124,15 @@ def measure(root: Path, idle: int) -> dict:
     def delivered(rs: list) -> int:
         return sum(r.delivered.consumed for r in rs if r.delivered)
 
-    def per_tick(counts: dict[str, int]) -> dict[str, float]:
-        return {k: round(v / idle, 1) for k, v in sorted(counts.items())}
+    def per_tick(counts: dict[str, int], n: int = idle) -> dict[str, float]:
+        return {k: round(v / n, 1) for k, v in sorted(counts.items())}
+
+    def mean(each: list[dict[str, int]]) -> dict[str, float]:
+        summed: dict[str, int] = {}
+        for counts in each:
+            for k, v in counts.items():
+                summed[k] = summed.get(k, 0) + v
+        return per_tick(summed, len(each))
 
     return {
         "idle_ticks": idle,
@@ -122,14 +145,17 @@ def measure(root: Path, idle: int) -> dict:
         "idle_full_per_tick_total": round(sum(full.values()) / idle, 1),
         "send_100": dict(sorted(spark_send.items())),
         "send_100_total": sum(spark_send.values()),
-        "tick_after_100": dict(sorted(tick_counts.items())),
-        "tick_after_100_total": sum(tick_counts.values()),
-        "delivered_in_that_tick": delivered(results),
+        "busy_rounds": busy,
+        "tick_after_100": mean(spark_ticks),
+        "tick_after_100_total": round(sum(sum(t.values()) for t in spark_ticks) / busy, 1),
+        "tick_after_100_each": [sum(t.values()) for t in spark_ticks],
+        "delivered_in_that_tick": delivered(results) / busy,
         "lite_send_100": dict(sorted(lite_send.items())),
         "lite_send_100_total": sum(lite_send.values()),
-        "tick_after_lite_100": dict(sorted(lite_tick.items())),
-        "tick_after_lite_100_total": sum(lite_tick.values()),
-        "delivered_in_the_lite_tick": delivered(lite_results),
+        "tick_after_lite_100": mean(lite_ticks),
+        "tick_after_lite_100_total": round(sum(sum(t.values()) for t in lite_ticks) / busy, 1),
+        "tick_after_lite_100_each": [sum(t.values()) for t in lite_ticks],
+        "delivered_in_the_lite_tick": delivered(lite_results) / busy,
         **{f"pull_ack_100_{kind}": dict(sorted(counts.items())) for kind, (counts, _) in pulls.items()},
         **{f"pull_ack_100_{kind}_total": sum(counts.values()) for kind, (counts, _) in pulls.items()},
         **{f"pulled_{kind}": n for kind, (_, n) in pulls.items()},
@@ -147,9 +173,10 @@ def _by_method(counts: dict[str, float]) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--idle", type=int, default=10, help="idle ticks to count (per tick averaged)")
+    ap.add_argument("--busy", type=int, default=5, help="rounds of send + tick per producer (averaged)")
     ap.add_argument("--root", default="/tmp/dmq-s3-requests", help="scratch folder")
     args = ap.parse_args()
-    figures = measure(Path(args.root), args.idle)
+    figures = measure(Path(args.root), args.idle, args.busy)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = HERE / "results" / f"s3-requests-{stamp}.json"
     out.write_text(json.dumps({"when": stamp, **figures}, indent=2) + "\n")
@@ -170,7 +197,8 @@ def main() -> None:
     )
     print(
         f"tick after it ({figures['delivered_in_that_tick']} delivered): {figures['tick_after_100_total']} "
-        f"requests ({_by_method(figures['tick_after_100'])})"
+        f"requests ({_by_method(figures['tick_after_100'])}; mean of {figures['busy_rounds']}: "
+        f"{figures['tick_after_100_each']})"
     )
     for what, n in figures["tick_after_100"].items():
         print(f"  {what:<28} {n}")
@@ -178,7 +206,7 @@ def main() -> None:
         f"send of 100 (Spark-free producer): {figures['lite_send_100_total']} requests "
         f"({_by_method(figures['lite_send_100'])}); "
         f"the tick after it: {figures['tick_after_lite_100_total']} "
-        f"({figures['delivered_in_the_lite_tick']} delivered)"
+        f"({figures['delivered_in_the_lite_tick']} delivered; mean of {figures['tick_after_lite_100_each']})"
     )
     for kind in ("lite", "spark"):
         methods = _by_method(figures[f"pull_ack_100_{kind}"])
