@@ -135,14 +135,19 @@ class BlindAppender:
         """Append ``rows`` (the table's columns, partition columns included) in one
         commit; returns its version. With ``at``, the commit is that version or nothing:
         when another writer has it, :class:`VersionTaken` (a commit conflict: the caller
-        planned ``rows`` from the table as of ``at - 1`` and plans again)."""
+        planned ``rows`` from the table as of ``at - 1`` and plans again). Such a commit
+        is not a blind append (its ``readVersion`` is ``at - 1``), and the table's
+        metadata is read again first when a commit since the last one known changed it."""
         state = self._current()
+        if at is not None and state.version < at - 1 and self._changed_between(state.version, at):
+            self._state = None  # the table's metadata or protocol changed since: read it again
+            state = self._current()
         txn = str(uuid.uuid4())
         adds = [
             self._write_file(state, rows.filter(mask) if mask is not None else rows, values)
             for values, mask in _partitions(rows, state.partition_by)
         ]
-        entry = self._entry(txn, adds, state)
+        entry = self._entry(txn, adds, state, None if at is None else at - 1)
         if at is not None:
             return self._append_at(at, txn, entry, state)
         version = state.version + 1
@@ -178,6 +183,15 @@ class BlindAppender:
         if version % state.checkpoint_interval == 0:
             self._checkpoint(version)
         return version
+
+    def _changed_between(self, known: int, at: int) -> bool:
+        """Whether a commit after ``known`` and before ``at`` changed the table's metadata or
+        protocol (or is gone from the log, which says nothing: assume it did)."""
+        for v in range(known + 1, at):
+            entry = self.storage.read_bytes(self._log_entry(v))
+            if entry is None or _changes_table(entry):
+                return True
+        return False
 
     def _append_at(self, version: int, txn: str, entry: bytes, state: _State) -> int:
         path = self._log_entry(version)
@@ -232,15 +246,23 @@ class BlindAppender:
             "stats": json.dumps(_stats(data), separators=(",", ":")),
         }
 
-    def _entry(self, txn: str, adds: list[dict[str, Any]], state: _State) -> bytes:
-        info = {
+    def _entry(
+        self, txn: str, adds: list[dict[str, Any]], state: _State, read_version: int | None = None
+    ) -> bytes:
+        info: dict[str, Any] = {
             "timestamp": int(time.time() * 1000),
             "operation": "WRITE",
             "operationParameters": {"mode": "Append", "partitionBy": json.dumps(list(state.partition_by))},
-            "isBlindAppend": True,
+            "isBlindAppend": read_version is None,
             "engineInfo": self.engine_info,
             "txnId": txn,
         }
+        if read_version is not None:
+            # rows planned from what the table held at read_version: not a blind append, so
+            # a writer that read the table before this commit (a MERGE of the same rows)
+            # finds its files among what it should have read, and conflicts (Delta's
+            # checkers pass over a winner's files only when it says it was blind)
+            info["readVersion"] = read_version
         lines = [json.dumps({"commitInfo": info}, separators=(",", ":"))]
         lines += [json.dumps({"add": a}, separators=(",", ":")) for a in adds]
         return ("\n".join(lines) + "\n").encode("utf-8")

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from deltamq.delta_append import BlindAppender, Unsupported
+from deltamq.delta_append import BlindAppender, Unsupported, VersionTaken
 from deltamq.storage import Storage
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("day", pa.date32())])
@@ -118,6 +118,42 @@ def test_a_schema_change_by_another_writer_is_refused_not_written_past(tmp_path)
     with pytest.raises(Unsupported, match="changed its schema"):
         appender.append(_rows(range(1, 2)))
     assert DeltaTable(uri).to_pyarrow_table().num_rows == 2  # nothing half-written is visible
+
+
+def test_an_append_at_a_version_is_no_blind_append_so_a_merge_that_read_before_it_conflicts(tmp_path):
+    """Rows planned from the table at version V and appended at exactly V + 1 (dispatch's
+    index from the files) say so: a delta-rs MERGE that read V and commits after them
+    finds their file among what it should have read and is refused, where a blind
+    append's file would be passed over and the same rows inserted twice."""
+    from deltalake.exceptions import CommitFailedError
+
+    storage, uri = _table(tmp_path)
+    stale = DeltaTable(uri)  # a writer that read version 0
+    appender = BlindAppender(storage, uri)
+    assert appender.append(_rows(range(3)), at=1) == 1
+    (info,) = [a["commitInfo"] for a in _entries(uri)[1] if "commitInfo" in a]
+    assert info["isBlindAppend"] is False and info["readVersion"] == 0
+    source = _rows(range(3))
+    with pytest.raises(CommitFailedError):
+        (
+            stale.merge(source, "t.id = s.id", source_alias="s", target_alias="t")
+            .when_not_matched_insert_all()
+            .execute()
+        )
+    assert sorted(DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()) == [0, 1, 2]
+    with pytest.raises(VersionTaken):
+        appender.append(_rows(range(3, 4)), at=1)  # planned from version 0 again: taken
+
+
+def test_an_append_at_a_version_reads_a_schema_changed_since_the_last_it_knew(tmp_path):
+    storage, uri = _table(tmp_path)
+    appender = BlindAppender(storage, uri)
+    appender.append(_rows(range(1)), at=1)
+    wider = _rows(range(5, 6)).append_column("extra", pa.array(["e"]))
+    write_deltalake(uri, wider, mode="append", schema_mode="merge")  # version 2, a new column
+    appender.append(_rows(range(7, 8)).append_column("extra", pa.array(["x"])), at=3)
+    got = {r["id"]: r["extra"] for r in DeltaTable(uri).to_pyarrow_table().to_pylist()}
+    assert got == {0: None, 5: "e", 7: "x"}  # written with the column, not without it
 
 
 def test_a_table_with_deletion_vectors_is_refused_by_name(tmp_path):

@@ -177,6 +177,9 @@ def test_index_rows_found_by_key_are_the_filters_rows(tmp_path):
     ranges = [("orders", 0, 1, 3), ("orders", 1, 0, 1), ("orders", 2, 0, 1 << 42), ("other", 0, 1, 2)]
     got = file_reads.index_rows(wh, ranges, ["msg_id"])
     assert sorted(got.column("msg_id").to_pylist()) == ["m1", "m2", "m4", "m6", "m7", "m9"]
+    overlapping = [("orders", 0, 0, 2), ("orders", 0, 1, 3)]  # two groups' takes of one queue
+    got = file_reads.index_rows(wh, overlapping, ["msg_id"])
+    assert sorted(got.column("msg_id").to_pylist()) == ["m0", "m2", "m4"]  # each row once
 
 
 def test_deletion_vectors_and_column_mapping_are_refused(tmp_path):

@@ -394,8 +394,8 @@ def index_new(
     """Index every commit_log commit after the index's version (at most ``max_versions``
     of them). ``fence`` is called before the index commit (lease check); ``job`` names the
     caller's fault points (``<job>.before_index_commit`` / ``.after_index_commit``). The
-    caller commits (``Context.commit``: a conflict re-runs the whole pass). A pass of a
-    few thousand rows is planned and appended from the tables' files
+    caller commits (``Context.commit``: a conflict re-runs the whole pass). A pass of up
+    to ``index_files.MAX_ROWS`` rows is planned and appended from the tables' files
     (deltamq/tables/index_files.py), a larger one through the engine."""
     fs = index_files.state(wh)
     state = DispatchState(fs.version, fs.heads, fs.stale) if fs else load_dispatch_state(wh)

@@ -11,7 +11,10 @@ and appended to ``consume_queue`` as one commit at the version after the one the
 was read from (``BlindAppender.append(at=…)``). Any commit to the index in between (a
 raced indexer, retention, compaction) takes that version: the append is refused as a
 commit conflict and the caller's ``Context.commit`` plans the pass again from the new
-state, as the engine's ``MERGE`` conflicts.
+state, as the engine's ``MERGE`` conflicts. The other order is covered too: the commit
+says it is no blind append (it names the version it read), so an engine ``MERGE`` that
+read the index before it and commits after it finds its rows among what it should have
+read, and conflicts.
 
 One plan, two ways: every column is what ``consume_queue.plan_index`` computes through
 the engine (the same routes, due times, offsets, ``tags_hash`` as Spark's ``xxhash64``
@@ -60,7 +63,8 @@ whatever their size, while here every row costs Python and Arrow time."""
 KEEP_DECODED = 10_000
 """New rows up to which their files are decoded whole and kept in the snapshot's cache:
 deliver's small passes (deltamq/jobs/deliver_files.py, at most as many messages) then
-find the bodies decoded. Above it only the narrow columns the index needs are read."""
+find the bodies decoded. Above it only the columns the index needs are read (no
+bodies)."""
 TIMER_SLOT_MS = 3_600_000
 XXHASH_SEED = 42
 """Spark's ``xxhash64`` seed: ``tags_hash`` must equal what the engine writes."""
@@ -157,11 +161,17 @@ def drop_repeated(fs: FilesState, rows: pa.Table, commits: Sequence[deltalog.Com
     indexed: set[str] = set()
     if batches:
         lo, hi = min(batches), max(batches)
-        found = fs.held.snaps["consume_queue"].read(
-            fs.held.snaps["consume_queue"].files(lambda f: f.overlaps("cl_batch_id", lo, hi)),
-            ["cl_batch_id", "msg_id"],
-            (pc.field("cl_batch_id") >= lo) & (pc.field("cl_batch_id") <= hi),
+        snap = fs.held.snaps["consume_queue"]
+        parts = [
+            snap.columns(f, ["cl_batch_id", "msg_id"])
+            for f in snap.files(lambda f: f.overlaps("cl_batch_id", lo, hi))
+        ]  # two columns, not the whole files
+        found = (
+            pa.concat_tables(parts)
+            if parts
+            else pa.table({"cl_batch_id": pa.array([], pa.int64()), "msg_id": pa.array([], pa.string())})
         )
+        found = found.filter((pc.field("cl_batch_id") >= lo) & (pc.field("cl_batch_id") <= hi))
         hit = pc.is_in(found.column("cl_batch_id"), value_set=pa.array(sorted(batches), pa.int64()))
         indexed = set(found.filter(hit).column("msg_id").to_pylist())
     if exact and not indexed:
