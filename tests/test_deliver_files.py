@@ -118,3 +118,23 @@ def test_a_pass_is_split_into_whole_queues_for_the_cores():
     assert sorted(o for p in parts for o in p.column("queue_offset").to_pylist()) == list(range(len(queues)))
     assert deliver_files.partitions(rows, 1) == [rows]
     assert len(deliver_files.partitions(rows, 8)) == 4  # never more than the queues
+
+
+def test_groups_taking_overlapping_ranges_of_a_queue_get_each_message_once(
+    broker, clock, warehouse_with, spied
+):
+    """One group is ahead of another on the same queue: their takes overlap, and each
+    group's listener gets each message of its take once (the two listeners share a log:
+    every body twice in all, once per group)."""
+    from collections import Counter
+
+    setup = warehouse_with("overlap", queues=1, group="ahead")
+    p = broker.producer("p")
+    p.send_batch([Message("overlap", f"m{i}") for i in range(3)])
+    broker.tick(clock.now_ms())
+    setup.add_group("ok", name="behind")
+    p.send_batch([Message("overlap", f"m{i}") for i in range(3, 6)])
+    r = broker.tick(clock.now_ms()).delivered
+    assert spied  # the files' way
+    assert r.by_group["behind"]["consumed"] == 6 and r.by_group["ahead"]["consumed"] == 3
+    assert Counter(c["body"] for c in read_log(setup.log)) == {f"m{i}": 2 for i in range(6)}
