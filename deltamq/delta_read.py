@@ -228,14 +228,7 @@ class FileSnapshot:
         if data is not None:
             return data.select(names)
         assert schema is not None, "refresh() first"
-        stored = [n for n in names if n not in parts]
-        data = self.storage.read_parquet(f.path, pa.schema([schema.field(n) for n in stored]))
-        for name in names:
-            if name in parts:
-                field = schema.field(name)
-                value = _typed(f.partition.get(name), field.type)
-                data = data.append_column(field, pa.array([value] * data.num_rows, field.type))
-        return data.select(names)
+        return self._decode(f, schema, parts, names).select(names)
 
     def sorted_keys(
         self, f: DataFile, name: str, key: Callable[[pa.Table], np.ndarray | None]
@@ -269,11 +262,7 @@ class FileSnapshot:
                 return data
             schema, parts = self._schema, self._partition_by
         assert schema is not None, "refresh() first"
-        data = self.storage.read_parquet(f.path, pa.schema([c for c in schema if c.name not in parts]))
-        for name in parts:
-            field = schema.field(name)
-            value = _typed(f.partition.get(name), field.type)
-            data = data.append_column(field, pa.array([value] * data.num_rows, field.type))
+        data = self._decode(f, schema, parts, schema.names)
         with self._lock:
             kept = self._cache.get(f.path)
             if kept is not None:  # another thread read it meanwhile
@@ -285,6 +274,17 @@ class FileSnapshot:
                 self._cached -= old.nbytes
                 for k in [k for k in self._sorted if k[0] == gone]:
                     del self._sorted[k]
+        return data
+
+    def _decode(self, f: DataFile, schema: pa.Schema, parts: tuple[str, ...], names: list[str]) -> pa.Table:
+        """The ``names`` columns of file ``f`` read from its Parquet, then the partition
+        columns among them filled from its values."""
+        stored = [n for n in names if n not in parts]
+        data = self.storage.read_parquet(f.path, pa.schema([schema.field(n) for n in stored]))
+        for name in (n for n in parts if n in names):
+            field = schema.field(name)
+            value = _typed(f.partition.get(name), field.type)
+            data = data.append_column(field, pa.array([value] * data.num_rows, field.type))
         return data
 
 
