@@ -179,7 +179,14 @@ class BlindAppender:
                 f"cannot append to {self.uri}: {MAX_VERSION_STEPS} versions were taken by other "
                 "writers while this append waited"
             )
-        self._state = _State(version, state.schema, state.partition_by, state.checkpoint_interval)
+        return self._committed(version, state)
+
+    def _committed(self, version: int, state: _State) -> int:
+        """After this append's commit at ``version``: what the appender knows of the table
+        moves there, and every ``checkpoint_interval``-th version gets its checkpoint."""
+        self._state = _State(
+            max(version, state.version), state.schema, state.partition_by, state.checkpoint_interval
+        )
         if version % state.checkpoint_interval == 0:
             self._checkpoint(version)
         return version
@@ -207,12 +214,7 @@ class BlindAppender:
             raise VersionTaken(f"{self.uri}: version {version} was committed by another writer")
         else:
             raise VersionTaken(f"{self.uri}: version {version} could not be created")
-        self._state = _State(
-            max(version, state.version), state.schema, state.partition_by, state.checkpoint_interval
-        )
-        if version % state.checkpoint_interval == 0:
-            self._checkpoint(version)
-        return version
+        return self._committed(version, state)
 
     def _log_entry(self, version: int) -> str:
         return f"{self.uri}/_delta_log/{version:020d}.json"
