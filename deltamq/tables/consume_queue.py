@@ -397,8 +397,7 @@ def index_new(
     caller commits (``Context.commit``: a conflict re-runs the whole pass). A pass of up
     to ``index_files.MAX_ROWS`` rows is planned and appended from the tables' files
     (deltamq/tables/index_files.py), a larger one through the engine."""
-    fs = index_files.state(wh)
-    state = DispatchState(fs.version, fs.heads, fs.stale) if fs else load_dispatch_state(wh)
+    fs, state = _indexing_state(wh)
     commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), state.version, max_versions)
     if not commits:
         # Nothing new; but a pass killed after its index commit left the hint behind the
@@ -448,6 +447,13 @@ def index_new(
         repeated=repeated,
         heads=state.heads | queues,
     )
+
+
+def _indexing_state(wh: Warehouse) -> tuple[index_files.FilesState | None, DispatchState]:
+    """Where the index stands, read from the tables' files when a pass can be planned and
+    appended there (with the version it is appended after), else through the engine."""
+    fs = index_files.state(wh)
+    return fs, DispatchState(fs.version, fs.heads, fs.stale) if fs else load_dispatch_state(wh)
 
 
 def _index_by_engine(
@@ -500,8 +506,7 @@ def index_appended(
     conflict starts from the index as it then is. Planned and appended from the files
     when they allow it (deltamq/tables/index_files.py), else through the engine.
     """
-    fs = index_files.state(wh)
-    state = DispatchState(fs.version, fs.heads, fs.stale) if fs else load_dispatch_state(wh)
+    fs, state = _indexing_state(wh)
     commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), state.version, 2)
     if (
         len(commits) != 1

@@ -166,11 +166,7 @@ def drop_repeated(fs: FilesState, rows: pa.Table, commits: Sequence[deltalog.Com
             snap.columns(f, ["cl_batch_id", "msg_id"])
             for f in snap.files(lambda f: f.overlaps("cl_batch_id", lo, hi))
         ]  # two columns, not the whole files
-        found = (
-            pa.concat_tables(parts)
-            if parts
-            else pa.table({"cl_batch_id": pa.array([], pa.int64()), "msg_id": pa.array([], pa.string())})
-        )
+        found = pa.concat_tables(parts) if parts else snap.read([], ["cl_batch_id", "msg_id"])
         found = found.filter((pc.field("cl_batch_id") >= lo) & (pc.field("cl_batch_id") <= hi))
         hit = pc.is_in(found.column("cl_batch_id"), value_set=pa.array(sorted(batches), pa.int64()))
         indexed = set(found.filter(hit).column("msg_id").to_pylist())
