@@ -46,11 +46,15 @@ def measure(root: Path, idle: int, busy: int = 5) -> dict:
         config = BrokerConfig(storage_options=options)
         broker = Broker.init(location, clock=clock, config=config)
 
+        tables: list[dict[str, int]] = []  # per counted action: requests by method, table, kind
+
         def counted(action) -> tuple[dict[str, int], float, object]:
             counter.set(reset_counters=True)
             started = time.perf_counter()
             out = action()
-            return counter.state()["counts"], time.perf_counter() - started, out
+            state = counter.state()
+            tables.append(state["by_table"])
+            return state["counts"], time.perf_counter() - started, out
 
         def ticks(n: int) -> list:
             out = []
@@ -77,17 +81,18 @@ def measure(root: Path, idle: int, busy: int = 5) -> dict:
                 checkpoint (every tenth version of a table rewritten by delta-rs MERGEs),
                 which reads that table's log since the last one: rounds average it."""
                 first_send: dict[str, int] = {}
-                each, results = [], []
+                each, results, by_table = [], [], []
                 for _ in range(busy):
                     sent, _, _ = counted(send)
                     first_send = first_send or sent
                     tick, _, out = counted(lambda: ticks(1))
                     each.append(tick)
+                    by_table.append(tables[-1])
                     results += out
                     ticks(2)  # the runner quiet again before the next send
-                return first_send, each, results
+                return first_send, each, results, by_table
 
-            spark_send, spark_ticks, results = rounds(
+            spark_send, spark_ticks, results, spark_tables = rounds(
                 lambda: broker.producer("shop").send_batch(
                     [Message("orders", f"m{i}".encode()) for i in range(100)]
                 )
@@ -95,7 +100,7 @@ def measure(root: Path, idle: int, busy: int = 5) -> dict:
             lite = Producer(location, "lite-shop", config=config)
             lite.send(Message("orders", b"warm-up"))  # opens the table once
             ticks(3)
-            lite_send, lite_ticks, lite_results = rounds(
+            lite_send, lite_ticks, lite_results, lite_tables = rounds(
                 lambda: lite.send_batch([Message("orders", f"l{i}".encode()) for i in range(100)])
             )
             # pull + ack of 100: the Spark-free client and the broker's, each in its group
@@ -149,12 +154,14 @@ def measure(root: Path, idle: int, busy: int = 5) -> dict:
         "tick_after_100": mean(spark_ticks),
         "tick_after_100_total": round(sum(sum(t.values()) for t in spark_ticks) / busy, 1),
         "tick_after_100_each": [sum(t.values()) for t in spark_ticks],
+        "tick_after_100_by_table": mean(spark_tables),
         "delivered_in_that_tick": delivered(results) / busy,
         "lite_send_100": dict(sorted(lite_send.items())),
         "lite_send_100_total": sum(lite_send.values()),
         "tick_after_lite_100": mean(lite_ticks),
         "tick_after_lite_100_total": round(sum(sum(t.values()) for t in lite_ticks) / busy, 1),
         "tick_after_lite_100_each": [sum(t.values()) for t in lite_ticks],
+        "tick_after_lite_100_by_table": mean(lite_tables),
         "delivered_in_the_lite_tick": delivered(lite_results) / busy,
         **{f"pull_ack_100_{kind}": dict(sorted(counts.items())) for kind, (counts, _) in pulls.items()},
         **{f"pull_ack_100_{kind}_total": sum(counts.values()) for kind, (counts, _) in pulls.items()},
@@ -202,6 +209,9 @@ def main() -> None:
     )
     for what, n in figures["tick_after_100"].items():
         print(f"  {what:<28} {n}")
+    print("  by table:")
+    for what, n in sorted(figures["tick_after_100_by_table"].items(), key=lambda kv: -kv[1]):
+        print(f"    {what:<44} {n}")
     print(
         f"send of 100 (Spark-free producer): {figures['lite_send_100_total']} requests "
         f"({_by_method(figures['lite_send_100'])}); "

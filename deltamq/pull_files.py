@@ -41,7 +41,7 @@ from deltamq.pull_log import (
     still_open,
     sum_up,
 )
-from deltamq.storage import Storage, is_transient, retry_commits
+from deltamq.storage import Storage, is_transient, merge_rows_into, retry_commits
 
 R = TypeVar("R")
 
@@ -145,7 +145,7 @@ class FileStore:
         return dt
 
     def _merge(self, table: str, source: pa.Table, on: str) -> Any:
-        return self._table(table).merge(source, on, source_alias="s", target_alias="t")
+        return merge_rows_into(self._table(table), source, on)
 
     # --- clients --------------------------------------------------------------------------
     def heartbeat(self, group: str, client: str, now: int) -> None:

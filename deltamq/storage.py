@@ -739,3 +739,12 @@ __all__ = [
     "kind_of",
     "normalize_location",
 ]
+
+
+def merge_rows_into(table: Any, source: Any, on: str, **kwargs: Any) -> Any:
+    """delta-rs' merge builder of ``source`` (a few rows built in Python, aliased ``s``)
+    into ``table`` (a ``DeltaTable``, aliased ``t``), not streamed: delta-rs then reads
+    the source's key values first and skips the target's files whose statistics rule a
+    match out. Streamed (its default) it reads every file of the table, three requests
+    each on object storage (docs/design.md, "Appends written without the engine")."""
+    return table.merge(source, on, source_alias="s", target_alias="t", streamed_exec=False, **kwargs)

@@ -23,7 +23,7 @@ from deltamq.delta_append import BlindAppender, Unsupported, plain_writer
 from deltamq.delta_read import FileSnapshot
 from deltamq.errors import ConfigError, SchemaVersionError, WarehouseNotFound
 from deltamq.schemas import SCHEMA_VERSION, TABLES, TableSpec
-from deltamq.storage import Storage, normalize_location
+from deltamq.storage import Storage, merge_rows_into, normalize_location
 from deltamq.tables.sqltext import sql_str
 from deltamq.tables.views import VIEWS, needed
 
@@ -173,9 +173,8 @@ class Warehouse:
         from deltalake import PostCommitHookProperties
 
         hooks = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
-        merge = dt.merge(
-            source, on, source_alias="s", target_alias="t", post_commithook_properties=hooks
-        ).when_matched_update(dict(update))
+        merge = merge_rows_into(dt, source, on, post_commithook_properties=hooks)
+        merge = merge.when_matched_update(dict(update))
         if insert is not None:
             merge = merge.when_not_matched_insert(dict(insert))
         merge.execute()

@@ -37,7 +37,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 KINDS = ("slowdown", "error500", "reset", "delay", "lost_ack")
 CONTROL = "/__faults__"
@@ -64,6 +64,21 @@ def classify(path: str, query: str) -> str:
     return "parquet" if name.endswith(".parquet") else "other"
 
 
+def table_of(path: str, query: str) -> str:
+    """The Delta table a request touches: the folder above ``_delta_log``, or the
+    folder a data file sits in above its partition folders (for a listing, those of
+    its prefix)."""
+    if "list-type" in query:
+        prefixes = [p for p in query.split("&") if p.startswith("prefix=")]
+        path = unquote(prefixes[0][len("prefix=") :]) if prefixes else ""
+    parts = [p for p in unquote(path).split("/") if p]
+    if "_delta_log" in parts:
+        i = parts.index("_delta_log")
+        return parts[i - 1] if i else "?"
+    folders = [p for p in parts[:-1] if "=" not in p]  # partition folders are not tables
+    return folders[-1] if folders else "?"
+
+
 class Rules:
     """The proxy's settings and counters, shared by its request threads."""
 
@@ -78,6 +93,7 @@ class Rules:
         self.faulted: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.log: list[dict[str, Any]] = []  # the faulted requests, latest 500
         self.counts: dict[str, int] = {}  # "METHOD what" -> requests (what: classify())
+        self.by_table: dict[str, int] = {}  # "METHOD table what" -> requests (table: table_of())
 
     def update(self, settings: dict[str, Any]) -> None:
         with self.lock:
@@ -99,6 +115,7 @@ class Rules:
                 self.faulted = dict.fromkeys(KINDS, 0)
                 self.log = []
                 self.counts = {}
+                self.by_table = {}
 
     def state(self) -> dict[str, Any]:
         with self.lock:
@@ -109,12 +126,15 @@ class Rules:
                 "once_left": len(self.once),
                 "log": list(self.log),
                 "counts": dict(self.counts),
+                "by_table": dict(self.by_table),
             }
 
     def count(self, method: str, path: str, query: str) -> None:
         what = f"{method} {classify(path, query)}"
+        where = f"{method} {table_of(path, query)} {classify(path, query)}"
         with self.lock:
             self.counts[what] = self.counts.get(what, 0) + 1
+            self.by_table[where] = self.by_table.get(where, 0) + 1
 
     def decide(self, method: str, path: str) -> str | None:
         """The fault for this request, or None (counted either way)."""
