@@ -15,7 +15,8 @@ messages, each with a ``receipt_handle``; ``consumer.ack(handles)`` /
   quarter of ``lock_queue_timeout_ms`` has passed since its last write (its last access),
   and before it hands out from a reservation older than half of ``RESERVE_MS``. The row's
   delivered offset is the end of the range the owner reserved: a pull reserves up to the
-  queue's head, at most ``WINDOW`` batches ahead, before it hands anything out, so pulls
+  queue's head, at most ``WINDOW`` batches ahead (or what the client handed out in the
+  last half of ``RESERVE_MS``), before it hands anything out, so pulls
   inside the reservation write no lock row. Other clients count a reservation for
   ``RESERVE_MS`` after the owner's last write, then what was handed out. The fence: a
   pull that ends with its reservation older than half of ``RESERVE_MS`` rewrites its lock
@@ -84,7 +85,9 @@ R = TypeVar("R")
 Queue = tuple[str, int]
 
 WINDOW = 10
-"""A pull reserves at most this many batches ahead in the lock row (up to the queue's head)."""
+"""A pull reserves up to the queue's head, at most this many batches ahead, or what this
+client handed out in the last half of ``RESERVE_MS`` if more (the reservation lasts about
+that long before the owner writes its lock row again anyway)."""
 RESERVE_MS = 2_000
 """A reservation counts this long after the owner's last lock write; the owner writes its
 lock row again before it hands out from a reservation older than half of it, and
@@ -190,6 +193,7 @@ class PullConsumer:
         self._sent: dict[str, tuple] = {}  # receipt handle → its INFLIGHT row (this client's)
         self._pending: list[LogRow] = []  # ACKED rows of ack(flush=False), not yet appended
         self._pending_handles: set[str] = set()
+        self._pace: tuple[float, int] = (time.monotonic(), 0)  # (since, handed out since)
         self._topology: tuple[int, list[Queue], list[Subscription]] | None = None  # (read at, queues, subs)
 
     # --- helpers ------------------------------------------------------------------------------
@@ -332,6 +336,8 @@ class PullConsumer:
                 held.pop(q, None)
             elif q in held:
                 held[q].position = end
+        since, handed = self._pace
+        self._pace = (since, handed + len(handouts))
         out = []
         for m in handouts:
             if m.topic_queue not in lost:
@@ -381,6 +387,15 @@ class PullConsumer:
                 lost.add(q)
         return lost
 
+    def _recent_pace(self) -> int:
+        """Messages this client hands out in half of ``RESERVE_MS`` at its pace since the
+        previous call (real time: the reservation's owner rewrites it about that often);
+        a reservation that size lasts until then."""
+        since, handed = self._pace
+        elapsed = time.monotonic() - since
+        self._pace = (time.monotonic(), 0)
+        return int(handed * (RESERVE_MS / 2000.0) / elapsed) if elapsed > 0 else 0
+
     def _stale(self, h: _Held, now: int) -> bool:
         """Whether the lock row must be written before ``h`` is used: a quarter of the lock
         timeout has passed since the last write, or offsets are reserved beyond what was
@@ -400,12 +415,12 @@ class PullConsumer:
         """Take, extend or refresh the access lock of ``mine`` (and give back what queues
         no longer assigned reserved), in one compare-and-set of the lock rows; returns
         {queue: (start, end)} of the range to hand out from each queue this client holds.
-        A reservation grows to the queue's head, at most ``WINDOW`` batches ahead. The owner
-        starts where it handed out last (from the log when this client has no memory of
-        the queue: a range reserved by a pull killed before recording is handed out again);
-        a new owner at the acknowledged offset."""
+        A reservation grows to the queue's head, at most ``WINDOW`` batches ahead or
+        :meth:`_recent_pace` if more. The owner starts where it handed out last (from the
+        log when this client has no memory of the queue: a range reserved by a pull killed
+        before recording is handed out again); a new owner at the acknowledged offset."""
         me = self.client_id
-        window = max(budget, 1) * WINDOW
+        window = max(max(budget, 1) * WINDOW, self._recent_pace())
         plans: dict[Queue, _Plan] = {}
         taken: dict[Queue, int] = {}
         mine_set = set(mine)
