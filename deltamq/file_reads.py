@@ -149,8 +149,13 @@ def bodies(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> pa.Table |
     where = _any(_between("batch_id", lo, hi) for lo, hi in batches) & _between("batch_pos", low, high)
     chosen = snap.files(keep)
     ids, pos = index.column("cl_batch_id").to_numpy(), index.column("cl_batch_pos").to_numpy()
-    picks = [_picked(snap, f, ids, pos) for f in chosen]
-    return join_bodies(index, [snap.whole(f) for f in chosen], columns, where, picks)
+    found = [_located(snap, f, ids, pos) for f in chosen]
+    parts = [snap.whole(f) for f in chosen]
+    located = [places for places in found if places is not None]
+    if parts and len(located) == len(found):
+        return _placed(index, parts, located, columns)
+    picks = [None if places is None else np.unique(places[1][places[0]]) for places in found]
+    return join_bodies(index, parts, columns, where, picks)
 
 
 def _positions(data: pa.Table) -> np.ndarray | None:
@@ -158,19 +163,50 @@ def _positions(data: pa.Table) -> np.ndarray | None:
     return None if column.null_count else column.to_numpy()
 
 
-def _picked(snap: FileSnapshot, f: DataFile, ids: np.ndarray, pos: np.ndarray) -> np.ndarray | None:
-    """The rows of file ``f`` holding the wanted (batch id, position) pairs, found by
-    binary search over its positions when it holds one batch (a large send spreads one
-    batch over few large files: a filter over every row cost a pull most of its read);
-    None to filter the file instead."""
+def _located(
+    snap: FileSnapshot, f: DataFile, ids: np.ndarray, pos: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Where file ``f`` holds each index row's (batch id, position): a mask over the
+    index rows and, where it is set, the file's row, found by binary search over its
+    positions when it holds one batch (a large send spreads one batch over few large
+    files: a filter over every row cost a pull most of its read); None to filter the
+    file instead."""
     batch = f.min_values.get("batch_id")
     if batch is None or batch != f.max_values.get("batch_id"):
         return None
     keyed = snap.sorted_keys(f, "batch_pos", _positions)
     if keyed is None:
         return None
-    hit, rows = keyed.rows_equal(pos[ids == batch])
-    return np.unique(rows[hit])
+    mine = np.nonzero(ids == batch)[0]
+    hit, rows = np.zeros(len(ids), dtype=bool), np.zeros(len(ids), dtype=np.int64)
+    hit[mine], rows[mine] = keyed.rows_equal(pos[mine])
+    return hit, rows
+
+
+def _placed(
+    index: pa.Table,
+    parts: Sequence[pa.Table],
+    found: Sequence[tuple[np.ndarray, np.ndarray]],
+    columns: Sequence[str],
+) -> pa.Table:
+    """:func:`join_bodies` where every file's rows were located (:func:`_located`): each
+    index row takes the ``columns`` of the first file row at its place whose ``msg_id``
+    is the index row's too (as the join keeps the first of twice-stored rows); index
+    rows without one are left out. No join: the rows are taken where they are."""
+    wanted = index.column("msg_id")
+    done = np.zeros(index.num_rows, dtype=bool)
+    out = []
+    for part, (hit, rows) in zip(parts, found, strict=True):
+        at = np.nonzero(hit & ~done)[0]
+        if len(at) == 0:
+            continue
+        same = pc.equal(part.column("msg_id").take(rows[at]), wanted.take(at)).fill_null(False)
+        at = at[same.to_numpy(zero_copy_only=False)]
+        done[at] = True
+        out.append(_with(index.take(at), part.select(list(columns)).take(rows[at])))
+    if not out:
+        return _with(index.slice(0, 0), parts[0].select(list(columns)).slice(0, 0))
+    return pa.concat_tables(out)
 
 
 _JOIN_KEYS = ("batch_id", "batch_pos", "msg_id")

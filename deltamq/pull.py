@@ -67,7 +67,8 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from itertools import repeat
 from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
@@ -307,17 +308,12 @@ class PullConsumer:
         faults.point("pull.after_lock_commit")
         ranges = [(t, q, lo, hi) for (t, q), (lo, hi) in sorted(takes.items()) if hi > lo]
         prefix = f"{now & 0xFFFFFFFFFFFF:012x}{secrets.token_hex(5)}"  # the pull's handles
-        handouts = self._read(ranges, now, prefix) if ranges else []
+        handouts = self._read(ranges, now, prefix, now + self._cfg.invisible_time_ms)
         log = self._pending + self._takeover_rows(now)  # acks waiting for this pull first
-        invisible = now + self._cfg.invisible_time_ms
+        log += handouts.rows
         last: dict[Queue, int] = {}
-        for m in handouts:
-            topic, qid = m.topic_queue
-            offset = int(m.message.queue_offset or 0)
-            m.row = (self.group, self.client_id, topic, qid, offset, m.stored_id, m.message.receipt_handle)
-            m.row += (now, invisible, INFLIGHT)
-            log.append(m.row)
-            last[m.topic_queue] = max(last.get(m.topic_queue, -1), offset)
+        for row in handouts.rows:  # in (topic, queue, offset) order: the last one wins
+            last[(row[2], row[3])] = row[4]
         for topic, qid, _, hi in ranges:
             if last.get((topic, qid), -1) < hi - 1:  # the range ends in messages not handed out
                 log.append(
@@ -328,8 +324,9 @@ class PullConsumer:
             self._acks_recorded()
         faults.point("pull.after_deliveries_commit")
         lost = self._fence(takes, now, time.monotonic() - started)
-        gone = [m.row for m in handouts if m.topic_queue in lost]
-        if gone:
+        kept = [i for i, row in enumerate(handouts.rows) if (row[2], row[3]) not in lost]
+        if len(kept) < len(handouts.rows):
+            gone = [row for row in handouts.rows if (row[2], row[3]) in lost]
             self.store.append_log([ended(r, REVOKED) for r in gone])
         for q, (_, end) in takes.items():
             if q in lost:
@@ -337,14 +334,15 @@ class PullConsumer:
             elif q in held:
                 held[q].position = end
         since, handed = self._pace
-        self._pace = (since, handed + len(handouts))
-        out = []
-        for m in handouts:
-            if m.topic_queue not in lost:
-                self._sent[m.message.receipt_handle] = m.row
-                out.append(m.message)
+        self._pace = (since, handed + len(handouts.rows))
+        out = handouts.messages
+        if len(kept) < len(out):
+            out = [out[i] for i in kept]
+        self._sent.update((row[6], row) for row in (handouts.rows[i] for i in kept))
         self._forget_expired(now)
-        return sorted(out, key=lambda m: (m.topic, m.queue_id, m.queue_offset))
+        if handouts.retold:  # a retried message shows its original topic: ordered by that
+            out.sort(key=lambda m: (m.topic, m.queue_id, m.queue_offset))
+        return out
 
     def _fence(self, takes: dict[Queue, tuple[int, int]], now: int, elapsed_s: float) -> set[Queue]:
         """The queues of ``takes`` this client no longer holds, confirmed after handing out.
@@ -571,16 +569,38 @@ class PullConsumer:
             rows.append((self.group, self.client_id, t, q, start - 1, None, _handle(), now, None, TAKEN))
         return rows
 
-    def _read(self, ranges: list[tuple[str, int, int, int]], now: int, prefix: str) -> list[_Handout]:
-        """The messages of ``ranges`` the group takes (deltamq/pull_reads.py), each with a
-        receipt handle: ``prefix`` and the message's place in the batch, so the handles
-        of one pull form one range of the log."""
+    def _read(
+        self, ranges: list[tuple[str, int, int, int]], now: int, prefix: str, invisible: int
+    ) -> _Handouts:
+        """The messages of ``ranges`` the group takes (deltamq/pull_reads.py), in (topic,
+        queue, offset) order, each with a receipt handle: ``prefix`` and the message's
+        place in the batch, so the handles of one pull form one range of the log; and
+        their ``INFLIGHT`` log rows, built a column at a time."""
+        if not ranges:
+            return _Handouts([], [], False)
         rows = self.store.handout_rows(self.group, self._cfg, self._subs(now), ranges, now)
-        handles = [f"{prefix}{i:06x}" for i in range(rows.num_rows)]
+        rows = rows.sort_by([(c, "ascending") for c in ("topic", "queue_id", "queue_offset")])
+        n = rows.num_rows
+        handles = [f"{prefix}{i:06x}" for i in range(n)]
         messages = messages_of(rows, PulledMessage, receipt_handle=handles)
-        queues = zip(rows.column("topic").to_pylist(), rows.column("queue_id").to_pylist(), strict=True)
-        stored = rows.column("msg_id").to_pylist()
-        return [_Handout(m, q, i) for m, q, i in zip(messages, queues, stored, strict=True)]
+        topics = rows.column("topic").to_pylist()
+        log = list(
+            zip(
+                repeat(self.group, n),
+                repeat(self.client_id, n),
+                topics,
+                rows.column("queue_id").to_pylist(),
+                rows.column("queue_offset").fill_null(0).to_pylist(),
+                rows.column("msg_id").to_pylist(),
+                handles,
+                repeat(now, n),
+                repeat(invisible, n),
+                repeat(INFLIGHT, n),
+                strict=True,
+            )
+        )
+        retold = any(m.topic != t for m, t in zip(messages, topics, strict=True))
+        return _Handouts(messages, log, retold)
 
     # --- acknowledging ------------------------------------------------------------------------
     def ack(self, handles: Iterable[str], now: int | None = None, *, flush: bool = True) -> int:
@@ -672,12 +692,13 @@ class PullConsumer:
 _POLL_S = 0.05
 
 
-@dataclass
-class _Handout:
-    message: PulledMessage
-    topic_queue: Queue
-    stored_id: str
-    row: tuple = field(default=())
+@dataclass(frozen=True)
+class _Handouts:
+    """One pull's messages and their ``INFLIGHT`` log rows, in the same order."""
+
+    messages: list[PulledMessage]
+    rows: list[LogRow]
+    retold: bool  # some message shows another topic than the one it is stored in (a retry)
 
 
 def _handle() -> str:

@@ -289,3 +289,35 @@ def test_a_message_stored_twice_with_the_same_ids_is_joined_once():
     assert [(r["msg_id"], r["body"]) for r in got] == [("a", b"A"), ("b", b"B")]
     twice_in_one = pa.concat_tables([part, again])
     assert join_bodies(index, [twice_in_one], ["body"]).num_rows == 2
+
+
+def test_bodies_located_by_position_are_taken_once_and_only_with_their_msg_id():
+    """The join-free path of file_reads.bodies (every file located by binary search):
+    a message stored twice is taken once, from the first file, and a position whose
+    stored msg_id is not the index row's is left out, as the join leaves it."""
+    import numpy as np
+
+    from deltamq.file_reads import _placed, join_bodies
+
+    index = pa.table(
+        {
+            "cl_batch_id": [1, 1, 1],
+            "cl_batch_pos": [0, 1, 2],
+            "msg_id": ["a", "b", "c"],
+            "queue_offset": [5, 6, 7],
+        }
+    )
+    part = pa.table(
+        {"batch_id": [1, 1, 1], "batch_pos": [0, 1, 2], "msg_id": ["a", "b", "x"], "body": [b"A", b"B", b"X"]}
+    )
+    again = pa.table({"batch_id": [1], "batch_pos": [0], "msg_id": ["a"], "body": [b"A2"]})
+    found = [
+        (np.array([True, True, True]), np.array([0, 1, 2])),
+        (np.array([True, False, False]), np.array([0, 0, 0])),
+    ]
+    got = _placed(index, [part, again], found, ["body"]).sort_by("queue_offset").to_pylist()
+    assert [(r["msg_id"], r["body"]) for r in got] == [("a", b"A"), ("b", b"B")]
+    joined = join_bodies(index, [part, again], ["body"]).sort_by("queue_offset").to_pylist()
+    assert [r["msg_id"] for r in joined] == [r["msg_id"] for r in got]
+    none = _placed(index, [part], [(np.zeros(3, dtype=bool), np.zeros(3, dtype=np.int64))], ["body"])
+    assert none.num_rows == 0 and "body" in none.column_names
