@@ -11,7 +11,8 @@ clients are ``Broker.pull_consumer``'s (``spark``: each process with its engine)
 Checks: every message handed out exactly once (each client reports the queue positions
 it was handed; no position twice, every position of the topic once), and, after a tick
 folded the deliveries log into ``offsets``, every acked offset at its queue's end and
-nothing in flight.
+nothing in flight. ``--vs-pgmq`` runs PGMQ's read + delete (bench_pgmq.py: a PostgreSQL
+server started for it) just before each client count's runs, for ratios from one run.
 
 ``measure(root, n, batch, clients)`` runs one configuration and returns its figures (the
 test suite and bench/run.py call it); ``profile(root, n, batch)`` times each Spark
@@ -19,7 +20,7 @@ statement of an in-process pull + ack cycle. Writes bench/results/pull-<timestam
 A benchmark, not a test.
 
     python bench/bench_pull.py [--messages 100000] [--batch 1000] [--clients 1 4]
-        [--kinds spark lite] [--profile]
+        [--kinds spark lite] [--acks flush next-pull] [--profile] [--vs-pgmq]
 """
 
 from __future__ import annotations
@@ -260,6 +261,11 @@ def main() -> None:
         "--acks", nargs="+", choices=["flush", "next-pull"], default=["flush"], help="ack(flush=...) modes"
     )
     ap.add_argument("--profile", action="store_true", help="also time each statement of a cycle")
+    ap.add_argument(
+        "--vs-pgmq",
+        action="store_true",
+        help="run PGMQ's read + delete (bench_pgmq.py) just before each client count's runs",
+    )
     ap.add_argument("--root", default="/tmp/deltamq-bench")
     args = ap.parse_args()
     root = Path(args.root)
@@ -267,15 +273,28 @@ def main() -> None:
     result: dict = {"bench": "pull", "at": datetime.now(UTC).isoformat()}
     if args.profile:
         result["profile"] = profile(root, min(args.messages, 20_000), args.batch)
-    result["runs"] = [
-        measure(root, args.messages, args.batch, c, k, a)
-        for k in args.kinds
-        for a in args.acks
-        for c in args.clients
-    ]
+    result["runs"], pgmq = [], []
+    for c in args.clients:
+        if args.vs_pgmq:
+            import bench_pgmq
+
+            pgmq.append(bench_pgmq.measure(root, args.messages, args.batch, c))
+        for k in args.kinds:
+            result["runs"] += [measure(root, args.messages, args.batch, c, k, a) for a in args.acks]
+    if pgmq:
+        result["pgmq"] = pgmq
     out = HERE / "results" / f"pull-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    baseline = {r["clients"]: r["msgs_per_s"] for r in pgmq}
+    for r in pgmq:
+        print(f"PGMQ {r['pgmq']}, {r['clients']} client(s): {r['msgs_per_s']} msgs/s, once: {r['read_once']}")
+    for r in result["runs"]:
+        vs = baseline.get(r["clients"])
+        ratio = f" ({r['msgs_per_s'] / vs:.2f} x PGMQ)" if vs else ""
+        print(
+            f"{r['kind']} client, acks {r['ack']}, {r['clients']} client(s): {r['msgs_per_s']} msgs/s"
+            f"{ratio}, handed out once: {r['handed_out_once']}"
+        )
     print(f"wrote {out}")
 
 
