@@ -20,12 +20,14 @@ statement of an in-process pull + ack cycle. Writes bench/results/pull-<timestam
 A benchmark, not a test.
 
     python bench/bench_pull.py [--messages 100000] [--batch 1000] [--clients 1 4]
-        [--kinds spark lite] [--acks flush next-pull] [--profile] [--vs-pgmq]
+        [--kinds spark lite] [--acks flush next-pull] [--senders spark lite] [--profile]
+        [--vs-pgmq]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -83,37 +85,62 @@ print(json.dumps(report), flush=True)
 """
 
 
-def prepare(wh: Path, n: int) -> Broker:
+SENDERS = ("spark", "lite")
+
+
+def prepare(wh: Path, n: int, sender: str = "spark") -> Broker:
     """A warehouse with ``n`` 1 KiB messages dispatched into 4 queues of topic ``orders``
-    and a pull group ``workers`` subscribed from the first offset."""
+    and a pull group ``workers`` subscribed from the first offset. ``sender``: ``spark``
+    (one ``send_dataframe``: the engine writes a few large files, each one row group) or
+    ``lite`` (the Spark-free producer's ``send_batch`` of 10 000: files in row groups by
+    queue, deltamq/delta_append.py)."""
     shutil.rmtree(wh, ignore_errors=True)
     b = Broker.init(wh)
     b.create_topic("orders", queues=4)
     b.create_group("workers", consume_from="FIRST_OFFSET")
     b.subscribe("workers", "orders")
-    spark = b.engine.spark
-    b.producer("p").send_dataframe(
-        spark.range(n).selectExpr(
-            "'orders' AS topic", "CAST(repeat(sha2(CAST(id AS STRING), 256), 16) AS BINARY) AS body"
+    if sender == "lite":
+        from deltamq import Message
+        from deltamq.lite import Producer
+
+        producer = Producer(wh, "p")
+        for lo in range(0, n, 10_000):
+            bodies = (
+                hashlib.sha256(str(i).encode()).hexdigest().encode() * 16
+                for i in range(lo, min(n, lo + 10_000))
+            )
+            producer.send_batch([Message("orders", body) for body in bodies])
+    else:
+        spark = b.engine.spark
+        b.producer("p").send_dataframe(
+            spark.range(n).selectExpr(
+                "'orders' AS topic", "CAST(repeat(sha2(CAST(id AS STRING), 256), 16) AS BINARY) AS body"
+            )
         )
-    )
     b.tick()
     return b
 
 
 def measure(
-    root: Path, n: int = 100_000, batch: int = 1000, clients: int = 1, kind: str = "spark", ack: str = "flush"
+    root: Path,
+    n: int = 100_000,
+    batch: int = 1000,
+    clients: int = 1,
+    kind: str = "spark",
+    ack: str = "flush",
+    sender: str = "spark",
 ) -> dict:
     """Pull + ack ``n`` messages with ``clients`` client processes at ``batch``; the
     figures and the checks (``handed_out_once``, ``acked_offsets``, ``in_flight``).
     ``kind``: ``spark`` (``Broker.pull_consumer``, each process with its engine) or
     ``lite`` (``deltamq.lite.PullConsumer``, no engine); ``ack``: ``flush`` (each ack a
-    commit) or ``next-pull`` (``ack(flush=False)``: stored with the next pull)."""
+    commit) or ``next-pull`` (``ack(flush=False)``: stored with the next pull);
+    ``sender``: how the messages were sent (:func:`prepare`)."""
     from deltamq.tables import deliveries
     from deltamq.tables.consume_queue import load_dispatch_state
 
-    wh = Path(root) / f"pull-{n}-{clients}-{kind}-{ack}"
-    b = prepare(wh, n)
+    wh = Path(root) / f"pull-{n}-{clients}-{kind}-{ack}-{sender}"
+    b = prepare(wh, n, sender)
     env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_MODE_ENABLED"}
     env["RUST_LOG"] = "error"
     go = time.time() + 8.0 + 2.0 * clients  # every client's engine is up before the start
@@ -156,6 +183,7 @@ def measure(
         "messages": n,
         "kind": kind,
         "ack": ack,
+        "sender": sender,
         "clients": clients,
         "batch": batch,
         "handed_out": total,
@@ -262,6 +290,9 @@ def main() -> None:
     )
     ap.add_argument("--profile", action="store_true", help="also time each statement of a cycle")
     ap.add_argument(
+        "--senders", nargs="+", choices=SENDERS, default=["spark"], help="how the messages are sent (prepare)"
+    )
+    ap.add_argument(
         "--vs-pgmq",
         action="store_true",
         help="run PGMQ's read + delete (bench_pgmq.py) just before each client count's runs",
@@ -280,7 +311,10 @@ def main() -> None:
 
             pgmq.append(bench_pgmq.measure(root, args.messages, args.batch, c))
         for k in args.kinds:
-            result["runs"] += [measure(root, args.messages, args.batch, c, k, a) for a in args.acks]
+            for sender in args.senders:
+                result["runs"] += [
+                    measure(root, args.messages, args.batch, c, k, a, sender) for a in args.acks
+                ]
     if pgmq:
         result["pgmq"] = pgmq
     out = HERE / "results" / f"pull-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
@@ -292,7 +326,8 @@ def main() -> None:
         vs = baseline.get(r["clients"])
         ratio = f" ({r['msgs_per_s'] / vs:.2f} x PGMQ)" if vs else ""
         print(
-            f"{r['kind']} client, acks {r['ack']}, {r['clients']} client(s): {r['msgs_per_s']} msgs/s"
+            f"{r['kind']} client, acks {r['ack']}, sent by {r['sender']}, {r['clients']} client(s): "
+            f"{r['msgs_per_s']} msgs/s"
             f"{ratio}, handed out once: {r['handed_out_once']}"
         )
     print(f"wrote {out}")

@@ -204,3 +204,7 @@ JOB_NAMES: tuple[str, ...] = tuple(dict.fromkeys(lease for _, lease in JOB_STEPS
 
 MAX_ERROR_CHARS = 4096
 """The longest error text kept (a listener's error in ``LAST_ERROR``, a tick's in ``job_runs``)."""
+
+COMMIT_LOG_GROUPS = ("topic", "queue_id")
+"""The columns by which deltamq's own writers group a large ``commit_log`` file's rows into
+row groups (deltamq/delta_append.py): a pull client of a few queues decodes only theirs."""

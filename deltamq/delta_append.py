@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -84,14 +85,35 @@ class _State:
     checkpoint_interval: int
 
 
+GROUPED_FROM = 4096
+"""A file of at least this many rows is written in row groups by the appender's
+``group_by`` columns (smaller files are decoded whole cheaply)."""
+GROUP_ROWS = 8192
+"""At most this many rows in a row group written by ``group_by`` (8 MB of 1 KiB bodies)."""
+
+
 class BlindAppender:
     """Appends Arrow tables to the Delta table at ``uri`` (under ``storage``); keeps what
-    it knows of the table (version, schema, partitioning) between appends."""
+    it knows of the table (version, schema, partitioning) between appends.
 
-    def __init__(self, storage: Storage, uri: str, *, engine_info: str = "deltamq") -> None:
+    ``group_by``: a file of :data:`GROUPED_FROM` rows or more holds its rows ordered by
+    these columns, in row groups of one value each (at most :data:`GROUP_ROWS` rows), so
+    a reader of one value decodes its groups only (``FileSnapshot.taken``): the
+    producers' ``commit_log`` files by topic and queue, for pull clients of a few queues.
+    Readers never depend on the rows' order in a file."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        uri: str,
+        *,
+        engine_info: str = "deltamq",
+        group_by: tuple[str, ...] = (),
+    ) -> None:
         self.storage = storage
         self.uri = uri.rstrip("/")
         self.engine_info = engine_info
+        self.group_by = group_by
         self._state: _State | None = None
 
     # --- the table ------------------------------------------------------------------
@@ -231,7 +253,14 @@ class BlindAppender:
     def _write_file(self, state: _State, part: pa.Table, values: dict[str, str | None]) -> dict[str, Any]:
         data = part.select(state.schema.names).cast(state.schema)
         buf = io.BytesIO()
-        pq.write_table(data, buf, compression="snappy")
+        grouped = [c for c in self.group_by if c in state.schema.names]
+        if grouped and data.num_rows >= GROUPED_FROM:
+            data = data.take(pc.sort_indices(data, [(c, "ascending") for c in grouped]))
+            with pq.ParquetWriter(buf, data.schema, compression="snappy") as writer:
+                for lo, hi in _runs(data, grouped, GROUP_ROWS):
+                    writer.write_table(data.slice(lo, hi - lo), row_group_size=hi - lo)
+        else:
+            pq.write_table(data, buf, compression="snappy")
         body = buf.getvalue()
         # the folder as Hive names it (special characters as %XX), and the log's path a
         # URI of it (percent-encoded once more), as Delta-Spark writes them
@@ -320,6 +349,24 @@ _HIVE_ESCAPED = frozenset("\"#%'*/:=?\\{[]^\x7f")
 
 def _path_value(v: str | None) -> str:
     return "__HIVE_DEFAULT_PARTITION__" if v is None else v
+
+
+def _runs(data: pa.Table, columns: list[str], most: int) -> list[tuple[int, int]]:
+    """[start, end) row ranges of ``data`` (sorted by ``columns``) over which those columns
+    keep one value, cut into pieces of at most ``most`` rows."""
+    n = data.num_rows
+    changes = np.zeros(max(n - 1, 0), dtype=bool)
+    for name in columns:
+        after, before = data.column(name).slice(1), data.column(name).slice(0, n - 1)
+        differ = pc.not_equal(after, before).fill_null(True)  # null beside a value differs
+        both_null = pc.and_(pc.is_null(after), pc.is_null(before))
+        changes |= pc.and_not(differ, both_null).to_numpy(zero_copy_only=False)
+    starts = [0, *(np.nonzero(changes)[0] + 1).tolist(), n]
+    return [
+        (lo, min(lo + most, hi))
+        for a, hi in zip(starts, starts[1:], strict=False)
+        for lo in range(a, hi, most)
+    ]
 
 
 def _stats(data: pa.Table) -> dict[str, Any]:

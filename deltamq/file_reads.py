@@ -90,7 +90,7 @@ def index_rows(wh: Snapshots, ranges: Sequence[Range], columns: Sequence[str]) -
     )
     parts = []
     for f in snap.files(keep):
-        keyed = snap.sorted_keys(f, "queue", _queue_keys)
+        keyed = snap.sorted_keys(f, "queue", _queue_keys, ["queue_id", "queue_offset"])
         if keyed is None:
             parts.append(snap.read([f], list(columns), where))
             continue
@@ -101,7 +101,7 @@ def index_rows(wh: Snapshots, ranges: Sequence[Range], columns: Sequence[str]) -
         ]
         # ranges may overlap (two groups' takes of one queue): each row once, as a filter gives
         rows = np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
-        parts.append(snap.whole(f).take(pa.array(rows, pa.int64())).select(list(columns)))
+        parts.append(snap.taken(f, rows, list(columns)))
     return pa.concat_tables(parts) if parts else snap.read([], list(columns))
 
 
@@ -150,12 +150,11 @@ def bodies(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> pa.Table |
     chosen = snap.files(keep)
     ids, pos = index.column("cl_batch_id").to_numpy(), index.column("cl_batch_pos").to_numpy()
     found = [_located(snap, f, ids, pos) for f in chosen]
-    parts = [snap.whole(f) for f in chosen]
     located = [places for places in found if places is not None]
-    if parts and len(located) == len(found):
-        return _placed(index, parts, located, columns)
+    if chosen and len(located) == len(found):
+        return _placed(index, snap, chosen, located, columns)
     picks = [None if places is None else np.unique(places[1][places[0]]) for places in found]
-    return join_bodies(index, parts, columns, where, picks)
+    return join_bodies(index, [snap.whole(f) for f in chosen], columns, where, picks)
 
 
 def _positions(data: pa.Table) -> np.ndarray | None:
@@ -174,7 +173,7 @@ def _located(
     batch = f.min_values.get("batch_id")
     if batch is None or batch != f.max_values.get("batch_id"):
         return None
-    keyed = snap.sorted_keys(f, "batch_pos", _positions)
+    keyed = snap.sorted_keys(f, "batch_pos", _positions, ["batch_pos"])
     if keyed is None:
         return None
     mine = np.nonzero(ids == batch)[0]
@@ -185,27 +184,33 @@ def _located(
 
 def _placed(
     index: pa.Table,
-    parts: Sequence[pa.Table],
+    snap: FileSnapshot,
+    files: Sequence[DataFile],
     found: Sequence[tuple[np.ndarray, np.ndarray]],
     columns: Sequence[str],
 ) -> pa.Table:
     """:func:`join_bodies` where every file's rows were located (:func:`_located`): each
     index row takes the ``columns`` of the first file row at its place whose ``msg_id``
     is the index row's too (as the join keeps the first of twice-stored rows); index
-    rows without one are left out. No join: the rows are taken where they are."""
+    rows without one are left out. No join: the rows are taken where they are
+    (``FileSnapshot.taken``: of a file in row groups, only the groups holding them)."""
     wanted = index.column("msg_id")
     done = np.zeros(index.num_rows, dtype=bool)
+    names = [*dict.fromkeys([*columns, "msg_id"])]
     out = []
-    for part, (hit, rows) in zip(parts, found, strict=True):
+    for f, (hit, rows) in zip(files, found, strict=True):
         at = np.nonzero(hit & ~done)[0]
         if len(at) == 0:
             continue
-        same = pc.equal(part.column("msg_id").take(rows[at]), wanted.take(at)).fill_null(False)
-        at = at[same.to_numpy(zero_copy_only=False)]
+        stored = snap.taken(f, rows[at], names)
+        same = (
+            pc.equal(stored.column("msg_id"), wanted.take(at)).fill_null(False).to_numpy(zero_copy_only=False)
+        )
+        at = at[same]
         done[at] = True
-        out.append(_with(index.take(at), part.select(list(columns)).take(rows[at])))
+        out.append(_with(index.take(at), stored.filter(same).select(list(columns))))
     if not out:
-        return _with(index.slice(0, 0), parts[0].select(list(columns)).slice(0, 0))
+        return _with(index.slice(0, 0), snap.read([], list(columns)))
     return pa.concat_tables(out)
 
 
@@ -492,14 +497,26 @@ Python, 55 ms for 10 000 rows (measured on 2 cores)."""
 
 
 def log_rows(
-    wh: Snapshots, where: pc.Expression | None = None, most: int | None = None
+    wh: Snapshots,
+    where: pc.Expression | None = None,
+    most: int | None = None,
+    queues: Iterable[Queue] | None = None,
 ) -> list[LogRow] | None:
     """The deliveries log's rows matching ``where``, as tuples in the table's column order;
-    None when the table must be read with the engine, or holds more than ``most`` rows."""
+    None when the table must be read with the engine, or holds more than ``most`` rows.
+    ``queues``: ``where`` takes rows of these queues only, so files whose statistics hold
+    none of them are not read (a pull's append holds the queues it took from)."""
     snap = wh.snapshot("deliveries")
     if snap is None:
         return None
-    files = snap.files()
+    wanted = None if queues is None else sorted(set(queues))
+
+    def of_queues(f: DataFile) -> bool:
+        return wanted is None or any(
+            f.overlaps("topic", t, t) and f.overlaps("queue_id", q, q) for t, q in wanted
+        )
+
+    files = snap.files(of_queues)
     if most is not None and sum(most + 1 if f.num_records is None else f.num_records for f in files) > most:
         return None
     table = snap.read(files, list(LOG_COLUMNS), where)

@@ -38,7 +38,7 @@ import pyarrow as pa
 from deltamq import pull as _pull
 from deltamq.clock import Clock, SystemClock
 from deltamq.config import BrokerConfig
-from deltamq.constants import SCHEMA_VERSION
+from deltamq.constants import COMMIT_LOG_GROUPS, SCHEMA_VERSION
 from deltamq.delta_append import BlindAppender, Unsupported
 from deltamq.errors import SchemaVersionError, WarehouseNotFound
 from deltamq.pull_files import FileStore
@@ -76,7 +76,10 @@ class Warehouse(Topics):
         self.clock = clock or SystemClock()
         self._max_level: int | None = None
         self._appender: BlindAppender | None = BlindAppender(
-            self.storage, self.storage.join("commit_log"), engine_info="deltamq-lite"
+            self.storage,
+            self.storage.join("commit_log"),
+            engine_info="deltamq-lite",
+            group_by=COMMIT_LOG_GROUPS,
         )
         self._write_lock = threading.Lock()
         version = self._schema_version()

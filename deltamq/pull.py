@@ -453,7 +453,10 @@ class PullConsumer:
         if any(q not in self._held for q in mine):
             existing = self.store.read_locks(self.group)
             if any(q not in existing for q in mine):
-                self.store.ensure_lock_rows(self.group, mine)
+                # every queue of the group without a row, not only this client's: one
+                # commit instead of one per client when clients start together
+                missing = {q for q in self._queues(now) if q not in existing} | set(mine)
+                self.store.ensure_lock_rows(self.group, sorted(missing))
         self.store.commit(attempt, what="queue_lock")
         for q in list(self._held):
             if q not in plans:

@@ -510,17 +510,20 @@ class Storage:
 
         return self._retrying("read", path, get)
 
-    def read_parquet(self, path: str, schema: Any) -> Any:
+    def read_parquet(self, path: str, schema: Any, group: tuple[Any, int] | None = None) -> Any:
         """The Parquet file at ``path`` as a pyarrow Table of ``schema``'s columns, in its
         types (a file written by another engine may spell a type differently); a column
-        the file lacks (added to the table after the file was written) is all null."""
+        the file lacks (added to the table after the file was written) is all null.
+        ``group`` (local files): (the file's footer, :meth:`parquet_metadata`; a row group
+        index) reads that row group only."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         def columns(source: Any) -> Any:
-            file = pq.ParquetFile(source)
+            file = pq.ParquetFile(source, metadata=group[0] if group else None)
             present = set(file.schema_arrow.names)
-            return file.read(columns=[n for n in schema.names if n in present])
+            wanted = [n for n in schema.names if n in present]
+            return file.read_row_group(group[1], columns=wanted) if group else file.read(columns=wanted)
 
         if self.is_local:
             try:
@@ -536,6 +539,18 @@ class Storage:
             if field.name not in table.column_names:
                 table = table.add_column(i, field.name, pa.nulls(table.num_rows, field.type))
         return table if table.schema.equals(schema) else table.cast(schema)
+
+    def parquet_metadata(self, path: str) -> Any:
+        """The footer of the local Parquet file at ``path`` (its row groups), for
+        :meth:`read_parquet` of one row group."""
+        import pyarrow.parquet as pq
+
+        if not self.is_local:
+            raise ValueError(f"{path}: row groups are read from local files only")
+        try:
+            return pq.read_metadata(path)
+        except OSError as e:
+            raise self.error("read", path, e) from e
 
     def _object_store(self) -> Any:
         """An obstore client of the location (the object_store crate delta-rs uses: the

@@ -11,8 +11,10 @@ from datetime import date
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
@@ -291,33 +293,96 @@ def test_a_message_stored_twice_with_the_same_ids_is_joined_once():
     assert join_bodies(index, [twice_in_one], ["body"]).num_rows == 2
 
 
-def test_bodies_located_by_position_are_taken_once_and_only_with_their_msg_id():
+def _commit_log_like(tmp_path: Path, rows: int, queues: int) -> tuple[Storage, str]:
+    """A table of commit_log's key columns written by the producers' appender: files of
+    many rows in row groups by topic and queue (deltamq/delta_append.py)."""
+    uri = str(tmp_path / "cl")
+    schema = pa.schema(
+        [("topic", pa.string()), ("queue_id", pa.int32()), ("batch_id", pa.int64()),
+         ("batch_pos", pa.int64()), ("msg_id", pa.string()), ("body", pa.binary())]
+    )  # fmt: skip
+    write_deltalake(uri, schema.empty_table())
+    storage = Storage(str(tmp_path))
+    data = pa.table(
+        {
+            "topic": ["orders"] * rows,
+            "queue_id": pa.array([i % queues for i in range(rows)], pa.int32()),
+            "batch_id": [7] * rows,
+            "batch_pos": list(range(rows)),
+            "msg_id": [f"m{i}" for i in range(rows)],
+            "body": [b"b%d" % i for i in range(rows)],
+        },
+        schema=schema,
+    )
+    BlindAppender(storage, uri, group_by=("topic", "queue_id")).append(data)
+    return storage, uri
+
+
+def test_a_large_producer_file_is_written_in_row_groups_by_queue_and_read_a_group_at_a_time(tmp_path):
+    from deltamq.delta_append import GROUP_ROWS, GROUPED_FROM
+
+    rows = max(GROUPED_FROM, 2 * GROUP_ROWS + 10)
+    storage, uri = _commit_log_like(tmp_path, rows, queues=3)
+    snap = FileSnapshot(storage, uri)
+    snap.refresh()
+    (f,) = snap.files()
+    meta = storage.parquet_metadata(f.path)
+    per_group = [
+        pq.ParquetFile(f.path).read_row_group(i, columns=["queue_id"]) for i in range(meta.num_row_groups)
+    ]
+    # one queue per group, none longer than GROUP_ROWS; every row kept
+    assert all(len(set(g.column("queue_id").to_pylist())) == 1 for g in per_group)
+    assert max(g.num_rows for g in per_group) <= GROUP_ROWS and sum(g.num_rows for g in per_group) == rows
+    assert sorted(_delta_rs_rows(uri)) == list(range(rows))
+    # rows of queue 1 only: only its groups are decoded, and taken in the order asked
+    keyed = snap.sorted_keys(f, "batch_pos", lambda t: t.column("batch_pos").to_numpy(), ["batch_pos"])
+    assert keyed is not None
+    wanted = np.array([3 * k + 1 for k in (40, 2, 17)], dtype=np.int64)  # queue 1's positions
+    hit, at = keyed.rows_equal(wanted)
+    assert hit.all()
+    got = snap.taken(f, at, ["batch_pos", "msg_id"]).to_pylist()
+    assert [r["batch_pos"] for r in got] == wanted.tolist()
+    assert [r["msg_id"] for r in got] == [f"m{p}" for p in wanted]
+    decoded = {k[1] for k in snap._groups}
+    queues_of = {i: set(g.column("queue_id").to_pylist()) for i, g in enumerate(per_group)}
+    assert decoded and all(queues_of[i] == {1} for i in decoded)
+    assert f.path not in snap._cache  # the file was never decoded whole
+
+
+def _delta_rs_rows(uri: str) -> list[int]:
+    return DeltaTable(uri).to_pyarrow_table().column("batch_pos").to_pylist()
+
+
+def test_bodies_located_by_position_are_taken_once_and_only_with_their_msg_id(tmp_path):
     """The join-free path of file_reads.bodies (every file located by binary search):
-    a message stored twice is taken once, from the first file, and a position whose
-    stored msg_id is not the index row's is left out, as the join leaves it."""
-    import numpy as np
+    a message stored twice (a second file of the same batch) is taken once, from the
+    first file, and a position whose stored msg_id is not the index row's is left out,
+    as the join leaves it."""
+    from deltamq.file_reads import _located, _placed, join_bodies
 
-    from deltamq.file_reads import _placed, join_bodies
-
+    storage, uri = _commit_log_like(tmp_path, 6, queues=2)
+    again = pa.table({"topic": ["orders"], "queue_id": pa.array([0], pa.int32()), "batch_id": [7],
+                      "batch_pos": [0], "msg_id": ["m0"], "body": [b"again"]})  # fmt: skip
+    BlindAppender(storage, uri).append(again)
+    snap = FileSnapshot(storage, uri)
+    snap.refresh()
+    files = sorted(snap.files(), key=lambda f: f.num_records or 0, reverse=True)  # the first, then the copy
     index = pa.table(
         {
-            "cl_batch_id": [1, 1, 1],
+            "cl_batch_id": [7, 7, 7],
             "cl_batch_pos": [0, 1, 2],
-            "msg_id": ["a", "b", "c"],
+            "msg_id": ["m0", "m1", "other"],
             "queue_offset": [5, 6, 7],
         }
     )
-    part = pa.table(
-        {"batch_id": [1, 1, 1], "batch_pos": [0, 1, 2], "msg_id": ["a", "b", "x"], "body": [b"A", b"B", b"X"]}
-    )
-    again = pa.table({"batch_id": [1], "batch_pos": [0], "msg_id": ["a"], "body": [b"A2"]})
-    found = [
-        (np.array([True, True, True]), np.array([0, 1, 2])),
-        (np.array([True, False, False]), np.array([0, 0, 0])),
-    ]
-    got = _placed(index, [part, again], found, ["body"]).sort_by("queue_offset").to_pylist()
-    assert [(r["msg_id"], r["body"]) for r in got] == [("a", b"A"), ("b", b"B")]
-    joined = join_bodies(index, [part, again], ["body"]).sort_by("queue_offset").to_pylist()
-    assert [r["msg_id"] for r in joined] == [r["msg_id"] for r in got]
-    none = _placed(index, [part], [(np.zeros(3, dtype=bool), np.zeros(3, dtype=np.int64))], ["body"])
+    ids, pos = index.column("cl_batch_id").to_numpy(), index.column("cl_batch_pos").to_numpy()
+    found = [_located(snap, f, ids, pos) for f in files]
+    assert all(x is not None for x in found)
+    got = _placed(index, snap, files, [x for x in found if x is not None], ["body"])
+    rows = got.sort_by("queue_offset").to_pylist()
+    assert [(r["msg_id"], r["body"]) for r in rows] == [("m0", b"b0"), ("m1", b"b1")]
+    joined = join_bodies(index, [snap.whole(f) for f in files], ["body"]).sort_by("queue_offset")
+    assert joined.column("msg_id").to_pylist() == ["m0", "m1"]
+    nothing = np.zeros(3, dtype=bool), np.zeros(3, dtype=np.int64)
+    none = _placed(index, snap, files[:1], [nothing], ["body"])
     assert none.num_rows == 0 and "body" in none.column_names

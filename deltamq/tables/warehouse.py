@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from deltamq import file_reads
 from deltamq.config import TOMBSTONE_RETENTION, BrokerConfig, CommitPolicy, parse_levels, tombstone_retention
+from deltamq.constants import COMMIT_LOG_GROUPS
 from deltamq.delta_append import BlindAppender, Unsupported, plain_writer
 from deltamq.delta_read import FileSnapshot
 from deltamq.errors import ConfigError, SchemaVersionError, WarehouseNotFound
@@ -129,8 +130,9 @@ class Warehouse:
         read once; None when the engine must write the table (Apache Spark on a local
         disk, or a protocol that writer does not meet)."""
         if table not in self._appenders:
+            groups = COMMIT_LOG_GROUPS if table == "commit_log" else ()
             self._appenders[table] = (
-                BlindAppender(self.storage, self.uri(table), engine_info="deltamq")
+                BlindAppender(self.storage, self.uri(table), engine_info="deltamq", group_by=groups)
                 if self._appends_outside
                 else None
             )
