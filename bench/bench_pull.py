@@ -140,7 +140,7 @@ def measure(
     from deltamq.tables.consume_queue import load_dispatch_state
 
     wh = Path(root) / f"pull-{n}-{clients}-{kind}-{ack}-{sender}"
-    b = prepare(wh, n, sender)
+    prepare(wh, n, sender).close()  # the clients run alone, as PGMQ's server does in its run
     env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_MODE_ENABLED"}
     env["RUST_LOG"] = "error"
     go = time.time() + 8.0 + 2.0 * clients  # every client's engine is up before the start
@@ -166,6 +166,7 @@ def measure(
     for r in reports:
         for q, offsets in r.pop("handed").items():
             handed[int(q)] += offsets
+    b = Broker.open(wh)
     heads = {q: h for (t, q), h in load_dispatch_state(b.warehouse).heads.items() if t == "orders"}
     once = sum(heads.values()) == n and all(
         sorted(handed.get(q, [])) == list(range(h)) for q, h in heads.items()

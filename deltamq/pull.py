@@ -713,14 +713,15 @@ _HEX = re.compile("[0-9a-f]+")
 
 
 def _handles(handles: Iterable[str]) -> list[str]:
-    if isinstance(handles, str):
-        handles = [handles]
-    out = []
-    for h in handles:
-        if not isinstance(h, str) or not _HEX.fullmatch(h):
-            raise ConfigError(f"{h!r} is not a receipt handle (hex text returned by pull)")
-        out.append(h)
-    return sorted(set(out))
+    """The distinct receipt handles of ``handles``, sorted; any that is not one (hex text)
+    is refused by name. Checked all at once when every one is text (one match over them
+    joined, and none empty), one by one only to name the bad one."""
+    listed = [handles] if isinstance(handles, str) else list(handles)
+    if not (all(isinstance(h, str) and h for h in listed) and _HEX.fullmatch("".join(listed) or "0")):
+        for h in listed:
+            if not isinstance(h, str) or not _HEX.fullmatch(h):
+                raise ConfigError(f"{h!r} is not a receipt handle (hex text returned by pull)")
+    return sorted(set(listed))
 
 
 def group_queues(subs: Sequence[Subscription], topic_queues: Callable[[str], int | None]) -> list[Queue]:

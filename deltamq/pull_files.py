@@ -58,6 +58,7 @@ class FileStore:
         self._snapshots: dict[str, FileSnapshot] = {}
         self._log = BlindAppender(storage, storage.join("deliveries"), engine_info="deltamq-lite-pull")
         self._tables: dict[str, Any] = {}  # delta-rs tables kept for MERGEs
+        self._clients: dict[str, tuple[int, list[tuple[str, int | None]]]] = {}  # per group, at a version
 
     # --- reading --------------------------------------------------------------------------
     def snapshot(self, table: str) -> FileSnapshot:
@@ -171,12 +172,17 @@ class FileStore:
         self.commit(lambda: self._table("clients").delete(where), what="clients")
 
     def live_clients(self, group: str, since: int) -> list[str]:
-        rows = self._rows(
-            "clients",
-            (pc.field("consumer_group") == group) & (pc.field("last_seen_ts") >= since),
-            ["client_id"],
-        )
-        return sorted({r["client_id"] for r in rows})
+        """The group's clients seen at ``since`` or later; the table's rows of the group are
+        read again only when it has a new version (every pull asks)."""
+        snap = self.snapshot("clients")
+        known = self._clients.get(group)
+        if known is None or known[0] != snap.version:
+            rows = snap.read(snap.files(), ["client_id", "last_seen_ts"], pc.field("consumer_group") == group)
+            seen = zip(
+                rows.column("client_id").to_pylist(), rows.column("last_seen_ts").to_pylist(), strict=True
+            )
+            known = self._clients[group] = (snap.version, list(seen))
+        return sorted({client for client, ts in known[1] if ts is not None and ts >= since})
 
     # --- locks ----------------------------------------------------------------------------
     def read_locks(self, group: str) -> dict[Queue, LockEntry | None]:

@@ -48,6 +48,16 @@ def test_allocate_averagely_matches_rocketmq():
 
 
 @pytest.mark.unit
+def test_receipt_handles_are_checked_all_at_once_and_the_bad_one_is_named():
+    from deltamq.pull import _handles
+
+    assert _handles(["0b", "0a", "0b"]) == ["0a", "0b"] and _handles("ff") == ["ff"] and _handles([]) == []
+    for bad in (["0a", ""], ["0a", "0G"], ["0a", "AB"], ["0a", 7], ["0a", None]):
+        with pytest.raises(ConfigError, match=f"{bad[1]!r} is not a receipt handle"):
+            _handles(bad)
+
+
+@pytest.mark.unit
 def test_decide_lock_follows_the_spec():
     kw = {"timeout_ms": 60_000, "max_no_change": 3}
     assert decide_lock(None, "a", 10, 5, 5, **kw)[0] == "acquired"
