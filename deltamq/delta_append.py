@@ -90,6 +90,10 @@ GROUPED_FROM = 4096
 ``group_by`` columns (smaller files are decoded whole cheaply)."""
 GROUP_ROWS = 8192
 """At most this many rows in a row group written by ``group_by`` (8 MB of 1 KiB bodies)."""
+GROUP_MIN_ROWS = 1024
+"""A row group written by ``group_by`` takes the next value's rows too while it holds
+fewer than this many (a send over thousands of queues writes groups of several queues,
+not thousands of tiny groups)."""
 
 
 class BlindAppender:
@@ -97,10 +101,11 @@ class BlindAppender:
     it knows of the table (version, schema, partitioning) between appends.
 
     ``group_by``: a file of :data:`GROUPED_FROM` rows or more holds its rows ordered by
-    these columns, in row groups of one value each (at most :data:`GROUP_ROWS` rows), so
-    a reader of one value decodes its groups only (``FileSnapshot.taken``): the
-    producers' ``commit_log`` files by topic and queue, for pull clients of a few queues.
-    Readers never depend on the rows' order in a file."""
+    these columns, in row groups of one value each (at most :data:`GROUP_ROWS` rows;
+    values with fewer than :data:`GROUP_MIN_ROWS` rows share a group), so a reader of
+    one value decodes its groups only (``FileSnapshot.taken``): the producers'
+    ``commit_log`` files by topic and queue, for pull clients of a few queues. Readers
+    never depend on the rows' order in a file."""
 
     def __init__(
         self,
@@ -257,7 +262,7 @@ class BlindAppender:
         if grouped and data.num_rows >= GROUPED_FROM:
             data = data.take(pc.sort_indices(data, [(c, "ascending") for c in grouped]))
             with pq.ParquetWriter(buf, data.schema, compression="snappy") as writer:
-                for lo, hi in _runs(data, grouped, GROUP_ROWS):
+                for lo, hi in _runs(data, grouped, GROUP_MIN_ROWS, GROUP_ROWS):
                     writer.write_table(data.slice(lo, hi - lo), row_group_size=hi - lo)
         else:
             pq.write_table(data, buf, compression="snappy")
@@ -351,9 +356,10 @@ def _path_value(v: str | None) -> str:
     return "__HIVE_DEFAULT_PARTITION__" if v is None else v
 
 
-def _runs(data: pa.Table, columns: list[str], most: int) -> list[tuple[int, int]]:
-    """[start, end) row ranges of ``data`` (sorted by ``columns``) over which those columns
-    keep one value, cut into pieces of at most ``most`` rows."""
+def _runs(data: pa.Table, columns: list[str], least: int, most: int) -> list[tuple[int, int]]:
+    """[start, end) row ranges of ``data`` (sorted by ``columns``) for its row groups: a
+    range ends where those columns change value once it holds ``least`` rows, and holds
+    at most ``most``."""
     n = data.num_rows
     changes = np.zeros(max(n - 1, 0), dtype=bool)
     for name in columns:
@@ -361,12 +367,18 @@ def _runs(data: pa.Table, columns: list[str], most: int) -> list[tuple[int, int]
         differ = pc.not_equal(after, before).fill_null(True)  # null beside a value differs
         both_null = pc.and_(pc.is_null(after), pc.is_null(before))
         changes |= pc.and_not(differ, both_null).to_numpy(zero_copy_only=False)
-    starts = [0, *(np.nonzero(changes)[0] + 1).tolist(), n]
-    return [
-        (lo, min(lo + most, hi))
-        for a, hi in zip(starts, starts[1:], strict=False)
-        for lo in range(a, hi, most)
-    ]
+    cuts = [*(np.nonzero(changes)[0] + 1).tolist(), n]
+    out: list[tuple[int, int]] = []
+    lo = 0
+    for cut in cuts:
+        while cut - lo > most:
+            out.append((lo, lo + most))
+            lo += most
+        if cut - lo >= least or cut == n:
+            if cut > lo:
+                out.append((lo, cut))
+            lo = cut
+    return out
 
 
 def _stats(data: pa.Table) -> dict[str, Any]:

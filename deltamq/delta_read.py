@@ -6,7 +6,8 @@ entries written since, one look-up of the next entry when nothing changed (one G
 an object store), so its cost follows new commits, not the table's history. Readers
 pick files by partition values and min/max statistics (a range of offsets or batch
 ids touches a handful of files) and read them whole with pyarrow, once: decoded files
-are kept, and filters run over their narrow columns.
+are kept, and filters run over their narrow columns. A local file written in row groups
+is read a row group at a time instead, only the groups a read needs (``taken``).
 
 The first load goes through delta-rs (checkpoints included). Tables whose protocol
 asks readers for more than plain Parquet files (deletion vectors, column mapping) are
@@ -39,7 +40,8 @@ READER_FEATURES = frozenset({"timestampNtz"})
 """Reader features a table may list and still be read here: they change no file's meaning."""
 _COMMIT = re.compile(r"^\d{20}\.json$")
 CACHE_BYTES = 256 << 20
-"""Decoded files a snapshot keeps (per table), least recently used out first."""
+"""Decoded files and their sorted keys a snapshot keeps (per table), least recently used
+out first."""
 GROUP_CACHE_BYTES = 48 << 20
 """Decoded row groups a snapshot keeps (per table; ``FileSnapshot.taken``), least recently
 used out first. Small on purpose: a group is cheap to decode again, and memory freed
@@ -303,9 +305,12 @@ class FileSnapshot:
     def taken(self, f: DataFile, rows: np.ndarray, names: list[str]) -> pa.Table:
         """The ``names`` columns of file ``f`` at its rows ``rows`` (in that order). A file
         of several row groups on a local disk is decoded a row group at a time, only those
-        holding ``rows`` (each kept as :meth:`whole` keeps files): a client of a few queues
-        decodes the groups of its queues when the writer grouped the rows by queue
-        (deltamq/delta_append.py). Otherwise the whole file is decoded and kept."""
+        holding ``rows`` (kept apart from the files, under ``group_cache_bytes``): a
+        client of a few queues decodes the groups of its queues when the writer grouped
+        the rows by queue (deltamq/delta_append.py). Otherwise the whole file is decoded
+        and kept."""
+        if len(rows) == 0:
+            return self.read([], names)
         layout = self._layout(f)
         if layout is None or len(layout.starts) < 2 or f.path in self._cache:
             return self.whole(f).select(names).take(pa.array(rows, pa.int64()))

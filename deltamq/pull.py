@@ -388,7 +388,8 @@ class PullConsumer:
     def _recent_pace(self) -> int:
         """Messages this client hands out in half of ``RESERVE_MS`` at its pace since the
         previous call (real time: the reservation's owner rewrites it about that often);
-        a reservation that size lasts until then."""
+        a reservation that size lasts until then. The client's pace over all its queues,
+        used as each queue's bound: a queue it drains alone gets all of it."""
         since, handed = self._pace
         elapsed = time.monotonic() - since
         self._pace = (time.monotonic(), 0)
@@ -453,10 +454,7 @@ class PullConsumer:
         if any(q not in self._held for q in mine):
             existing = self.store.read_locks(self.group)
             if any(q not in existing for q in mine):
-                # every queue of the group without a row, not only this client's: one
-                # commit instead of one per client when clients start together
-                missing = {q for q in self._queues(now) if q not in existing} | set(mine)
-                self.store.ensure_lock_rows(self.group, sorted(missing))
+                self.store.ensure_lock_rows(self.group, mine)
         self.store.commit(attempt, what="queue_lock")
         for q in list(self._held):
             if q not in plans:

@@ -190,51 +190,55 @@ class FileStore:
 
     def write_locks(self, group: str, changes: list[tuple[Queue, LockEntry | None, LockEntry]]) -> None:
         """Compare-and-set: each (existing) row changes only if it still is what was read;
-        the caller commits (:meth:`commit`) and reads the rows back (a queue whose row
-        is not as written was lost). One commit per queue: delta-rs rewrites only the
-        file of that queue's row (each row is inserted in a file of its own,
-        :meth:`ensure_lock_rows`), so clients writing the rows of different queues never
-        conflict; one commit for all would rewrite a file holding every row."""
-        for (topic, qid), old, new in sorted(c for c in changes if c[1] != c[2]):
-            source = pa.table(
-                {
-                    "consumer_group": [group],
-                    "topic": [topic],
-                    "queue_id": pa.array([qid], pa.int32()),
-                    "exp_owner": pa.array([old.owner if old else None], pa.string()),
-                    "exp_access": pa.array([old.last_access_ts if old else None], pa.int64()),
-                    "owner": [new.owner],
-                    "last_access_ts": pa.array([new.last_access_ts], pa.int64()),
-                    "last_delivered_offset": pa.array([new.last_delivered_offset], pa.int64()),
-                    "no_change_count": pa.array([new.no_change_count], pa.int32()),
-                    "delivered_offset": pa.array([new.delivered_offset], pa.int64()),
-                }
-            )
-            merge = self._merge("queue_lock", source, _SAME_QUEUE)
-            merge.when_matched_update(
-                {c: f"s.{c}" for c in LOCK_COLUMNS[2:]},
-                predicate="(t.owner IS NOT DISTINCT FROM s.exp_owner) "
-                "AND (t.last_access_ts IS NOT DISTINCT FROM s.exp_access)",
-            ).execute()
+        the caller commits (:meth:`commit`)."""
+        changes = [c for c in changes if c[1] != c[2]]
+        if not changes:
+            return
+        olds = [old for _, old, _ in changes]
+        news = [new for _, _, new in changes]
+        source = pa.table(
+            {
+                "consumer_group": [group] * len(changes),
+                "topic": [t for (t, _), _, _ in changes],
+                "queue_id": pa.array([q for (_, q), _, _ in changes], pa.int32()),
+                "exp_owner": pa.array([o.owner if o else None for o in olds], pa.string()),
+                "exp_access": pa.array([o.last_access_ts if o else None for o in olds], pa.int64()),
+                "owner": [n.owner for n in news],
+                "last_access_ts": pa.array([n.last_access_ts for n in news], pa.int64()),
+                "last_delivered_offset": pa.array([n.last_delivered_offset for n in news], pa.int64()),
+                "no_change_count": pa.array([n.no_change_count for n in news], pa.int32()),
+                "delivered_offset": pa.array([n.delivered_offset for n in news], pa.int64()),
+            }
+        )
+        merge = self._merge("queue_lock", source, _SAME_QUEUE)
+        merge.when_matched_update(
+            {c: f"s.{c}" for c in LOCK_COLUMNS[2:]},
+            predicate="(t.owner IS NOT DISTINCT FROM s.exp_owner) "
+            "AND (t.last_access_ts IS NOT DISTINCT FROM s.exp_access)",
+        ).execute()
 
     def ensure_lock_rows(self, group: str, queues: Sequence[Queue]) -> None:
-        """Ownerless lock rows for ``queues`` that have none (deltamq/tables/deliveries.py),
-        each inserted by a commit of its own, so each lives in a file of its own."""
+        """Ownerless lock rows for ``queues`` that have none (deltamq/tables/deliveries.py)."""
+        if not queues:
+            return
+        ordered = sorted(set(queues))
+        source = pa.table(
+            {
+                "consumer_group": [group] * len(ordered),
+                "topic": [t for t, _ in ordered],
+                "queue_id": pa.array([q for _, q in ordered], pa.int32()),
+            }
+        )
         values = {
             "consumer_group": "s.consumer_group",
             "topic": "s.topic",
             "queue_id": "s.queue_id",
             "no_change_count": "CAST(0 AS INT)",
         }
-        for topic, qid in sorted(set(queues)):
-            source = pa.table(
-                {"consumer_group": [group], "topic": [topic], "queue_id": pa.array([qid], pa.int32())}
-            )
-
-            def insert(source: pa.Table = source) -> None:
-                self._merge("queue_lock", source, _SAME_QUEUE).when_not_matched_insert(values).execute()
-
-            self.commit(insert, what="queue_lock")
+        self.commit(
+            lambda: self._merge("queue_lock", source, _SAME_QUEUE).when_not_matched_insert(values).execute(),
+            what="queue_lock",
+        )
 
     # --- the index and the log ------------------------------------------------------------
     def heads(self, now: int) -> dict[Queue, int]:

@@ -319,10 +319,10 @@ def _commit_log_like(tmp_path: Path, rows: int, queues: int) -> tuple[Storage, s
 
 
 def test_a_large_producer_file_is_written_in_row_groups_by_queue_and_read_a_group_at_a_time(tmp_path):
-    from deltamq.delta_append import GROUP_ROWS, GROUPED_FROM
+    from deltamq.delta_append import GROUP_ROWS
 
-    rows = max(GROUPED_FROM, 2 * GROUP_ROWS + 10)
-    storage, uri = _commit_log_like(tmp_path, rows, queues=3)
+    rows = 5 * GROUP_ROWS + 10  # two queues of 2.5 groups each: long runs are cut
+    storage, uri = _commit_log_like(tmp_path, rows, queues=2)
     snap = FileSnapshot(storage, uri)
     snap.refresh()
     (f,) = snap.files()
@@ -330,23 +330,47 @@ def test_a_large_producer_file_is_written_in_row_groups_by_queue_and_read_a_grou
     per_group = [
         pq.ParquetFile(f.path).read_row_group(i, columns=["queue_id"]) for i in range(meta.num_row_groups)
     ]
-    # one queue per group, none longer than GROUP_ROWS; every row kept
+    # one queue per group, none longer than GROUP_ROWS, more than one group per queue; every row kept
     assert all(len(set(g.column("queue_id").to_pylist())) == 1 for g in per_group)
-    assert max(g.num_rows for g in per_group) <= GROUP_ROWS and sum(g.num_rows for g in per_group) == rows
+    assert max(g.num_rows for g in per_group) == GROUP_ROWS and sum(g.num_rows for g in per_group) == rows
     assert sorted(_delta_rs_rows(uri)) == list(range(rows))
-    # rows of queue 1 only: only its groups are decoded, and taken in the order asked
+    queues_of = {i: g.column("queue_id")[0].as_py() for i, g in enumerate(per_group)}
+    assert sum(1 for q in queues_of.values() if q == 1) >= 3
+    # rows of queue 1 only, from several of its groups, in the order asked
     keyed = snap.sorted_keys(f, "batch_pos", lambda t: t.column("batch_pos").to_numpy(), ["batch_pos"])
     assert keyed is not None
-    wanted = np.array([3 * k + 1 for k in (40, 2, 17)], dtype=np.int64)  # queue 1's positions
+    last_odd = rows - 1 if (rows - 1) % 2 else rows - 2
+    wanted = np.array([last_odd, 1, 2 * GROUP_ROWS + 1, 3, GROUP_ROWS * 4 + 7], dtype=np.int64)
+    assert all(p % 2 == 1 for p in wanted)  # queue 1 holds the odd positions
     hit, at = keyed.rows_equal(wanted)
     assert hit.all()
-    got = snap.taken(f, at, ["batch_pos", "msg_id"]).to_pylist()
+    got = snap.taken(f, at, ["batch_pos", "msg_id", "queue_id"]).to_pylist()
     assert [r["batch_pos"] for r in got] == wanted.tolist()
-    assert [r["msg_id"] for r in got] == [f"m{p}" for p in wanted]
+    assert [r["msg_id"] for r in got] == [f"m{p}" for p in wanted] and {r["queue_id"] for r in got} == {1}
     decoded = {k[1] for k in snap._groups}
-    queues_of = {i: set(g.column("queue_id").to_pylist()) for i, g in enumerate(per_group)}
-    assert decoded and all(queues_of[i] == {1} for i in decoded)
+    assert len(decoded) >= 3 and all(queues_of[i] == 1 for i in decoded)
     assert f.path not in snap._cache  # the file was never decoded whole
+    # asked for nothing: an empty table of those columns, nothing decoded
+    empty = snap.taken(f, np.zeros(0, dtype=np.int64), ["batch_pos", "body"])
+    assert empty.num_rows == 0 and empty.column_names == ["batch_pos", "body"]
+
+
+@pytest.mark.parametrize(
+    ("values", "least", "most", "expected"),
+    [
+        ([0] * 5 + [1] * 2 + [2] * 10 + [None] * 3, 1, 100, [(0, 5), (5, 7), (7, 17), (17, 20)]),
+        ([0] * 5 + [1] * 2 + [2] * 10 + [None] * 3, 4, 100, [(0, 5), (5, 17), (17, 20)]),
+        ([0] * 5 + [1] * 2 + [2] * 10, 1, 4, [(0, 4), (4, 5), (5, 7), (7, 11), (11, 15), (15, 17)]),
+        (list(range(50)), 10, 100, [(0, 10), (10, 20), (20, 30), (30, 40), (40, 50)]),
+        ([None, None, 1, 1], 1, 10, [(0, 2), (2, 4)]),
+    ],
+)
+def test_row_group_ranges_cut_where_the_value_changes_small_values_share_and_long_ones_split(
+    values, least, most, expected
+):
+    from deltamq.delta_append import _runs
+
+    assert _runs(pa.table({"q": pa.array(values, pa.int32())}), ["q"], least, most) == expected
 
 
 def _delta_rs_rows(uri: str) -> list[int]:
