@@ -12,7 +12,6 @@ import atexit
 import json
 import logging
 import os
-import select
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deltamq.errors import EngineError
+from deltamq.pipes import readable
 from deltamq.spark_connect import connect
 
 if TYPE_CHECKING:
@@ -92,8 +92,7 @@ class EmbeddedServer:
             setup = {"sys_path": [p for p in sys.path if isinstance(p, str)]}
             proc.stdin.write(json.dumps(setup).encode() + b"\n")
             proc.stdin.flush()
-            ready, _, _ = select.select([proc.stdout], [], [], _START_TIMEOUT_S)
-            line = proc.stdout.readline().decode().split() if ready else []
+            line = proc.stdout.readline().decode().split() if readable(proc.stdout, _START_TIMEOUT_S) else []
             if len(line) != 3 or line[0] != "LISTENING":
                 raise EngineError(
                     f"the embedded Sail server did not start within {_START_TIMEOUT_S:.0f}s "

@@ -20,6 +20,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "deltamq.constants",
             "deltamq.errors",
             "deltamq.clock",
+            "deltamq.pipes",
             "deltamq.ids",
             "deltamq.faults",
             "deltamq._sail_child",

@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
-import select
 import struct
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from deltamq.constants import FailReason
+from deltamq.pipes import readable
 
 try:
     import fcntl
@@ -211,7 +211,7 @@ class _Worker:
         _widen(self.stdin)
         _send(self.stdin, list(home.sys_path))
         _send_raw(self.stdin, listener_bytes)
-        ready, _, _ = select.select([self.stdout], [], [], _START_TIMEOUT_S)
+        ready = readable(self.stdout, _START_TIMEOUT_S)
         try:
             if not ready or _recv(self.stdout) != "ready":
                 raise EOFError
@@ -226,8 +226,7 @@ class _Worker:
         try:
             _send(self.stdin, (group, instance))
             _send_raw(self.stdin, ipc)
-            ready, _, _ = select.select([self.stdout], [], [], timeout_s)
-            if not ready:
+            if not readable(self.stdout, timeout_s):
                 self.kill()
                 return "timeout"
             reply: Reply = _recv(self.stdout)
