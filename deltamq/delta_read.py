@@ -269,7 +269,9 @@ class FileSnapshot:
         """File ``f``'s rows ordered by ``key`` (an int64 per row, computed from the file's
         ``needs`` columns; None: the file cannot be keyed so), kept under ``name`` in the
         snapshot's cache: a reader of a few rows of a large file finds them by binary
-        search instead of a filter over every row."""
+        search instead of a filter over every row. The key columns are read alone from a
+        file read by row groups (:meth:`taken`), else from the whole file, decoded once
+        and kept (on S3 one GET serves both)."""
         cache_key = (f.path, name)
         with self._lock:
             found = self._cache.get(cache_key)
@@ -278,7 +280,7 @@ class FileSnapshot:
                 return cast(SortedKeys, found)
             if cache_key in self._unkeyed:
                 return None
-        keys = key(self.columns(f, needs))
+        keys = key(self.columns(f, needs) if self._in_groups(f) else self.whole(f))
         if keys is None:
             with self._lock:
                 self._unkeyed.add(cache_key)
@@ -312,7 +314,7 @@ class FileSnapshot:
         if len(rows) == 0:
             return self.read([], names)
         layout = self._layout(f)
-        if layout is None or len(layout.starts) < 2 or f.path in self._cache:
+        if layout is None or not self._in_groups(f):
             return self.whole(f).select(names).take(pa.array(rows, pa.int64()))
         groups = np.searchsorted(layout.starts, rows, side="right") - 1
         wanted = np.unique(groups)
@@ -322,6 +324,12 @@ class FileSnapshot:
         first[wanted] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         at = first[groups] + (rows - layout.starts[groups])
         return pa.concat_tables(tables).take(pa.array(at, pa.int64()))
+
+    def _in_groups(self, f: DataFile) -> bool:
+        """Whether :meth:`taken` reads file ``f`` a row group at a time: a local file of
+        several row groups, not decoded whole already."""
+        layout = self._layout(f)
+        return layout is not None and len(layout.starts) > 1 and f.path not in self._cache
 
     def _layout(self, f: DataFile) -> _Layout | None:
         """The row groups of a local file (its Parquet footer, read once), or None."""
