@@ -98,6 +98,43 @@ class SortedKeys:
         return self.rows[np.searchsorted(self.keys, lo) : np.searchsorted(self.keys, hi)]
 
 
+class _Pool(OrderedDict[Hashable, Any]):
+    """Decoded data kept under a byte budget, least recently used first (the caller holds
+    the snapshot's lock)."""
+
+    def __init__(self, budget: int) -> None:
+        super().__init__()
+        self.budget = budget
+        self.held = 0
+        self._sizes: dict[Hashable, int] = {}
+
+    def use(self, key: Hashable) -> Any:
+        """The entry under ``key``, now the most recently used; None when not kept."""
+        data = self.get(key)
+        if data is not None:
+            self.move_to_end(key)
+        return data
+
+    def keep(self, key: Hashable, data: Any, size: int) -> Any:
+        """``data`` kept under ``key`` (or what is kept there already); the least recently
+        used entries out while the pool holds more than its budget (one entry always stays)."""
+        kept = self.get(key)
+        if kept is not None:
+            return kept
+        self[key] = data
+        self._sizes[key] = size
+        self.held += size
+        while len(self) > 1 and self.held > self.budget:
+            gone, _ = self.popitem(last=False)
+            self.held -= self._sizes.pop(gone)
+        return data
+
+    def clear(self) -> None:
+        super().clear()
+        self._sizes.clear()
+        self.held = 0
+
+
 @dataclass(frozen=True)
 class _Layout:
     """A Parquet file's footer and the first row of each of its row groups."""
@@ -120,15 +157,10 @@ class FileSnapshot:
         group_cache_bytes: int = GROUP_CACHE_BYTES,
     ) -> None:
         self.storage = storage
-        self.cache_bytes = cache_bytes
-        self.group_cache_bytes = group_cache_bytes
-        # decoded files (by path) and sorted keys ((path, name)), least recently used
-        # first, with their sizes; row groups ((path, index)) apart, with a budget of theirs
-        self._cache: OrderedDict[Hashable, Any] = OrderedDict()
-        self._groups: OrderedDict[Hashable, Any] = OrderedDict()
-        self._sizes: dict[Hashable, int] = {}
-        self._cached = 0
-        self._grouped = 0
+        # decoded files (by path) and sorted keys ((path, name)); row groups ((path, index))
+        # apart, with a budget of theirs
+        self._cache = _Pool(cache_bytes)
+        self._groups = _Pool(group_cache_bytes)
         self._layouts: dict[str, _Layout] = {}  # per file read by row groups
         self.uri = uri.rstrip("/")
         self.recheck_s = recheck_s
@@ -274,35 +306,34 @@ class FileSnapshot:
         and kept (on S3 one GET serves both)."""
         cache_key = (f.path, name)
         with self._lock:
-            found = self._cache.get(cache_key)
+            found = self._cache.use(cache_key)
             if found is not None:
-                self._cache.move_to_end(cache_key)
                 return cast(SortedKeys, found)
             if cache_key in self._unkeyed:
                 return None
-        keys = key(self.columns(f, needs) if self._in_groups(f) else self.whole(f))
+        keys = key(self.columns(f, needs) if self._grouped(f) is not None else self.whole(f))
         if keys is None:
             with self._lock:
                 self._unkeyed.add(cache_key)
             return None
         order = np.argsort(keys, kind="stable")
         found = SortedKeys(keys[order], order)
-        self._keep(cache_key, found, found.keys.nbytes + found.rows.nbytes)
-        return found
+        with self._lock:
+            return cast(SortedKeys, self._cache.keep(cache_key, found, found.keys.nbytes + found.rows.nbytes))
 
     def whole(self, f: DataFile) -> pa.Table:
         """Every row of file ``f``, partition columns filled in; kept (data files never
         change) in a cache of at most ``cache_bytes``, least recently used out first: the
         next read of a range usually lands in the file the last one read."""
         with self._lock:
-            data = self._cache.get(f.path)
+            data = self._cache.use(f.path)
             if data is not None:
-                self._cache.move_to_end(f.path)
                 return cast(pa.Table, data)
             schema, parts = self._schema, self._partition_by
         assert schema is not None, "refresh() first"
         data = self._decode(f, schema, parts, schema.names)
-        return cast(pa.Table, self._keep(f.path, data, data.nbytes))
+        with self._lock:
+            return cast(pa.Table, self._cache.keep(f.path, data, data.nbytes))
 
     def taken(self, f: DataFile, rows: np.ndarray, names: list[str]) -> pa.Table:
         """The ``names`` columns of file ``f`` at its rows ``rows`` (in that order). A file
@@ -313,8 +344,8 @@ class FileSnapshot:
         and kept."""
         if len(rows) == 0:
             return self.read([], names)
-        layout = self._layout(f)
-        if layout is None or not self._in_groups(f):
+        layout = self._grouped(f)
+        if layout is None:
             return self.whole(f).select(names).take(pa.array(rows, pa.int64()))
         groups = np.searchsorted(layout.starts, rows, side="right") - 1
         wanted = np.unique(groups)
@@ -325,11 +356,13 @@ class FileSnapshot:
         at = first[groups] + (rows - layout.starts[groups])
         return pa.concat_tables(tables).take(pa.array(at, pa.int64()))
 
-    def _in_groups(self, f: DataFile) -> bool:
-        """Whether :meth:`taken` reads file ``f`` a row group at a time: a local file of
-        several row groups, not decoded whole already."""
+    def _grouped(self, f: DataFile) -> _Layout | None:
+        """The row groups :meth:`taken` reads file ``f`` by: those of a local file of
+        several row groups not decoded whole already, else None."""
         layout = self._layout(f)
-        return layout is not None and len(layout.starts) > 1 and f.path not in self._cache
+        if layout is None or len(layout.starts) < 2 or f.path in self._cache:
+            return None
+        return layout
 
     def _layout(self, f: DataFile) -> _Layout | None:
         """The row groups of a local file (its Parquet footer, read once), or None."""
@@ -349,46 +382,19 @@ class FileSnapshot:
         """Row group ``index`` of file ``f``, every column, partition columns filled in; kept."""
         cache_key = (f.path, index)
         with self._lock:
-            data = self._groups.get(cache_key)
+            data = self._groups.use(cache_key)
             if data is not None:
-                self._groups.move_to_end(cache_key)
                 return cast(pa.Table, data)
             schema, parts = self._schema, self._partition_by
         assert schema is not None, "refresh() first"
         data = self._decode(f, schema, parts, schema.names, (layout.meta, index))
-        return cast(pa.Table, self._keep(cache_key, data, data.nbytes, group=True))
-
-    def _keep(self, cache_key: Hashable, data: Any, size: int, *, group: bool = False) -> Any:
-        """``data`` kept under ``cache_key`` (or what another thread kept meanwhile) among
-        the files or the row groups (``group``); the least recently used entries out
-        while those hold more than their budget (``cache_bytes``, ``group_cache_bytes``)."""
         with self._lock:
-            pool = self._groups if group else self._cache
-            kept = pool.get(cache_key)
-            if kept is not None:  # another thread read it meanwhile
-                return kept
-            pool[cache_key] = data
-            self._sizes[cache_key] = size
-            if group:
-                self._grouped += size
-            else:
-                self._cached += size
-            while len(pool) > 1 and (self._grouped if group else self._cached) > (
-                self.group_cache_bytes if group else self.cache_bytes
-            ):
-                gone, _ = pool.popitem(last=False)
-                if group:
-                    self._grouped -= self._sizes.pop(gone)
-                else:
-                    self._cached -= self._sizes.pop(gone)
-        return data
+            return cast(pa.Table, self._groups.keep(cache_key, data, data.nbytes))
 
     def _forget_all(self) -> None:
         with self._lock:
             self._cache.clear()
             self._groups.clear()
-            self._sizes.clear()
-            self._cached = self._grouped = 0
             self._layouts.clear()
             self._unkeyed.clear()
 

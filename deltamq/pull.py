@@ -324,10 +324,14 @@ class PullConsumer:
             self._acks_recorded()
         faults.point("pull.after_deliveries_commit")
         lost = self._fence(takes, now, time.monotonic() - started)
-        kept = [i for i, row in enumerate(handouts.rows) if (row[2], row[3]) not in lost]
-        if len(kept) < len(handouts.rows):
-            gone = [row for row in handouts.rows if (row[2], row[3]) in lost]
-            self.store.append_log([ended(r, REVOKED) for r in gone])
+        rows, out = handouts.rows, handouts.messages
+        if lost:  # revoked: what was handed out from a queue taken over meanwhile
+            keep = [(row[2], row[3]) not in lost for row in rows]
+            gone = [ended(r, REVOKED) for r, k in zip(rows, keep, strict=True) if not k]
+            if gone:
+                self.store.append_log(gone)
+            rows = [r for r, k in zip(rows, keep, strict=True) if k]
+            out = [m for m, k in zip(out, keep, strict=True) if k]
         for q, (_, end) in takes.items():
             if q in lost:
                 held.pop(q, None)
@@ -335,10 +339,7 @@ class PullConsumer:
                 held[q].position = end
         since, handed = self._pace
         self._pace = (since, handed + len(handouts.rows))
-        out = handouts.messages
-        if len(kept) < len(out):
-            out = [out[i] for i in kept]
-        self._sent.update((row[6], row) for row in (handouts.rows[i] for i in kept))
+        self._sent.update((row[6], row) for row in rows)
         self._forget_expired(now)
         if handouts.retold:  # a retried message shows its original topic: ordered by that
             out.sort(key=lambda m: (m.topic, m.queue_id, m.queue_offset))

@@ -745,6 +745,15 @@ def _detail(error: BaseException) -> str:
     return text if len(text) <= 500 else text[:500] + " …"
 
 
+def merge_rows_into(table: Any, source: Any, on: str, **kwargs: Any) -> Any:
+    """delta-rs' merge builder of ``source`` (a few rows built in Python, aliased ``s``)
+    into ``table`` (a ``DeltaTable``, aliased ``t``), not streamed: delta-rs then reads
+    the source's key values first and skips the target's files whose statistics rule a
+    match out. Streamed (its default) it reads every file of the table, three requests
+    each on object storage (docs/design.md, "Reads without the engine")."""
+    return table.merge(source, on, source_alias="s", target_alias="t", streamed_exec=False, **kwargs)
+
+
 __all__ = [
     "Entry",
     "Storage",
@@ -752,14 +761,6 @@ __all__ = [
     "describe_cause",
     "is_transient",
     "kind_of",
+    "merge_rows_into",
     "normalize_location",
 ]
-
-
-def merge_rows_into(table: Any, source: Any, on: str, **kwargs: Any) -> Any:
-    """delta-rs' merge builder of ``source`` (a few rows built in Python, aliased ``s``)
-    into ``table`` (a ``DeltaTable``, aliased ``t``), not streamed: delta-rs then reads
-    the source's key values first and skips the target's files whose statistics rule a
-    match out. Streamed (its default) it reads every file of the table, three requests
-    each on object storage (docs/design.md, "Appends written without the engine")."""
-    return table.merge(source, on, source_alias="s", target_alias="t", streamed_exec=False, **kwargs)
