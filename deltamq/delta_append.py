@@ -32,8 +32,9 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
 import numpy as np
@@ -41,7 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from deltamq.errors import DeltaMQError, StorageError
+from deltamq.errors import DeltaMQError, StorageError, VersionTaken
 
 if TYPE_CHECKING:
     from deltamq.storage import Storage
@@ -72,9 +73,16 @@ class Unsupported(DeltaMQError, RuntimeError):
     """The table needs a writer this module is not (its protocol, features or schema)."""
 
 
-class VersionTaken(DeltaMQError, RuntimeError):
-    """A conditional append found its version committed by another writer (a commit
-    conflict, ``engine.is_commit_conflict``)."""
+class LiveFile(Protocol):
+    """A data file as a reader's snapshot knows it (``delta_read.DataFile``): what a
+    commit removing it repeats from its ``add``."""
+
+    @property
+    def log_path(self) -> str: ...
+    @property
+    def partition(self) -> dict[str, str | None]: ...
+    @property
+    def size(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -208,6 +216,48 @@ class BlindAppender:
             )
         return self._committed(version, state)
 
+    def replace(
+        self,
+        removed: Sequence[LiveFile],
+        rows: pa.Table,
+        *,
+        at: int,
+        operation: tuple[str, dict[str, str]] = ("UPDATE", {}),
+    ) -> int:
+        """One commit at version ``at`` or none (:class:`VersionTaken` when another writer
+        has it): the files ``removed`` (live at ``at - 1``) out, ``rows`` in as new files
+        (none when it is empty). The caller computed ``rows`` from what the table held at
+        ``at - 1`` (the rows of ``removed``, changed, and any new ones), so the commit is
+        a compare-and-set of those files: a writer that came between refuses it, and the
+        caller reads again and plans again. Small tables written often (the pull clients'
+        lock rows) change so without a ``MERGE``; ``operation`` names the change in the
+        commit's ``commitInfo``."""
+        state = self._current()
+        if state.version < at - 1 and self._changed_between(state.version, at):
+            self._state = None  # the table's metadata or protocol changed since: read it again
+            state = self._current()
+        txn = str(uuid.uuid4())
+        adds = [
+            self._write_file(state, rows.filter(mask) if mask is not None else rows, values)
+            for values, mask in (_partitions(rows, state.partition_by) if rows.num_rows else [])
+        ]
+        now = int(time.time() * 1000)
+        removes = [
+            {
+                "path": f.log_path,
+                "deletionTimestamp": now,
+                "dataChange": True,
+                "extendedFileMetadata": f.size is not None,
+                "partitionValues": f.partition,
+                **({"size": f.size} if f.size is not None else {}),
+            }
+            for f in removed
+        ]
+        if not removes and not adds:
+            return state.version
+        entry = self._entry(txn, adds, state, at - 1, removes, operation)
+        return self._append_at(at, txn, entry, state)
+
     def _committed(self, version: int, state: _State) -> int:
         """After this append's commit at ``version``: what the appender knows of the table
         moves there, and every ``checkpoint_interval``-th version gets its checkpoint."""
@@ -283,12 +333,22 @@ class BlindAppender:
         }
 
     def _entry(
-        self, txn: str, adds: list[dict[str, Any]], state: _State, read_version: int | None = None
+        self,
+        txn: str,
+        adds: list[dict[str, Any]],
+        state: _State,
+        read_version: int | None = None,
+        removes: list[dict[str, Any]] | None = None,
+        operation: tuple[str, dict[str, str]] | None = None,
     ) -> bytes:
+        name, parameters = operation or (
+            "WRITE",
+            {"mode": "Append", "partitionBy": json.dumps(list(state.partition_by))},
+        )
         info: dict[str, Any] = {
             "timestamp": int(time.time() * 1000),
-            "operation": "WRITE",
-            "operationParameters": {"mode": "Append", "partitionBy": json.dumps(list(state.partition_by))},
+            "operation": name,
+            "operationParameters": parameters,
             "isBlindAppend": read_version is None,
             "engineInfo": self.engine_info,
             "txnId": txn,
@@ -300,6 +360,7 @@ class BlindAppender:
             # checkers pass over a winner's files only when it says it was blind)
             info["readVersion"] = read_version
         lines = [json.dumps({"commitInfo": info}, separators=(",", ":"))]
+        lines += [json.dumps({"remove": r}, separators=(",", ":")) for r in removes or ()]
         lines += [json.dumps({"add": a}, separators=(",", ":")) for a in adds]
         return ("\n".join(lines) + "\n").encode("utf-8")
 
@@ -417,4 +478,4 @@ def _changes_table(entry: bytes) -> bool:
     return any("metaData" in a or "protocol" in a for a in _actions(entry))
 
 
-__all__ = ["BlindAppender", "Unsupported"]
+__all__ = ["BlindAppender", "LiveFile", "Unsupported", "VersionTaken"]

@@ -58,7 +58,8 @@ lost its next entry; one idle for longer may have, and then loads afresh."""
 @dataclass(frozen=True)
 class DataFile:
     """One live data file: absolute path, partition values as the log spells them, and
-    the statistics the log recorded (missing ones are absent)."""
+    the statistics the log recorded (missing ones are absent); ``log_path`` and ``size``
+    as its ``add`` action gave them (what a commit removing it repeats)."""
 
     path: str
     partition: dict[str, str | None]
@@ -66,6 +67,8 @@ class DataFile:
     max_values: dict[str, Any]
     num_records: int | None = None
     null_counts: dict[str, Any] = field(default_factory=dict)
+    log_path: str = ""
+    size: int | None = None
 
     def overlaps(self, column: str, lo: Any, hi: Any) -> bool:
         """Whether the file may hold a value of ``column`` in [lo, hi] (True without stats)."""
@@ -218,6 +221,8 @@ class FileSnapshot:
                 stats["max"],
                 row.get("num_records"),
                 stats["null_count"],
+                row["path"],
+                row.get("size_bytes"),
             )
         self._files = files
         self._forget_all()  # decoded with the old schema
@@ -248,6 +253,8 @@ class FileSnapshot:
                     stats.get("maxValues") or {},
                     stats.get("numRecords"),
                     stats.get("nullCount") or {},
+                    add["path"],
+                    add.get("size"),
                 )
         self.version = version
 

@@ -82,6 +82,11 @@ class CommitConflict(DeltaMQError, RuntimeError):
     """A Delta commit kept failing because other writers committed first."""
 
 
+class VersionTaken(DeltaMQError, RuntimeError):
+    """A conditional commit found its version committed by another writer (a commit
+    conflict: the writer reads the table again and plans again; deltamq/delta_append.py)."""
+
+
 class EngineError(DeltaMQError, RuntimeError):
     """The Spark engine could not be started, reached or used as configured."""
 

@@ -496,13 +496,13 @@ statement (10-20 ms on Sail): here each row becomes a Python tuple and is classe
 Python, 55 ms for 10 000 rows (measured on 2 cores)."""
 
 
-def log_rows(
+def log_table(
     wh: Snapshots,
     where: pc.Expression | None = None,
     most: int | None = None,
     queues: Iterable[Queue] | None = None,
-) -> list[LogRow] | None:
-    """The deliveries log's rows matching ``where``, as tuples in the table's column order;
+) -> pa.Table | None:
+    """The deliveries log's rows matching ``where`` (its columns, :data:`LOG_COLUMNS`);
     None when the table must be read with the engine, or holds more than ``most`` rows.
     ``queues``: ``where`` takes rows of these queues only, so files whose statistics hold
     none of them are not read (a pull's append holds the queues it took from)."""
@@ -519,7 +519,19 @@ def log_rows(
     files = snap.files(of_queues)
     if most is not None and sum(most + 1 if f.num_records is None else f.num_records for f in files) > most:
         return None
-    table = snap.read(files, list(LOG_COLUMNS), where)
+    return snap.read(files, list(LOG_COLUMNS), where)
+
+
+def log_rows(
+    wh: Snapshots,
+    where: pc.Expression | None = None,
+    most: int | None = None,
+    queues: Iterable[Queue] | None = None,
+) -> list[LogRow] | None:
+    """:func:`log_table`'s rows as tuples in the table's column order."""
+    table = log_table(wh, where, most, queues)
+    if table is None:
+        return None
     return list(zip(*(table.column(c).to_pylist() for c in LOG_COLUMNS), strict=True))
 
 

@@ -2,10 +2,11 @@
 
 Reads come from the tables' files through kept snapshots (deltamq/delta_read.py,
 deltamq/file_reads.py); the deliveries log is appended to by
-:class:`deltamq.delta_append.BlindAppender`; the control tables' compare-and-set writes
-(``queue_lock``, ``clients``) are delta-rs ``MERGE``s, whose conflict checker refuses a
-commit when another writer changed the files it read, so a race with the broker's
-engine or another client is retried from a fresh read, never lost. Same tables, same
+:class:`deltamq.delta_append.BlindAppender`. Lock rows are changed by compare-and-set
+of their files (:meth:`FileStore._rewrite`: committed at the version after the one
+read, or not at all), client rows by delta-rs ``MERGE``s, whose conflict checker
+refuses a commit when another writer changed the files it read: either way a race with
+the broker's engine or another client is retried from a fresh read, never lost. Same tables, same
 rows and the same protocol (deltamq/pull.py) as ``Broker.pull_consumer``'s store.
 
 What needs an engine is refused with an error saying so: groups with a
@@ -27,19 +28,18 @@ from deltamq.clock import Clock
 from deltamq.config import BrokerConfig, GroupConfig, Subscription
 from deltamq.constants import NACK_REQUESTED
 from deltamq.delta_append import BlindAppender, Unsupported
-from deltamq.delta_read import FileSnapshot
+from deltamq.delta_read import DataFile, FileSnapshot
 from deltamq.errors import ConfigError, DeltaMQError, StorageError
 from deltamq.pull_log import (
     LOCK_COLUMNS,
     LockEntry,
     LogRow,
     Queue,
-    handle_classes,
     lock_entries,
     log_table,
     positions_of,
     still_open,
-    sum_up,
+    summarise,
 )
 from deltamq.storage import Storage, is_transient, merge_rows_into, retry_commits
 
@@ -58,6 +58,7 @@ class FileStore:
         self._snapshots: dict[str, FileSnapshot] = {}
         self._log = BlindAppender(storage, storage.join("deliveries"), engine_info="deltamq-lite-pull")
         self._tables: dict[str, Any] = {}  # delta-rs tables kept for MERGEs
+        self._writers: dict[str, BlindAppender] = {}  # control tables changed by _rewrite
         self._clients: dict[str, tuple[int, list[tuple[str, int | None]]]] = {}  # per group, at a version
 
     # --- reading --------------------------------------------------------------------------
@@ -190,32 +191,82 @@ class FileStore:
 
     def write_locks(self, group: str, changes: list[tuple[Queue, LockEntry | None, LockEntry]]) -> None:
         """Compare-and-set: each (existing) row changes only if it still is what was read;
-        the caller commits (:meth:`commit`)."""
-        changes = [c for c in changes if c[1] != c[2]]
-        if not changes:
+        the caller commits (:meth:`commit`). The files holding the changed rows are
+        written again, with them changed, in one commit at the version after the one
+        read, or none (:meth:`_rewrite`)."""
+        wanted = {q: (old, new) for q, old, new in changes if old != new}
+        if not wanted:
             return
-        olds = [old for _, old, _ in changes]
-        news = [new for _, _, new in changes]
-        source = pa.table(
-            {
-                "consumer_group": [group] * len(changes),
-                "topic": [t for (t, _), _, _ in changes],
-                "queue_id": pa.array([q for (_, q), _, _ in changes], pa.int32()),
-                "exp_owner": pa.array([o.owner if o else None for o in olds], pa.string()),
-                "exp_access": pa.array([o.last_access_ts if o else None for o in olds], pa.int64()),
-                "owner": [n.owner for n in news],
-                "last_access_ts": pa.array([n.last_access_ts for n in news], pa.int64()),
-                "last_delivered_offset": pa.array([n.last_delivered_offset for n in news], pa.int64()),
-                "no_change_count": pa.array([n.no_change_count for n in news], pa.int32()),
-                "delivered_offset": pa.array([n.delivered_offset for n in news], pa.int64()),
+
+        def change(row: dict[str, Any]) -> dict[str, Any] | None:
+            old, new = wanted[(row["topic"], row["queue_id"])]
+            expected = (old.owner, old.last_access_ts) if old else (None, None)
+            if (row["owner"], row["last_access_ts"]) != expected:
+                return None  # another writer's change came first: this row stays as it is
+            return {
+                **row,
+                "owner": new.owner,
+                "last_access_ts": new.last_access_ts,
+                "last_delivered_offset": new.last_delivered_offset,
+                "no_change_count": new.no_change_count,
+                "delivered_offset": new.delivered_offset,
             }
+
+        self._rewrite("queue_lock", group, set(wanted), change)
+
+    def _rewrite(
+        self,
+        table: str,
+        group: str,
+        queues: set[Queue],
+        change: Callable[[dict[str, Any]], dict[str, Any] | None],
+    ) -> None:
+        """The rows of ``group``'s ``queues`` in ``table`` (a control table of a few
+        rows a group and queue) through ``change`` (None: that row unchanged): the files
+        holding a changed row are replaced by one file of their rows, changed, committed
+        at the version after the snapshot's, or refused (``VersionTaken``: another writer
+        came between, and :meth:`commit` runs the attempt again from a fresh read). A
+        delta-rs ``MERGE`` costs 20 ms alone and 100+ ms beside other clients on two
+        cores (it plans a query); this reads a small file already decoded and writes one."""
+        snap = self.snapshot(table)
+
+        def holds(f: DataFile) -> bool:
+            return f.overlaps("consumer_group", group, group) and any(
+                f.overlaps("topic", t, t) and f.overlaps("queue_id", q, q) for t, q in queues
+            )
+
+        replaced: list[DataFile] = []
+        rows: list[dict[str, Any]] = []
+        schema: pa.Schema | None = None
+        for f in snap.files(holds):
+            data = snap.whole(f)
+            kept, changed = data.to_pylist(), False
+            for i, row in enumerate(kept):
+                if row["consumer_group"] == group and (row["topic"], row["queue_id"]) in queues:
+                    new = change(row)
+                    if new is not None and new != row:
+                        kept[i], changed = new, True
+            if changed:
+                replaced.append(f)
+                rows.extend(kept)
+                schema = data.schema
+        if not replaced:
+            return
+        assert schema is not None
+        self._writer(table).replace(
+            replaced,
+            pa.Table.from_pylist(rows, schema=schema),
+            at=snap.version + 1,
+            operation=("UPDATE", {"predicate": f"compare-and-set of {len(queues)} rows of group {group}"}),
         )
-        merge = self._merge("queue_lock", source, _SAME_QUEUE)
-        merge.when_matched_update(
-            {c: f"s.{c}" for c in LOCK_COLUMNS[2:]},
-            predicate="(t.owner IS NOT DISTINCT FROM s.exp_owner) "
-            "AND (t.last_access_ts IS NOT DISTINCT FROM s.exp_access)",
-        ).execute()
+
+    def _writer(self, table: str) -> BlindAppender:
+        writer = self._writers.get(table)
+        if writer is None:
+            writer = self._writers[table] = BlindAppender(
+                self.storage, self.storage.join(table), engine_info="deltamq-lite-pull"
+            )
+        return writer
 
     def ensure_lock_rows(self, group: str, queues: Sequence[Queue]) -> None:
         """Ownerless lock rows for ``queues`` that have none (deltamq/tables/deliveries.py)."""
@@ -255,7 +306,9 @@ class FileStore:
         """(acknowledged, delivered) per queue: the log read first, then the stored offsets
         (the fold writes offsets before it deletes log rows)."""
         where = (pc.field("consumer_group") == group) & file_reads.queues_filter(queues)
-        logs = sum_up(handle_classes(self._log_rows(where, queues)))
+        found = file_reads.log_table(self, where, queues=queues)
+        assert found is not None  # snapshot() raises rather than answer None
+        logs = summarise(found)
         stored = {
             (group, r["topic"], r["queue_id"]): (r["next_offset"] or 0, r["delivered_offset"])
             for r in self._rows(

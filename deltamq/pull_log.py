@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from deltamq.constants import ENDED, INFLIGHT, NACK_REQUESTED, REVOKED, TAKEN
 
@@ -153,53 +154,93 @@ class QueueLog:
     seen_ts: int | None = None  # the latest delivery time read (later rows came after the read)
 
 
-def handle_classes(rows: Iterable[LogRow]) -> list[dict[str, Any]]:
-    """Per handle of the log ``rows``: group, topic, queue, ``ts`` (first delivery time),
-    ``lo`` / ``hi`` (its offset), ``due`` (earliest invisible time while INFLIGHT; the
-    delivery time once a nack is requested) and ``cls``: T (a takeover mark), R
-    (revoked), D (ended), N (in flight, a nack requested), I (in flight). The rows
-    :func:`sum_up` takes (the engine computes the same per group of handles)."""
-    by_handle: dict[tuple[str, str, int, str], list[LogRow]] = defaultdict(list)
-    for r in rows:
-        by_handle[(r[0], r[2], r[3], r[6])].append(r)
-    out = []
-    for (group, topic, qid, _), rs in by_handle.items():
-        states = {r[9] for r in rs}
-        # a requested nack makes the delivery due now (deltamq/constants.py NACK_REQUESTED)
-        dues = [r[8] if r[9] == INFLIGHT else r[7] for r in rs if r[9] in (INFLIGHT, NACK_REQUESTED)]
-        dues = [d for d in dues if d is not None]
-        cls = (
-            "T"
-            if TAKEN in states
-            else "R"
-            if REVOKED in states
-            else "D"
-            if states & set(ENDED)
-            else "N"
-            if NACK_REQUESTED in states
-            else "I"
-            if INFLIGHT in states
-            else "D"
-        )
-        off = min(r[4] for r in rs)
-        out.append(
-            {
-                "consumer_group": group,
-                "topic": topic,
-                "queue_id": qid,
-                "ts": min(r[7] for r in rs),
-                "cls": cls,
-                "lo": off,
-                "hi": off,
-                "due": min(dues) if dues else None,
-            }
-        )
+_KEY = ["consumer_group", "topic", "queue_id"]
+
+
+def summarise(log: pa.Table) -> dict[tuple[str, str, int], QueueLog]:
+    """{(group, topic, queue): QueueLog} of the deliveries log's rows ``log`` (at least
+    the columns group, topic, queue, ``queue_offset``, ``receipt_handle``,
+    ``delivered_ts``, ``invisible_until`` and ``state``), in Arrow, with no Python object
+    per row: what the engine computes per group of handles and :func:`sum_up` then sums.
+
+    Per handle: ``ts`` its first delivery time, ``off`` its offset, ``due`` its earliest
+    invisible time while INFLIGHT (the delivery time once a nack is requested), and one
+    class: T (a takeover mark), R (revoked), D (ended), N (in flight, a nack requested),
+    I (in flight), else D. Per queue: the latest T's time; rows delivered before it are
+    old (``old_hi``), the others not revoked count for ``last``."""
+    if log.num_rows == 0:
+        return {}
+    state = log["state"]
+    inflight, nacked = pc.equal(state, INFLIGHT), pc.equal(state, NACK_REQUESTED)
+    rows = pa.table(
+        {
+            **{k: log[k] for k in (*_KEY, "receipt_handle", "queue_offset", "delivered_ts")},
+            "t": pc.equal(state, TAKEN),
+            "r": pc.equal(state, REVOKED),
+            "d": pc.is_in(state, pa.array(ENDED)),
+            "n": nacked,
+            "i": inflight,
+            "due": pc.if_else(
+                inflight,
+                log["invisible_until"],
+                pc.if_else(nacked, log["delivered_ts"], pa.scalar(None, log["delivered_ts"].type)),
+            ),
+        }
+    )
+    handles = rows.group_by([*_KEY, "receipt_handle"], use_threads=False).aggregate(
+        [(c, "any") for c in "trdni"] + [("due", "min"), ("queue_offset", "min"), ("delivered_ts", "min")]
+    )
+    t, r, d, n, i = (handles[f"{c}_any"] for c in "trdni")
+    revoked = pc.and_not(r, t)
+    ended = pc.and_(pc.and_not(pc.invert(t), r), pc.or_(d, pc.invert(pc.or_(n, i))))
+    open_ = pc.and_(pc.invert(pc.or_(pc.or_(t, r), ended)), pc.or_(n, i))
+    ts, off = handles["delivered_ts_min"], handles["queue_offset_min"]
+    taken = (
+        pa.table({**{k: handles[k] for k in _KEY}, "taken_ts": ts})
+        .filter(t)
+        .group_by(_KEY, use_threads=False)
+        .aggregate([("taken_ts", "max")])
+        .rename_columns([*_KEY, "taken_ts"])
+    )
+    per = pa.table(
+        {
+            **{k: handles[k] for k in _KEY},
+            "ts": ts,
+            "off": off,
+            "open_off": pc.if_else(open_, off, pa.scalar(None, off.type)),
+            "open_due": pc.if_else(open_, handles["due_min"], pa.scalar(None, handles["due_min"].type)),
+            "revoked": revoked,
+        }
+    ).join(taken, _KEY, join_type="left outer", use_threads=False)
+    old = pc.fill_null(pc.less(per["ts"], per["taken_ts"]), False)
+    none = pa.scalar(None, off.type)
+    per = per.append_column("old_off", pc.if_else(old, per["off"], none)).append_column(
+        "new_off", pc.if_else(pc.or_(old, per["revoked"]), none, per["off"])
+    )
+    sums = per.group_by(_KEY, use_threads=False).aggregate(
+        [
+            ("taken_ts", "max"),
+            ("off", "min"),
+            ("ts", "max"),
+            ("open_off", "min"),
+            ("open_due", "min"),
+            ("old_off", "max"),
+            ("new_off", "max"),
+        ]
+    )
+    out = {}
+    columns = [sums[c].to_pylist() for c in [*_KEY, "taken_ts_max", "off_min", "ts_max", "open_off_min",
+                                             "open_due_min", "old_off_max", "new_off_max"]]  # fmt: skip
+    for g, tp, q, taken_ts, lowest, seen_ts, inflight_lo, due, old_hi, last in zip(*columns, strict=True):
+        out[(g, tp, q)] = QueueLog(taken_ts, inflight_lo, due, last, old_hi, lowest, seen_ts)
     return out
 
 
 def sum_up(rows: Iterable[Any]) -> dict[tuple[str, str, int], QueueLog]:
-    """{(group, topic, queue): QueueLog} from the log's handles, grouped
-    (:func:`handle_classes`; rows of handles of one class and time may be merged)."""
+    """{(group, topic, queue): QueueLog} from the log's handles, grouped, as the engine
+    computes them (deltamq/tables/deliveries.py; rows of handles of one class and time
+    may be merged): ``cls``, ``ts``, ``lo``, ``hi`` and ``due`` as :func:`summarise`
+    says."""
     listed = list(rows)
     out: dict[tuple[str, str, int], QueueLog] = defaultdict(QueueLog)
     for r in listed:

@@ -46,7 +46,7 @@ from typing import Any, Literal, TypeVar
 from urllib.parse import unquote
 
 from deltamq.config import CommitPolicy
-from deltamq.errors import ConfigError, DeltaMQError, StorageError, UnsafeStorage, cause_chain
+from deltamq.errors import ConfigError, DeltaMQError, StorageError, UnsafeStorage, VersionTaken, cause_chain
 
 T = TypeVar("T")
 
@@ -613,16 +613,25 @@ _TRANSIENT_TEXT = (
 def retry_commits(
     attempt: Callable[[], T], policy: CommitPolicy, give_up: Callable[[Exception, bool], BaseException]
 ) -> T:
-    """``attempt()`` (a delta-rs write) again, with back-off, while delta-rs' conflict
-    checker refuses its commit (``CommitFailedError``: another writer changed what it
-    read) or the store fails transiently, at most ``policy.retries`` more times.
-    deltamq's own errors pass through; any other error is raised as ``give_up(error,
-    exhausted)`` (``exhausted``: a refusal with no try left), chained from it."""
+    """``attempt()`` (a delta-rs write, or a conditional commit) again, with back-off,
+    while delta-rs' conflict checker refuses its commit (``CommitFailedError``: another
+    writer changed what it read), its version is taken (:class:`VersionTaken`) or the
+    store fails transiently, at most ``policy.retries`` more times. deltamq's other
+    errors pass through; any other error is raised as ``give_up(error, exhausted)``
+    (``exhausted``: a refusal with no try left), chained from it. A taken version is
+    tried again after a few milliseconds only: the writer that took it has finished."""
     for n in range(policy.retries + 1):
         try:
             return attempt()
-        except DeltaMQError:
-            raise
+        except DeltaMQError as e:
+            if not isinstance(e, VersionTaken):
+                raise
+            if n == policy.retries:
+                error = give_up(e, True)
+                if error is e:
+                    raise
+                raise error from e
+            time.sleep(policy.backoff_ms / 10_000.0 * (1 + random.random()))
         except Exception as e:
             again = type(e).__name__ == "CommitFailedError" or is_transient(e)
             if not again or n == policy.retries:

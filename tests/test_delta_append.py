@@ -264,3 +264,43 @@ def test_opening_a_table_retries_a_listing_that_raced_a_commit():
         "Kernel error: Generic delta kernel error: Expected contiguous commit files, but found gap"
     )
     assert is_transient(raced)
+
+
+def test_a_replace_swaps_files_at_one_version_or_none(tmp_path):
+    """``replace`` (the Spark-free pull client's lock rows): the files it read out and
+    their rows, changed, in, at exactly the version after the one read. delta-rs reads
+    the result; a version taken in between refuses it (VersionTaken) and leaves the
+    table as the other writer made it; a MERGE that read the files before it conflicts."""
+    from deltalake.exceptions import CommitFailedError
+
+    from deltamq.delta_read import FileSnapshot
+
+    storage, uri = _table(tmp_path)
+    appender = BlindAppender(storage, uri)
+    appender.append(_rows(range(3)))  # version 1, one file
+    appender.append(_rows(range(3, 5)))  # version 2, another
+    snap = FileSnapshot(storage, uri)
+    assert snap.refresh() == 2
+    stale = DeltaTable(uri)  # a writer that read version 2
+    (first,) = snap.files(lambda f: f.min_values.get("id") == 0)
+    changed = snap.whole(first).to_pylist()
+    changed[1]["name"] = "changed"
+    assert appender.replace([first], pa.Table.from_pylist(changed, schema=SCHEMA), at=3) == 3
+    got = {r["id"]: r["name"] for r in DeltaTable(uri).to_pyarrow_table().to_pylist()}
+    assert got == {0: "n0", 1: "changed", 2: "n2", 3: "n3", 4: "n4"}
+    (info, *actions) = _entries(uri)[3]
+    assert info["commitInfo"]["readVersion"] == 2 and not info["commitInfo"]["isBlindAppend"]
+    assert [a["remove"]["path"] for a in actions if "remove" in a] == [first.log_path]
+    assert all(a["remove"]["size"] > 0 for a in actions if "remove" in a)
+    with pytest.raises(VersionTaken):  # planned from version 2 again: taken
+        appender.replace([first], _rows(range(0)), at=3)
+    assert snap.refresh() == 3 and len(snap.files()) == 2
+    with pytest.raises(CommitFailedError):  # it read the file the replace took out
+        (
+            stale.merge(_rows(range(1, 2), name="m"), "t.id = s.id", source_alias="s", target_alias="t")
+            .when_matched_update_all()
+            .execute()
+        )
+    (gone,) = snap.files(lambda f: f.min_values.get("id") == 3)
+    assert appender.replace([gone], _rows(range(0)), at=4) == 4  # a delete: no file added
+    assert sorted(DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()) == [0, 1, 2]

@@ -246,3 +246,33 @@ def test_clients_of_a_few_queues_read_the_row_groups_of_their_queues_only(wareho
             meta = snap.storage.parquet_metadata(path)
             stats = meta.row_group(group).column(meta.schema.names.index("queue_id")).statistics
             assert {stats.min, stats.max} <= mine
+
+
+def test_lock_rows_are_compare_and_set_between_two_spark_free_stores(pulled, clock, monkeypatch):
+    """Two clients' stores change one queue's lock row from the same read: the first
+    commits; the second, whose read is older than that commit, finds its version taken,
+    and read again, its expected row gone, so it changes nothing."""
+    from deltamq.errors import VersionTaken
+    from deltamq.pull_log import LockEntry
+
+    a, b = _lite(pulled, clock, "a"), _lite(pulled, clock, "b")
+    a.heartbeat()
+    a.pull(5)  # takes every queue's lock
+    queue = ("orders", 0)
+    seen = a.store.read_locks("workers")[queue]
+    assert seen is not None and seen.owner == "a"
+    assert b.store.read_locks("workers")[queue] == seen
+    take = [(queue, seen, LockEntry("b", 9, 0))]
+    with monkeypatch.context() as m:  # b plans from that read, older than a's commit
+        m.setattr(b.store.snapshot("queue_lock"), "refresh", lambda: None)
+        a.store.commit(
+            lambda: a.store.write_locks(
+                "workers", [(queue, seen, LockEntry("a", seen.last_access_ts + 1, 0))]
+            ),
+            what="queue_lock",
+        )
+        with pytest.raises(VersionTaken):
+            b.store.write_locks("workers", take)
+    b.store.commit(lambda: b.store.write_locks("workers", take), what="queue_lock")  # read again
+    assert b.store.read_locks("workers")[queue] == LockEntry("a", seen.last_access_ts + 1, 0)
+    a.close()

@@ -25,12 +25,12 @@ from deltamq.pull_log import (
     as_dict,
     decide_lock,
     ended,
-    handle_classes,
     lock_entries,
     log_table,
     position,
     positions_of,
     sum_up,
+    summarise,
 )
 from deltamq.schemas import SCHEMA_VERSION, TABLES
 from deltamq.tables.ranges import any_of, queue_offsets
@@ -201,9 +201,9 @@ def summary(
     where = None if group is None else pc.field("consumer_group") == group
     if wanted is not None:
         where = files.queues_filter(wanted) if where is None else where & files.queues_filter(wanted)
-    found = files.log_rows(wh, where, most=files.MAX_LOG_ROWS)
+    found = files.log_table(wh, where, most=files.MAX_LOG_ROWS)
     if found is not None:
-        return sum_up(handle_classes(found))
+        return summarise(found)
     return _summary_by_engine(wh, group, wanted)
 
 

@@ -1,0 +1,88 @@
+"""The deliveries log summed up per queue (``pull_log.summarise``, in Arrow) agrees with the
+rule written out row by row, and with the engine's statement over the same rows."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import pytest
+
+from deltamq.constants import ACKED, EXPIRED, INFLIGHT, NACK_REQUESTED, NACKED, PASSED, REVOKED, TAKEN
+from deltamq.pull_log import LogRow, QueueLog, log_table, sum_up, summarise
+
+STATES = (INFLIGHT, INFLIGHT, INFLIGHT, ACKED, ACKED, NACKED, EXPIRED, REVOKED, NACK_REQUESTED, TAKEN, PASSED)
+
+
+def random_log(seed: int, handles: int = 300) -> list[LogRow]:
+    """Rows of ``handles`` deliveries over two groups and three queues, each handle 1-3
+    rows in random states (a TAKEN mark, revocations, nacks requested among them)."""
+    rnd = random.Random(seed)
+    rows = []
+    for h in range(handles):
+        group, queue = rnd.choice(("g1", "g2")), rnd.choice((("t", 0), ("t", 1), ("u", 0)))
+        offset, ts = rnd.randrange(0, 500), rnd.randrange(1_000, 2_000)
+        for k in range(rnd.randint(1, 3)):
+            state = rnd.choice(STATES)
+            invisible = ts + rnd.randrange(100, 5_000) if state == INFLIGHT else None
+            rows.append((group, f"c{h % 3}", *queue, offset, f"m{h}", f"h{h}", ts + k, invisible, state))
+    rnd.shuffle(rows)
+    return rows
+
+
+def by_rule(rows: list[LogRow]) -> dict[tuple[str, str, int], QueueLog]:
+    """The rule written out a handle at a time (what the engine's statement groups)."""
+    handles: dict[tuple, list[LogRow]] = defaultdict(list)
+    for r in rows:
+        handles[(r[0], r[2], r[3], r[6])].append(r)
+    out = []
+    for (group, topic, qid, _), rs in handles.items():
+        states = {r[9] for r in rs}
+        dues = [r[8] if r[9] == INFLIGHT else r[7] for r in rs if r[9] in (INFLIGHT, NACK_REQUESTED)]
+        if TAKEN in states:
+            cls = "T"
+        elif REVOKED in states:
+            cls = "R"
+        elif states & {ACKED, NACKED, EXPIRED, REVOKED}:
+            cls = "D"
+        elif NACK_REQUESTED in states:
+            cls = "N"
+        elif INFLIGHT in states:
+            cls = "I"
+        else:
+            cls = "D"
+        off = min(r[4] for r in rs)
+        out.append(
+            {"consumer_group": group, "topic": topic, "queue_id": qid, "ts": min(r[7] for r in rs),
+             "cls": cls, "lo": off, "hi": off, "due": min(d for d in dues if d is not None) if dues else None}
+        )  # fmt: skip
+    return sum_up(out)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("seed", range(40))
+def test_summarise_agrees_with_the_rule(seed):
+    rows = random_log(seed)
+    assert summarise(log_table(rows)) == by_rule(rows)
+
+
+@pytest.mark.unit
+def test_summarise_of_no_rows_and_of_one_handle():
+    assert summarise(log_table([])) == {}
+    row = ("g", "c", "t", 0, 7, "m", "h", 1_000, 5_000, INFLIGHT)
+    assert summarise(log_table([row])) == {("g", "t", 0): QueueLog(None, 7, 5_000, 7, None, 7, 1_000)}
+    ended = (*row[:8], None, ACKED)
+    assert summarise(log_table([row, ended])) == {
+        ("g", "t", 0): QueueLog(None, None, None, 7, None, 7, 1_000)
+    }
+
+
+def test_summarise_agrees_with_the_engine(broker):
+    from deltamq.tables import deliveries
+
+    rows = random_log(7, handles=400)
+    wh = broker.warehouse
+    wh.append_arrow("deliveries", log_table(rows))
+    for group in ("g1", "g2"):
+        mine = [r for r in rows if r[0] == group]
+        assert deliveries._summary_by_engine(wh, group, None) == summarise(log_table(mine)), group
