@@ -78,6 +78,14 @@ def msg_id(batch_id: int, pos: int) -> str:
     return f"{batch_id:016X}{pos:08X}" if pos < POS_8_DIGITS else f"{batch_id:016X}{pos:016X}"
 
 
+def msg_ids(batch_id: int, n: int) -> list[str]:
+    """:func:`msg_id` of positions 0 … n−1 of one batch."""
+    head = f"{batch_id:016X}"
+    if n <= POS_8_DIGITS:
+        return [f"{head}{pos:08X}" for pos in range(n)]
+    return [msg_id(batch_id, pos) for pos in range(n)]
+
+
 def msg_id_col(batch_id: Column, pos: Column) -> Column:
     """Spark expression equal to :func:`msg_id` (``hex`` of a BIGINT is upper case;
     ``lpad`` truncates, so the width follows the value)."""

@@ -37,7 +37,7 @@ from deltamq.message import (
     check_timer_horizon,
 )
 from deltamq.schemas import COMMIT_LOG, TABLES
-from deltamq.sending import COMMIT_LOG_ARROW, BaseProducer, Selector, rows_to_arrow
+from deltamq.sending import COMMIT_LOG_ARROW, BaseProducer, Selector
 from deltamq.tables.bodies import read_bodies
 from deltamq.tables.integrity import faults_named
 from deltamq.tables.sqltext import sql_str
@@ -248,11 +248,11 @@ class Producer(BaseProducer):
         group's check listener later.
         """
         keys = None if queue_key is None else [queue_key]
-        row = self._store([message], keys, selector, arg, transactional=True)[0]
-        handle = TransactionHandle(row["msg_id"], row["topic"], row["queue_id"], self.group)
+        stored = self._store([message], keys, selector, arg, transactional=True)
+        handle = TransactionHandle(stored.msg_ids[0], stored.topics[0], stored.queue_ids[0], self.group)
         state, error = ask_state(local_transaction, message, arg)
         if state is not TxState.UNKNOWN:
-            half = self.ctx.engine.spark.createDataFrame(rows_to_arrow([row]))
+            half = self.ctx.engine.spark.createDataFrame(stored.table)
             self._end(half.withColumn("state", F.lit(state.value)), self.ctx.clock.now_ms())
         return TransactionSendResult(handle, state, error)
 

@@ -75,10 +75,24 @@ def queue_for_key(key: str | bytes, queues: int) -> int:
 
 
 def rows_to_arrow(rows: list[dict[str, Any]]) -> pa.Table:
-    """commit_log rows (dicts) as an Arrow table with the commit_log schema."""
+    """commit_log rows (dicts) as an Arrow table with the commit_log schema (rows written
+    by hand: the producers build theirs a column at a time, ``BaseProducer._store``)."""
     cols = {name: [r[name] for r in rows] for name in COMMIT_LOG_ARROW.names}
     cols["properties"] = [list(r["properties"].items()) for r in rows]
     return pa.table(cols, schema=COMMIT_LOG_ARROW)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """What one send stored: its commit_log rows as appended (``table``), and per message
+    its id, topic and queue, and the delay level and timer stored with it."""
+
+    table: pa.Table
+    msg_ids: list[str]
+    topics: list[str]
+    queue_ids: list[int]
+    delay_levels: list[int]  # as stored: clamped to the highest level, 0 for none
+    timers: list[int | None]  # a timer's due time (epoch ms)
 
 
 class Topics:
@@ -196,6 +210,20 @@ class BaseProducer:
             self.ctx.validate_writable_topic(m.topic)
             if topics is not None:
                 topics[m.topic] = self.ctx.topic_queues(m.topic)
+        if (
+            type(m.body) is bytes
+            and m.properties is None
+            and type(m.delay_level) is int
+            and m.delay_level == 0
+            and type(m.flag) is int
+            and m.flag == 0
+            and m.deliver_at is None
+            and m.delay is None
+            and (m.tags is None or type(m.tags) is str)
+            and (m.keys is None or type(m.keys) is str)
+            and len(m.body) <= self.ctx.config.max_body_bytes
+        ):
+            return m, m.body, {}, 0  # the usual message: what the checks below would find
         body = body_bytes(m.body, self.ctx.config.max_body_bytes)
         props = validate_properties(m.properties)
         level = validate_delay_level(m.delay_level)
@@ -236,8 +264,7 @@ class BaseProducer:
 
         Nothing is stored unless every message is valid.
         """
-        rows = self._store(list(messages), queue_keys, selector, arg, transactional=False)
-        return [r["msg_id"] for r in rows]
+        return self._store(list(messages), queue_keys, selector, arg, transactional=False).msg_ids
 
     def send_results(
         self,
@@ -250,20 +277,18 @@ class BaseProducer:
         """:meth:`send_batch`, returning each message's :class:`SendResult` (queue, the
         delay level stored, the timer's due time) instead of its id alone."""
         messages = list(messages)
-        rows = self._store(messages, queue_keys, selector, arg, transactional=False)
+        stored = self._store(messages, queue_keys, selector, arg, transactional=False)
         return [
-            SendResult(
-                SEND_OK,
-                r["msg_id"],
-                r["topic"],
-                r["queue_id"],
-                m.delay_level,
-                int(r["properties"].get(Prop.DELAY) or 0),
-                int(r["properties"][Prop.TIMER_DELIVER_MS])
-                if Prop.TIMER_DELIVER_MS in r["properties"]
-                else None,
+            SendResult(SEND_OK, mid, topic, qid, m.delay_level, level, timer)
+            for m, mid, topic, qid, level, timer in zip(
+                messages,
+                stored.msg_ids,
+                stored.topics,
+                stored.queue_ids,
+                stored.delay_levels,
+                stored.timers,
+                strict=True,
             )
-            for m, r in zip(messages, rows, strict=True)
         ]
 
     def _store(
@@ -274,14 +299,14 @@ class BaseProducer:
         arg: Any,
         *,
         transactional: bool,
-    ) -> list[dict[str, Any]]:
+    ) -> Stored:
         """Validate, build and append the commit_log rows of ``messages`` (one commit).
 
         ``transactional``: half messages (docs/behaviour.md §5) — ``TRAN_MSG``, ``PGROUP``, ``TRAN_ID``
         (= the msg id) and the prepared ``sys_flag``; delays and timers are refused.
         """
         if not messages:
-            return []
+            return Stored(COMMIT_LOG_ARROW.empty_table(), [], [], [], [], [])
         if queue_keys is not None and len(queue_keys) != len(messages):
             raise InvalidMessage(
                 f"queue_keys has {len(queue_keys)} entries for {len(messages)} messages; give one per message"
@@ -292,9 +317,9 @@ class BaseProducer:
             prepared = [self._prepare(m, now, topics) for m in messages]
             if transactional:
                 _check_not_delayed(prepared)
-            rows = self._commit_log_rows(prepared, topics, queue_keys, selector, arg, now, transactional)
-            self.ctx.append_commit_log(rows_to_arrow(rows), what="send_half" if transactional else "send")
-        return rows
+            stored = self._commit_log_rows(prepared, topics, queue_keys, selector, arg, now, transactional)
+            self.ctx.append_commit_log(stored.table, what="send_half" if transactional else "send")
+        return stored
 
     def _named_faults(self) -> AbstractContextManager[None]:
         """Where a fault of the store while sending is named (the Spark producer: by the
@@ -310,39 +335,73 @@ class BaseProducer:
         arg: Any,
         now: int,
         transactional: bool,
-    ) -> list[dict[str, Any]]:
+    ) -> Stored:
         """The commit_log rows of the ``prepared`` messages (stored at ``now``), under one
-        fresh producer batch: message ``pos`` gets id ``msg_id(batch, pos)``."""
+        fresh producer batch: message ``pos`` gets id ``msg_id(batch, pos)``. Built a
+        column at a time: a message without properties, delay or transaction (the usual
+        one) costs no dictionary of its own."""
         max_level = self.ctx.max_delay_level()
         flag = SysFlag.TRANSACTION_PREPARED_TYPE if transactional else SysFlag.TRANSACTION_NOT_TYPE
         batch = ids.new_batch_id(now)
-        day = ids.store_date(now)
-        rows = []
-        for pos, (m, body, props, level) in enumerate(prepared):
-            key = queue_keys[pos] if queue_keys is not None else None
-            qid = self._queue_id(m, topics[m.topic], key, selector, arg)
-            mid = ids.msg_id(batch, pos)
-            rows.append(
-                {
-                    "msg_id": mid,
-                    "topic": m.topic,
-                    "queue_id": qid,
-                    "tags": m.tags,
-                    "keys": m.keys,
-                    "body": body,
-                    "flag": m.flag,
-                    "properties": self._row_properties(props, mid, level, max_level, transactional),
-                    "born_ts": m.born_ts if m.born_ts is not None else now,
-                    "store_ts": now,
-                    "reconsume_times": 0,
-                    "sys_flag": flag,
-                    "producer_group": self.group,
-                    "batch_id": batch,
-                    "batch_pos": pos,
-                    "store_date": day,
-                }
+        n = len(prepared)
+        mids = ids.msg_ids(batch, n)
+        messages = [p[0] for p in prepared]
+        if selector is None and queue_keys is None:
+            qids = self._round_robin([m.topic for m in messages], topics)
+        else:
+            qids = [
+                self._queue_id(
+                    m, topics[m.topic], queue_keys[pos] if queue_keys is not None else None, selector, arg
+                )
+                for pos, m in enumerate(messages)
+            ]
+        levels = [min(level, max_level) if level > 0 else 0 for _, _, _, level in prepared]
+        if not transactional and not any(props or level for _, _, props, level in prepared):
+            offsets = pa.array(range(n + 1), pa.int32())
+            names = pa.repeat(pa.scalar(Prop.UNIQ_KEY), n)
+            properties = pa.MapArray.from_arrays(offsets, names, pa.array(mids, pa.string()))
+            timers: list[int | None] = [None] * n
+        else:
+            stored = [
+                self._row_properties(props, mid, level, max_level, transactional)
+                for (_, _, props, level), mid in zip(prepared, mids, strict=True)
+            ]
+            properties = pa.array(
+                [list(p.items()) for p in stored], COMMIT_LOG_ARROW.field("properties").type
             )
-        return rows
+            timers = [int(p[Prop.TIMER_DELIVER_MS]) if Prop.TIMER_DELIVER_MS in p else None for p in stored]
+        columns = {
+            "msg_id": mids,
+            "topic": [m.topic for m in messages],
+            "queue_id": qids,
+            "tags": [m.tags for m in messages],
+            "keys": [m.keys for m in messages],
+            "body": [p[1] for p in prepared],
+            "flag": [m.flag for m in messages],
+            "properties": properties,
+            "born_ts": [now if m.born_ts is None else m.born_ts for m in messages],
+            "store_ts": pa.repeat(pa.scalar(now, pa.int64()), n),
+            "reconsume_times": pa.repeat(pa.scalar(0, pa.int32()), n),
+            "sys_flag": pa.repeat(pa.scalar(flag, pa.int32()), n),
+            "producer_group": pa.repeat(pa.scalar(self.group), n),
+            "batch_id": pa.repeat(pa.scalar(batch, pa.int64()), n),
+            "batch_pos": pa.array(range(n), pa.int64()),
+            "store_date": pa.repeat(pa.scalar(ids.store_date(now), pa.date32()), n),
+        }
+        table = pa.table(columns, schema=COMMIT_LOG_ARROW)
+        return Stored(table, mids, columns["topic"], qids, levels, timers)
+
+    def _round_robin(self, names: list[str], topics: dict[str, int]) -> list[int]:
+        """Each message's queue by its topic's round-robin (what :meth:`_next_queue` gives
+        one message after another); a batch of one topic without a call per message."""
+        if len(topics) != 1:
+            return [self._next_queue(t, topics[t]) for t in names]
+        ((topic, queues),) = topics.items()
+        start = self._rr.get(topic)
+        if start is None:
+            start = random.randrange(queues)
+        self._rr[topic] = (start + len(names)) % queues
+        return [(start + i) % queues for i in range(len(names))]
 
     def _queue_id(self, m: Message, queues: int, key: str | None, selector: Selector | None, arg: Any) -> int:
         """The queue of ``m`` among its topic's ``queues``: the ``selector``'s (checked), or

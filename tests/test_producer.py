@@ -139,3 +139,38 @@ def test_str_and_binary_bodies(orders):
     b = p.send(Message("orders", b"\x00\xff"))
     rows = {r["msg_id"]: r["body"] for r in _rows(orders)}
     assert bytes(rows[a]) == "héllo".encode() and bytes(rows[b]) == b"\x00\xff"
+
+
+def test_a_batch_of_plain_and_special_messages_stores_each_as_its_own(orders):
+    """Rows are built a column at a time, plain messages without a dictionary of their
+    own: in one batch a plain message, one with properties, a delayed one and a timer
+    each keep what is theirs, and round-robin goes on across batches one queue at a time."""
+    p = orders.producer("p")
+    first = p.send_results(
+        [
+            Message("orders", b"plain"),
+            Message("orders", b"props", properties={"k": "v"}, tags="t", keys="x"),
+            Message("orders", b"delayed", delay_level=99),
+            Message("orders", b"timer", deliver_at=1_767_225_600_000 + 60_000, flag=7),
+        ]
+    )
+    second = p.send_results([Message("orders", f"{i}".encode()) for i in range(5)])
+    rows = {r["msg_id"]: r for r in _rows(orders)}
+    plain, props, delayed, timer = (rows[r.msg_id] for r in first)
+    assert plain["properties"] == {"UNIQ_KEY": first[0].msg_id} and plain["tags"] is None
+    assert props["properties"] == {"k": "v", "UNIQ_KEY": first[1].msg_id} and props["keys"] == "x"
+    highest = first[2].delay_level
+    assert first[2].requested_delay_level == 99 and 0 < highest < 99
+    assert delayed["properties"]["DELAY"] == str(highest)
+    assert first[3].deliver_at == 1_767_225_660_000
+    assert timer["properties"]["TIMER_DELIVER_MS"] == "1767225660000" and first[0].deliver_at is None
+    queues = [r.queue_id for r in [*first, *second]]
+    assert all((b - a) % 4 == 1 for a, b in zip(queues, queues[1:], strict=False)), queues
+
+
+@pytest.mark.parametrize("field", ["delay_level", "flag"])
+def test_a_boolean_delay_level_or_flag_is_refused(orders, field):
+    from deltamq.errors import InvalidMessage
+
+    with pytest.raises(InvalidMessage, match=field.replace("_", "[_ ]")):
+        orders.producer("p").send(Message("orders", b"x", **{field: False}))
