@@ -27,6 +27,7 @@ not, and the caller writes with delta-rs instead.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -35,7 +36,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import numpy as np
 import pyarrow as pa
@@ -91,6 +92,7 @@ class _State:
     schema: pa.Schema  # the columns stored in the files
     partition_by: tuple[str, ...]
     checkpoint_interval: int
+    append_only: bool = False  # delta.appendOnly: files are never removed
 
 
 GROUPED_FROM = 4096
@@ -149,7 +151,8 @@ class BlindAppender:
         parts = tuple(meta.partition_columns)
         stored = pa.schema([f.remove_metadata() for f in schema if f.name not in parts])
         interval = int(meta.configuration.get("delta.checkpointInterval") or 100)
-        return _State(table.version(), stored, parts, max(1, interval))
+        append_only = str(meta.configuration.get("delta.appendOnly") or "").lower() == "true"
+        return _State(table.version(), stored, parts, max(1, interval), append_only)
 
     def _current(self) -> _State:
         if self._state is None:
@@ -173,10 +176,7 @@ class BlindAppender:
         planned ``rows`` from the table as of ``at - 1`` and plans again). Such a commit
         is not a blind append (its ``readVersion`` is ``at - 1``), and the table's
         metadata is read again first when a commit since the last one known changed it."""
-        state = self._current()
-        if at is not None and state.version < at - 1 and self._changed_between(state.version, at):
-            self._state = None  # the table's metadata or protocol changed since: read it again
-            state = self._current()
+        state = self._current() if at is None else self._known_at(at - 1)
         txn = str(uuid.uuid4())
         adds = [
             self._write_file(state, rows.filter(mask) if mask is not None else rows, values)
@@ -184,7 +184,7 @@ class BlindAppender:
         ]
         entry = self._entry(txn, adds, state, None if at is None else at - 1)
         if at is not None:
-            return self._append_at(at, txn, entry, state)
+            return self._append_at(at, txn, entry, state, adds)
         version = state.version + 1
         for step in range(MAX_VERSION_STEPS):
             path = self._log_entry(version)
@@ -232,10 +232,9 @@ class BlindAppender:
         caller reads again and plans again. Small tables written often (the pull clients'
         lock rows) change so without a ``MERGE``; ``operation`` names the change in the
         commit's ``commitInfo``."""
-        state = self._current()
-        if state.version < at - 1 and self._changed_between(state.version, at):
-            self._state = None  # the table's metadata or protocol changed since: read it again
-            state = self._current()
+        state = self._known_at(at - 1)
+        if state.append_only and removed:
+            raise Unsupported(f"{self.uri} is append-only (delta.appendOnly): its files cannot be replaced")
         txn = str(uuid.uuid4())
         adds = [
             self._write_file(state, rows.filter(mask) if mask is not None else rows, values)
@@ -256,14 +255,24 @@ class BlindAppender:
         if not removes and not adds:
             return state.version
         entry = self._entry(txn, adds, state, at - 1, removes, operation)
-        return self._append_at(at, txn, entry, state)
+        return self._append_at(at, txn, entry, state, adds)
+
+    def _known_at(self, version: int) -> _State:
+        """What the appender knows of the table, brought to ``version`` (a caller's
+        snapshot): the commits in between are read once for a metadata or protocol change
+        (then the table is read again), and not again by the next call."""
+        state = self._current()
+        if state.version < version:
+            if self._changed_between(state.version, version + 1):
+                self._state = None  # the table's metadata or protocol changed since: read it again
+                return self._current()
+            state = self._state = dataclasses.replace(state, version=version)
+        return state
 
     def _committed(self, version: int, state: _State) -> int:
         """After this append's commit at ``version``: what the appender knows of the table
         moves there, and every ``checkpoint_interval``-th version gets its checkpoint."""
-        self._state = _State(
-            max(version, state.version), state.schema, state.partition_by, state.checkpoint_interval
-        )
+        self._state = dataclasses.replace(state, version=max(version, state.version))
         if version % state.checkpoint_interval == 0:
             self._checkpoint(version)
         return version
@@ -277,20 +286,38 @@ class BlindAppender:
                 return True
         return False
 
-    def _append_at(self, version: int, txn: str, entry: bytes, state: _State) -> int:
+    def _append_at(
+        self, version: int, txn: str, entry: bytes, state: _State, adds: list[dict[str, Any]]
+    ) -> int:
+        """``entry`` committed at exactly ``version``, or :class:`VersionTaken` (its data
+        files ``adds`` deleted again, best effort: no commit points at them)."""
         path = self._log_entry(version)
-        for _ in range(5):
-            if self.storage.put_if_absent(path, entry):
-                break
-            winner = self.storage.read_bytes(path)
-            if winner is None:
-                time.sleep(0.01)  # refused, yet nothing there: a create racing another request
-                continue
-            if _txn_of(winner) == txn:
-                break  # this append's own entry: the write landed, its answer was lost
-            raise VersionTaken(f"{self.uri}: version {version} was committed by another writer")
-        else:
-            raise VersionTaken(f"{self.uri}: version {version} could not be created")
+        try:
+            for _ in range(5):
+                if self.storage.put_if_absent(path, entry):
+                    if version and not self.storage.exists(self._log_entry(version - 1)):
+                        # the entry before is gone: log cleanup removed it below a newer
+                        # checkpoint, which every reader starts from, so this one would
+                        # never be read. Withdrawn; the caller reads the table again
+                        self.storage.delete(path)
+                        raise VersionTaken(f"{self.uri}: version {version - 1} was cleaned up")
+                    break
+                winner = self.storage.read_bytes(path)
+                if winner is None:
+                    time.sleep(0.01)  # refused, yet nothing there: a create racing another request
+                    continue
+                if _txn_of(winner) == txn:
+                    break  # this append's own entry: the write landed, its answer was lost
+                raise VersionTaken(f"{self.uri}: version {version} was committed by another writer")
+            else:
+                raise VersionTaken(f"{self.uri}: version {version} could not be created")
+        except VersionTaken:
+            for add in adds:
+                try:
+                    self.storage.delete(f"{self.uri}/{unquote(add['path'])}")
+                except Exception:  # noqa: BLE001 - an orphan file is vacuum's to remove
+                    log.debug("could not delete %s after a refused commit", add["path"])
+            raise
         return self._committed(version, state)
 
     def _log_entry(self, version: int) -> str:

@@ -59,6 +59,7 @@ class FileStore:
         self._log = BlindAppender(storage, storage.join("deliveries"), engine_info="deltamq-lite-pull")
         self._tables: dict[str, Any] = {}  # delta-rs tables kept for MERGEs
         self._writers: dict[str, BlindAppender] = {}  # control tables changed by _rewrite
+        self._merged: set[str] = set()  # tables _rewrite cannot write: changed by MERGE
         self._clients: dict[str, tuple[int, list[tuple[str, int | None]]]] = {}  # per group, at a version
 
     # --- reading --------------------------------------------------------------------------
@@ -193,7 +194,8 @@ class FileStore:
         """Compare-and-set: each (existing) row changes only if it still is what was read;
         the caller commits (:meth:`commit`). The files holding the changed rows are
         written again, with them changed, in one commit at the version after the one
-        read, or none (:meth:`_rewrite`)."""
+        read, or none (:meth:`_rewrite`); a table that writer cannot write (its protocol)
+        gets a delta-rs ``MERGE`` of the same rule."""
         wanted = {q: (old, new) for q, old, new in changes if old != new}
         if not wanted:
             return
@@ -203,16 +205,40 @@ class FileStore:
             expected = (old.owner, old.last_access_ts) if old else (None, None)
             if (row["owner"], row["last_access_ts"]) != expected:
                 return None  # another writer's change came first: this row stays as it is
-            return {
-                **row,
-                "owner": new.owner,
-                "last_access_ts": new.last_access_ts,
-                "last_delivered_offset": new.last_delivered_offset,
-                "no_change_count": new.no_change_count,
-                "delivered_offset": new.delivered_offset,
-            }
+            return {**row, **_lock_values(new)}
 
-        self._rewrite("queue_lock", group, set(wanted), change)
+        if "queue_lock" not in self._merged:
+            try:
+                self._rewrite("queue_lock", group, set(wanted), change)
+                return
+            except Unsupported:
+                self._merged.add("queue_lock")  # from now on by MERGE
+        self._merge_locks(group, wanted)
+
+    def _merge_locks(self, group: str, wanted: dict[Queue, tuple[LockEntry | None, LockEntry]]) -> None:
+        """:meth:`write_locks`' rule as a delta-rs ``MERGE`` (its conflict checker refuses
+        the commit when another writer changed the files it read)."""
+        items = sorted(wanted.items())
+        olds = [old for _, (old, _) in items]
+        source = pa.table(
+            {
+                "consumer_group": [group] * len(items),
+                "topic": [t for (t, _), _ in items],
+                "queue_id": pa.array([q for (_, q), _ in items], pa.int32()),
+                "exp_owner": pa.array([o.owner if o else None for o in olds], pa.string()),
+                "exp_access": pa.array([o.last_access_ts if o else None for o in olds], pa.int64()),
+                **{
+                    c: pa.array([_lock_values(new)[c] for _, (_, new) in items], _LOCK_TYPES[c])
+                    for c in LOCK_COLUMNS[2:]
+                },
+            }
+        )
+        merge = self._merge("queue_lock", source, _SAME_QUEUE)
+        merge.when_matched_update(
+            {c: f"s.{c}" for c in LOCK_COLUMNS[2:]},
+            predicate="(t.owner IS NOT DISTINCT FROM s.exp_owner) "
+            "AND (t.last_access_ts IS NOT DISTINCT FROM s.exp_access)",
+        ).execute()
 
     def _rewrite(
         self,
@@ -225,20 +251,17 @@ class FileStore:
         rows a group and queue) through ``change`` (None: that row unchanged): the files
         holding a changed row are replaced by one file of their rows, changed, committed
         at the version after the snapshot's, or refused (``VersionTaken``: another writer
-        came between, and :meth:`commit` runs the attempt again from a fresh read). A
-        delta-rs ``MERGE`` costs 20 ms alone and 100+ ms beside other clients on two
-        cores (it plans a query); this reads a small file already decoded and writes one."""
+        came between, and :meth:`commit` runs the attempt again from a fresh read).
+        Every live file is looked at (small, decoded once and kept), not only those
+        whose statistics allow the rows: a writer's string statistics may be truncated.
+        A delta-rs ``MERGE`` costs 20 ms alone and 100+ ms beside other clients on two
+        cores (it plans a query); this reads what is decoded already and writes one file."""
         snap = self.snapshot(table)
-
-        def holds(f: DataFile) -> bool:
-            return f.overlaps("consumer_group", group, group) and any(
-                f.overlaps("topic", t, t) and f.overlaps("queue_id", q, q) for t, q in queues
-            )
-
+        read_at = snap.version  # before the files: a refresh in between only makes it stale
         replaced: list[DataFile] = []
         rows: list[dict[str, Any]] = []
         schema: pa.Schema | None = None
-        for f in snap.files(holds):
+        for f in snap.files():
             data = snap.whole(f)
             kept, changed = data.to_pylist(), False
             for i, row in enumerate(kept):
@@ -256,7 +279,7 @@ class FileStore:
         self._writer(table).replace(
             replaced,
             pa.Table.from_pylist(rows, schema=schema),
-            at=snap.version + 1,
+            at=read_at + 1,
             operation=("UPDATE", {"predicate": f"compare-and-set of {len(queues)} rows of group {group}"}),
         )
 
@@ -364,6 +387,19 @@ class FileStore:
 
 
 _SAME_QUEUE = "t.consumer_group = s.consumer_group AND t.topic = s.topic AND t.queue_id = s.queue_id"
+_LOCK_TYPES = {
+    "owner": pa.string(),
+    "last_access_ts": pa.int64(),
+    "last_delivered_offset": pa.int64(),
+    "no_change_count": pa.int32(),
+    "delivered_offset": pa.int64(),
+}
+
+
+def _lock_values(entry: LockEntry) -> dict[str, Any]:
+    """A lock row's values (:data:`LOCK_COLUMNS` after the queue: ``LockEntry``'s
+    fields) for ``entry``."""
+    return {c: getattr(entry, c) for c in LOCK_COLUMNS[2:]}
 
 
 def _text(value: str) -> str:

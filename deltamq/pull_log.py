@@ -157,6 +157,35 @@ class QueueLog:
 _KEY = ["consumer_group", "topic", "queue_id"]
 
 
+def _handles(log: pa.Table) -> pa.Table:
+    """Per handle of the log's rows (group, topic, queue, handle): whether any row is in
+    each state (``t``, ``r``, ``d``, ``n``, ``i``: TAKEN, REVOKED, ended, NACK_REQUESTED,
+    INFLIGHT; a null state is in none), the earliest due time, offset and delivery time."""
+    state = log["state"]
+
+    def of(states: Any) -> Any:
+        return pc.fill_null(pc.is_in(state, pa.array(states, pa.string())), False)
+
+    inflight, nacked = of([INFLIGHT]), of([NACK_REQUESTED])
+    no_time = pa.scalar(None, log["delivered_ts"].type)
+    rows = pa.table(
+        {
+            **{k: log[k] for k in (*_KEY, "receipt_handle", "queue_offset", "delivered_ts")},
+            "t": of([TAKEN]),
+            "r": of([REVOKED]),
+            "d": of(list(ENDED)),
+            "n": nacked,
+            "i": inflight,
+            "due": pc.if_else(
+                inflight, log["invisible_until"], pc.if_else(nacked, log["delivered_ts"], no_time)
+            ),
+        }
+    )
+    return rows.group_by([*_KEY, "receipt_handle"], use_threads=False).aggregate(
+        [(c, "any") for c in "trdni"] + [("due", "min"), ("queue_offset", "min"), ("delivered_ts", "min")]
+    )
+
+
 def summarise(log: pa.Table) -> dict[tuple[str, str, int], QueueLog]:
     """{(group, topic, queue): QueueLog} of the deliveries log's rows ``log`` (at least
     the columns group, topic, queue, ``queue_offset``, ``receipt_handle``,
@@ -170,26 +199,7 @@ def summarise(log: pa.Table) -> dict[tuple[str, str, int], QueueLog]:
     old (``old_hi``), the others not revoked count for ``last``."""
     if log.num_rows == 0:
         return {}
-    state = log["state"]
-    inflight, nacked = pc.equal(state, INFLIGHT), pc.equal(state, NACK_REQUESTED)
-    rows = pa.table(
-        {
-            **{k: log[k] for k in (*_KEY, "receipt_handle", "queue_offset", "delivered_ts")},
-            "t": pc.equal(state, TAKEN),
-            "r": pc.equal(state, REVOKED),
-            "d": pc.is_in(state, pa.array(ENDED)),
-            "n": nacked,
-            "i": inflight,
-            "due": pc.if_else(
-                inflight,
-                log["invisible_until"],
-                pc.if_else(nacked, log["delivered_ts"], pa.scalar(None, log["delivered_ts"].type)),
-            ),
-        }
-    )
-    handles = rows.group_by([*_KEY, "receipt_handle"], use_threads=False).aggregate(
-        [(c, "any") for c in "trdni"] + [("due", "min"), ("queue_offset", "min"), ("delivered_ts", "min")]
-    )
+    handles = _handles(log)
     t, r, d, n, i = (handles[f"{c}_any"] for c in "trdni")
     revoked = pc.and_not(r, t)
     ended = pc.and_(pc.and_not(pc.invert(t), r), pc.or_(d, pc.invert(pc.or_(n, i))))
@@ -254,7 +264,8 @@ def sum_up(rows: Iterable[Any]) -> dict[tuple[str, str, int], QueueLog]:
         s.seen_ts = r["ts"] if s.seen_ts is None else max(s.seen_ts, r["ts"])
         if r["cls"] in ("I", "N"):
             s.inflight_lo = r["lo"] if s.inflight_lo is None else min(s.inflight_lo, r["lo"])
-            s.due = r["due"] if s.due is None else min(s.due, r["due"])
+            if r["due"] is not None:
+                s.due = r["due"] if s.due is None else min(s.due, r["due"])
         if s.taken_ts is not None and r["ts"] < s.taken_ts:
             s.old_hi = r["hi"] if s.old_hi is None else max(s.old_hi, r["hi"])
         elif r["cls"] != "R":

@@ -619,7 +619,7 @@ def retry_commits(
     store fails transiently, at most ``policy.retries`` more times. deltamq's other
     errors pass through; any other error is raised as ``give_up(error, exhausted)``
     (``exhausted``: a refusal with no try left), chained from it. A taken version is
-    tried again after a few milliseconds only: the writer that took it has finished."""
+    tried again after a few milliseconds at first: the writer that took it has finished."""
     for n in range(policy.retries + 1):
         try:
             return attempt()
@@ -631,7 +631,9 @@ def retry_commits(
                 if error is e:
                     raise
                 raise error from e
-            time.sleep(policy.backoff_ms / 10_000.0 * (1 + random.random()))
+            # a tenth of the back-off, doubling: quick while few writers race, patient
+            # (about the plain back-off's total) when many do
+            time.sleep(policy.backoff_ms / 10_000.0 * 2**n * (1 + random.random()))
         except Exception as e:
             again = type(e).__name__ == "CommitFailedError" or is_transient(e)
             if not again or n == policy.retries:

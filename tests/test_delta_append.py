@@ -304,3 +304,41 @@ def test_a_replace_swaps_files_at_one_version_or_none(tmp_path):
     (gone,) = snap.files(lambda f: f.min_values.get("id") == 3)
     assert appender.replace([gone], _rows(range(0)), at=4) == 4  # a delete: no file added
     assert sorted(DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()) == [0, 1, 2]
+
+
+def test_a_refused_replace_leaves_no_file_and_an_append_only_table_is_not_replaced(tmp_path):
+    from deltamq.delta_read import FileSnapshot
+
+    storage, uri = _table(tmp_path)
+    appender = BlindAppender(storage, uri)
+    appender.append(_rows(range(2)))
+    snap = FileSnapshot(storage, uri)
+    snap.refresh()
+    (first,) = snap.files()
+    appender.append(_rows(range(2, 3)))  # version 2 by "another writer"
+    before = sorted(p.name for p in Path(uri).rglob("*.parquet"))
+    with pytest.raises(VersionTaken):
+        appender.replace([first], _rows(range(1)), at=2)
+    assert sorted(p.name for p in Path(uri).rglob("*.parquet")) == before  # its file deleted again
+
+    storage2, locked = _table(tmp_path / "ao", configuration={"delta.appendOnly": "true"})
+    writer = BlindAppender(storage2, locked)
+    writer.append(_rows(range(2)))
+    snap = FileSnapshot(storage2, locked)
+    snap.refresh()
+    with pytest.raises(Unsupported, match="append-only"):
+        writer.replace(snap.files(), _rows(range(1)), at=2)
+
+
+def test_a_commit_at_a_version_whose_predecessor_was_cleaned_up_is_withdrawn(tmp_path):
+    """A writer that planned from a version log cleanup has since removed (below a newer
+    checkpoint, which readers start from) would commit where no reader looks: the entry
+    is withdrawn and the commit refused, so the caller reads the table again."""
+    storage, uri = _table(tmp_path)
+    appender = BlindAppender(storage, uri)
+    appender.append(_rows(range(1)))  # version 1
+    appender.append(_rows(range(1, 2)))  # version 2
+    (Path(uri) / "_delta_log" / f"{2:020d}.json").unlink()  # as cleanup would, past a checkpoint
+    with pytest.raises(VersionTaken, match="cleaned up"):
+        appender.append(_rows(range(2, 3)), at=3)
+    assert not (Path(uri) / "_delta_log" / f"{3:020d}.json").exists()

@@ -273,6 +273,28 @@ def test_lock_rows_are_compare_and_set_between_two_spark_free_stores(pulled, clo
         )
         with pytest.raises(VersionTaken):
             b.store.write_locks("workers", take)
+    version = b.store.snapshot("queue_lock").version
     b.store.commit(lambda: b.store.write_locks("workers", take), what="queue_lock")  # read again
-    assert b.store.read_locks("workers")[queue] == LockEntry("a", seen.last_access_ts + 1, 0)
+    now = b.store.read_locks("workers")[queue]
+    assert now == LockEntry("a", seen.last_access_ts + 1, 0)  # the stale expectation changed nothing
+    assert b.store.snapshot("queue_lock").version == version  # and committed nothing
+    b.store.commit(lambda: b.store.write_locks("workers", [(queue, now, LockEntry("b", 9, 0))]), what="x")
+    assert b.store.read_locks("workers")[queue] == LockEntry("b", 9, 0)  # a current one lands
+    assert b.store.snapshot("queue_lock").version == version + 1
     a.close()
+
+
+def test_a_lock_table_the_file_writer_cannot_write_is_changed_by_merge(pulled, clock):
+    """``queue_lock`` with a writer feature the compare-and-set of files does not meet
+    (change data feed): the client's lock writes go by delta-rs ``MERGE`` instead, and a
+    pull still takes its queues."""
+    from deltalake import DeltaTable
+
+    uri = str(pulled.warehouse.uri("queue_lock"))
+    DeltaTable(uri).alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
+    client = _lite(pulled, clock, "cdf")
+    got = client.pull(20)
+    assert len(got) == 20 and "queue_lock" in client.store._merged
+    owners = {e.owner for e in client.store.read_locks("workers").values() if e is not None}
+    assert owners == {"cdf"}
+    client.close()

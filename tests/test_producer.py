@@ -174,3 +174,21 @@ def test_a_boolean_delay_level_or_flag_is_refused(orders, field):
 
     with pytest.raises(InvalidMessage, match=field.replace("_", "[_ ]")):
         orders.producer("p").send(Message("orders", b"x", **{field: False}))
+
+
+def test_queue_choice_by_key_selector_and_round_robin_per_topic(warehouse_with):
+    """The three ways of choosing a queue, built a column at a time: equal keys one
+    queue (crc32 of the key), a selector's answer as given, and round-robin continuing
+    per topic across batches of two topics."""
+    broker = warehouse_with("orders", queues=4).broker
+    broker.create_topic("refunds", queues=3)
+    p = broker.producer("p")
+    keyed = p.send_results([Message("orders", b"x")] * 3, queue_keys=["a", "b", "a"])
+    assert [r.queue_id for r in keyed] == [queue_for_key(k, 4) for k in ("a", "b", "a")]
+    chosen = p.send_results([Message("orders", b"x")] * 3, selector=lambda n, m, arg: arg % n, arg=6)
+    assert [r.queue_id for r in chosen] == [2, 2, 2]
+    mixed = [Message(t, b"x") for t in ("orders", "refunds", "orders", "refunds", "refunds")]
+    first, second = p.send_results(mixed), p.send_results(mixed)
+    for topic, queues in (("orders", 4), ("refunds", 3)):
+        seen = [r.queue_id for r in [*first, *second] if r.topic == topic]
+        assert all((b - a) % queues == 1 for a, b in zip(seen, seen[1:], strict=False)), (topic, seen)

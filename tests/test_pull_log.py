@@ -11,7 +11,20 @@ import pytest
 from deltamq.constants import ACKED, EXPIRED, INFLIGHT, NACK_REQUESTED, NACKED, PASSED, REVOKED, TAKEN
 from deltamq.pull_log import LogRow, QueueLog, log_table, sum_up, summarise
 
-STATES = (INFLIGHT, INFLIGHT, INFLIGHT, ACKED, ACKED, NACKED, EXPIRED, REVOKED, NACK_REQUESTED, TAKEN, PASSED)
+STATES = (
+    INFLIGHT,
+    INFLIGHT,
+    INFLIGHT,
+    ACKED,
+    ACKED,
+    NACKED,
+    EXPIRED,
+    REVOKED,
+    NACK_REQUESTED,
+    TAKEN,
+    PASSED,
+    None,
+)
 
 
 def random_log(seed: int, handles: int = 300) -> list[LogRow]:
@@ -24,8 +37,9 @@ def random_log(seed: int, handles: int = 300) -> list[LogRow]:
         offset, ts = rnd.randrange(0, 500), rnd.randrange(1_000, 2_000)
         for k in range(rnd.randint(1, 3)):
             state = rnd.choice(STATES)
-            invisible = ts + rnd.randrange(100, 5_000) if state == INFLIGHT else None
-            rows.append((group, f"c{h % 3}", *queue, offset, f"m{h}", f"h{h}", ts + k, invisible, state))
+            invisible = ts + rnd.randrange(100, 5_000) if state == INFLIGHT and rnd.random() < 0.9 else None
+            at = offset + (k if rnd.random() < 0.1 else 0)  # now and then a row of another offset
+            rows.append((group, f"c{h % 3}", *queue, at, f"m{h}", f"h{h}", ts + k, invisible, state))
     rnd.shuffle(rows)
     return rows
 
@@ -39,6 +53,7 @@ def by_rule(rows: list[LogRow]) -> dict[tuple[str, str, int], QueueLog]:
     for (group, topic, qid, _), rs in handles.items():
         states = {r[9] for r in rs}
         dues = [r[8] if r[9] == INFLIGHT else r[7] for r in rs if r[9] in (INFLIGHT, NACK_REQUESTED)]
+        dues = [d for d in dues if d is not None]
         if TAKEN in states:
             cls = "T"
         elif REVOKED in states:
@@ -54,7 +69,7 @@ def by_rule(rows: list[LogRow]) -> dict[tuple[str, str, int], QueueLog]:
         off = min(r[4] for r in rs)
         out.append(
             {"consumer_group": group, "topic": topic, "queue_id": qid, "ts": min(r[7] for r in rs),
-             "cls": cls, "lo": off, "hi": off, "due": min(d for d in dues if d is not None) if dues else None}
+             "cls": cls, "lo": off, "hi": off, "due": min(dues) if dues else None}
         )  # fmt: skip
     return sum_up(out)
 

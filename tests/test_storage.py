@@ -340,3 +340,44 @@ def test_two_writers_racing_on_s3_lose_no_commit(broker, location, store_env, tm
         entries = wh.storage.list(wh.uri(table) + "/_delta_log")
         versions = sorted(int(e.name[:20]) for e in entries if e.name.endswith(".json"))
         assert versions == list(range(versions[0], versions[-1] + 1))  # no version lost or overwritten
+
+
+def test_a_taken_version_is_tried_again_then_given_up_by_the_callers_rule():
+    """``retry_commits`` runs an attempt again when its version was taken (a conditional
+    commit), after a short and doubling wait, and gives up as the caller says once the
+    policy's tries are spent; deltamq's other errors are not retried."""
+    from deltamq.config import CommitPolicy
+    from deltamq.errors import InvalidMessage, StorageError, VersionTaken
+    from deltamq.storage import retry_commits
+
+    calls = []
+
+    def taken_twice() -> str:
+        calls.append(time.monotonic())
+        if len(calls) < 3:
+            raise VersionTaken("version 7 was committed by another writer")
+        return "done"
+
+    assert retry_commits(taken_twice, CommitPolicy(5, 20), lambda e, _: e) == "done"
+    # waits of a tenth of the back-off (2 ms here) at least, doubling with each try
+    assert len(calls) == 3 and calls[1] - calls[0] >= 0.002 and calls[2] - calls[1] >= 0.004
+
+    def always_taken() -> None:
+        calls.append(0.0)
+        raise VersionTaken("taken")
+
+    calls.clear()
+    with pytest.raises(StorageError, match="refused 3 times") as refused:
+        retry_commits(
+            always_taken, CommitPolicy(2, 1), lambda e, spent: StorageError(f"refused 3 times: {e}")
+        )
+    assert len(calls) == 3 and isinstance(refused.value.__cause__, VersionTaken)
+
+    def bad() -> None:
+        calls.append(0.0)
+        raise InvalidMessage("no")
+
+    calls.clear()
+    with pytest.raises(InvalidMessage):
+        retry_commits(bad, CommitPolicy(5, 1), lambda e, _: e)
+    assert len(calls) == 1
