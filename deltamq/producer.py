@@ -120,6 +120,7 @@ class Producer(BaseProducer):
         return self._send_dataframe(df, queue_key, transactional=True)
 
     def _send_dataframe(self, df: DataFrame, queue_key: str | None, *, transactional: bool) -> DataFrame:
+        given = frozenset(df.columns)
         df = self._check_dataframe_columns(df, queue_key)
         now = self.ctx.clock.now_ms()
         batch = ids.new_batch_id(now)
@@ -127,7 +128,7 @@ class Producer(BaseProducer):
         # breaks a rule fails the write before anything is committed. Only then is the input
         # read again, by _validate_dataframe, for an error that names the rule and the values.
         queues = self._writable_queues()
-        problem = _row_problem(queues, now, self.ctx.config, transactional)
+        problem = _row_problem(queues, now, self.ctx.config, transactional, given)
         checked = df.withColumn(
             "topic",
             F.when(problem.isNull(), F.col("topic")).otherwise(
@@ -144,6 +145,7 @@ class Producer(BaseProducer):
             queue_key=queue_key,
             rr_start=random.randrange(1 << 16),
             transactional=transactional,
+            given=given,
         )
         try:
             self.ctx.append_commit_log(rows, what="send_dataframe")
@@ -436,27 +438,45 @@ def _check_given_states(given: DataFrame) -> tuple[int, list[int]]:
 _REFUSED = "deltamq refused a row: "
 
 
-def _row_problem(queues: dict[str, int], now: int, config: BrokerConfig, transactional: bool) -> Column:
+def _row_problem(
+    queues: dict[str, int],
+    now: int,
+    config: BrokerConfig,
+    transactional: bool,
+    given: frozenset[str] | None = None,
+) -> Column:
     """Per row of a checked send_dataframe input: which send rule it breaks (a text), or
-    null. The same rules as ``_validate_dataframe``, as one expression."""
+    null. The same rules as ``_validate_dataframe``, as one expression; the rules about
+    optional columns the input did not ``given`` (None: every column) are left out, as
+    they cannot be broken (those columns are null)."""
+    has = _DF_OPTIONAL.keys() if given is None else given
     nq = F.element_at(_queue_map(queues), F.col("topic"))
-    timer_text = F.col("properties").getItem(Prop.TIMER_DELIVER_MS)
-    due = _timer_col()
-    delayed = (F.coalesce(F.col("delay_level"), F.lit(0)) > 0) | due.isNotNull()
-    return (
-        F.when(F.col("topic").isNull() | nq.isNull(), F.lit("topic is missing, unknown or not writable"))
-        .when(F.length("body") > F.lit(config.max_body_bytes), F.lit("body too large"))
-        .when(F.col("delay_level") < 0, F.lit("negative delay_level"))
-        .when(timer_text.isNotNull() & ~timer_text.rlike("^[0-9]{1,18}$"), F.lit("malformed timer"))
-        .when(F.lit(transactional) & delayed, F.lit("a transactional message cannot be delayed"))
-        .when(
+    problem = F.when(
+        F.col("topic").isNull() | nq.isNull(), F.lit("topic is missing, unknown or not writable")
+    ).when(F.length("body") > F.lit(config.max_body_bytes), F.lit("body too large"))
+    if "delay_level" in has:
+        problem = problem.when(F.col("delay_level") < 0, F.lit("negative delay_level"))
+    if "properties" in has:
+        timer_text = F.col("properties").getItem(Prop.TIMER_DELIVER_MS)
+        problem = problem.when(
+            timer_text.isNotNull() & ~timer_text.rlike("^[0-9]{1,18}$"), F.lit("malformed timer")
+        )
+    if "properties" in has or "deliver_at_ms" in has:
+        due = _timer_col()
+        if transactional:
+            delayed = (F.coalesce(F.col("delay_level"), F.lit(0)) > 0) | due.isNotNull()
+            problem = problem.when(delayed, F.lit("a transactional message cannot be delayed"))
+        problem = problem.when(
             (due > F.lit(now + config.timer_horizon_ms)) | (due < F.lit(now - config.timer_horizon_ms)),
             F.lit("timer beyond the horizon"),
         )
-        .when(
+    elif transactional and "delay_level" in has:
+        problem = problem.when(F.col("delay_level") > 0, F.lit("a transactional message cannot be delayed"))
+    if "queue_id" in has:
+        problem = problem.when(
             (F.col("queue_id") < 0) | (F.col("queue_id") >= nq), F.lit("queue_id outside the topic's queues")
         )
-    )
+    return problem
 
 
 def _queue_map(queues: dict[str, int]) -> Column:
@@ -490,10 +510,15 @@ def plan_send_dataframe(
     queue_key: str | None = None,
     rr_start: int = 0,
     transactional: bool = False,
+    given: frozenset[str] | None = None,
 ) -> DataFrame:
     """Pure plan: user rows (topic, body, tags, keys, properties, delay_level, flag,
     queue_id) → commit_log rows. Deterministic given its arguments and row order.
-    ``transactional``: half messages (docs/behaviour.md §5)."""
+    ``transactional``: half messages (docs/behaviour.md §5). ``given``: the optional
+    columns the user's input had (None: all); the others are null, and the expressions
+    they feed are left out (a DataFrame of topics and bodies gets its properties map
+    from the id alone, with no map filtered or concatenated per row)."""
+    has = _DF_OPTIONAL.keys() if given is None else given
     # Positions must be unique within the batch, from one evaluation of the plan (no
     # shuffle): monotonically_increasing_id is (partition << 33) + row; packed as
     # (partition << 22) | row when that fits 32 bits (24-digit ids), else kept whole with
@@ -508,40 +533,53 @@ def plan_send_dataframe(
         chosen: Column = F.pmod(F.crc32(F.col(queue_key).cast("string").cast("binary")), nq)
     else:
         chosen = F.pmod(F.col("batch_pos") + F.lit(rr_start), nq)
-    user_props = F.coalesce(F.col("properties"), F.create_map().cast("map<string,string>"))
-    user_props = F.map_filter(
-        user_props, lambda k, v: ~k.isin(Prop.UNIQ_KEY, Prop.DELAY, Prop.TIMER_DELIVER_MS)
-    )
-    level = F.least(F.col("delay_level"), F.lit(max_level))
     empty = F.create_map().cast("map<string,string>")
-    sys_props = F.map_concat(
-        F.create_map(F.lit(Prop.UNIQ_KEY), F.col("msg_id")),
-        F.when(F.col("delay_level") > 0, F.create_map(F.lit(Prop.DELAY), level.cast("string"))).otherwise(
-            empty
-        ),
-        F.when(
-            F.col("timer_ms").isNotNull(),
-            F.create_map(F.lit(Prop.TIMER_DELIVER_MS), F.col("timer_ms").cast("string")),
-        ).otherwise(empty),
-        F.create_map(
-            F.lit(Prop.TRAN_MSG),
-            F.lit("true"),
-            F.lit(Prop.PGROUP),
-            F.lit(producer_group),
-            F.lit(Prop.TRAN_ID),
-            F.col("msg_id"),
+    parts = [F.create_map(F.lit(Prop.UNIQ_KEY), F.col("msg_id"))]
+    if "delay_level" in has:
+        level = F.least(F.col("delay_level"), F.lit(max_level))
+        parts.append(
+            F.when(F.col("delay_level") > 0, F.create_map(F.lit(Prop.DELAY), level.cast("string"))).otherwise(
+                empty
+            )
         )
-        if transactional
-        else empty,
-    )
+    timed = "properties" in has or "deliver_at_ms" in has
+    if timed:
+        parts.append(
+            F.when(
+                F.col("timer_ms").isNotNull(),
+                F.create_map(F.lit(Prop.TIMER_DELIVER_MS), F.col("timer_ms").cast("string")),
+            ).otherwise(empty)
+        )
+    if transactional:
+        parts.append(
+            F.create_map(
+                F.lit(Prop.TRAN_MSG),
+                F.lit("true"),
+                F.lit(Prop.PGROUP),
+                F.lit(producer_group),
+                F.lit(Prop.TRAN_ID),
+                F.col("msg_id"),
+            )
+        )
+    if "properties" in has:
+        user_props = F.map_filter(
+            F.coalesce(F.col("properties"), empty),
+            lambda k, v: ~k.isin(Prop.UNIQ_KEY, Prop.DELAY, Prop.TIMER_DELIVER_MS),
+        )
+        parts.insert(0, user_props)
+    properties = parts[0] if len(parts) == 1 else F.map_concat(*parts)
+    if timed:
+        df = df.withColumn("timer_ms", _timer_col())
     out = (
-        df.withColumn("timer_ms", _timer_col())
-        .withColumn("batch_pos", pos)
+        df.withColumn("batch_pos", pos)
         .withColumn("batch_id", F.lit(batch_id).cast("bigint"))
         .withColumn("msg_id", ids.msg_id_col(F.col("batch_id"), F.col("batch_pos")))
-        .withColumn("queue_id", F.coalesce(F.col("queue_id"), chosen.cast("int")))
-        .withColumn("properties", F.map_concat(user_props, sys_props))
-        .withColumn("flag", F.coalesce(F.col("flag"), F.lit(0)).cast("int"))
+        .withColumn(
+            "queue_id",
+            F.coalesce(F.col("queue_id"), chosen.cast("int")) if "queue_id" in has else chosen.cast("int"),
+        )
+        .withColumn("properties", properties)
+        .withColumn("flag", F.coalesce(F.col("flag"), F.lit(0)).cast("int") if "flag" in has else F.lit(0).cast("int"))
         .withColumn("born_ts", F.lit(now_ms).cast("bigint"))
         .withColumn("store_ts", F.lit(now_ms).cast("bigint"))
         .withColumn("reconsume_times", F.lit(0).cast("int"))

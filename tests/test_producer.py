@@ -192,3 +192,41 @@ def test_queue_choice_by_key_selector_and_round_robin_per_topic(warehouse_with):
     for topic, queues in (("orders", 4), ("refunds", 3)):
         seen = [r.queue_id for r in [*first, *second] if r.topic == topic]
         assert all((b - a) % queues == 1 for a, b in zip(seen, seen[1:], strict=False)), (topic, seen)
+
+
+@pytest.mark.parametrize("transactional", [False, True])
+def test_a_plan_without_the_absent_columns_stores_the_same_rows(orders, transactional):
+    """``send_dataframe`` leaves out the expressions of optional columns its input lacks;
+    the rows and the rule each breaks are those of the plan over every column."""
+    from deltamq.producer import _row_problem, plan_send_dataframe
+
+    spark = orders.engine.spark
+    inputs = [
+        spark.createDataFrame([("orders", b"a"), ("nope", b"b")], "topic string, body binary"),
+        spark.createDataFrame(
+            [
+                ("orders", b"a", {"k": "v", "UNIQ_KEY": "x"}),
+                ("orders", b"b", {"TIMER_DELIVER_MS": "1767225660000"}),
+            ],
+            "topic string, body binary, properties map<string,string>",
+        ),
+        spark.createDataFrame(
+            [("orders", b"a", 3, 2, 9), ("orders", b"b", None, 7, None)],
+            "topic string, body binary, delay_level int, queue_id int, deliver_at_ms long",
+        ),
+    ]
+    p = orders.producer("p")
+    for df in inputs:
+        checked = p._check_dataframe_columns(df.coalesce(1), None)
+        given = frozenset(df.columns)
+        args = dict(queues={"orders": 4}, batch_id=77, now_ms=1_767_225_600_000, producer_group="p",
+                    max_level=18, rr_start=5, transactional=transactional)  # fmt: skip
+        every = plan_send_dataframe(checked, **args).collect()
+        assert plan_send_dataframe(checked, given=given, **args).collect() == every, df.columns
+        rules = [
+            _row_problem({"orders": 4}, args["now_ms"], orders.config, transactional, g)
+            for g in (None, given)
+        ]
+        assert [checked.select(r.alias("p")).collect() for r in rules][0] == checked.select(
+            rules[1].alias("p")
+        ).collect()
