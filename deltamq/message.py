@@ -144,7 +144,8 @@ def _messages_of(table: Any, cls: type[M], more: Mapping[str, Sequence[Any]]) ->
         return table.column(name).to_pylist() if name in names else [None] * n
 
     topics, qids, offsets, ids_ = col("topic"), col("queue_id"), col("queue_offset"), col("msg_id")
-    bodies, tags, keys, props = col("body"), col("tags"), col("keys"), col("properties")
+    bodies, tags, keys = col("body"), col("tags"), col("keys")
+    props = map_dicts(table.column("properties")) if "properties" in names else [{} for _ in range(n)]
     born, stored, reconsumes, suspends = (
         col("born_ts"),
         col("store_ts"),
@@ -155,7 +156,7 @@ def _messages_of(table: Any, cls: type[M], more: Mapping[str, Sequence[Any]]) ->
     extra = list(more.items())
     out: list[M] = []
     for i in range(n):
-        p = dict(props[i] or ())
+        p = props[i]
         topic = topics[i]
         if topic.startswith(RETRY_PREFIX) and p.get(Prop.RETRY_TOPIC):
             topic = p[Prop.RETRY_TOPIC]
@@ -178,6 +179,27 @@ def _messages_of(table: Any, cls: type[M], more: Mapping[str, Sequence[Any]]) ->
         for name, values in extra:
             m.__dict__[name] = values[i]
         out.append(m)
+    return out
+
+
+def map_dicts(column: Any) -> list[dict[Any, Any]]:
+    """A map column (an Arrow array or chunked array) as one dict per row ({} for a null
+    map), from its flattened keys and values sliced by its offsets: half the time of
+    converting each map's entries to tuples (``to_pylist``) and then to a dict."""
+    chunks = column.chunks if hasattr(column, "chunks") else [column]
+    out: list[dict[Any, Any]] = []
+    for arr in chunks:
+        at = arr.offsets.to_numpy().tolist()
+        names, values = arr.keys.to_pylist(), arr.items.to_pylist()
+        valid = arr.is_valid().to_pylist() if arr.null_count else None
+        for i in range(len(arr)):
+            lo, hi = at[i], at[i + 1]
+            if valid is not None and not valid[i]:
+                out.append({})
+            elif hi - lo == 1:  # the usual message: its id alone
+                out.append({names[lo]: values[lo]})
+            else:
+                out.append(dict(zip(names[lo:hi], values[lo:hi], strict=True)))
     return out
 
 

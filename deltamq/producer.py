@@ -579,7 +579,9 @@ def plan_send_dataframe(
             F.coalesce(F.col("queue_id"), chosen.cast("int")) if "queue_id" in has else chosen.cast("int"),
         )
         .withColumn("properties", properties)
-        .withColumn("flag", F.coalesce(F.col("flag"), F.lit(0)).cast("int") if "flag" in has else F.lit(0).cast("int"))
+        .withColumn(
+            "flag", F.coalesce(F.col("flag"), F.lit(0)).cast("int") if "flag" in has else F.lit(0).cast("int")
+        )
         .withColumn("born_ts", F.lit(now_ms).cast("bigint"))
         .withColumn("store_ts", F.lit(now_ms).cast("bigint"))
         .withColumn("reconsume_times", F.lit(0).cast("int"))

@@ -101,3 +101,19 @@ def test_summarise_agrees_with_the_engine(broker):
     for group in ("g1", "g2"):
         mine = [r for r in rows if r[0] == group]
         assert deliveries._summary_by_engine(wh, group, None) == summarise(log_table(mine)), group
+
+
+@pytest.mark.unit
+def test_map_dicts_reads_every_kind_of_map_row():
+    """A map column as dicts (``message.map_dicts``): nulls, empty maps, one entry, several,
+    sliced arrays and several chunks, as ``to_pylist`` would give them."""
+    import pyarrow as pa
+
+    from deltamq.message import map_dicts
+
+    arr = pa.array(
+        [[("a", "1")], None, [], [("b", "2"), ("c", "3")], [("d", None)]], pa.map_(pa.string(), pa.string())
+    )
+    column = pa.chunked_array([arr, arr.slice(1, 3), arr.slice(0, 0), arr.slice(3)])
+    assert map_dicts(column) == [dict(x or ()) for x in column.to_pylist()]
+    assert map_dicts(arr.slice(2)) == [{}, {"b": "2", "c": "3"}, {"d": None}]
