@@ -289,36 +289,40 @@ class BlindAppender:
     def _append_at(
         self, version: int, txn: str, entry: bytes, state: _State, adds: list[dict[str, Any]]
     ) -> int:
-        """``entry`` committed at exactly ``version``, or :class:`VersionTaken` (its data
-        files ``adds`` deleted again, best effort: no commit points at them)."""
+        """``entry`` committed at exactly ``version``, or :class:`VersionTaken`. Only when
+        another writer's entry is read there are this commit's data files ``adds``
+        deleted again (best effort: no commit points at them); when it is not known
+        whether its own entry landed (a create refused with nothing readable, or an
+        entry withdrawn that a checkpoint may already hold), they stay for vacuum."""
         path = self._log_entry(version)
-        try:
-            for _ in range(5):
-                if self.storage.put_if_absent(path, entry):
-                    if version and not self.storage.exists(self._log_entry(version - 1)):
-                        # the entry before is gone: log cleanup removed it below a newer
-                        # checkpoint, which every reader starts from, so this one would
-                        # never be read. Withdrawn; the caller reads the table again
-                        self.storage.delete(path)
-                        raise VersionTaken(f"{self.uri}: version {version - 1} was cleaned up")
-                    break
-                winner = self.storage.read_bytes(path)
-                if winner is None:
-                    time.sleep(0.01)  # refused, yet nothing there: a create racing another request
-                    continue
-                if _txn_of(winner) == txn:
-                    break  # this append's own entry: the write landed, its answer was lost
-                raise VersionTaken(f"{self.uri}: version {version} was committed by another writer")
-            else:
-                raise VersionTaken(f"{self.uri}: version {version} could not be created")
-        except VersionTaken:
-            for add in adds:
-                try:
-                    self.storage.delete(f"{self.uri}/{unquote(add['path'])}")
-                except Exception:  # noqa: BLE001 - an orphan file is vacuum's to remove
-                    log.debug("could not delete %s after a refused commit", add["path"])
-            raise
+        for _ in range(5):
+            if self.storage.put_if_absent(path, entry):
+                if version and not self.storage.exists(self._log_entry(version - 1)):
+                    # the entry before is gone: log cleanup removed it below a newer
+                    # checkpoint, which every reader starts from, so this one would
+                    # never be read. Withdrawn; the caller reads the table again
+                    self.storage.delete(path)
+                    raise VersionTaken(f"{self.uri}: version {version - 1} was cleaned up")
+                break
+            winner = self.storage.read_bytes(path)
+            if winner is None:
+                time.sleep(0.01)  # refused, yet nothing there: a create racing another request
+                continue
+            if _txn_of(winner) == txn:
+                break  # this append's own entry: the write landed, its answer was lost
+            self._discard(adds)
+            raise VersionTaken(f"{self.uri}: version {version} was committed by another writer")
+        else:
+            raise VersionTaken(f"{self.uri}: version {version} could not be created")
         return self._committed(version, state)
+
+    def _discard(self, adds: list[dict[str, Any]]) -> None:
+        """The data files of a commit another writer's entry took the place of."""
+        for add in adds:
+            try:
+                self.storage.delete(f"{self.uri}/{unquote(add['path'])}")
+            except Exception:  # noqa: BLE001 - an orphan file is vacuum's to remove
+                log.debug("could not delete %s after a refused commit", add["path"])
 
     def _log_entry(self, version: int) -> str:
         return f"{self.uri}/_delta_log/{version:020d}.json"

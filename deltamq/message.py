@@ -189,8 +189,12 @@ def map_dicts(column: Any) -> list[dict[Any, Any]]:
     chunks = column.chunks if hasattr(column, "chunks") else [column]
     out: list[dict[Any, Any]] = []
     for arr in chunks:
-        at = arr.offsets.to_numpy().tolist()
-        names, values = arr.keys.to_pylist(), arr.items.to_pylist()
+        at = arr.offsets.to_numpy().tolist()  # absolute: into the whole child arrays
+        first = at[0] if at else 0
+        span = (at[-1] - first) if at else 0
+        names = arr.keys.slice(first, span).to_pylist()  # a slice's entries only
+        values = arr.items.slice(first, span).to_pylist()
+        at = [a - first for a in at]
         valid = arr.is_valid().to_pylist() if arr.null_count else None
         for i in range(len(arr)):
             lo, hi = at[i], at[i + 1]

@@ -631,9 +631,9 @@ def retry_commits(
                 if error is e:
                     raise
                 raise error from e
-            # a tenth of the back-off, doubling: quick while few writers race, patient
-            # (about the plain back-off's total) when many do
-            time.sleep(policy.backoff_ms / 10_000.0 * 2**n * (1 + random.random()))
+            # a tenth of the back-off, doubling up to twice the back-off: quick while few
+            # writers race, patient (about the plain back-off's total) when many do
+            time.sleep(policy.backoff_ms / 10_000.0 * min(2**n, 20) * (1 + random.random()))
         except Exception as e:
             again = type(e).__name__ == "CommitFailedError" or is_transient(e)
             if not again or n == policy.retries:
