@@ -12,7 +12,7 @@ Example:
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -499,6 +499,49 @@ def _is_string_map(dtype: T.DataType) -> bool:
     )
 
 
+def _stored_properties(
+    has: Iterable[str], max_level: int, producer_group: str, transactional: bool
+) -> Column:
+    """A stored row's properties: the user's (without the ones deltamq sets), the id, the
+    delay level (clamped), the timer and a half message's transaction properties, each
+    only when a column the input ``has`` can give it."""
+    has = set(has)
+    empty = F.create_map().cast("map<string,string>")
+    parts = [F.create_map(F.lit(Prop.UNIQ_KEY), F.col("msg_id"))]
+    if "delay_level" in has:
+        level = F.least(F.col("delay_level"), F.lit(max_level))
+        parts.append(
+            F.when(F.col("delay_level") > 0, F.create_map(F.lit(Prop.DELAY), level.cast("string"))).otherwise(
+                empty
+            )
+        )
+    if "properties" in has or "deliver_at_ms" in has:
+        parts.append(
+            F.when(
+                F.col("timer_ms").isNotNull(),
+                F.create_map(F.lit(Prop.TIMER_DELIVER_MS), F.col("timer_ms").cast("string")),
+            ).otherwise(empty)
+        )
+    if transactional:
+        parts.append(
+            F.create_map(
+                F.lit(Prop.TRAN_MSG),
+                F.lit("true"),
+                F.lit(Prop.PGROUP),
+                F.lit(producer_group),
+                F.lit(Prop.TRAN_ID),
+                F.col("msg_id"),
+            )
+        )
+    if "properties" in has:
+        user_props = F.map_filter(
+            F.coalesce(F.col("properties"), empty),
+            lambda k, v: ~k.isin(Prop.UNIQ_KEY, Prop.DELAY, Prop.TIMER_DELIVER_MS),
+        )
+        parts.insert(0, user_props)
+    return parts[0] if len(parts) == 1 else F.map_concat(*parts)
+
+
 def plan_send_dataframe(
     df: DataFrame,
     *,
@@ -533,42 +576,8 @@ def plan_send_dataframe(
         chosen: Column = F.pmod(F.crc32(F.col(queue_key).cast("string").cast("binary")), nq)
     else:
         chosen = F.pmod(F.col("batch_pos") + F.lit(rr_start), nq)
-    empty = F.create_map().cast("map<string,string>")
-    parts = [F.create_map(F.lit(Prop.UNIQ_KEY), F.col("msg_id"))]
-    if "delay_level" in has:
-        level = F.least(F.col("delay_level"), F.lit(max_level))
-        parts.append(
-            F.when(F.col("delay_level") > 0, F.create_map(F.lit(Prop.DELAY), level.cast("string"))).otherwise(
-                empty
-            )
-        )
-    timed = "properties" in has or "deliver_at_ms" in has
-    if timed:
-        parts.append(
-            F.when(
-                F.col("timer_ms").isNotNull(),
-                F.create_map(F.lit(Prop.TIMER_DELIVER_MS), F.col("timer_ms").cast("string")),
-            ).otherwise(empty)
-        )
-    if transactional:
-        parts.append(
-            F.create_map(
-                F.lit(Prop.TRAN_MSG),
-                F.lit("true"),
-                F.lit(Prop.PGROUP),
-                F.lit(producer_group),
-                F.lit(Prop.TRAN_ID),
-                F.col("msg_id"),
-            )
-        )
-    if "properties" in has:
-        user_props = F.map_filter(
-            F.coalesce(F.col("properties"), empty),
-            lambda k, v: ~k.isin(Prop.UNIQ_KEY, Prop.DELAY, Prop.TIMER_DELIVER_MS),
-        )
-        parts.insert(0, user_props)
-    properties = parts[0] if len(parts) == 1 else F.map_concat(*parts)
-    if timed:
+    properties = _stored_properties(has, max_level, producer_group, transactional)
+    if "properties" in has or "deliver_at_ms" in has:
         df = df.withColumn("timer_ms", _timer_col())
     out = (
         df.withColumn("batch_pos", pos)
