@@ -178,10 +178,7 @@ class BlindAppender:
         metadata is read again first when a commit since the last one known changed it."""
         state = self._current() if at is None else self._known_at(at - 1)
         txn = str(uuid.uuid4())
-        adds = [
-            self._write_file(state, rows.filter(mask) if mask is not None else rows, values)
-            for values, mask in _partitions(rows, state.partition_by)
-        ]
+        adds = self._write_files(state, rows)
         entry = self._entry(txn, adds, state, None if at is None else at - 1)
         if at is not None:
             return self._append_at(at, txn, entry, state, adds)
@@ -236,10 +233,7 @@ class BlindAppender:
         if state.append_only and removed:
             raise Unsupported(f"{self.uri} is append-only (delta.appendOnly): its files cannot be replaced")
         txn = str(uuid.uuid4())
-        adds = [
-            self._write_file(state, rows.filter(mask) if mask is not None else rows, values)
-            for values, mask in (_partitions(rows, state.partition_by) if rows.num_rows else [])
-        ]
+        adds = self._write_files(state, rows) if rows.num_rows else []
         now = int(time.time() * 1000)
         removes = [
             {
@@ -335,6 +329,13 @@ class BlindAppender:
         if fresh.schema != state.schema or fresh.partition_by != state.partition_by:
             raise Unsupported(f"{self.uri} changed its schema or partitioning at version {version}")
         return fresh.version
+
+    def _write_files(self, state: _State, rows: pa.Table) -> list[dict[str, Any]]:
+        """``rows`` written as one new file per partition value; their ``add`` actions."""
+        return [
+            self._write_file(state, rows.filter(mask) if mask is not None else rows, values)
+            for values, mask in _partitions(rows, state.partition_by)
+        ]
 
     def _write_file(self, state: _State, part: pa.Table, values: dict[str, str | None]) -> dict[str, Any]:
         data = part.select(state.schema.names).cast(state.schema)

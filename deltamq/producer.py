@@ -12,7 +12,7 @@ Example:
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -449,7 +449,7 @@ def _row_problem(
     null. The same rules as ``_validate_dataframe``, as one expression; the rules about
     optional columns the input did not ``given`` (None: every column) are left out, as
     they cannot be broken (those columns are null)."""
-    has = _DF_OPTIONAL.keys() if given is None else given
+    has = _present(given)
     nq = F.element_at(_queue_map(queues), F.col("topic"))
     problem = F.when(
         F.col("topic").isNull() | nq.isNull(), F.lit("topic is missing, unknown or not writable")
@@ -479,6 +479,11 @@ def _row_problem(
     return problem
 
 
+def _present(given: frozenset[str] | None) -> frozenset[str]:
+    """The optional columns a send_dataframe input has (None: every one)."""
+    return frozenset(_DF_OPTIONAL) if given is None else given
+
+
 def _queue_map(queues: dict[str, int]) -> Column:
     """``topic -> number of queues`` as a map literal, typed even when no topic is
     writable (an untyped empty map cannot be looked up by a string)."""
@@ -500,12 +505,11 @@ def _is_string_map(dtype: T.DataType) -> bool:
 
 
 def _stored_properties(
-    has: Iterable[str], max_level: int, producer_group: str, transactional: bool
+    has: frozenset[str], max_level: int, producer_group: str, transactional: bool
 ) -> Column:
     """A stored row's properties: the user's (without the ones deltamq sets), the id, the
     delay level (clamped), the timer and a half message's transaction properties, each
     only when a column the input ``has`` can give it."""
-    has = set(has)
     empty = F.create_map().cast("map<string,string>")
     parts = [F.create_map(F.lit(Prop.UNIQ_KEY), F.col("msg_id"))]
     if "delay_level" in has:
@@ -561,7 +565,7 @@ def plan_send_dataframe(
     columns the user's input had (None: all); the others are null, and the expressions
     they feed are left out (a DataFrame of topics and bodies gets its properties map
     from the id alone, with no map filtered or concatenated per row)."""
-    has = _DF_OPTIONAL.keys() if given is None else given
+    has = _present(given)
     # Positions must be unique within the batch, from one evaluation of the plan (no
     # shuffle): monotonically_increasing_id is (partition << 33) + row; packed as
     # (partition << 22) | row when that fits 32 bits (24-digit ids), else kept whole with

@@ -220,6 +220,7 @@ class FileStore:
         the commit when another writer changed the files it read)."""
         items = sorted(wanted.items())
         olds = [old for _, (old, _) in items]
+        news = [_lock_values(new) for _, (_, new) in items]
         source = pa.table(
             {
                 "consumer_group": [group] * len(items),
@@ -227,10 +228,7 @@ class FileStore:
                 "queue_id": pa.array([q for (_, q), _ in items], pa.int32()),
                 "exp_owner": pa.array([o.owner if o else None for o in olds], pa.string()),
                 "exp_access": pa.array([o.last_access_ts if o else None for o in olds], pa.int64()),
-                **{
-                    c: pa.array([_lock_values(new)[c] for _, (_, new) in items], _LOCK_TYPES[c])
-                    for c in LOCK_COLUMNS[2:]
-                },
+                **{c: pa.array([values[c] for values in news], _LOCK_TYPES[c]) for c in LOCK_COLUMNS[2:]},
             }
         )
         merge = self._merge("queue_lock", source, _SAME_QUEUE)
