@@ -68,8 +68,11 @@ def held_tick_cost(root: Path, held: int) -> dict:
     return {"held": held, "idle_tick_s": times, "median_s": statistics.median(times)}
 
 
-def _percentiles(values: list[float]) -> tuple[int, int, int]:
+def _percentiles(values: list[float]) -> tuple[int | None, int | None, int | None]:
+    """p50, p99 and max (None for no values: nothing reached the listener in the run)."""
     v = sorted(values)
+    if not v:
+        return None, None, None
     return round(v[len(v) // 2]), round(v[int(len(v) * 0.99)]), round(v[-1])
 
 
@@ -117,7 +120,7 @@ def lateness(
     )
     env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_MODE_ENABLED"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH", "")) if p)
-    env[bench_listeners.DUE_LOG_ENV] = str(log)
+    env[bench_listeners.DUE_LOG_ENV] = str(log)  # (a Spark server's workers: set when it started)
     loop = subprocess.run(
         [
             sys.executable,
@@ -156,9 +159,10 @@ def lateness(
     visible = []
     j = 0
     for d in (start + (i * spread_ms) // n for i in range(n)):  # the first tick whose now reached d
-        while ordered[j]["now"] < d:
+        while j < len(ordered) and ordered[j]["now"] < d:
             j += 1
-        visible.append(ordered[j]["visible"] - d)
+        if j < len(ordered):
+            visible.append(ordered[j]["visible"] - d)
     tick_s = [(t["visible"] - t["now"]) / 1000 for t in ordered if t["promoted"]]
     if not keep:
         shutil.rmtree(wh, ignore_errors=True)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -136,6 +137,41 @@ def test_a_long_tick_renews_its_lease_between_jobs(broker):
     assert fenced == [1_000_700, 1_001_400, 1_002_100]
     lease = broker.sql("SELECT holder, epoch, expires_at FROM leases WHERE job = 'dispatch'").collect()[0]
     assert (lease["holder"], lease["epoch"], lease["expires_at"]) == ("long", 1, 1_002_400)
+
+
+def test_leases_falling_due_together_are_renewed_in_one_commit(broker):
+    """A slow first job leaves every lease of the tick past half its time: the next job's
+    renewal renews them all in one commit, not one commit per job."""
+    from deltamq.orchestration.tick import TickRunner
+
+    wall = [1_000_000]
+    fenced = []
+
+    def slow(_broker, _now, fence, _runs):
+        wall[0] += 600
+        fence()
+
+    def fast(_broker, _now, fence, _runs):
+        fence()
+        fenced.append(wall[0])
+
+    seq = (("a", "dispatch", slow), ("b", "deliver", fast), ("c", "promote", fast), ("d", "retain", fast))
+    broker.reconfigure(lease_ttl_ms=1000)
+    runner = TickRunner(broker.context, holder="long", sequence=seq)
+    runner.leases = Leases(broker.warehouse, holder="long", wall=lambda: wall[0], mono=lambda: wall[0])
+    log = Path(broker.warehouse.uri("leases")) / "_delta_log"
+
+    def commits() -> int:
+        return len(list(log.glob("*.json")))
+
+    before = commits()
+    runner.tick(1)
+    assert fenced == [1_000_600] * 3
+    assert commits() - before == 2  # the tick's start, then one renewal of all four
+    rows = broker.sql("SELECT job, holder, expires_at FROM leases ORDER BY job").collect()
+    assert {(r["job"], r["holder"], r["expires_at"]) for r in rows} >= {
+        (job, "long", 1_001_600) for job in ("dispatch", "deliver", "promote", "retain")
+    }
 
 
 @pytest.mark.parametrize("skew", [999, 400, -999], ids=["ahead", "a-little-ahead", "behind"])
