@@ -181,6 +181,7 @@ def lateness(
         "visible_ms_p50": v50,
         "visible_ms_p99": v99,
         "visible_ms_max": vmax,
+        "visible_missing": n - len(visible),  # due after the run's last tick: not in visible_*
         "busy_tick_s_median": round(statistics.median(tick_s), 3) if tick_s else None,
     }
 

@@ -155,10 +155,18 @@ def measure(
         for i in range(clients)
     ]
     reports = []
-    for p in procs:
-        out, err = p.communicate(timeout=3600)
-        assert p.returncode == 0, err[-3000:]
-        reports.append(json.loads(out.strip().splitlines()[-1]))
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=3600)
+            assert p.returncode == 0, err[-3000:]
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+    finally:  # one client failed: the others do not run on into the next measurement
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if len(reports) < len(procs):
+            shutil.rmtree(wh, ignore_errors=True)
     total = sum(r["messages"] for r in reports)
     start = min(r["first"] for r in reports)
     end = max(r["last"] for r in reports)

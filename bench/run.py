@@ -428,7 +428,11 @@ def _table(result: dict) -> str:
             )
         )
     lt = result.get("lateness")
-    if lt:
+    if lt and lt["wake_at_due"]["lateness_ms_p99"] is None:
+        rows.append(
+            ("timer lateness at the listener", "none reached the listener in the run", "p99 ≤ 0.6 s", "")
+        )
+    elif lt:
         w, o = lt["wake_at_due"], lt["interval_only"]
         rows += [
             (
@@ -706,24 +710,34 @@ def spark_run(root: Path, n: int, lateness: bool, sustained_s: float) -> None:
     """``--engine spark``: every row of the suite at ``n`` messages, first on the embedded
     Sail server, then on Apache Spark's Connect server (local[2]); both side by side in
     bench/README.md."""
+    import bench_listeners
+
+    from deltamq.engine import Engine
+
     root.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     result: dict = {"bench": "run --engine spark", "at": datetime.now(UTC).isoformat(),
                     "file": f"run-spark-{stamp}.json", "args": " ".join(sys.argv[1:])}  # fmt: skip
-    result["sail"] = engine_rows(root / "sail", n, "sail", lateness, sustained_s)
-    import bench_listeners
-
-    # the lateness listener runs in the server's Python workers, which have the server's
-    # environment: where it writes must be set before the server starts
-    os.environ[bench_listeners.DUE_LOG_ENV] = str(root / "spark" / "lateness-listener.log")
-    server = _start_spark_server(root)
+    for name in ("DELTAMQ_ENGINE", "DELTAMQ_REMOTE", "DELTAMQ_SPARK_REMOTE"):  # each half picks its own
+        os.environ.pop(name, None)
+    saved = HERE / "results" / result["file"]
     try:
-        result["spark"] = engine_rows(root / "spark", n, "spark", lateness, sustained_s)
+        result["sail"] = engine_rows(root / "sail", n, "sail", lateness, sustained_s)
+        saved.write_text(json.dumps(result, indent=2) + "\n")  # kept if the Spark half fails
+        Engine.shutdown_embedded()  # its memory is not Apache Spark's to share
+        # the lateness listener runs in the server's Python workers, which have the
+        # server's environment: where it writes must be set before the server starts
+        os.environ[bench_listeners.DUE_LOG_ENV] = str(root / "spark" / "lateness-listener.log")
+        server = _start_spark_server(root)
+        try:
+            result["spark"] = engine_rows(root / "spark", n, "spark", lateness, sustained_s)
+        finally:
+            server.terminate()
+            server.wait()
+            os.environ.pop("DELTAMQ_SPARK_REMOTE", None)
+            os.environ.pop(bench_listeners.DUE_LOG_ENV, None)
     finally:
-        server.terminate()
-        server.wait()
-        os.environ.pop("DELTAMQ_SPARK_REMOTE", None)
-    (HERE / "results" / result["file"]).write_text(json.dumps(result, indent=2) + "\n")
+        saved.write_text(json.dumps(result, indent=2) + "\n")
     block = f"{SPARK_BEGIN}\n`python bench/run.py {result['args']}` — {result['at'][:10]}, " \
         f"`results/{result['file']}`\n\n" + "\n".join(_spark_table(result)) + f"\n{SPARK_END}"  # fmt: skip
     readme = HERE / "README.md"
@@ -757,8 +771,10 @@ def _spark_table(result: dict) -> list[str]:
 
     def sustained(r: dict) -> str:
         s = r["sustained"]
-        return (f"{s['consumed_msgs_per_s_in_window']:,} consumed/s, {s['produced_msgs_per_s']:,} produced/s "
-                f"({' + '.join(s['kinds'])}), drained in {s['drain_s']} s")  # fmt: skip
+        return (f"{s['consumed_msgs_per_s_in_window']:,}/s consumed by ticks ending in the window "
+                f"({s['end_to_end_msgs_per_s']:,}/s sent to drained), "
+                f"{s['produced_msgs_per_s']:,} produced/s ({' + '.join(s['kinds'])}), "
+                f"drained in {s['drain_s']} s")  # fmt: skip
 
     def pull(kind: str, clients: int):
         def cell(r: dict) -> str:

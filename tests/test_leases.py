@@ -169,9 +169,55 @@ def test_leases_falling_due_together_are_renewed_in_one_commit(broker):
     assert fenced == [1_000_600] * 3
     assert commits() - before == 2  # the tick's start, then one renewal of all four
     rows = broker.sql("SELECT job, holder, expires_at FROM leases ORDER BY job").collect()
-    assert {(r["job"], r["holder"], r["expires_at"]) for r in rows} >= {
+    assert {(r["job"], r["holder"], r["expires_at"]) for r in rows} == {
         (job, "long", 1_001_600) for job in ("dispatch", "deliver", "promote", "retain")
     }
+
+
+def test_a_lease_lost_meanwhile_does_not_stop_the_renewal_of_the_jobs_own(broker):
+    """The renewal before a job takes the holder's other due leases along; one of them
+    another runner took over meanwhile: the job's own lease is renewed all the same, the
+    other's row is left as the taker wrote it, and that job is fenced at its own check."""
+    t = [0]
+    terms = LeaseTerms(1000, TERMS.commits)
+    a = Leases(broker.warehouse, holder="a", wall=lambda: 5_000_000 + t[0], mono=lambda: t[0])
+    b = Leases(broker.warehouse, holder="b", wall=lambda: 5_000_000 + t[0], mono=lambda: t[0])
+    a.acquire(["dispatch", "promote"], terms)
+    t[0] = 2_100  # a was paused past two TTLs: b takes promote over
+    assert b.acquire(["promote"], terms)["promote"].holder == "b"
+    a.renew_due(["dispatch"], terms)  # promote was due too, and is b's now
+    rows = {r["job"]: r for r in broker.sql("SELECT job, holder, expires_at FROM leases").collect()}
+    assert (rows["dispatch"]["holder"], rows["dispatch"]["expires_at"]) == ("a", 5_000_000 + 2_100 + 1000)
+    assert (rows["promote"]["holder"], rows["promote"]["expires_at"]) == ("b", 5_000_000 + 2_100 + 1000)
+    a.check(["dispatch"])
+    with pytest.raises(LeaseLost):
+        a.check(["promote"])
+
+
+def test_a_renewal_that_loses_one_row_to_a_racing_taker_records_the_rows_it_won(broker):
+    """Between the renewal's read and its compare-and-set another runner takes one of the
+    leases taken along: the rows whose compare-and-set held are renewed and recorded as
+    held (at the epoch written), so their jobs' checks pass; the lost one's fails."""
+    t = [0]
+    terms = LeaseTerms(1000, TERMS.commits)
+    a = Leases(broker.warehouse, holder="a", wall=lambda: 5_000_000 + t[0], mono=lambda: t[0])
+    b = Leases(broker.warehouse, holder="b", wall=lambda: 5_000_000 + t[0], mono=lambda: t[0])
+    a.acquire(["dispatch", "promote", "retain"], terms)
+    t[0] = 2_100  # every lease of a lapsed: its renewal writes each at a new epoch
+    cas = a._cas
+
+    def raced(*args, **kwargs):
+        if b.held.get("retain") is None:
+            b.acquire(["retain"], terms)  # lands between a's read and a's compare-and-set
+        return cas(*args, **kwargs)
+
+    a._cas = raced
+    a.renew_due(["dispatch"], terms)
+    a.check(["dispatch"])
+    a.check(["promote"])  # renewed along, at its new epoch
+    with pytest.raises(LeaseLost):
+        a.check(["retain"])
+    assert broker.sql("SELECT holder FROM leases WHERE job = 'retain'").collect()[0][0] == "b"
 
 
 @pytest.mark.parametrize("skew", [999, 400, -999], ids=["ahead", "a-little-ahead", "behind"])

@@ -173,7 +173,9 @@ class Leases:
     ) -> dict[str, Lease]:
         """Take (or renew) the leases of ``jobs`` for ``terms.ttl_ms``, all or none.
 
-        Raises LeaseHeld naming the holder if another live holder has any of them.
+        Raises LeaseHeld naming the holder if another live holder has any of them (then
+        nothing is written), or if another took one between the read and the commit (each
+        row's compare-and-set holds alone: those that held are kept and recorded as held).
         Commits only when a lease is new, expired, or past half its time.
         """
         jobs = list(dict.fromkeys(jobs))
@@ -210,13 +212,16 @@ class Leases:
             if changes:
                 self._cas(changes, now, terms.ttl_ms)
                 current = self._read(jobs)
-                for job, _cur, epoch, _ in changes:
+                lost = []
+                for job, _cur, epoch, _ in changes:  # a row's compare-and-set holds or not alone
                     got = current.get(job)
                     if got is None or got.holder != self.holder or got.epoch != epoch:
-                        raise LeaseHeld(
-                            f"job {job!r} was taken by {got.holder if got else '?'} while acquiring"
-                        )
+                        lost.append(f"job {job!r} was taken by {got.holder if got else '?'} while acquiring")
+                        continue
                     self.valid_until[job] = started + terms.ttl_ms
+                    self.held[job] = got  # what it holds now, even when another row was lost
+                if lost:
+                    raise LeaseHeld(lost[0])
             self.held.update({j: current[j] for j in jobs})
             return {j: current[j] for j in jobs}
 
@@ -265,7 +270,8 @@ class Leases:
         job on a lease that expires under it. The other leases this holder has that are
         due too are renewed in the same commit (leases taken together fall due together:
         one compare-and-set each cost a tick on Apache Spark ~0.8 s per job); if one of
-        them is no longer ours, ``jobs`` are renewed alone and its own job finds out."""
+        them is no longer ours, ``jobs`` are renewed again on their own and that job finds
+        out at its own step."""
         if not self.renewal_due(jobs, terms):
             return
         others = [j for j in self.held if j not in jobs and self.renewal_due([j], terms)]
