@@ -575,19 +575,23 @@ def main() -> None:
         result["s3_emulator"] = "moto_server on 127.0.0.1"
         emulator.terminate()
     (HERE / "results" / result["file"]).write_text(json.dumps(result, indent=2) + "\n")
+    begin, end = (S3_BEGIN, S3_END) if WAREHOUSE_ROOT else (BEGIN, END)
+    heading = "On object storage — `run.py --warehouse s3://…`" if WAREHOUSE_ROOT else "The suite — `run.py`"
+    _write_block(begin, end, heading, _table(result))
+    print(json.dumps(result, indent=2))
+
+
+def _write_block(begin: str, end: str, heading: str, body: str) -> None:
+    """``body`` between the ``begin`` and ``end`` markers of bench/README.md, in place of
+    what was there; the first time, in a section of its own (``heading``) before the first."""
     readme = HERE / "README.md"
     text = readme.read_text()
-    begin, end = (S3_BEGIN, S3_END) if WAREHOUSE_ROOT else (BEGIN, END)
-    block = f"{begin}\n{_table(result)}\n{end}"
+    block = f"{begin}\n{body}\n{end}"
     if begin in text:
         text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
     else:
-        heading = "The suite — `run.py`"
-        if WAREHOUSE_ROOT:
-            heading = "On object storage — `run.py --warehouse s3://…`"
         text = text.replace("\n## ", f"\n## {heading}\n\n{block}\n\n## ", 1)
     readme.write_text(text)
-    print(json.dumps(result, indent=2))
 
 
 def _start_spark_server(root: Path) -> subprocess.Popen:
@@ -738,15 +742,13 @@ def spark_run(root: Path, n: int, lateness: bool, sustained_s: float) -> None:
             os.environ.pop(bench_listeners.DUE_LOG_ENV, None)
     finally:
         saved.write_text(json.dumps(result, indent=2) + "\n")
-    block = f"{SPARK_BEGIN}\n`python bench/run.py {result['args']}` — {result['at'][:10]}, " \
-        f"`results/{result['file']}`\n\n" + "\n".join(_spark_table(result)) + f"\n{SPARK_END}"  # fmt: skip
-    readme = HERE / "README.md"
-    text = readme.read_text()
-    if SPARK_BEGIN in text:
-        text = text[: text.index(SPARK_BEGIN)] + block + text[text.index(SPARK_END) + len(SPARK_END) :]
-    else:
-        text = text.replace("\n## ", f"\n## On Apache Spark — `run.py --engine spark`\n\n{block}\n\n## ", 1)
-    readme.write_text(text)
+    body = f"`python bench/run.py {result['args']}` — {result['at'][:10]}, `results/{result['file']}`\n\n"
+    _write_block(
+        SPARK_BEGIN,
+        SPARK_END,
+        "On Apache Spark — `run.py --engine spark`",
+        body + "\n".join(_spark_table(result)),
+    )
     print(json.dumps(result, indent=2))
 
 

@@ -28,6 +28,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -171,7 +172,7 @@ class Leases:
     def acquire(
         self, jobs: Sequence[str], terms: LeaseTerms, *, last_now: int | None = None
     ) -> dict[str, Lease]:
-        """Take (or renew) the leases of ``jobs`` for ``terms.ttl_ms``, all or none.
+        """Take (or renew) the leases of ``jobs`` for ``terms.ttl_ms``.
 
         Raises LeaseHeld naming the holder if another live holder has any of them (then
         nothing is written), or if another took one between the read and the commit (each
@@ -275,13 +276,11 @@ class Leases:
         if not self.renewal_due(jobs, terms):
             return
         others = [j for j in self.held if j not in jobs and self.renewal_due([j], terms)]
+        if others:
+            with suppress(LeaseHeld):  # one of them is not ours: renewed on their own below
+                self.acquire([*jobs, *others], terms)
+                return
         try:
-            if others:
-                try:
-                    self.acquire([*jobs, *others], terms)
-                    return
-                except LeaseHeld:
-                    pass
             self.acquire(jobs, terms)
         except LeaseHeld as e:  # taken over while this tick ran: fenced, as check() would
             raise LeaseLost(f"{e}; this runner ({self.holder}) stops writing") from e
