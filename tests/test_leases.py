@@ -220,6 +220,45 @@ def test_a_renewal_that_loses_one_row_to_a_racing_taker_records_the_rows_it_won(
     assert broker.sql("SELECT holder FROM leases WHERE job = 'retain'").collect()[0][0] == "b"
 
 
+def test_a_renewal_at_the_same_epoch_racing_a_takeover_leaves_one_holder(broker):
+    """a reads its row just before the row's expiry, so it renews at the same epoch; b,
+    which has watched the row unchanged for a TTL, reads it just after and takes it over.
+    a's renewal lands between b's read and b's compare-and-set. The row b saw lapse is not
+    the row a renewed: b's takeover must miss (before, it matched on holder and epoch, and
+    b took over a lease that a had just renewed for a whole TTL)."""
+    t = [0]
+    terms = LeaseTerms(1000, TERMS.commits)
+    a = Leases(broker.warehouse, holder="a", wall=lambda: 5_000_000 + t[0], mono=lambda: t[0])
+    b = Leases(broker.warehouse, holder="b", wall=lambda: 5_000_000 + t[0], mono=lambda: t[0])
+    a.acquire(["retain"], terms)
+    with pytest.raises(LeaseHeld):
+        b.acquire(["retain"], terms)  # b starts watching the row
+    a_cas, b_cas = a._cas, b._cas
+    outcome: list[str] = []
+
+    def a_commits_late(*a_args):
+        t[0] = 1_000  # b reads now: unchanged for a TTL, lapsed
+
+        def a_lands_first(*b_args):
+            a_cas(*a_args)
+            b_cas(*b_args)
+
+        b._cas = a_lands_first
+        try:
+            b.acquire(["retain"], terms)
+            outcome.append("b took it")
+        except LeaseHeld as e:
+            outcome.append(str(e))
+
+    a._cas = a_commits_late
+    t[0] = 999  # a reads: by the row's expiry still its own, half its time gone
+    a.renew_due(["retain"], terms)
+    assert outcome == ["job 'retain' was renewed by its holder a while acquiring"]
+    a.check(["retain"])
+    row = broker.sql("SELECT holder, epoch, expires_at FROM leases WHERE job = 'retain'").collect()[0]
+    assert (row["holder"], row["epoch"], row["expires_at"]) == ("a", 1, 5_000_000 + 999 + 1000)
+
+
 @pytest.mark.parametrize("skew", [999, 400, -999], ids=["ahead", "a-little-ahead", "behind"])
 def test_skewed_clocks_never_let_two_holders_act(broker, skew):
     """Two runners whose wall clocks differ by up to the TTL (1 s here), on clocks that run

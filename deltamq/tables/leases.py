@@ -2,7 +2,9 @@
 
 A lease row per job kind (``leases`` table) names its holder, an epoch that grows at
 every change of holder, and a wall-clock expiry. Taking a lease is a compare-and-set
-``MERGE`` (matched only while the row still has the holder and epoch that were read),
+``MERGE`` (matched only while the row still has the holder, epoch and expiry that were
+read: a renewal keeps the epoch, so the expiry is what tells a renewed row from the one a
+taker saw lapse),
 verified by reading the row back: of two processes racing, exactly one sees itself.
 A holder renews only when less than half its time is left, so an idle tick commits
 nothing here. Leases use real clocks, never the broker's (possibly fake) clock.
@@ -214,10 +216,11 @@ class Leases:
                 self._cas(changes, now, terms.ttl_ms)
                 current = self._read(jobs)
                 lost = []
-                for job, _cur, epoch, _ in changes:  # a row's compare-and-set holds or not alone
+                for job, cur, epoch, _ in changes:  # a row's compare-and-set holds or not alone
                     got = current.get(job)
                     if got is None or got.holder != self.holder or got.epoch != epoch:
-                        lost.append(f"job {job!r} was taken by {got.holder if got else '?'} while acquiring")
+                        how = "renewed by its holder" if got and cur and got.holder == cur.holder else "taken by"
+                        lost.append(f"job {job!r} was {how} {got.holder if got else '?'} while acquiring")
                         continue
                     self.valid_until[job] = started + terms.ttl_ms
                     self.held[job] = got  # what it holds now, even when another row was lost
@@ -246,12 +249,14 @@ class Leases:
                 f"{sql_long(keep_now if keep_now >= 0 else None)} AS last_now, "
                 f"{sql_long(ttl_ms)} AS ttl_ms, "
                 f"{sql_str(cur.holder if cur else None)} AS old_holder, "
-                f"{sql_long(cur.epoch if cur else None)} AS old_epoch"
+                f"{sql_long(cur.epoch if cur else None)} AS old_epoch, "
+                f"{sql_long(cur.expires_at if cur else None)} AS old_expires"
             )
         self.wh.engine.execute(
             f"MERGE INTO {self.wh.ref('leases')} t USING ({' UNION ALL '.join(selects)}) s "
             "ON t.job = s.job "
-            "WHEN MATCHED AND t.holder <=> s.old_holder AND t.epoch <=> s.old_epoch THEN UPDATE SET "
+            "WHEN MATCHED AND t.holder <=> s.old_holder AND t.epoch <=> s.old_epoch "
+            "AND coalesce(t.expires_at, 0) <=> s.old_expires THEN UPDATE SET "
             "t.holder = s.holder, t.epoch = s.epoch, t.expires_at = s.expires_at, "
             "t.acquired_at = CASE WHEN t.holder <=> s.holder THEN t.acquired_at ELSE s.acquired_at END, "
             "t.last_now = s.last_now, t.ttl_ms = s.ttl_ms "
