@@ -9,8 +9,10 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 
-SCHEMA_VERSION = 6
-"""The warehouse schema version this release writes. 6: copies promoted ahead are in the
+SCHEMA_VERSION = 7
+"""The warehouse schema version this release writes. 7: ``queue_lock`` is partitioned by
+(group, topic, queue), so lock writes of different queues do not conflict (the upgrade
+rewrites the table's few rows in that layout). 6: copies promoted ahead are in the
 index before they are due (their ``due_ts`` says when; a release before 6 would hand them
 out early, so it refuses the warehouse). 5: ``leases.ttl_ms``."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import table_versions
+from deltalake import DeltaTable
 
 from deltamq import Broker
 from deltamq.errors import SchemaVersionError
@@ -45,6 +46,13 @@ def test_upgrade_v1_warehouse_in_place(tmp_path, broker):
         "FALSE AS ordered, CAST(1 AS BIGINT) AS created_ts, CAST(1 AS BIGINT) AS updated_ts) s "
         "ON t.topic = s.topic WHEN NOT MATCHED THEN INSERT *"
     )
+    wh.engine.execute(
+        f"MERGE INTO {wh.ref('queue_lock')} t USING (SELECT * FROM VALUES ('g', '%RETRY%g', 0, 'c1', "
+        "CAST(5 AS BIGINT), CAST(7 AS BIGINT), 2) AS v(consumer_group, topic, queue_id, owner, "
+        "last_access_ts, last_delivered_offset, no_change_count)) s ON t.topic = s.topic "
+        "WHEN NOT MATCHED THEN INSERT *"
+    )
+    assert DeltaTable(str(tmp_path / "old" / "queue_lock")).metadata().partition_columns == []
     with pytest.raises(SchemaVersionError, match="run `deltamq init` to upgrade"):
         Broker.open(tmp_path / "old")
     done = Warehouse(broker.engine, tmp_path / "old").init(config=broker.config)
@@ -61,10 +69,16 @@ def test_upgrade_v1_warehouse_in_place(tmp_path, broker):
         ],
         "consume_queue": ["born_ts"],
         "offsets": ["delivered_offset"],
-        "queue_lock": ["delivered_offset"],
+        "queue_lock": ["delivered_offset", "partitioned by consumer_group, topic, queue_id"],
         "job_runs": ["details"],
         "leases": ["ttl_ms"],
     }
+    locks = DeltaTable(str(tmp_path / "old" / "queue_lock"))
+    assert locks.metadata().partition_columns == ["consumer_group", "topic", "queue_id"]
+    assert locks.to_pyarrow_table().to_pylist() == [
+        {"consumer_group": "g", "topic": "%RETRY%g", "queue_id": 0, "owner": "c1", "last_access_ts": 5,
+         "last_delivered_offset": 7, "no_change_count": 2, "delivered_offset": None}
+    ]  # fmt: skip
     upgraded = Broker.open(tmp_path / "old")
     assert upgraded.topics()["kept"]["queues"] == 2
     upgraded.create_group("g", instances=["a", "b"])

@@ -44,6 +44,12 @@ class TableSpec:
     properties: dict[str, str] = field(default_factory=dict)
     added_in: int = 1
     doc: str = ""
+    partitioned_in: int = 1
+    """The schema version from which the table is partitioned by ``partition_by``; before
+    it the table had no partitions (an upgrade across it rewrites the table's rows)."""
+
+    def partitioning_at(self, version: int) -> tuple[str, ...]:
+        return self.partition_by if version >= self.partitioned_in else ()
 
     def columns_at(self, version: int) -> T.StructType:
         """The table's columns as of schema ``version``, without our metadata (Sail's
@@ -366,7 +372,14 @@ TABLES: dict[str, TableSpec] = {
         TableSpec("offsets", OFFSETS, doc="group offsets and system job progress"),
         TableSpec("deliveries", DELIVERIES, doc="in-flight pull deliveries"),
         TableSpec("leases", LEASES, doc="one holder per job kind"),
-        TableSpec("queue_lock", QUEUE_LOCK, doc="DeFiBus queue access lock"),
+        TableSpec(
+            "queue_lock",
+            QUEUE_LOCK,
+            ("consumer_group", "topic", "queue_id"),
+            doc="DeFiBus queue access lock; a partition per lock row, so compare-and-sets of "
+            "different queues touch different files (Apache Spark's conflict check)",
+            partitioned_in=7,
+        ),
         TableSpec("clients", CLIENTS, added_in=3, doc="pull clients of each group and when last seen"),
         TableSpec("consumed_keys", CONSUMED_KEYS, doc="dedup keys consumed per group"),
         TableSpec("job_runs", JOB_RUNS, ("run_date",), doc="one append per tick"),

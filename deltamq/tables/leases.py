@@ -219,7 +219,8 @@ class Leases:
                 for job, cur, epoch, _ in changes:  # a row's compare-and-set holds or not alone
                     got = current.get(job)
                     if got is None or got.holder != self.holder or got.epoch != epoch:
-                        how = "renewed by its holder" if got and cur and got.holder == cur.holder else "taken by"
+                        renewed = got is not None and cur is not None and got.holder == cur.holder
+                        how = "renewed by its holder" if renewed else "taken by"
                         lost.append(f"job {job!r} was {how} {got.holder if got else '?'} while acquiring")
                         continue
                     self.valid_until[job] = started + terms.ttl_ms

@@ -253,9 +253,25 @@ class Warehouse:
         def attempt() -> None:
             if self.table_exists(spec.name):
                 return
-            self.engine.append(empty, self.path(spec.name), spec.partition_by, properties)
+            self.engine.append(empty, self.path(spec.name), spec.partitioning_at(version), properties)
 
         self._commit(attempt, f"create {spec.name}", config)
+
+    def _repartition(self, spec: TableSpec, version: int, config: BrokerConfig) -> None:
+        """Rewrite a table whose partitioning changes at ``version`` in its new layout, in
+        one overwrite commit (a control table of a few rows: they are read whole first, so
+        the write never reads the table it replaces). A writer committing between that read
+        and the start of the overwrite's commit would be undone by it (docs/design.md,
+        "Tables"): run ``init`` with pull clients stopped."""
+        schema = spec.columns_at(version)
+
+        def attempt() -> None:
+            rows = self.read(spec.name).select(*schema.fieldNames()).collect()
+            data = self.engine.spark.createDataFrame(rows, schema)
+            writer = data.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+            writer.partitionBy(*spec.partitioning_at(version)).save(self.path(spec.name))
+
+        self._commit(attempt, f"upgrade {spec.name} (partitioned by {', '.join(spec.partition_by)})", config)
 
     def _add_columns(self, spec: TableSpec, version: int, config: BrokerConfig) -> list[str]:
         have = set(self.table_columns(spec.name))
@@ -313,6 +329,9 @@ class Warehouse:
                 created.append(spec.name)
             elif current is None or current < target_version:
                 added = self._add_columns(spec, target_version, config)
+                if (current or 0) < spec.partitioned_in <= target_version and spec.partitioned_in > 1:
+                    self._repartition(spec, target_version, config)
+                    added.append(f"partitioned by {', '.join(spec.partition_by)}")
                 if added:
                     upgraded[spec.name] = added
         self._seed_levels(levels, config)
