@@ -35,6 +35,7 @@ def test_levels_configurable_at_init(tmp_path):
     b.close()
 
 
+@pytest.mark.spark  # also on Apache Spark: the upgrade to 7 rewrites queue_lock partitioned
 def test_upgrade_v1_warehouse_in_place(tmp_path, broker):
     wh = Warehouse(broker.engine, tmp_path / "old")
     wh.init(config=broker.config, target_version=1)
