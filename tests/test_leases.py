@@ -174,6 +174,59 @@ def test_leases_falling_due_together_are_renewed_in_one_commit(broker):
     }
 
 
+def _paused_tick(broker, meanwhile):
+    """A runner whose first job pauses past two lease TTLs (``meanwhile`` runs in the
+    pause); the second step, promote, records the memory it is given."""
+    from deltamq.orchestration.tick import TickRunner
+
+    wall = [1_000_000]
+    seen = []
+
+    def pause(_runner, now, fence, _runs):
+        fence()
+        if now > 1:  # the runner's first tick (at 1) runs straight through
+            wall[0] += 2_100
+            meanwhile(wall)
+
+    def probe(runner, _now, fence, _runs):
+        fence()
+        seen.append(runner.promote_memory)
+
+    broker.reconfigure(lease_ttl_ms=1000)
+    seq = (("a", "dispatch", pause), ("b", "promote", probe))
+    runner = TickRunner(broker.context, holder="a", sequence=seq)
+    runner.leases = Leases(broker.warehouse, holder="a", wall=lambda: wall[0], mono=lambda: wall[0])
+    return runner, seen
+
+
+def test_a_lease_retaken_at_a_new_epoch_mid_tick_drops_what_the_job_remembered(broker):
+    """Nobody took the lapsed leases: the renewal before promote takes them again at a new
+    epoch, and promote starts from the tables (its memory is dropped, as at a tick's
+    start), since another runner could have run it in between."""
+    runner, seen = _paused_tick(broker, lambda _wall: None)
+    runner.tick(1)
+    runner.tick(2)
+    assert len(seen) == 2 and seen[1] is not seen[0]
+    assert broker.sql("SELECT epoch FROM leases WHERE job = 'promote'").collect()[0][0] == 2
+
+
+def test_a_tick_stops_when_a_runner_ticked_later_while_its_lease_had_lapsed(broker):
+    """While this runner was paused, another took promote over, ticked at a later now and
+    released it: taking it back mid-tick, this tick (at an earlier now) stops instead of
+    running promote behind the other runner's time."""
+
+    def other_runner_ticks(wall):
+        b = Leases(broker.warehouse, holder="b", wall=lambda: wall[0], mono=lambda: wall[0])
+        b.acquire(["promote"], SHORT, last_now=50)
+        b.release(SHORT.commits, ["promote"])
+
+    runner, seen = _paused_tick(broker, other_runner_ticks)
+    runner.tick(1)
+    with pytest.raises(LeaseLost, match="another runner ticked at 50"):
+        runner.tick(2)
+    assert len(seen) == 1  # the first tick's
+
+
 def test_a_lease_lost_meanwhile_does_not_stop_the_renewal_of_the_jobs_own(broker):
     """The renewal before a job takes the holder's other due leases along; one of them
     another runner took over meanwhile: the job's own lease is renewed all the same, the

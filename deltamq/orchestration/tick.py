@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import partial
@@ -31,7 +31,7 @@ import pyarrow as pa
 from deltamq import ids
 from deltamq.clock import ms_to_iso, to_ms
 from deltamq.constants import JOB_NAMES, JOB_STEPS, MAX_ERROR_CHARS
-from deltamq.errors import ClockError, LeaseHeld
+from deltamq.errors import ClockError, LeaseHeld, LeaseLost
 from deltamq.jobs import check_transactions, deliver, dispatch, promote, pull_expiry, retain, wake
 from deltamq.schemas import TABLES
 from deltamq.tables import deltalog
@@ -189,7 +189,7 @@ def _dispatch(runner: TickRunner, now: int, fence: Fence, runs: list[JobRun]) ->
 def _promote(runner: TickRunner, now: int, fence: Fence, runs: list[JobRun]) -> JobRun:
     indexes = "dispatch" in runner.jobs  # dispatch's lease is ours too: promote indexes its copies
     if indexes:
-        runner.leases.renew_due(["dispatch"], runner.terms)
+        runner.renew(["dispatch"], now)
         fence = partial(runner.leases.check, ["promote", "dispatch"])
     r = promote.run(
         runner.ctx, now, fence=fence, indexes=indexes, defer_progress=True, memory=runner.promote_memory
@@ -488,7 +488,7 @@ class TickRunner:
                 )
                 continue
             try:
-                self.leases.renew_due([lease], self.terms)
+                self.renew([lease], now_ms)
                 run = fn(self, now_ms, partial(self.leases.check, [lease]), runs)
                 if run is None and len(self.jobs) == 1:
                     # one job kind on its own (`deltamq job`, an Airflow task): a step that
@@ -581,6 +581,25 @@ class TickRunner:
         if self.last_now is not None and own_clock and 0 < self.last_now - now_ms <= self.terms.ttl_ms:
             return self.last_now
         return now_ms
+
+    def renew(self, jobs: Sequence[str], now_ms: int) -> None:
+        """Renew ``jobs`` before a step (:meth:`Leases.renew_due`). A lease that lapsed
+        during the tick and was taken again at a new epoch means another runner may have
+        run that job in between: what the jobs remember is dropped, as at a tick's start,
+        and if that runner ticked at a later ``now`` than this tick's, the tick stops
+        (time never goes back: docs/reliability.md, "Skewed clocks")."""
+        self.leases.renew_due(jobs, self.terms)
+        held = {job: self.leases.held[job] for job in self.jobs if job in self.leases.held}
+        if all(self._epochs.get(job) == lease.epoch for job, lease in held.items()):
+            return
+        self._forget_if_fenced(held)
+        later = max((lease.last_now or 0 for lease in held.values()), default=0)
+        if later > now_ms:
+            raise LeaseLost(
+                f"a lease lapsed during this tick at now={now_ms} ({ms_to_iso(now_ms)}), and another "
+                f"runner ticked at {later} ({ms_to_iso(later)}) before it was taken again; this "
+                "tick stops, the next starts from the tables"
+            )
 
     def _forget_if_fenced(self, held: dict[str, Lease]) -> None:
         """A lease taken at a new epoch means another runner may have run that job since
