@@ -13,6 +13,8 @@ from deltamq import Message
 from deltamq.constants import SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, Prop, SysFlag
 from deltamq.dq.conservation import check_dispatch
 from deltamq.jobs import dispatch
+from deltamq.tables.consume_queue import load_dispatch_state
+from deltamq.tables.offsets import dispatch_hint
 
 _PRODUCER = textwrap.dedent(
     """
@@ -184,6 +186,39 @@ def test_busy_tick_commits_once_per_table(orders, clock, tmp_path):
         "offsets": 1,
         "job_runs": 1,
     }
+
+
+@pytest.mark.spark  # also on Apache Spark, where the combined MERGE is the engine's statement
+def test_a_busy_tick_writes_the_hint_with_delivers_attempt_record(warehouse_with, clock, tmp_path):
+    """Dispatch's hint rides on deliver's attempt record: a tick that dispatches and
+    delivers commits offsets twice (attempt record, then the offsets past what was
+    consumed), not three times; the hint it leaves is the index's own heads."""
+    broker = warehouse_with("orders", queues=4, group="g").broker
+    broker.tick()
+    broker.producer("p").send_batch([Message("orders", f"m{i}") for i in range(20)])
+    before = table_versions(tmp_path / "wh")
+    clock.advance(ms=100)
+    result = broker.tick()
+    after = table_versions(tmp_path / "wh")
+    assert result.job("deliver").result.consumed == 20
+    assert after["offsets"] - before["offsets"] == 2
+    version, recorded = dispatch_hint(broker.warehouse)
+    assert load_dispatch_state(broker.warehouse).stale == {}
+    assert sum(recorded.values()) == 20 and version >= 0
+
+
+def test_the_hint_is_recorded_when_deliver_fails(warehouse_with, clock, monkeypatch):
+    """Deliver fails after dispatch indexed: the hint is written on its own, so the next
+    pass does not read the index past a hint that lags further each tick."""
+    from deltamq.jobs import deliver
+
+    broker = warehouse_with("orders", queues=2, group="g").broker
+    broker.producer("p").send_batch([Message("orders", f"m{i}") for i in range(6)])
+    monkeypatch.setattr(deliver, "plan", lambda *a, **k: (_ for _ in ()).throw(OSError("store down")))
+    with pytest.raises(OSError, match="store down"):
+        broker.tick(clock.now_ms())
+    version, recorded = dispatch_hint(broker.warehouse)
+    assert sum(recorded.values()) == 6 and load_dispatch_state(broker.warehouse).stale == {}
 
 
 def test_rerun_after_index_commit_without_progress_repeats_nothing(orders, monkeypatch):

@@ -78,7 +78,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "deltamq.lite",
         ),
     ),
-    ("runner", ("deltamq.orchestration", "deltamq.orchestration.tick")),
+    ("runner", ("deltamq.orchestration", "deltamq.orchestration.tick", "deltamq.orchestration.results")),
     ("facade", ("deltamq", "deltamq.broker")),
     (
         "entry points",

@@ -48,7 +48,7 @@ from deltamq.jobs.deliver_plan import POISON_TRIES, QueueTake, plan_takes
 from deltamq.jobs.listener_worker import Home
 from deltamq.tables.bodies import join_bodies, read_bodies
 from deltamq.tables.consume_queue import visible_heads
-from deltamq.tables.offsets import OffsetsMerge, QueueKey, forward, positions, source
+from deltamq.tables.offsets import Carried, OffsetsMerge, QueueKey, carrying, forward, positions, source
 from deltamq.tables.ranges import queue_ranges
 
 if TYPE_CHECKING:
@@ -332,18 +332,22 @@ def run(
     fence: Callable[[], None] | None = None,
     memory: Memory | None = None,
     only: Collection[tuple[str, int]] | None = None,
+    carried: Carried | None = None,
+    heads: Mapping[tuple[str, int], int] | None = None,
 ) -> DeliverResult:
     """One deliver pass at ``now`` (the module docstring gives the order of effects).
     ``memory`` (the tick runner's) sizes the automatic takes and learns from the pass;
     without it they take :data:`AUTO_FIRST_TAKE` per queue. ``only``: the (topic, queue)
-    pairs to take from (default: every queue)."""
-    work = plan(ctx, now, auto_budget(ctx, memory, now), only)
+    pairs to take from (default: every queue). ``carried``: other jobs' progress rows
+    written with the attempt record (left unwritten when the pass takes nothing);
+    ``heads``: the index heads, when the caller has them (dispatch's pass just now)."""
+    work = plan(ctx, now, auto_budget(ctx, memory, now), only, heads)
     if not work.takes:
         return DeliverResult(groups=len(work.groups), skipped_groups=work.skipped, sinks=work.sinks)
     # 1. record the attempt before any listener runs
     if fence:
         fence()
-    _record_attempts(ctx, work.takes, now)
+    _record_attempts(ctx, work.takes, now, carried)
     faults.point("deliver.after_attempt_commit")
     # 2. take, filter, call the listeners; outcomes materialised once: from the tables'
     # files for a small pass (deliver_files), else through the engine
@@ -364,11 +368,16 @@ def run(
 
 
 def plan(
-    ctx: Context, now: int, budget: int | None = None, only: Collection[tuple[str, int]] | None = None
+    ctx: Context,
+    now: int,
+    budget: int | None = None,
+    only: Collection[tuple[str, int]] | None = None,
+    heads: Mapping[tuple[str, int], int] | None = None,
 ) -> Pass:
     """The push groups, their listeners, and what each takes (:func:`plan_takes`;
     ``budget``: messages the automatic takes share, None while unknown; ``only``: the
-    (topic, queue) pairs to take from, default all)."""
+    (topic, queue) pairs to take from, default all; ``heads``: the index heads, read when
+    not given)."""
     all_groups = ctx.catalog.groups()
     found = {g: _listener_bytes(ctx, g, cfg.listener) for g, cfg in all_groups.items()}
     listeners = {g: b for g, b in found.items() if b is not None}
@@ -377,12 +386,12 @@ def plan(
     sinks = tuple(sorted(g for g, cfg in all_groups.items() if cfg.sink_table))
     if not groups:
         return Pass({}, {}, [], {}, skipped, sinks)
-    heads = visible_heads(ctx.warehouse, now)
+    visible = visible_heads(ctx.warehouse, now, heads)
     if only is not None:
-        heads = {q: h for q, h in heads.items() if q in only}
+        visible = {q: h for q, h in visible.items() if q in only}
     offsets = positions(ctx.warehouse, sorted(groups))
-    takes = plan_takes(groups, ctx.catalog.subscriptions(), heads, offsets, now, auto_budget=budget)
-    return Pass(groups, listeners, takes, heads, skipped, sinks)
+    takes = plan_takes(groups, ctx.catalog.subscriptions(), visible, offsets, now, auto_budget=budget)
+    return Pass(groups, listeners, takes, visible, skipped, sinks)
 
 
 def take(ctx: Context, views: Views, work: Pass, now: int) -> Taken:
@@ -702,11 +711,15 @@ def _result(work: Pass, taken: Taken, consumed: Consumed, decided: Decided) -> D
     )
 
 
-def _record_attempts(ctx: Context, takes: list[QueueTake], now: int) -> None:
+def _record_attempts(ctx: Context, takes: list[QueueTake], now: int, carried: Carried | None = None) -> None:
     """Mark the attempt in flight on every queue taken (``attempts`` + 1, its ``attempt_ts``).
     The count written is the one read when the take was planned, plus one: a commit re-run
-    after its answer was lost (it landed) writes the same count again, never one more."""
-    merge = OffsetsMerge(("next_offset", "attempts", "attempt_ts"), now)
+    after its answer was lost (it landed) writes the same count again, never one more.
+    ``carried``: other jobs' progress rows (dispatch's hint) written in the same commit."""
+    carry = carried is not None and not carried.written and any(carried.rows.values())
+    columns = ("next_offset", "attempts", "attempt_ts") + (("progress_version", "carried") if carry else ())
+    merge = OffsetsMerge(columns, now, extra={"carried": "boolean"} if carry else {})
+    more = {"progress_version": None, "carried": False} if carry else {}
     for t in takes:
         merge.add(
             t.group,
@@ -716,6 +729,7 @@ def _record_attempts(ctx: Context, takes: list[QueueTake], now: int) -> None:
             next_offset=t.lo,
             attempts=t.attempts + 1,
             attempt_ts=t.attempt_ts,
+            **more,
         )
     update = {"attempts": source("attempts"), "attempt_ts": source("attempt_ts")}
     insert = {
@@ -723,7 +737,17 @@ def _record_attempts(ctx: Context, takes: list[QueueTake], now: int) -> None:
         "attempts": source("attempts"),
         "attempt_ts": source("attempt_ts"),
     }
+    if carry:
+        assert carried is not None
+        carried.add_to(merge)
+        update = carrying(update)
+        insert["progress_version"] = source("progress_version")
     ctx.commit(partial(merge.execute, ctx.warehouse, update, insert), what="offsets")
+    if carry:
+        assert carried is not None
+        carried.written = True
+        if carried.point:
+            faults.point(carried.point)
 
 
 def _advance(ctx: Context, takes: list[QueueTake], now: int, positions: Mapping[QueueKey, Held]) -> None:

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING
 from deltamq import faults
 from deltamq.constants import DISPATCH_GROUP
 from deltamq.tables import consume_queue
-from deltamq.tables.offsets import advance_offsets
+from deltamq.tables.offsets import Carried, ProgressRow, advance_offsets
 
 if TYPE_CHECKING:
     from deltamq.context import Context
     from deltamq.tables.warehouse import Warehouse
 
 JOB = "dispatch"
+PROGRESS_POINT = "dispatch.after_progress_commit"
 
 
 class DispatchResult(consume_queue.Indexed):
@@ -35,11 +36,16 @@ class DispatchResult(consume_queue.Indexed):
         return out | ({"repeated": self.repeated} if self.repeated else {})
 
 
-def run(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -> DispatchResult:
+def run(
+    ctx: Context, now: int, *, fence: Callable[[], None] | None = None, defer_progress: bool = False
+) -> DispatchResult:
     """Index every commit_log row committed since the last run, then record the hint.
 
     Due times come from store times, so ``now`` only stamps the progress rows.
-    ``fence`` is called before the index commit (lease check).
+    ``fence`` is called before the index commit (lease check). ``defer_progress``: the
+    hint is left to the caller (:func:`progress_rows`, written with the tick's next
+    offsets commit: deliver's attempt record); until then readers correct the old hint
+    from the index rows newer than it, so nothing is missed.
     """
     wh = ctx.warehouse
 
@@ -48,13 +54,33 @@ def run(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -> D
         return DispatchResult(**vars(done))
 
     result = ctx.commit(index, what=JOB)
-    if result.commits_read or result.queues:
+    if (result.commits_read or result.queues) and not defer_progress:
         ctx.commit(lambda: write_progress(wh, result.to_version, result.queues, now), what="offsets")
-        faults.point("dispatch.after_progress_commit")
+        faults.point(PROGRESS_POINT)
     return result
+
+
+def deferred(result: consume_queue.Indexed) -> Carried | None:
+    """The hint a pass run with ``defer_progress`` leaves to the tick's next offsets
+    commit (``%DISPATCH%`` rows); None when the pass had nothing to record."""
+    if not (result.commits_read or result.queues):
+        return None
+    return Carried({DISPATCH_GROUP: _hint(result.to_version, result.queues)}, PROGRESS_POINT)
+
+
+def write_deferred(ctx: Context, carried: Carried, now: int) -> None:
+    """The deferred hint committed on its own (no offsets commit carried it)."""
+    rows = carried.rows[DISPATCH_GROUP]
+    ctx.commit(lambda: advance_offsets(ctx.warehouse, DISPATCH_GROUP, rows, now), what="offsets")
+    carried.written = True
+    faults.point(PROGRESS_POINT)
+
+
+def _hint(version: int, queues: dict[tuple[str, int], int]) -> list[ProgressRow]:
+    """The version reached, then each moved queue's next offset."""
+    return [("", -1, None, version)] + [(t, q, o, None) for (t, q), o in sorted(queues.items())]
 
 
 def write_progress(wh: Warehouse, version: int, queues: dict[tuple[str, int], int], now: int) -> None:
     """Record the hint: version reached and per-queue next offsets (%DISPATCH% rows)."""
-    rows = [("", -1, None, version)] + [(t, q, o, None) for (t, q), o in sorted(queues.items())]
-    advance_offsets(wh, DISPATCH_GROUP, rows, now)
+    advance_offsets(wh, DISPATCH_GROUP, _hint(version, queues), now)

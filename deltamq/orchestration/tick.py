@@ -21,7 +21,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
@@ -33,138 +33,18 @@ from deltamq.clock import ms_to_iso, to_ms
 from deltamq.constants import JOB_NAMES, JOB_STEPS, MAX_ERROR_CHARS
 from deltamq.errors import ClockError, LeaseHeld, LeaseLost
 from deltamq.jobs import check_transactions, deliver, dispatch, promote, pull_expiry, retain, wake
+from deltamq.orchestration.results import JobRun, TickResult
 from deltamq.schemas import TABLES
 from deltamq.tables import deltalog
 from deltamq.tables.integrity import diagnose, faults_named
 from deltamq.tables.leases import Lease, Leases, LeaseTerms, wall_ms
+from deltamq.tables.offsets import Carried
 
 if TYPE_CHECKING:
     from deltamq.context import Context
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True, kw_only=True)
-class JobRun:
-    """What one job did in one tick."""
-
-    job: str
-    status: str  # OK, FAILED, SKIPPED
-    rows_in: int = 0
-    rows_out: int = 0
-    start_ts: int = 0
-    end_ts: int = 0
-    error: str | None = None
-    details: dict[str, int] = field(default_factory=dict)
-    result: Any = None
-    note: str | None = None  # why a SKIPPED job did nothing (shown, not stored)
-
-
-@dataclass(frozen=True)
-class TickResult:
-    """What a tick did, job by job."""
-
-    tick_id: str
-    now: int
-    holder: str
-    jobs: tuple[JobRun, ...]
-    idle: bool = False  # skipped: nothing changed since a tick that found nothing to do
-
-    def job(self, name: str) -> JobRun:
-        for j in self.jobs:
-            if j.job == name:
-                return j
-        raise KeyError(f"job {name!r} did not run in this tick; ran {[j.job for j in self.jobs]}")
-
-    @property
-    def ok(self) -> bool:
-        return all(j.status != "FAILED" for j in self.jobs)
-
-    @property
-    def delivered(self) -> deliver.DeliverResult | None:
-        """What the tick's deliver passes did together (``deliver``, and ``redeliver``
-        when promote's copies were due at once), or None when deliver did not run."""
-        found = [
-            j.result
-            for j in self.jobs
-            if j.job in ("deliver", "redeliver") and isinstance(j.result, deliver.DeliverResult)
-        ]
-        if not found:
-            return None
-        total = found[0]
-        for more in found[1:]:
-            total = total.plus(more)
-        return total
-
-    @property
-    def setup_errors(self) -> tuple[tuple[str, str], ...]:
-        """(group, why) of push groups whose listener could not be loaded: they consumed
-        nothing this tick and their messages wait (``deltamq tick`` exits 4)."""
-        d = self.delivered
-        return tuple(d.setup_errors) if d is not None else ()
-
-    def summary(self) -> str:
-        """One line: each job that did something (or failed) with its rows in/out, then
-        each push group's counts; jobs with nothing to do are only counted."""
-        if self.idle:
-            return f"tick {ms_to_iso(self.now)} — idle: no table changed and nothing fell due, no job ran"
-        busy = [j for j in self.jobs if j.rows_in or j.rows_out or j.status == "FAILED" or j.error]
-        parts = [f"{j.job}: {j.status} in={j.rows_in} out={j.rows_out}" for j in busy]
-        idle = len(self.jobs) - len(busy)
-        if not parts:
-            parts = [f"nothing to do ({idle} jobs ran)" if self.jobs else "no jobs ran"]
-        elif idle:
-            parts.append(f"{idle} more with nothing to do")
-        return (
-            f"tick {ms_to_iso(self.now)} — "
-            + "; ".join(parts)
-            + "".join(f" | {g}: {text}" for g, text in self.group_lines())
-        )
-
-    def group_lines(self) -> list[tuple[str, str]]:
-        """Per push group that took messages: consumed / retried / dead-lettered / filtered /
-        deduplicated / suspended / dropped / not handed over, and its errors."""
-        d = self.delivered
-        if d is None:
-            return []
-        errors: dict[str, int] = {}
-        for g, _, _ in d.errors:
-            errors[g] = errors.get(g, 0) + 1
-        out = []
-        for g, c in sorted(d.by_group.items()):
-            shown = [f"{_LABELS.get(k, k)} {c[k]}" for k in _GROUP_COUNTS if c.get(k)]
-            if errors.get(g):
-                shown.append(f"errors {errors[g]}")
-            if shown:
-                out.append((g, ", ".join(shown)))
-        return out
-
-    def __str__(self) -> str:
-        lines = [f"tick {ms_to_iso(self.now)} ({self.tick_id}, {'ok' if self.ok else 'FAILED'})"]
-        if self.idle:
-            lines.append("  idle: no table changed and nothing fell due since the last tick; no job ran")
-        for j in self.jobs:
-            lines.append(f"  {j.job:<19} {j.status:<8} in={j.rows_in} out={j.rows_out}")
-            if j.error:
-                lines.append(f"    {j.error}")
-        for g, text in self.group_lines():
-            lines.append(f"  group {g}: {text}")
-        for g, why in self.setup_errors:
-            lines.append(f"  group {g} consumed nothing: {why}")
-        return "\n".join(lines)
-
-
-_GROUP_COUNTS = (
-    "consumed",
-    "retried",
-    "dead_lettered",
-    "filtered",
-    "deduplicated",
-    "suspended",
-    "dropped",
-    "setup_failed",
-)
-_LABELS = {"dead_lettered": "dead-lettered", "setup_failed": "not handed over"}
 
 Fence = Callable[[], None]
 """Checks that the caller still holds its lease; raises LeaseLost otherwise."""
@@ -180,7 +60,10 @@ class JobFn(Protocol):
 
 
 def _dispatch(runner: TickRunner, now: int, fence: Fence, runs: list[JobRun]) -> JobRun:
-    r = dispatch.run(runner.ctx, now, fence=fence)
+    carry = "deliver" in runner.jobs  # the hint goes with deliver's attempt record
+    r = dispatch.run(runner.ctx, now, fence=fence, defer_progress=carry)
+    if carry:
+        runner.carried, runner.dispatched = dispatch.deferred(r), r.heads
     return JobRun(
         job="dispatch", status="OK", rows_in=r.rows_in, rows_out=r.rows_out, details=r.details, result=r
     )
@@ -224,7 +107,20 @@ def _deliver(
     job: str = "deliver",
     only: frozenset[tuple[str, int]] | None = None,
 ) -> JobRun:
-    r = deliver.run(runner.ctx, now, fence=fence, memory=runner.deliver_memory, only=only)
+    carried, heads = (runner.carried, runner.dispatched) if job == "deliver" else (None, None)
+    runner.carried = runner.dispatched = None
+    if carried is not None:
+        runner.renew(["dispatch"], now)
+        fence = partial(runner.leases.check, ["deliver", "dispatch"])
+    try:
+        memory = runner.deliver_memory
+        r = deliver.run(runner.ctx, now, fence=fence, memory=memory, only=only, carried=carried, heads=heads)
+    except BaseException:
+        if carried is not None and not carried.written:
+            runner.write_carried(carried, now, failing=True)
+        raise
+    if carried is not None and not carried.written:  # the pass took nothing
+        runner.write_carried(carried, now)
     return JobRun(
         job=job,
         status="OK",
@@ -408,6 +304,8 @@ class TickRunner:
         self.jobs = tuple(dict.fromkeys(lease for _, lease, _ in sequence))
         self.leases = Leases(ctx.warehouse, holder)
         self.later: list[tuple[str, Callable[[], None]]] = []  # (step, commit) for the tick's end
+        self.carried: Carried | None = None  # dispatch's hint, for deliver's attempt record
+        self.dispatched: dict[tuple[str, int], int] | None = None  # the index heads after dispatch
         self.last_now: int | None = None
         self._epochs: dict[str, int] = {}  # the epoch of each lease at the last tick
         self._stop = threading.Event()
@@ -477,6 +375,7 @@ class TickRunner:
         runs: list[JobRun] = []
         failed: BaseException | None = None
         self.later = []
+        self.carried = self.dispatched = None
         for name, lease, fn in self.sequence:
             start = wall_ms()
             if failed is not None:
@@ -581,6 +480,19 @@ class TickRunner:
         if self.last_now is not None and own_clock and 0 < self.last_now - now_ms <= self.terms.ttl_ms:
             return self.last_now
         return now_ms
+
+    def write_carried(self, carried: Carried, now_ms: int, *, failing: bool = False) -> None:
+        """Dispatch's hint on its own, when deliver's attempt record did not carry it (the
+        pass took nothing, or failed before). ``failing``: deliver is raising; a failure
+        here is logged and deliver's error is the one raised. Unwritten, the hint only
+        lags: readers correct it from the index rows newer than it."""
+        try:
+            self.leases.check(["dispatch"])
+            dispatch.write_deferred(self.ctx, carried, now_ms)
+        except Exception:
+            if not failing:
+                raise
+            log.warning("dispatch's progress was not recorded in this tick", exc_info=True)
 
     def renew(self, jobs: Sequence[str], now_ms: int) -> None:
         """Renew ``jobs`` before a step (:meth:`Leases.renew_due`). A lease that lapsed

@@ -143,6 +143,40 @@ class OffsetsMerge:
             wh.engine.execute(self.render(wh, update, insert))
 
 
+@dataclass
+class Carried:
+    """Progress rows of other jobs (group → rows, :func:`advance_offsets`' rule) that the
+    next offsets commit of the tick writes along with its own, so the tick makes one commit
+    fewer (issue: one offsets commit per tick). ``written`` is set once they are."""
+
+    rows: dict[str, list[ProgressRow]]
+    point: str | None = None  # the fault point right after the rows are committed
+    written: bool = False
+
+    def add_to(self, merge: OffsetsMerge) -> None:
+        """Add the rows to ``merge``, whose columns must include :data:`CARRY_COLUMNS`."""
+        for group, rows in self.rows.items():
+            for topic, qid, nxt, version in rows:
+                values: dict[str, Any] = {c: None for c in merge.columns}
+                values |= {"next_offset": nxt, "progress_version": version, "carried": True}
+                merge.add(group, topic, qid, "", **values)
+
+
+CARRY_COLUMNS = ("next_offset", "progress_version")
+"""The columns carried rows set (forward only, a NULL keeping the stored value)."""
+
+
+def carrying(update: Mapping[str, str]) -> dict[str, str]:
+    """``update``'s rules for the merge's own rows (``s.carried`` false), and for carried
+    rows :func:`advance_offsets`' rule on :data:`CARRY_COLUMNS` (every other column kept)."""
+    rules = {c: f"CASE WHEN s.carried THEN t.{c} ELSE {rule} END" for c, rule in update.items()}
+    own = {c: update.get(c, f"t.{c}") for c in CARRY_COLUMNS}
+    floors = {"progress_version": -1}
+    for c in CARRY_COLUMNS:
+        rules[c] = f"CASE WHEN s.carried THEN {forward_unless_null(c, floors.get(c, 0))} ELSE {own[c]} END"
+    return rules
+
+
 def advance_offsets(
     wh: Warehouse,
     group: str,
