@@ -225,6 +225,8 @@ def test_a_tick_stops_when_a_runner_ticked_later_while_its_lease_had_lapsed(brok
     with pytest.raises(LeaseLost, match="another runner ticked at 50"):
         runner.tick(2)
     assert len(seen) == 1  # the first tick's
+    with pytest.raises(ClockError, match="earlier than the warehouse's last tick"):
+        runner.tick(3)  # the later now found mid-tick is kept: time does not go back next tick
 
 
 def test_a_lease_lost_meanwhile_does_not_stop_the_renewal_of_the_jobs_own(broker):

@@ -43,7 +43,7 @@ def run(
 
     Due times come from store times, so ``now`` only stamps the progress rows.
     ``fence`` is called before the index commit (lease check). ``defer_progress``: the
-    hint is left to the caller (:func:`progress_rows`, written with the tick's next
+    hint is left to the caller (:func:`deferred`, written with the tick's next
     offsets commit: deliver's attempt record); until then readers correct the old hint
     from the index rows newer than it, so nothing is missed.
     """

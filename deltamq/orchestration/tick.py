@@ -111,11 +111,17 @@ def _deliver(
     runner.carried = runner.dispatched = None
     if carried is not None:
         runner.renew(["dispatch"], now)
-        fence = partial(runner.leases.check, ["deliver", "dispatch"])
+        own = fence
+
+        def fence() -> None:  # dispatch's lease too, until its hint is written
+            own()
+            if carried is not None and not carried.written:
+                runner.leases.check(["dispatch"])
+
     try:
         memory = runner.deliver_memory
         r = deliver.run(runner.ctx, now, fence=fence, memory=memory, only=only, carried=carried, heads=heads)
-    except BaseException:
+    except Exception:
         if carried is not None and not carried.written:
             runner.write_carried(carried, now, failing=True)
         raise
@@ -408,7 +414,7 @@ class TickRunner:
                 )
         if failed is None:
             failed = self._run_later(runs)
-        self.last_now = now_ms
+        self.last_now = max(now_ms, self.last_now or now_ms)  # a later now seen mid-tick stays
         result = TickResult(tick_id, now_ms, self.holder, tuple(runs))
         self._record(result)
         if failed is not None:
@@ -505,7 +511,10 @@ class TickRunner:
         if all(self._epochs.get(job) == lease.epoch for job, lease in held.items()):
             return
         self._forget_if_fenced(held)
-        later = max((lease.last_now or 0 for lease in held.values()), default=0)
+        # the other runner's now: in the lease rows if it committed one, else in job_runs
+        rows = max((lease.last_now for lease in held.values() if lease.last_now is not None), default=None)
+        later = max(x for x in (self._load_last_now(rows), rows, self.last_now, 0) if x is not None)
+        self.last_now = later
         if later > now_ms:
             raise LeaseLost(
                 f"a lease lapsed during this tick at now={now_ms} ({ms_to_iso(now_ms)}), and another "

@@ -8,6 +8,7 @@ newer schema version than this release is refused rather than half-understood.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from deltamq.engine import Engine
 
 R = TypeVar("R")
+log = logging.getLogger(__name__)
 
 __all__ = ["Warehouse", "normalize_location"]
 
@@ -264,6 +266,11 @@ class Warehouse:
         and the start of the overwrite's commit would be undone by it (docs/design.md,
         "Tables"): run ``init`` with pull clients stopped."""
         schema = spec.columns_at(version)
+        log.warning(
+            "rewriting %s partitioned by %s: a pull client writing it meanwhile would be undone",
+            self.uri(spec.name),
+            ", ".join(spec.partition_by),
+        )
 
         def attempt() -> None:
             rows = self.read(spec.name).select(*schema.fieldNames()).collect()
