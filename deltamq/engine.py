@@ -182,6 +182,13 @@ class Engine:
         self._server_env: dict[str, str] | None = None
 
     @property
+    def idempotent_appends(self) -> bool:
+        """Whether the engine's Delta writer records an application's appends and skips
+        one it already committed (``txnAppId`` / ``txnVersion``): Apache Spark's does;
+        Sail 0.7 has no such options."""
+        return self.flavor == "spark"
+
+    @property
     def hadoop_paths(self) -> bool:
         """Apache Spark reads S3 through Hadoop's ``s3a://``; Sail reads ``s3://``."""
         return self.flavor == "spark"
@@ -325,14 +332,24 @@ class Engine:
         location: str,
         partition_by: Sequence[str] = (),
         properties: dict[str, str] | None = None,
+        *,
+        once: tuple[str, int] | None = None,
     ) -> None:
         """Blind-append ``df`` to the Delta table at ``location``; ``properties``
         (``delta.*`` table properties) take effect when the append creates the table.
+        ``once`` (Apache Spark only: :attr:`idempotent_appends`): (application id,
+        version) recorded with the commit; an append whose version is not above the one
+        recorded for that id is skipped (its answer was lost: it landed), and two
+        appends of one id racing conflict (Delta's idempotent writes).
 
         Sail has no ``INSERT INTO delta.`path```; the DataFrame writer works on every
         engine, so appends use it (docs/engines.md).
         """
         writer = df.write.format("delta").mode("append")
+        if once is not None:
+            if not self.idempotent_appends:
+                raise ValueError(f"the {self.flavor} engine does not record idempotent appends")
+            writer = writer.option("txnAppId", once[0]).option("txnVersion", str(once[1]))
         for key, value in (properties or {}).items():
             writer = writer.option(key, value)
         if partition_by:

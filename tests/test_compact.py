@@ -187,7 +187,8 @@ def test_checkpoints_drop_the_tombstones_of_rewritten_files(broker, clock, tmp_p
     # four seconds or more, so those of the last second are well under half of them
     busy_ticks(20, pause_s=0.2)
     rewrites = DeltaTable(offsets).version() - before
-    # every MERGE into offsets removed a file, yet the newest checkpoint keeps only the
-    # tombstones of about the last second
-    assert rewrites >= 60 and _newest_checkpoint_removes(offsets) < rewrites // 2
+    # every MERGE into offsets (two a busy tick: the attempt record carrying dispatch's
+    # hint, then deliver's offsets) removed a file, yet the newest checkpoint keeps only
+    # the tombstones of about the last second
+    assert rewrites >= 40 and _newest_checkpoint_removes(offsets) < rewrites // 2
     assert broker.sql("SELECT count(*) AS n FROM consume_queue").collect()[0]["n"] == 23

@@ -47,7 +47,7 @@ from deltamq.constants import (
 )
 from deltamq.delta_append import Unsupported
 from deltamq.delta_read import DataFile, FileSnapshot
-from deltamq.schemas import TABLES
+from deltamq.schemas import SCHEMA_VERSION, TABLES
 from deltamq.tables import commit_log, deltalog
 from deltamq.tables.integrity import check_added
 
@@ -103,7 +103,7 @@ def state(wh: Warehouse) -> FilesState | None:
     """Dispatch's hint corrected by the index rows newer than it, from one refresh of the
     ``offsets``, ``consume_queue`` and ``commit_log`` snapshots; None when a pass cannot be
     planned and appended here (the caller reads the state through the engine)."""
-    if wh.arrow_appender("consume_queue") is None:
+    if wh.arrow_appender("consume_queue") is None and not wh.engine.idempotent_appends:
         return None
     snaps = {t: wh.snapshot(t) for t in ("consume_queue", "offsets", "commit_log")}
     if any(s is None for s in snaps.values()):
@@ -357,10 +357,25 @@ def tally(index: pa.Table) -> list[tuple[Queue, int, int]]:
     ]
 
 
-def append(wh: Warehouse, fs: FilesState, index: pa.Table) -> None:
-    """The index commit: ``index`` appended to ``consume_queue`` as the version after the
-    one ``fs`` was read at (a commit conflict when another writer has taken it)."""
+INDEX_APP = "deltamq-index"
+"""The application id of index appends the engine records (Apache Spark's idempotent
+appends): their version is the last ``commit_log`` version the rows come from."""
+
+
+def append(wh: Warehouse, fs: FilesState, index: pa.Table, through: int) -> None:
+    """The index commit: ``index`` (the rows of ``commit_log`` versions up to
+    ``through``) appended to ``consume_queue`` as the version after the one ``fs`` was
+    read at (a commit conflict when another writer has taken it). Where the engine must
+    write (Apache Spark on a local disk) it is the engine's append, recorded as
+    ``INDEX_APP`` at ``through``: a retry after a lost answer is skipped, and a second
+    indexer racing it (a lease violation) conflicts, as the exact version does here."""
+    rows = index.select(list(COLUMNS))
     appender = wh.arrow_appender("consume_queue")
-    if appender is None:  # state() found one; it is only ever withdrawn for a protocol change
+    if appender is not None:
+        appender.append(rows, at=fs.index_version + 1)
+        return
+    if not wh.engine.idempotent_appends:  # state() said so; only a protocol change withdraws it
         raise Unsupported(f"{wh.uri('consume_queue')} can no longer be appended to without the engine")
-    appender.append(index.select(list(COLUMNS)), at=fs.index_version + 1)
+    spec = TABLES["consume_queue"]
+    frame = wh.engine.spark.createDataFrame(rows, spec.columns_at(SCHEMA_VERSION))
+    wh.engine.append(frame, wh.path("consume_queue"), spec.partition_by, once=(INDEX_APP, through))
