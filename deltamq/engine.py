@@ -339,8 +339,8 @@ class Engine:
         (``delta.*`` table properties) take effect when the append creates the table.
         ``once`` (Apache Spark only: :attr:`idempotent_appends`): (application id,
         version) recorded with the commit; an append whose version is not above the one
-        recorded for that id is skipped (its answer was lost: it landed), and two
-        appends of one id racing conflict (Delta's idempotent writes).
+        recorded for that id is skipped, and two appends of one id racing conflict
+        (Delta's idempotent writes). The caller must choose versions that only grow.
 
         Sail has no ``INSERT INTO delta.`path```; the DataFrame writer works on every
         engine, so appends use it (docs/engines.md).

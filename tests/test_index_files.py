@@ -163,30 +163,43 @@ def test_a_conditional_append_refuses_a_taken_version(orders):
     _every_route(orders, 1_767_225_600_000)
     commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), fs.version, 100)
     index = index_files.plan(index_files.added(wh, fs, commits), fs.heads, wh.levels())
-    index_files.append(wh, fs, index, commits[-1].version)
+    index_files.append(wh, fs, index)
     with pytest.raises(VersionTaken) as taken:
-        index_files.append(wh, fs, index, commits[-1].version)  # planned from the same version: taken now
+        index_files.append(wh, fs, index)  # planned from the same version: taken now
     assert is_commit_conflict(taken.value)
     assert orders.sql("SELECT count(*) AS n FROM consume_queue").collect()[0]["n"] == 21
 
 
 @pytest.mark.spark
-def test_an_engine_append_of_the_index_is_recorded_once(orders):
+def test_an_engine_append_of_the_index_is_recorded_once_and_never_skipped_after_a_wipe(orders):
     """Apache Spark on a local disk: the index planned from the files is appended by the
-    engine, recorded as the index application at the last commit_log version it covers;
-    the same append again (a retry after a lost answer) is skipped."""
+    engine, recorded as the index application at the version after the one the plan was
+    read at. The same append again (one read, two indexers) adds nothing; after the index
+    is emptied (``rebuild-index``), the pass planned again is appended, not taken for one
+    already recorded."""
     wh = orders.warehouse
     if not wh.engine.idempotent_appends or wh.arrow_appender("consume_queue") is not None:
         pytest.skip("the engine's idempotent appends: Apache Spark on a local disk (pytest --engine spark)")
-    fs = index_files.state(wh)
-    assert fs is not None
     _every_route(orders, 1_767_225_600_000)
-    commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), fs.version, 100)
-    index = index_files.plan(index_files.added(wh, fs, commits), fs.heads, wh.levels())
-    index_files.append(wh, fs, index, commits[-1].version)
-    index_files.append(wh, fs, index, commits[-1].version)
-    ids_ = [r["msg_id"] for r in orders.sql("SELECT msg_id FROM consume_queue").collect()]
-    assert len(ids_) == len(set(ids_)) == 21
+
+    def pass_from_the_files() -> tuple[index_files.FilesState, object]:
+        fs = index_files.state(wh)
+        assert fs is not None
+        commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), -1, 100)
+        return fs, index_files.plan(index_files.added(wh, fs, commits), {}, wh.levels())
+
+    def indexed() -> list[str]:
+        return [r["msg_id"] for r in orders.sql("SELECT msg_id FROM consume_queue").collect()]
+
+    fs, index = pass_from_the_files()
+    index_files.append(wh, fs, index)
+    index_files.append(wh, fs, index)
+    assert len(indexed()) == len(set(indexed())) == 21
+    consume_queue.wipe(wh)
+    assert indexed() == []
+    fs, index = pass_from_the_files()
+    index_files.append(wh, fs, index)
+    assert len(indexed()) == len(set(indexed())) == 21
 
 
 def test_tags_hash_is_sparks_xxhash64(orders):

@@ -419,7 +419,7 @@ def index_new(
         if index.num_rows:
             if fence:
                 fence()
-            index_files.append(wh, fs, index, commits[-1].version)
+            index_files.append(wh, fs, index)
         indexed, dropped = index_files.tally(index), 0
     else:
         indexed, dropped, repeated = _index_by_engine(wh, commits, state, fence, job)
@@ -516,9 +516,7 @@ def index_appended(
         return None
     version = commits[0].version
     if fs is not None and index_files.fits(commits):
-        index_files.append(
-            wh, fs, index_files.plan(index_files.added(wh, fs, commits), state.heads, levels), version
-        )
+        index_files.append(wh, fs, index_files.plan(index_files.added(wh, fs, commits), state.heads, levels))
     else:
         added = commit_log.read_added(wh, commits)
         if added is None:

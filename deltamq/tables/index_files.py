@@ -14,15 +14,16 @@ commit conflict and the caller's ``Context.commit`` plans the pass again from th
 state, as the engine's ``MERGE`` conflicts. The other order is covered too: the commit
 says it is no blind append (it names the version it read), so an engine ``MERGE`` that
 read the index before it and commits after it finds its rows among what it should have
-read, and conflicts.
+read, and conflicts. With Apache Spark on a local disk every commit is the engine's: the
+rows are appended by Spark as an idempotent append (:func:`append`).
 
 One plan, two ways: every column is what ``consume_queue.plan_index`` computes through
 the engine (the same routes, due times, offsets, ``tags_hash`` as Spark's ``xxhash64``
 with seed 42, properties); ``tests/test_index_files.py`` compares them row by row. A
 pass is the engine's when these reads cannot be sure to match it: a table the file
-reader or appender does not support, Apache Spark on a local disk (every commit there
-goes through the engine, docs/engines.md), committed transactional messages (their
-de-duplication is the engine's), or more than :data:`MAX_ROWS` new rows.
+reader or appender does not support (on an engine without idempotent appends),
+committed transactional messages (their de-duplication is the engine's), or more than
+:data:`MAX_ROWS` new rows.
 """
 
 from __future__ import annotations
@@ -359,16 +360,18 @@ def tally(index: pa.Table) -> list[tuple[Queue, int, int]]:
 
 INDEX_APP = "deltamq-index"
 """The application id of index appends the engine records (Apache Spark's idempotent
-appends): their version is the last ``commit_log`` version the rows come from."""
+appends)."""
 
 
-def append(wh: Warehouse, fs: FilesState, index: pa.Table, through: int) -> None:
-    """The index commit: ``index`` (the rows of ``commit_log`` versions up to
-    ``through``) appended to ``consume_queue`` as the version after the one ``fs`` was
-    read at (a commit conflict when another writer has taken it). Where the engine must
-    write (Apache Spark on a local disk) it is the engine's append, recorded as
-    ``INDEX_APP`` at ``through``: a retry after a lost answer is skipped, and a second
-    indexer racing it (a lease violation) conflicts, as the exact version does here."""
+def append(wh: Warehouse, fs: FilesState, index: pa.Table) -> None:
+    """The index commit: ``index`` appended to ``consume_queue`` as the version after the
+    one ``fs`` was read at (a commit conflict when another writer has taken it). Where the
+    engine must write (Apache Spark on a local disk) it is the engine's append, recorded as
+    ``INDEX_APP`` at that next version: a value above any recorded before (each was at
+    most its own commit's version, and the table has not gone back), so a legitimate
+    append is never skipped, even after the index was emptied (``rebuild-index``); two
+    indexers racing from one read (a lease violation) conflict. A retry after a failed
+    attempt plans again from the table as it is, where rows that landed are indexed."""
     rows = index.select(list(COLUMNS))
     appender = wh.arrow_appender("consume_queue")
     if appender is not None:
@@ -378,4 +381,5 @@ def append(wh: Warehouse, fs: FilesState, index: pa.Table, through: int) -> None
         raise Unsupported(f"{wh.uri('consume_queue')} can no longer be appended to without the engine")
     spec = TABLES["consume_queue"]
     frame = wh.engine.spark.createDataFrame(rows, spec.columns_at(SCHEMA_VERSION))
-    wh.engine.append(frame, wh.path("consume_queue"), spec.partition_by, once=(INDEX_APP, through))
+    once = (INDEX_APP, fs.index_version + 1)
+    wh.engine.append(frame, wh.path("consume_queue"), spec.partition_by, once=once)
