@@ -716,10 +716,10 @@ def _record_attempts(ctx: Context, takes: list[QueueTake], now: int, carried: Ca
     The count written is the one read when the take was planned, plus one: a commit re-run
     after its answer was lost (it landed) writes the same count again, never one more.
     ``carried``: other jobs' progress rows (dispatch's hint) written in the same commit."""
-    carry = carried is not None and not carried.written and any(carried.rows.values())
-    columns = ("next_offset", "attempts", "attempt_ts") + (("progress_version", "carried") if carry else ())
-    merge = OffsetsMerge(columns, now, extra={"carried": "boolean"} if carry else {})
-    more = {"progress_version": None, "carried": False} if carry else {}
+    pending = carried if carried is not None and not carried.written else None
+    columns = ("next_offset", "attempts", "attempt_ts") + (("progress_version", "carried") if pending else ())
+    merge = OffsetsMerge(columns, now, extra={"carried": "boolean"} if pending else {})
+    more = {"progress_version": None, "carried": False} if pending else {}
     for t in takes:
         merge.add(
             t.group,
@@ -737,17 +737,13 @@ def _record_attempts(ctx: Context, takes: list[QueueTake], now: int, carried: Ca
         "attempts": source("attempts"),
         "attempt_ts": source("attempt_ts"),
     }
-    if carry:
-        assert carried is not None
-        carried.add_to(merge)
+    if pending is not None:
+        pending.add_to(merge)
         update = carrying(update)
         insert["progress_version"] = source("progress_version")
     ctx.commit(partial(merge.execute, ctx.warehouse, update, insert), what="offsets")
-    if carry:
-        assert carried is not None
-        carried.written = True
-        if carried.point:
-            faults.point(carried.point)
+    if pending is not None:
+        pending.landed()
 
 
 def _advance(ctx: Context, takes: list[QueueTake], now: int, positions: Mapping[QueueKey, Held]) -> None:

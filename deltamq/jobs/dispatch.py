@@ -72,8 +72,7 @@ def write_deferred(ctx: Context, carried: Carried, now: int) -> None:
     """The deferred hint committed on its own (no offsets commit carried it)."""
     rows = carried.rows[DISPATCH_GROUP]
     ctx.commit(lambda: advance_offsets(ctx.warehouse, DISPATCH_GROUP, rows, now), what="offsets")
-    carried.written = True
-    faults.point(PROGRESS_POINT)
+    carried.landed()
 
 
 def _hint(version: int, queues: dict[tuple[str, int], int]) -> list[ProgressRow]:

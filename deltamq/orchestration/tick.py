@@ -111,11 +111,11 @@ def _deliver(
     runner.carried = runner.dispatched = None
     if carried is not None:
         runner.renew(["dispatch"], now)
-        own = fence
+        own, pending = fence, carried
 
         def fence() -> None:  # dispatch's lease too, until its hint is written
             own()
-            if carried is not None and not carried.written:
+            if not pending.written:
                 runner.leases.check(["dispatch"])
 
     try:
@@ -344,11 +344,14 @@ class TickRunner:
         moved = any(self._epochs.get(job) != lease.epoch for job, lease in held.items())
         self._forget_if_fenced(held)
         if self.last_now is None or moved:  # first tick, or another runner may have ticked since
-            lease_now = max(
-                (lease.last_now for lease in held.values() if lease.last_now is not None), default=None
-            )
-            loaded = self._load_last_now(lease_now)
-            self.last_now = max((x for x in (loaded, self.last_now) if x is not None), default=None)
+            self._catch_up(held)
+
+    def _catch_up(self, held: dict[str, Lease]) -> None:
+        """Keep the warehouse's last ``now`` (the lease rows' and ``job_runs``') as this
+        runner's, when it is later: another runner may have ticked since this one did."""
+        nows = [lease.last_now for lease in held.values() if lease.last_now is not None]
+        loaded = self._load_last_now(max(nows, default=None))
+        self.last_now = max((x for x in (loaded, self.last_now) if x is not None), default=None)
 
     def tick(self, now: int | datetime | None = None) -> TickResult:
         """Run one tick at ``now`` (default: the broker's clock)."""
@@ -511,10 +514,8 @@ class TickRunner:
         if all(self._epochs.get(job) == lease.epoch for job, lease in held.items()):
             return
         self._forget_if_fenced(held)
-        # the other runner's now: in the lease rows if it committed one, else in job_runs
-        rows = max((lease.last_now for lease in held.values() if lease.last_now is not None), default=None)
-        later = max(x for x in (self._load_last_now(rows), rows, self.last_now, 0) if x is not None)
-        self.last_now = later
+        self._catch_up(held)
+        later = self.last_now or 0
         if later > now_ms:
             raise LeaseLost(
                 f"a lease lapsed during this tick at now={now_ms} ({ms_to_iso(now_ms)}), and another "

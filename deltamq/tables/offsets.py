@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
 
-from deltamq import file_reads
+from deltamq import faults, file_reads
 from deltamq.constants import DISPATCH_GROUP
 from deltamq.schemas import TABLES
 from deltamq.tables.sqltext import USER_GROUPS, sql_bool, sql_in, sql_int, sql_long, sql_queues, sql_str
@@ -152,6 +152,12 @@ class Carried:
     rows: dict[str, list[ProgressRow]]
     point: str | None = None  # the fault point right after the rows are committed
     written: bool = False
+
+    def landed(self) -> None:
+        """The rows are committed (by whichever commit carried them)."""
+        self.written = True
+        if self.point:
+            faults.point(self.point)
 
     def add_to(self, merge: OffsetsMerge) -> None:
         """Add the rows to ``merge``, whose columns must include :data:`CARRY_COLUMNS`."""
