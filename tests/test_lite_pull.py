@@ -298,3 +298,39 @@ def test_a_lock_table_the_file_writer_cannot_write_is_changed_by_merge(pulled, c
     owners = {e.owner for e in client.store.read_locks("workers").values() if e is not None}
     assert owners == {"cdf"}
     client.close()
+
+
+def test_lock_rows_are_added_by_a_conditional_append_and_a_racing_client_adds_none_twice(pulled, clock):
+    """A client that finds no lock rows for its queues adds them in one commit at the
+    version after the one it read (no delta-rs ``MERGE``); when another client adds them
+    between its read and its commit, its commit is refused, it reads again and adds
+    nothing: one row per queue."""
+    queues = [("orders", q) for q in range(4)]
+    a, b = _lite(pulled, clock, "a"), _lite(pulled, clock, "b")
+    assert a.store.read_locks("workers") == {}
+    writer = a.store._writer("queue_lock")
+    real = writer.replace
+    raced = []
+
+    def racing(*args, **kwargs):
+        if not raced:  # b adds the rows after a read, before a commits
+            raced.append(b.store.snapshot("queue_lock").version)
+            b.store.ensure_lock_rows("workers", queues)
+        return real(*args, **kwargs)
+
+    writer.replace = racing
+    a.store.ensure_lock_rows("workers", queues)
+    snap = a.store.snapshot("queue_lock")
+    assert snap.version == raced[0] + 1  # b's commit alone: a's was refused and not redone
+    rows = snap.read(snap.files(), ["consumer_group", "topic", "queue_id", "owner", "no_change_count"])
+    assert sorted(rows.to_pylist(), key=lambda r: r["queue_id"]) == [
+        {"consumer_group": "workers", "topic": "orders", "queue_id": q, "owner": None, "no_change_count": 0}
+        for q in range(4)
+    ]
+    assert "queue_lock" not in a.store._tables  # no delta-rs table opened for a MERGE
+    # the rows are the engine's too, and a pull takes them
+    counted = pulled.sql("SELECT count(*) AS n FROM queue_lock WHERE consumer_group = 'workers'")
+    assert counted.collect()[0]["n"] == 4
+    assert len(a.pull(100)) == 20
+    a.close()
+    b.close()
