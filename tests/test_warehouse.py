@@ -101,3 +101,28 @@ def test_sql_is_read_only_unless_asked(broker):
     with pytest.raises(ReadOnlyQuery, match="write=True"):
         broker.sql("DELETE FROM topic_config")
     assert broker.sql("SELECT count(*) AS n FROM topic_config").collect()[0]["n"] == 0
+
+
+@pytest.mark.spark  # also on Apache Spark with a local disk, where every other append is Spark's
+def test_a_ticks_job_runs_are_appended_without_the_engine(broker, clock, tmp_path, monkeypatch):
+    """A tick's ``job_runs`` rows are one append by deltamq's own writer on every engine
+    (the engine never commits to that table after creating it): an idle tick that runs
+    every job appends nothing through the engine, and its rows read back by SQL."""
+    broker.reconfigure(skip_idle_ticks=False)
+    broker.tick(clock.now_ms())
+    through_engine = []
+    real = broker.engine.append
+    monkeypatch.setattr(
+        broker.engine,
+        "append",
+        lambda df, location, *a, **k: (through_engine.append(str(location)), real(df, location, *a, **k))[1],
+    )
+    before = table_versions(tmp_path / "wh")
+    clock.advance(seconds=1)
+    result = broker.tick(clock.now_ms())
+    after = table_versions(tmp_path / "wh")
+    assert through_engine == []
+    assert {t for t in after if after[t] != before[t]} == {"job_runs"}
+    assert after["job_runs"] == before["job_runs"] + 1
+    rows = broker.sql(f"SELECT job FROM job_runs WHERE tick_id = '{result.tick_id}'").collect()
+    assert sorted(r["job"] for r in rows) == sorted(j.job for j in result.jobs)
