@@ -106,3 +106,40 @@ def test_an_older_message_merged_in_a_later_pass_does_not_overwrite_a_newer_one(
     for i in range(1, 3):
         lake.tick(t + i)
     assert _table(sink) == {"f1": 1, "f2": 2, "A": 20}
+
+
+def test_a_sink_whose_transform_cannot_be_imported_waits_and_the_tick_goes_on(
+    lake, clock, tmp_path, monkeypatch
+):
+    """A sink's transform that the tick's process cannot import (a tick run from another
+    folder) stops that sink alone, as a listener that cannot be loaded stops its group:
+    its messages wait, the later jobs still run, and the tick names the group and why
+    (``deltamq tick`` exits 4). Once importable, the next tick sinks them."""
+    import sys
+
+    folder = tmp_path / "mods"
+    folder.mkdir()
+    (folder / "lake_transforms.py").write_text(
+        "def rows(df):\n"
+        "    return df.selectExpr('keys AS order_id', 'CAST(CAST(body AS STRING) AS INT) AS amount', "
+        "'_deltamq_order')\n"
+    )
+    monkeypatch.syspath_prepend(str(folder))
+    sink = lake.sink_to_table("lake", str(tmp_path / "orders-sink"), ["order_id"], "lake_transforms:rows")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(folder)])
+    monkeypatch.delitem(sys.modules, "lake_transforms")
+    p = lake.producer("p")
+    for i in range(3):
+        p.send(Message("orders", str(i).encode(), keys=f"o{i}"))
+    result = lake.tick(clock.now_ms())
+    assert [(g, "lake_transforms:rows" in why) for g, why in result.setup_errors] == [("lake", True)]
+    assert result.job("sink").status == "OK" and "cannot be imported" in (result.job("sink").error or "")
+    assert result.ok and not [j.job for j in result.jobs if j.status == "FAILED"]
+    after = [j for j in result.jobs[[j.job for j in result.jobs].index("sink") + 1 :]]
+    assert after and all(j.status == "OK" or j.note for j in after)  # ran, or had nothing to do
+    assert lake.sql("SELECT count(*) AS n FROM offsets WHERE consumer_group = 'lake'").collect()[0]["n"] == 0
+    monkeypatch.syspath_prepend(str(folder))
+    clock.advance(seconds=1)
+    again = lake.tick(clock.now_ms())
+    assert again.setup_errors == () and again.job("sink").rows_in == 3
+    assert _table(sink) == {"o0": 0, "o1": 1, "o2": 2}

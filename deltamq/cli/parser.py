@@ -19,7 +19,7 @@ an unknown topic or group, no warehouse at the location, a clock going back...).
 SKIPPED = 3
 """A one-shot ``tick`` or ``job`` did nothing: another runner holds its job lease."""
 SETUP_FAILED = 4
-"""A tick ran, but a push group consumed nothing: its listener could not be loaded."""
+"""A tick ran, but a push group or a sink consumed nothing: its listener or transform could not be loaded."""
 NO_INPUT = 5
 """A file named on the command line cannot be opened (missing, unreadable, no such folder)."""
 BAD_INPUT = 6
@@ -39,7 +39,7 @@ EXIT_STATUSES: tuple[tuple[int, str], ...] = (
     (CHECK_FAILED, "a check found problems (dq --fail-on-error, doctor); msg show found no message"),
     (USAGE, "usage error, or deltamq refused (a DeltaMQError: a bad value, an unknown topic, no warehouse)"),
     (SKIPPED, "tick/job skipped: another runner holds the job lease"),
-    (SETUP_FAILED, "a push group's listener could not be loaded (its messages wait)"),
+    (SETUP_FAILED, "a push group's listener or a sink's transform could not be loaded (its messages wait)"),
     (NO_INPUT, "a file named on the command line cannot be opened (missing, unreadable)"),
     (BAD_INPUT, "an input file is malformed (send --file: file:line says what; nothing sent)"),
     (ENGINE_REJECTED, "the engine rejected a query or failed (a Spark / Spark Connect error)"),

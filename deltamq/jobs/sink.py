@@ -21,6 +21,7 @@ the column by name); it may drop messages (``where``) or rename fields.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from deltamq import faults
 from deltamq.catalog import listener_path
 from deltamq.config import GroupConfig, Subscription
 from deltamq.constants import Prop
-from deltamq.errors import ConfigError, DeltaMQError, UnknownGroup
+from deltamq.errors import ConfigError, DeltaMQError, ListenerUnavailable, UnknownGroup
 from deltamq.filters import subscriptions_filter
 from deltamq.jobs import deliver_plan
 from deltamq.message import validate_group_name
@@ -47,6 +48,8 @@ from deltamq.tables.sqltext import sql_str
 
 if TYPE_CHECKING:
     from deltamq.context import Context
+
+log = logging.getLogger(__name__)
 
 ORDER = "_deltamq_order"
 """Column of every sink row: the total order of the message that wrote it."""
@@ -89,6 +92,7 @@ class SinkResult:
     group: str
     messages: int = 0  # matching messages merged (replays included)
     queues: int = 0
+    setup_error: str | None = None  # its transform could not be loaded: nothing taken, offsets kept
 
 
 # --- configuration --------------------------------------------------------------------------
@@ -248,14 +252,25 @@ def run(
     for group, cfg in sorted(sinks.items()):
         mine = [t for t in takes if t.group == group]
         if mine:
+            try:  # a transform that cannot be loaded stops its own sink, as a listener does
+                transform = load_transform(ctx, cfg)
+            except ListenerUnavailable as e:
+                log.error("sink %r took nothing: %s", group, e)
+                results.append(SinkResult(group=group, setup_error=str(e)))
+                continue
             if fence:
                 fence()
-            results.append(_pass(ctx, cfg, mine, now, subs))
+            results.append(_pass(ctx, cfg, mine, now, subs, transform))
     return results
 
 
 def _pass(
-    ctx: Context, cfg: SinkConfig, takes: list[deliver_plan.QueueTake], now: int, subs: list[Subscription]
+    ctx: Context,
+    cfg: SinkConfig,
+    takes: list[deliver_plan.QueueTake],
+    now: int,
+    subs: list[Subscription],
+    transform: Callable[[DataFrame], DataFrame] | None,
 ) -> SinkResult:
     wh = ctx.warehouse
     pred = queue_ranges((t.topic, t.queue_id, t.lo, t.hi) for t in takes)
@@ -273,7 +288,7 @@ def _pass(
         messages = rows.select(
             *[derived.get(f.name, F.col(f.name)).cast(f.dataType).alias(f.name) for f in MESSAGE_SCHEMA]
         )
-        out = output(ctx, cfg, messages, load_transform(ctx, cfg))
+        out = output(ctx, cfg, messages, transform)
         merge(ctx, cfg, out)
     faults.point("sink.after_merge_commit")
     ctx.commit(

@@ -8,6 +8,7 @@ from typing import Any
 
 from deltamq.clock import ms_to_iso
 from deltamq.jobs import deliver
+from deltamq.jobs.sink import SinkResult
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,10 +65,17 @@ class TickResult:
 
     @property
     def setup_errors(self) -> tuple[tuple[str, str], ...]:
-        """(group, why) of push groups whose listener could not be loaded: they consumed
-        nothing this tick and their messages wait (``deltamq tick`` exits 4)."""
+        """(group, why) of push groups whose listener, and of sinks whose transform, could
+        not be loaded: they consumed nothing this tick and their messages wait (``deltamq
+        tick`` exits 4)."""
         d = self.delivered
-        return tuple(d.setup_errors) if d is not None else ()
+        found = list(d.setup_errors) if d is not None else []
+        for j in self.jobs:
+            if j.job == "sink" and isinstance(j.result, list):
+                found += [
+                    (r.group, r.setup_error) for r in j.result if isinstance(r, SinkResult) and r.setup_error
+                ]
+        return tuple(found)
 
     def summary(self) -> str:
         """One line: each job that did something (or failed) with its rows in/out, then

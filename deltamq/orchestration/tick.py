@@ -186,11 +186,13 @@ def _sink(runner: TickRunner, now: int, fence: Fence, runs: list[JobRun]) -> Job
     if not results:
         return None
     n = sum(r.messages for r in results)
+    unloaded = [f"sink {r.group!r}: {r.setup_error}" for r in results if r.setup_error]
     return JobRun(
         job="sink",
         status="OK",
         rows_in=n,
         rows_out=n,
+        error="; ".join(unloaded) or None,
         details={"sinks": len(results), "merged": n},
         result=results,
     )
