@@ -352,8 +352,9 @@ class Broker:
         """Answer the group's transaction check-back from a Delta table of local state.
 
         Each pass joins the group's half messages, by their ``key_property`` property,
-        with ``table`` (a Delta path or table name) on ``key_column`` (default: the same
-        name as the property) and evaluates ``state_expression`` over the table's row, e.g.
+        with ``table`` (an absolute path or URI of a Delta table, or a table name) on
+        ``key_column`` (default: the same name as the property) and evaluates
+        ``state_expression`` over the table's row, e.g.
         ``CASE WHEN status = 'PAID' THEN 'COMMIT' WHEN status = 'CANCELLED' THEN
         'ROLLBACK' END``. NULL, anything else, a missing row or rows that disagree mean
         UNKNOWN. It replaces a check listener set for the group.

@@ -168,9 +168,14 @@ class CheckConfig:
         return self.table is not None
 
 
+def _is_path(table: str) -> bool:
+    return table.startswith(("/", "file:")) or "://" in table
+
+
 def read_table(spark: SparkSession, table: str) -> DataFrame:
-    """A table check's table: a Delta path (``/…`` or ``scheme://…``) or a table name."""
-    if table.startswith("/") or "://" in table:
+    """A table check's table: a Delta path (``/…``, ``file:…`` or ``scheme://…``) or a
+    table name."""
+    if _is_path(table):
         return spark.read.format("delta").load(table)
     return spark.table(table)
 
@@ -212,8 +217,14 @@ def table_states(spark: SparkSession, cfg: CheckConfig) -> DataFrame:
 def validate_table_check(spark: SparkSession, cfg: CheckConfig) -> None:
     """Raise ConfigError naming what is wrong: the table cannot be read, the key column is
     missing, or the state expression does not evaluate over the table."""
+    table = cfg.table or ""
+    if not _is_path(table) and ("/" in table or "\\" in table or table.startswith(".")):
+        raise ConfigError(
+            f"check table {table!r} is a relative path; give an absolute path or a URI of a Delta "
+            "table (the tick may run in another folder), or a table name"
+        )
     try:
-        t = read_table(spark, cfg.table or "")
+        t = read_table(spark, table)
         columns = t.columns
     except Exception as e:  # noqa: BLE001 - any read failure is reported with the table name
         raise ConfigError(f"check table {cfg.table!r} cannot be read: {_first_line(e)}") from e

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import table_versions
 
 from deltamq.cli import main
 
@@ -95,8 +96,11 @@ def test_console_script_help():
 
 
 @pytest.mark.slow  # .ci/run runs `deltamq demo` itself as its set-up step
-def test_demo_runs(tmp_path, capsys):
-    assert main(["demo", "--warehouse", str(tmp_path / "demo")]) == 0
+def test_demo_runs(tmp_path, capsys, monkeypatch):
+    """The demo on a relative warehouse path (its check table is a path under it); run
+    again on that warehouse it refuses before writing anything and leaves no lease held."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--warehouse", "demo"]) == 0
     out = capsys.readouterr().out
     assert "schedule=5" in out and "promote re-stored 5" in out and "promote re-stored 1" in out
     assert "report  09:45:00  09:45:00" in out
@@ -105,6 +109,11 @@ def test_demo_runs(tmp_path, capsys):
     assert "order-2 — paid in time" in out
     assert "1 COMMIT, 1 ROLLBACK, 0 UNKNOWN" in out
     assert "order-1 — booked 'refunded'" in out and "order-4 — booked 'refunded'" not in out
+    before = table_versions(tmp_path / "demo")
+    assert main(["demo", "--warehouse", "demo"]) == 2
+    assert "needs a new or empty warehouse" in capsys.readouterr().err
+    assert table_versions(tmp_path / "demo") == before
+    assert main(["tick", "--warehouse", "demo"]) == 0  # not held by the refused run
 
 
 def test_operating_commands(tmp_path, capsys):

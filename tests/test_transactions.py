@@ -231,6 +231,9 @@ def test_check_table_configuration_errors_name_the_problem(broker, tmp_path, spa
         broker.check_with_table("shop", path, "oid", "'COMMIT'")
     with pytest.raises(ConfigError, match="does not evaluate"):
         broker.check_with_table("shop", path, "order_id", "CASE WHEN nosuch = 1 THEN 'COMMIT' END")
+    for relative in ("./st", "state/st", "../st"):  # a tick may run in another folder
+        with pytest.raises(ConfigError, match=f"'{relative}' is a relative path; give an absolute path"):
+            broker.check_with_table("shop", relative, "order_id", "'COMMIT'")
     assert broker.check_configs() == {}
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from deltamq.cli.format import ms_to_iso, print_table
 from deltamq.clock import FakeClock
 from deltamq.constants import Prop
+from deltamq.errors import ConfigError
 from deltamq.message import Message
 
 if TYPE_CHECKING:
@@ -139,6 +140,8 @@ def run_demo(warehouse: str | None = None) -> None:
 
     started = time.monotonic()
     location = warehouse or tempfile.mkdtemp(prefix="deltamq-demo-")
+    if "://" not in location:  # the check table and the listeners' log are paths under it
+        location = os.path.abspath(location)
     clock = FakeClock(START)
     _say(f"deltamq demo — warehouse {location}")
     _say(
@@ -147,18 +150,26 @@ def run_demo(warehouse: str | None = None) -> None:
         "an hour passes in six ticks.\n"
     )
     broker = Broker.init(location, clock=clock)
-    log_path = _create_topics_and_groups(broker, location)
-    shop = broker.producer("shop")
-    _send_orders(shop, clock)
-    seen = _the_hour(broker, shop, clock, log_path)
-    seen = _refunds(broker, clock, location, log_path, seen)
-    for title, query in QUERIES:
-        _show(broker, title, query)
+    try:  # a failed run gives its job leases back: the warehouse is not blocked after it
+        used = sorted([*broker.topics(), *broker.groups()], key=lambda name: (name.startswith("%"), name))
+        if used:
+            raise ConfigError(
+                f"the demo needs a new or empty warehouse; {location} already has topics or "
+                f"groups {used[:6]}: give another --warehouse, or none (a new temporary one)"
+            )
+        log_path = _create_topics_and_groups(broker, location)
+        shop = broker.producer("shop")
+        _send_orders(shop, clock)
+        seen = _the_hour(broker, shop, clock, log_path)
+        seen = _refunds(broker, clock, location, log_path, seen)
+        for title, query in QUERIES:
+            _show(broker, title, query)
+    finally:
+        broker.close()
     _say(
         f"\ndone in {time.monotonic() - started:.1f}s. Query it yourself:\n"
         f'  deltamq sql "SELECT * FROM consume_queue" --warehouse {location}'
     )
-    broker.close()
 
 
 def _create_topics_and_groups(broker: Broker, location: str) -> str:
