@@ -146,3 +146,17 @@ def test_operating_commands(tmp_path, capsys):
     code, out, _ = _run(capsys, "rebuild-index", "--json", "--warehouse", wh)
     # the last tick's deliver dead-lettered the resent copy too; rebuilding indexes that as well
     assert code == 0 and json.loads(out)["rows_after"] == json.loads(out)["rows_before"] + 1 == 4
+
+
+def test_a_command_without_the_broker_extra_says_which_install_it_needs(tmp_path):
+    """Installed as ``deltamq[producer]`` (no PySpark), the command line names the extra to
+    install instead of reporting an internal error."""
+    code = (
+        "import sys; sys.modules['pyspark'] = None\n"  # `import pyspark` fails as if not installed
+        "from deltamq.cli import main\n"
+        f"sys.exit(main(['status', '--warehouse', {str(tmp_path / 'wh')!r}]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr
+    assert "`deltamq status` needs the broker's engine (pyspark is not installed)" in out.stderr
+    assert "pip install 'deltamq[broker]'" in out.stderr and "internal error" not in out.stderr

@@ -71,6 +71,11 @@ COMMANDS: dict[str, Handler] = {
 """The other commands' handlers, by name: each gets the warehouse's open broker."""
 
 
+_BROKER_MODULES = frozenset({"pyspark", "pysail", "delta", "grpc", "pandas", "google"})
+"""Top-level modules of the ``broker`` extra's packages (PySpark and its Connect client's
+needs, Sail, delta-spark): a command that finds one missing was installed without it."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit status (``parser.EXIT_STATUSES``). Usage errors
     exit through argparse (SystemExit 2)."""
@@ -91,6 +96,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DeltaMQError as e:
         return _fail(args, str(e), USAGE)
     except Exception as e:
+        if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] in _BROKER_MODULES:
+            return _fail(  # installed as deltamq[producer]
+                args,
+                f"`deltamq {args.command}` needs the broker's engine "
+                f"({(e.name or '').split('.')[0]} is not installed): "
+                "pip install 'deltamq[broker]'. deltamq[producer] alone has the Spark-free "
+                "Producer and PullConsumer (deltamq.lite), not the command line",
+                USAGE,
+            )
         if isinstance(e, OSError) and e.filename is not None:  # a file named on the command line
             return _fail(args, f"cannot open {e.filename}: {e.strerror or e}", NO_INPUT)
         if _is_engine_error(e):
