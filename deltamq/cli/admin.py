@@ -109,6 +109,13 @@ def group(broker, args: argparse.Namespace) -> int:
 
 
 def catalog(broker, args: argparse.Namespace) -> int:
+    if broker.engine.mode == "embedded":
+        raise UsageError(
+            "catalog register without --remote would name the tables in the embedded engine's "
+            "catalog, which ends with this command: nothing would remain. Give --remote "
+            "sc://host:port (or DELTAMQ_SPARK_REMOTE) for a Spark Connect server's catalog, or "
+            "call deltamq.register(spark, warehouse) in the session that queries them"
+        )
     names = broker.register(args.database)
     return emit(
         args,
