@@ -275,7 +275,7 @@ class Catalog(Topics):
             )
         cfg = self.require_group(group, "; create it first")
         if self._topic(topic) is None:
-            raise UnknownTopic(f"topic {topic!r} does not exist; create it first")
+            raise UnknownTopic(f"topic {topic!r} does not exist ({self._existing()}); create it first")
         expression = validate_expression(expression, expr_type)
         self._subscribe(group, topic, expression, expr_type)
         self._init_offsets(cfg, topic)

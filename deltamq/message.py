@@ -278,9 +278,15 @@ def validate_properties(props: Any) -> dict[str, str]:
 def validate_delay_level(level: Any) -> int:
     """Delay levels are integers ≥ 0 (above the maximum they clamp, docs/behaviour.md §2)."""
     if isinstance(level, bool) or not isinstance(level, int):
-        raise InvalidDelayLevel(f"delay_level {level!r} is not an integer; allowed: 0 (none) or 1..N")
+        raise InvalidDelayLevel(
+            f"delay_level {level!r} is not an integer; allowed: 0 (none) or a level of the "
+            "warehouse's schedule_levels"
+        )
     if level < 0:
-        raise InvalidDelayLevel(f"delay_level {level} is negative; allowed: 0 (no delay) or 1..N")
+        raise InvalidDelayLevel(
+            f"delay_level {level} is negative; allowed: 0 (no delay) or a level of the "
+            "warehouse's schedule_levels"
+        )
     return level
 
 

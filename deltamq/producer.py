@@ -205,7 +205,8 @@ class Producer(BaseProducer):
             )
         if stats["min_level"] is not None and stats["min_level"] < 0:
             raise InvalidDelayLevel(
-                f"delay_level {stats['min_level']} is negative; allowed: 0 (no delay) or 1..N"
+                f"delay_level {stats['min_level']} is negative; allowed: 0 (no delay) or "
+                f"1..{self.ctx.catalog.max_delay_level()}"
             )
         if stats["bad_timers"]:
             raise InvalidTimer(

@@ -8,6 +8,7 @@ short-lived cache of ``topic_config``. Imports nothing from PySpark.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -21,8 +22,8 @@ import pyarrow as pa
 from deltamq import ids
 from deltamq.clock import Clock
 from deltamq.config import BrokerConfig
-from deltamq.constants import Perm, Prop, SysFlag
-from deltamq.errors import InvalidMessage, TopicNotWritable, UnknownTopic
+from deltamq.constants import Perm, Prop, SysFlag, is_system_topic
+from deltamq.errors import InvalidMessage, InvalidTimer, TopicNotWritable, UnknownTopic
 from deltamq.message import (
     Message,
     body_bytes,
@@ -34,6 +35,8 @@ from deltamq.message import (
     validate_properties,
     validate_topic_name,
 )
+
+log = logging.getLogger(__name__)
 
 Selector = Callable[[int, Message, Any], int]
 """RocketMQ's MessageQueueSelector: (queue count, message, arg) -> queue id."""
@@ -125,10 +128,20 @@ class Topics:
         self._load_topics()
         return {t: {"queues": q, "perm": p, "ordered": o} for t, (q, p, o) in sorted(self._topics.items())}
 
+    def _existing(self) -> str:
+        """The user topics there are, for an error about one that is not."""
+        with self._lock:
+            names = sorted(t for t in self._topics if not is_system_topic(t))
+        if not names:
+            return "there are no topics yet"
+        return "the topics are " + ", ".join(names[:12]) + (" …" if len(names) > 12 else "")
+
     def topic_queues(self, topic: str) -> int:
         info = self._topic(topic)
         if info is None:
-            raise UnknownTopic(f"topic {topic!r} does not exist; create it with create_topic({topic!r})")
+            raise UnknownTopic(
+                f"topic {topic!r} does not exist ({self._existing()}); create it with create_topic({topic!r})"
+            )
         return info[0]
 
     def validate_writable_topic(self, topic: Any) -> str:
@@ -137,7 +150,8 @@ class Topics:
         info = self._topic(topic)
         if info is None:
             raise UnknownTopic(
-                f"topic {topic!r} does not exist; create it first (deltamq topic create {topic})"
+                f"topic {topic!r} does not exist ({self._existing()}); create it first "
+                f"(deltamq topic create {topic})"
             )
         if not Perm(info[1]).writable:
             raise TopicNotWritable(f"topic {topic!r} has perm {info[1]}; producers need RW or W")
@@ -232,6 +246,11 @@ class BaseProducer:
         validate_flag(m.flag)
         due = timer_due_ms(m, props, now, self.ctx.config.timer_horizon_ms)
         if due is not None:
+            if level > 0:
+                raise InvalidTimer(
+                    f"{m!r} has both delay_level={level} and a timer (deliver_at, delay or "
+                    f"{Prop.TIMER_DELIVER_MS}); give one of them"
+                )
             props[Prop.TIMER_DELIVER_MS] = str(due)
         return m, body, props, level
 
@@ -356,6 +375,14 @@ class BaseProducer:
                 for pos, m in enumerate(messages)
             ]
         levels = [min(level, max_level) if level > 0 else 0 for _, _, _, level in prepared]
+        above = sorted({level for _, _, _, level in prepared if level > max_level})
+        if above:  # as RocketMQ does, stored at the highest level; said, not silent
+            log.warning(
+                "delay_level %s above the warehouse's highest level %d: stored at level %d",
+                ", ".join(map(str, above)),
+                max_level,
+                max_level,
+            )
         if not transactional and not any(props or level for _, _, props, level in prepared):
             offsets = pa.array(range(n + 1), pa.int32())
             names = pa.repeat(pa.scalar(Prop.UNIQ_KEY), n)

@@ -160,3 +160,10 @@ def test_a_command_without_the_broker_extra_says_which_install_it_needs(tmp_path
     assert out.returncode == 2, out.stderr
     assert "`deltamq status` needs the broker's engine (pyspark is not installed)" in out.stderr
     assert "pip install 'deltamq[broker]'" in out.stderr and "internal error" not in out.stderr
+
+
+def test_durations_read_without_an_exponent():
+    from deltamq.cli.format import duration
+
+    assert [duration(ms) for ms in (1500, 90_000, 7_200_000, 500)] == ["1.5s", "90s", "2h", "500ms"]
+    assert duration(217_976_000_000) == "2522.9d"  # was 2.17976e+08s

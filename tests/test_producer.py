@@ -230,3 +230,23 @@ def test_a_plan_without_the_absent_columns_stores_the_same_rows(orders, transact
         assert [checked.select(r.alias("p")).collect() for r in rules][0] == checked.select(
             rules[1].alias("p")
         ).collect()
+
+
+def test_a_send_to_a_topic_not_there_names_the_topics_and_a_level_with_a_timer_is_refused(orders, clock):
+    """A mistyped topic's error lists the topics there are; a message with both a delay
+    level and a timer is refused (which one wins is not the user's to guess), nothing
+    stored."""
+    from deltamq.errors import InvalidTimer, UnknownTopic
+
+    p = orders.producer("p")
+    with pytest.raises(UnknownTopic, match=r"topic 'Orders' does not exist \(the topics are orders\)"):
+        p.send(Message("Orders", b"x"))
+    orders.create_group("g")
+    with pytest.raises(UnknownTopic, match=r"the topics are orders\)"):
+        orders.subscribe("g", "Orders")
+    before = orders.sql("SELECT count(*) AS n FROM commit_log").collect()[0]["n"]
+    with pytest.raises(InvalidTimer, match="both delay_level=3 and a timer"):
+        p.send_batch(
+            [Message("orders", b"a"), Message("orders", b"x", delay_level=3, deliver_at=clock.now_ms() + 1)]
+        )
+    assert orders.sql("SELECT count(*) AS n FROM commit_log").collect()[0]["n"] == before

@@ -167,7 +167,7 @@ def _send_file(broker, producer, args: argparse.Namespace, top: int) -> int:
             ["status", "topic", "queue id", "messages", "queue offsets"],
             [["SEND_OK", q["topic"], q["queue_id"], q["messages"], OFFSET_LATER] for q in data["queues"]],
         )
-        print(f"sent {len(ids)} messages from {args.file}")
+        print(f"sent {len(ids)} message{'' if len(ids) == 1 else 's'} from {args.file}")
 
     return emit(args, data, render)
 

@@ -86,7 +86,10 @@ def check_read_only(statement: str) -> None:
     refused = "; pass write=True (CLI: --write) to change tables"
     semis = [i for i, t in enumerate(code) if t.text == ";"]
     if any(i != len(code) - 1 for i in semis):
-        raise ReadOnlyQuery(f"{statement.strip()[:60]!r} holds more than one statement{refused}")
+        raise ReadOnlyQuery(
+            f"{statement.strip()[:60]!r} holds more than one statement; run them one at a time "
+            "(one that changes tables with write=True, CLI: --write)"
+        )
     first = next((t.text.upper() for t in code if t.text != "("), "")
     if first not in QUERY_START:
         raise ReadOnlyQuery(
