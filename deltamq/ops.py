@@ -55,7 +55,7 @@ def _id_floor(msg_id: str) -> int:
     try:
         batch, _ = ids.parse_msg_id(msg_id)
     except ValueError as e:
-        raise ConfigError(f"{msg_id!r} is not a message id: {e}") from None
+        raise ConfigError(str(e)) from None
     return (batch >> ids.BATCH_RANDOM_BITS) << ids.BATCH_RANDOM_BITS
 
 

@@ -471,6 +471,11 @@ def _row_problem(
             (due > F.lit(now + config.timer_horizon_ms)) | (due < F.lit(now - config.timer_horizon_ms)),
             F.lit("timer beyond the horizon"),
         )
+        if "delay_level" in has:  # as send() refuses it: which one wins is not the user's to guess
+            problem = problem.when(
+                (F.coalesce(F.col("delay_level"), F.lit(0)) > 0) & due.isNotNull(),
+                F.lit("both a delay_level and a timer; give one of them"),
+            )
     elif transactional and "delay_level" in has:
         problem = problem.when(F.col("delay_level") > 0, F.lit("a transactional message cannot be delayed"))
     if "queue_id" in has:

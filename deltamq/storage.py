@@ -590,11 +590,17 @@ class Storage:
     # --- errors --------------------------------------------------------------------------
     def error(self, action: str, path: str, cause: BaseException) -> StorageError:
         detail = _detail(cause)
-        for value in self._options.values():  # a key or token the store echoed back
-            if len(value) >= 6:
+        for name, value in self._options.items():  # a key or token the store echoed back
+            if len(value) >= 6 and _SECRET_OPTION.search(name):
                 detail = detail.replace(value, "***")
         return StorageError(f"cannot {action} {path}: {describe_cause(cause)} ({detail})")
 
+
+_SECRET_OPTION = re.compile(
+    r"KEY|SECRET|TOKEN|PASSWORD|CREDENTIAL|SAS|SIGNATURE|CONNECTION|AUTH", re.IGNORECASE
+)
+"""Storage options whose values an error must not show (a region or an endpoint is shown:
+it says where the store was looked for)."""
 
 # faults a store shows under load or at a hiccup, worth trying again (S3's own advice):
 # throttling, resets, server errors; 5xx as numbers of their own (see the 403 note below)

@@ -22,6 +22,7 @@ join of the pass's half messages with a Delta table of local transaction state.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -168,8 +169,12 @@ class CheckConfig:
         return self.table is not None
 
 
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+
 def _is_path(table: str) -> bool:
-    return table.startswith(("/", "file:")) or "://" in table
+    """A Delta path (``/…``, ``file:…``, ``s3://…``, ``hdfs:/…``) rather than a table name."""
+    return table.startswith("/") or bool(_SCHEME.match(table))
 
 
 def read_table(spark: SparkSession, table: str) -> DataFrame:
@@ -218,7 +223,8 @@ def validate_table_check(spark: SparkSession, cfg: CheckConfig) -> None:
     """Raise ConfigError naming what is wrong: the table cannot be read, the key column is
     missing, or the state expression does not evaluate over the table."""
     table = cfg.table or ""
-    if not _is_path(table) and ("/" in table or "\\" in table or table.startswith(".")):
+    relative = "/" in table or "\\" in table or table.startswith(".")
+    if not _is_path(table) and relative and "`" not in table:  # delta.`/p` is a table name
         raise ConfigError(
             f"check table {table!r} is a relative path; give an absolute path or a URI of a Delta "
             "table (the tick may run in another folder), or a table name"

@@ -167,3 +167,4 @@ def test_durations_read_without_an_exponent():
 
     assert [duration(ms) for ms in (1500, 90_000, 7_200_000, 500)] == ["1.5s", "90s", "2h", "500ms"]
     assert duration(217_976_000_000) == "2522.9d"  # was 2.17976e+08s
+    assert duration(90_000_000) == "25h"

@@ -159,3 +159,9 @@ def test_report_charts_lag_and_throughput_from_job_runs(broker, clock, tmp_path)
     assert json.loads(embedded.group(1)) == data
     assert data["backlog_by_group"] == {"worker": [10, 14, 18, 22]}  # deliver records it per group
     # the charts themselves are checked in a browser: tests/test_report.py
+
+
+def test_a_trace_of_no_message_id_says_why_once(broker):
+    with pytest.raises(ConfigError) as e:
+        broker.trace("NOSUCHID")
+    assert str(e.value) == "'NOSUCHID' is not a deltamq message id (24 or 32 upper-case hex digits)"

@@ -236,7 +236,7 @@ def test_a_send_to_a_topic_not_there_names_the_topics_and_a_level_with_a_timer_i
     """A mistyped topic's error lists the topics there are; a message with both a delay
     level and a timer is refused (which one wins is not the user's to guess), nothing
     stored."""
-    from deltamq.errors import InvalidTimer, UnknownTopic
+    from deltamq.errors import InvalidMessage, InvalidTimer, UnknownTopic
 
     p = orders.producer("p")
     with pytest.raises(UnknownTopic, match=r"topic 'Orders' does not exist \(the topics are orders\)"):
@@ -249,4 +249,10 @@ def test_a_send_to_a_topic_not_there_names_the_topics_and_a_level_with_a_timer_i
         p.send_batch(
             [Message("orders", b"a"), Message("orders", b"x", delay_level=3, deliver_at=clock.now_ms() + 1)]
         )
+    both = orders.spark.createDataFrame(
+        [("orders", b"x", 3, clock.now_ms() + 1000)],
+        "topic string, body binary, delay_level int, deliver_at_ms bigint",
+    )
+    with pytest.raises(InvalidMessage, match="both a delay_level and a timer"):
+        p.send_dataframe(both)
     assert orders.sql("SELECT count(*) AS n FROM commit_log").collect()[0]["n"] == before

@@ -7,7 +7,7 @@ import pytest
 from support.listeners import order_rows, order_rows_without_guard
 
 from deltamq import Message
-from deltamq.errors import ConfigError
+from deltamq.errors import ConfigError, ListenerUnavailable
 from deltamq.jobs.sink import SinkError
 
 
@@ -138,6 +138,8 @@ def test_a_sink_whose_transform_cannot_be_imported_waits_and_the_tick_goes_on(
     after = [j for j in result.jobs[[j.job for j in result.jobs].index("sink") + 1 :]]
     assert after and all(j.status == "OK" or j.note for j in after)  # ran, or had nothing to do
     assert lake.sql("SELECT count(*) AS n FROM offsets WHERE consumer_group = 'lake'").collect()[0]["n"] == 0
+    with pytest.raises(ListenerUnavailable, match="lake_transforms:rows"):
+        sink.run(clock.now_ms())  # asked for by name: raised, not a result to overlook
     monkeypatch.syspath_prepend(str(folder))
     clock.advance(seconds=1)
     again = lake.tick(clock.now_ms())

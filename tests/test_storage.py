@@ -53,6 +53,20 @@ def test_options_come_from_the_environment_and_explicit_ones_win():
 
 
 @pytest.mark.unit
+def test_a_store_error_hides_secrets_and_shows_where_it_looked():
+    env = {
+        "AWS_REGION": "eu-west-3",
+        "AWS_SECRET_ACCESS_KEY": "s3cr3t-value",
+        "AWS_SESSION_TOKEN": "tok-123456",
+    }
+    s = Storage("s3://bucket/wh", env=env)
+    echoed = RuntimeError("https://s3.eu-west-3.amazonaws.com/bucket: signed with s3cr3t-value, tok-123456")
+    text = str(s.error("read", "s3://bucket/wh/offsets", echoed))
+    assert "s3cr3t-value" not in text and "tok-123456" not in text and text.count("***") == 2
+    assert "s3.eu-west-3.amazonaws.com" in text  # the region is no secret
+
+
+@pytest.mark.unit
 def test_classic_spark_gets_s3a_paths_and_conf_lines():
     s = Storage(
         "s3://bucket/wh",

@@ -234,6 +234,10 @@ def test_check_table_configuration_errors_name_the_problem(broker, tmp_path, spa
     for relative in ("./st", "state/st", "../st"):  # a tick may run in another folder
         with pytest.raises(ConfigError, match=f"'{relative}' is a relative path; give an absolute path"):
             broker.check_with_table("shop", relative, "order_id", "'COMMIT'")
+    from deltamq.transactions import _is_path
+
+    names = (path, f"file:{path}", "s3://b/st", "hdfs:/st", "shop.state", "delta.`/st`")
+    assert [_is_path(t) for t in names] == [True, True, True, True, False, False]
     assert broker.check_configs() == {}
 
 

@@ -107,7 +107,8 @@ def test_sql_is_read_only_unless_asked(broker):
 def test_a_ticks_job_runs_are_appended_without_the_engine(broker, clock, tmp_path, monkeypatch):
     """A tick's ``job_runs`` rows are one append by deltamq's own writer on every engine
     (the engine never commits to that table after creating it): an idle tick that runs
-    every job appends nothing through the engine, and its rows read back by SQL."""
+    every job appends nothing through the engine, and its rows read back by SQL; past
+    their reserved time, retention deletes them without the engine too."""
     broker.reconfigure(skip_idle_ticks=False)
     broker.tick(clock.now_ms())
     through_engine = []
@@ -126,3 +127,15 @@ def test_a_ticks_job_runs_are_appended_without_the_engine(broker, clock, tmp_pat
     assert after["job_runs"] == before["job_runs"] + 1
     rows = broker.sql(f"SELECT job FROM job_runs WHERE tick_id = '{result.tick_id}'").collect()
     assert sorted(r["job"] for r in rows) == sorted(j.job for j in result.jobs)
+    # eight days on, retention prunes those rows, by delta-rs too
+    statements = []
+    execute = broker.engine.execute
+    monkeypatch.setattr(broker.engine, "execute", lambda s: (statements.append(s), execute(s))[1])
+    clock.advance(seconds=8 * 86_400)
+    retain = broker.tick(clock.now_ms()).job("retain")
+    assert retain.status == "OK" and retain.result.pruned["job_runs"] >= 2
+    assert through_engine == [] and not [s for s in statements if "job_runs" in s]
+    assert (
+        broker.sql(f"SELECT count(*) AS n FROM job_runs WHERE tick_id = '{result.tick_id}'").collect()[0][0]
+        == 0
+    )

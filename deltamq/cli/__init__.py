@@ -71,9 +71,17 @@ COMMANDS: dict[str, Handler] = {
 """The other commands' handlers, by name: each gets the warehouse's open broker."""
 
 
-_BROKER_MODULES = frozenset({"pyspark", "pysail", "delta", "grpc", "pandas", "google"})
-"""Top-level modules of the ``broker`` extra's packages (PySpark and its Connect client's
-needs, Sail, delta-spark): a command that finds one missing was installed without it."""
+_BROKER_MODULES = (
+    "pyspark", "pysail", "delta", "grpc", "grpc_status", "google.protobuf", "google.rpc", "pandas",
+    "great_expectations", "plotly", "xxhash",
+)  # fmt: skip
+"""Modules of the ``broker`` extra's packages (PySpark and its Connect client's needs,
+Sail, delta-spark, the checks, the report): a command that finds one missing was
+installed without it."""
+
+
+def _from_broker_extra(module: str) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in _BROKER_MODULES)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -96,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DeltaMQError as e:
         return _fail(args, str(e), USAGE)
     except Exception as e:
-        if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] in _BROKER_MODULES:
+        if isinstance(e, ModuleNotFoundError) and _from_broker_extra(e.name or ""):
             return _fail(  # installed as deltamq[producer]
                 args,
                 f"`deltamq {args.command}` needs the broker's engine "

@@ -109,7 +109,9 @@ def group(broker, args: argparse.Namespace) -> int:
 
 
 def catalog(broker, args: argparse.Namespace) -> int:
-    if broker.engine.mode == "embedded":
+    mode = broker.engine.mode
+    in_memory = mode == "classic" and broker.spark.conf.get("spark.sql.catalogImplementation", "") != "hive"
+    if mode == "embedded" or in_memory:
         raise UsageError(
             "catalog register without --remote would name the tables in the embedded engine's "
             "catalog, which ends with this command: nothing would remain. Give --remote "

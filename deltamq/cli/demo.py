@@ -22,6 +22,7 @@ from deltamq.clock import FakeClock
 from deltamq.constants import Prop
 from deltamq.errors import ConfigError
 from deltamq.message import Message
+from deltamq.storage import normalize_location
 
 if TYPE_CHECKING:
     from deltamq.broker import Broker
@@ -140,8 +141,7 @@ def run_demo(warehouse: str | None = None) -> None:
 
     started = time.monotonic()
     location = warehouse or tempfile.mkdtemp(prefix="deltamq-demo-")
-    if "://" not in location:  # the check table and the listeners' log are paths under it
-        location = os.path.abspath(location)
+    location = normalize_location(location)  # absolute: the check table is a path under it
     clock = FakeClock(START)
     _say(f"deltamq demo — warehouse {location}")
     _say(

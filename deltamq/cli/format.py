@@ -99,7 +99,7 @@ def duration(ms: int | float | None) -> str:
     ``2h``, ``1.5s``; ``-`` for None."""
     if ms is None:
         return "-"
-    if ms > 86_400_000 and ms % 86_400_000:  # days, not 2.17976e+08s
+    if ms > 86_400_000 and ms % 3_600_000:  # days, not 2.17976e+08s (whole hours stay hours)
         return f"{ms / 86_400_000:.1f}d"
     for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
         if ms >= size and (ms % size == 0 or unit == "s"):

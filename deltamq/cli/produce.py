@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -32,6 +33,8 @@ OFFSET_LATER = "assigned at dispatch"
 
 
 def send(broker, args: argparse.Namespace) -> int:
+    # the command says a clamped level itself (a notice naming the option or the line)
+    logging.getLogger("deltamq.sending").setLevel(logging.ERROR)
     producer = broker.producer(args.producer_group)
     top = broker.max_delay_level()
     if args.file:

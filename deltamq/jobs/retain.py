@@ -52,6 +52,7 @@ from deltamq.tables.offsets import (
     source,
 )
 from deltamq.tables.sqltext import sql_long
+from deltamq.tables.warehouse import OUTSIDE_THE_ENGINE
 
 if TYPE_CHECKING:
     from deltamq.context import Context
@@ -297,14 +298,20 @@ def _prune_bookkeeping(ctx: Context, now: int) -> dict[str, int]:
     wh = ctx.warehouse
     cfg = ctx.config
     out: dict[str, int] = {}
+    cut = ids.store_date(now - cfg.job_runs_reserved_time_ms).isoformat()
     conds = {
-        "job_runs": f"run_date < DATE'{ids.store_date(now - cfg.job_runs_reserved_time_ms).isoformat()}'",
+        "job_runs": f"run_date < DATE'{cut}'",
         "dq_results": f"run_ts < {sql_long(now - cfg.dq_reserved_time_ms)}",
     }
+    # tables the engine never commits to (OUTSIDE_THE_ENGINE) are pruned by delta-rs
+    by_delta_rs = {"job_runs": f"run_date < '{cut}'"}
+    assert set(by_delta_rs) == OUTSIDE_THE_ENGINE
     out["consumed_keys"] = dedup.prune(wh, ctx.catalog.groups(), now, policy=cfg.commit_policy, orphans=True)
     for table, cond in conds.items():
         n = _count(ctx, f"SELECT count(*) AS n FROM {wh.ref(table)} WHERE {cond}")
-        if n:
+        if n and table in by_delta_rs:
+            ctx.commit(partial(wh.delta_rs(table).delete, by_delta_rs[table]), what=table)
+        elif n:
             statement = f"DELETE FROM {wh.ref(table)} WHERE {cond}"
             ctx.commit(partial(ctx.engine.execute, statement), what=table)
         out[table] = n

@@ -82,7 +82,8 @@ def run_job(job: str, s: Settings) -> dict[str, Any]:
         runner.release()
     summary = {
         "job": job,
-        # a push group whose listener could not be loaded consumed nothing: a failed task
+        # a push group whose listener (a sink whose transform) could not be loaded consumed
+        # nothing: a failed task
         "status": "ok" if result.ok and not result.setup_errors else "failed",
         "now": result.now,
         "summary": result.summary(),
@@ -93,8 +94,7 @@ def run_job(job: str, s: Settings) -> dict[str, Any]:
     }
     if result.setup_errors:
         summary["summary"] = f"{result.summary()} — " + "; ".join(
-            f"group {g!r}: its listener could not be loaded ({why}); its messages wait"
-            for g, why in result.setup_errors
+            f"group {g!r} consumed nothing ({why}); its messages wait" for g, why in result.setup_errors
         )
     log.info("%s", result.summary())
     if job != "tick" and result.jobs and all(j.status == "SKIPPED" for j in result.jobs):

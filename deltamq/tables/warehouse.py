@@ -48,9 +48,10 @@ MERGE_CHECKPOINT_EVERY = 10
 OUTSIDE_THE_ENGINE = frozenset({"job_runs"})
 """Tables appended to without the engine even by Apache Spark on a local disk: after
 ``init`` created them, the engine never commits to them (the tick runner appends, and
-retention and compaction rewrite, through delta-rs and deltamq's appender, whose commits
-are atomic for every writer), so Spark's check-then-rename commit has no other writer's
-entry to overwrite (docs/engines.md). A busy tick on Apache Spark saves a ~0.5 s commit."""
+retention deletes and compaction rewrites, through deltamq's appender and delta-rs, whose
+commits are atomic for every writer), so Spark's check-then-rename commit has no other
+writer's entry to overwrite (docs/engines.md). A busy tick on Apache Spark saves a ~0.5 s
+commit. ``init``'s schema upgrades go through the engine: tick runners stopped."""
 
 
 class Warehouse:
