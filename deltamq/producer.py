@@ -471,10 +471,10 @@ def _row_problem(
             (due > F.lit(now + config.timer_horizon_ms)) | (due < F.lit(now - config.timer_horizon_ms)),
             F.lit("timer beyond the horizon"),
         )
-        if "delay_level" in has:  # as send() refuses it: which one wins is not the user's to guess
+        if "delay_level" in has and "deliver_at_ms" in has:  # as send() refuses deliver_at with a level
             problem = problem.when(
-                (F.coalesce(F.col("delay_level"), F.lit(0)) > 0) & due.isNotNull(),
-                F.lit("both a delay_level and a timer; give one of them"),
+                (F.coalesce(F.col("delay_level"), F.lit(0)) > 0) & F.col("deliver_at_ms").isNotNull(),
+                F.lit("both a delay_level and deliver_at_ms; give one of them"),
             )
     elif transactional and "delay_level" in has:
         problem = problem.when(F.col("delay_level") > 0, F.lit("a transactional message cannot be delayed"))

@@ -246,11 +246,11 @@ class BaseProducer:
         validate_flag(m.flag)
         due = timer_due_ms(m, props, now, self.ctx.config.timer_horizon_ms)
         if due is not None:
-            if level > 0:
-                raise InvalidTimer(
-                    f"{m!r} has both delay_level={level} and a timer (deliver_at, delay or "
-                    f"{Prop.TIMER_DELIVER_MS}); give one of them"
-                )
+            if level > 0 and (m.deliver_at is not None or m.delay is not None):
+                # deltamq's own timer arguments, as the CLI's options, exclude a level; a
+                # TIMER_DELIVER_MS property beside DELAY is routed as a timer (§2's order)
+                given = "deliver_at" if m.deliver_at is not None else "delay"
+                raise InvalidTimer(f"{m!r} has both delay_level={level} and {given}; give one of them")
             props[Prop.TIMER_DELIVER_MS] = str(due)
         return m, body, props, level
 

@@ -234,7 +234,8 @@ def test_a_plan_without_the_absent_columns_stores_the_same_rows(orders, transact
 
 def test_a_send_to_a_topic_not_there_names_the_topics_and_a_level_with_a_timer_is_refused(orders, clock):
     """A mistyped topic's error lists the topics there are; a message with both a delay
-    level and a timer is refused (which one wins is not the user's to guess), nothing
+    level and ``deliver_at`` is refused, as the CLI's options exclude each other (a
+    ``TIMER_DELIVER_MS`` property beside a level keeps §2's routing: the timer), nothing
     stored."""
     from deltamq.errors import InvalidMessage, InvalidTimer, UnknownTopic
 
@@ -245,7 +246,7 @@ def test_a_send_to_a_topic_not_there_names_the_topics_and_a_level_with_a_timer_i
     with pytest.raises(UnknownTopic, match=r"the topics are orders\)"):
         orders.subscribe("g", "Orders")
     before = orders.sql("SELECT count(*) AS n FROM commit_log").collect()[0]["n"]
-    with pytest.raises(InvalidTimer, match="both delay_level=3 and a timer"):
+    with pytest.raises(InvalidTimer, match="both delay_level=3 and deliver_at; give one of them"):
         p.send_batch(
             [Message("orders", b"a"), Message("orders", b"x", delay_level=3, deliver_at=clock.now_ms() + 1)]
         )
@@ -253,6 +254,6 @@ def test_a_send_to_a_topic_not_there_names_the_topics_and_a_level_with_a_timer_i
         [("orders", b"x", 3, clock.now_ms() + 1000)],
         "topic string, body binary, delay_level int, deliver_at_ms bigint",
     )
-    with pytest.raises(InvalidMessage, match="both a delay_level and a timer"):
+    with pytest.raises(InvalidMessage, match="both a delay_level and deliver_at_ms"):
         p.send_dataframe(both)
     assert orders.sql("SELECT count(*) AS n FROM commit_log").collect()[0]["n"] == before
