@@ -134,7 +134,8 @@ def test_a_ticks_job_runs_are_appended_without_the_engine(broker, clock, tmp_pat
     clock.advance(seconds=8 * 86_400)
     retain = broker.tick(clock.now_ms()).job("retain")
     assert retain.status == "OK" and retain.result.pruned["job_runs"] >= 2
-    assert through_engine == [] and not [s for s in statements if "job_runs" in s]
+    table = broker.warehouse.ref("job_runs")  # (the test's own folder is named after job_runs)
+    assert through_engine == [] and not [s for s in statements if table in s]
     assert (
         broker.sql(f"SELECT count(*) AS n FROM job_runs WHERE tick_id = '{result.tick_id}'").collect()[0][0]
         == 0
