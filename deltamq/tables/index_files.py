@@ -379,7 +379,5 @@ def append(wh: Warehouse, fs: FilesState, index: pa.Table) -> None:
         return
     if not wh.engine.idempotent_appends:  # state() said so; only a protocol change withdraws it
         raise Unsupported(f"{wh.uri('consume_queue')} can no longer be appended to without the engine")
-    spec = TABLES["consume_queue"]
-    frame = wh.engine.spark.createDataFrame(rows, spec.columns_at(SCHEMA_VERSION))
-    once = (INDEX_APP, fs.index_version + 1)
-    wh.engine.append(frame, wh.path("consume_queue"), spec.partition_by, once=once)
+    frame = wh.engine.spark.createDataFrame(rows, TABLES["consume_queue"].columns_at(SCHEMA_VERSION))
+    wh.append("consume_queue", frame, once=(INDEX_APP, fs.index_version + 1))

@@ -116,9 +116,11 @@ class Warehouse:
     def read(self, table: str) -> DataFrame:
         return self.engine.spark.read.format("delta").load(self.path(table))
 
-    def append(self, table: str, df: DataFrame) -> None:
+    def append(self, table: str, df: DataFrame, *, once: tuple[str, int] | None = None) -> None:
+        """The engine's blind append of ``df`` to ``table`` (``once``: Engine.append's)."""
         spec = TABLES[table]
-        self.engine.append(df.select(*spec.schema.fieldNames()), self.path(table), spec.partition_by)
+        columns = df.select(*spec.schema.fieldNames())
+        self.engine.append(columns, self.path(table), spec.partition_by, once=once)
 
     def append_arrow(self, table: str, rows: pa.Table) -> None:
         """A blind append of rows built in Python (the producers' messages, pull clients'
