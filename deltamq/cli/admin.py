@@ -112,9 +112,10 @@ def catalog(broker, args: argparse.Namespace) -> int:
     mode = broker.engine.mode
     in_memory = mode == "classic" and broker.spark.conf.get("spark.sql.catalogImplementation", "") != "hive"
     if mode == "embedded" or in_memory:
+        where = "the embedded engine's catalog" if mode == "embedded" else "an in-memory catalog (no Hive)"
         raise UsageError(
-            "catalog register without --remote would name the tables in the embedded engine's "
-            "catalog, which ends with this command: nothing would remain. Give --remote "
+            f"catalog register without --remote would name the tables in {where}, which ends "
+            "with this command: nothing would remain. Give --remote "
             "sc://host:port (or DELTAMQ_SPARK_REMOTE) for a Spark Connect server's catalog, or "
             "call deltamq.register(spark, warehouse) in the session that queries them"
         )

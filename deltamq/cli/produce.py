@@ -33,8 +33,18 @@ OFFSET_LATER = "assigned at dispatch"
 
 
 def send(broker, args: argparse.Namespace) -> int:
-    # the command says a clamped level itself (a notice naming the option or the line)
-    logging.getLogger("deltamq.sending").setLevel(logging.ERROR)
+    # the command says a clamped level itself (a notice naming the option or the line):
+    # the producer's own warning is held back while it runs, and only then
+    sending = logging.getLogger("deltamq.sending")
+    level = sending.level
+    sending.setLevel(logging.ERROR)
+    try:
+        return _send(broker, args)
+    finally:
+        sending.setLevel(level)
+
+
+def _send(broker, args: argparse.Namespace) -> int:
     producer = broker.producer(args.producer_group)
     top = broker.max_delay_level()
     if args.file:
