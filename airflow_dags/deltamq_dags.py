@@ -1,14 +1,19 @@
 """deltamq on Airflow 3: three DAGs over one warehouse.
 
-- ``deltamq_tick`` (every minute): one tick's jobs as dependent tasks — dispatch →
+- ``deltamq_tick`` (every minute): one tick's jobs as tasks in order — dispatch →
   deliver → promote → dispatch again → deliver again → sink → check_transactions →
-  retain — then
-  ``data_quality`` (the Great Expectations suites and the conservation check), which
-  fails the run on any violation.
+  retain — then ``data_quality`` (the Great Expectations suites and the conservation
+  check), which fails the run on any violation.
+- A failed job task (an error, or a push group whose listener — a sink whose transform —
+  cannot be loaded where the task runs) stays red, and the tasks after it still run, as
+  ``deltamq tick`` goes on past a group it cannot load: each job is idempotent and reads
+  only what is committed. The last task, ``failed_jobs``, then fails the run, naming the
+  failed tasks (Airflow decides a run's state by its last tasks alone).
 - ``deltamq_loop`` (every minute): the tick loop for ``loop_seconds`` (55 s) at
   ``interval_seconds`` (1 s): second-level delays under a per-minute schedule.
 - ``deltamq_tick_spark_submit`` (every minute): the same jobs, each submitted with
-  ``spark-submit`` to a Spark Connect endpoint or a cluster (``spark_submit_args``).
+  ``spark-submit`` to a Spark Connect endpoint or a cluster (``spark_submit_args``), and
+  the same ``failed_jobs`` task at the end (the entry exits 4 on a group it cannot load).
 
 Where and how: DAG params ``warehouse``, ``engine`` (embedded | remote), ``remote``
 (sc://host:port); an empty param falls back to the Airflow Variables
@@ -75,8 +80,13 @@ def _skip_if(summary: dict) -> dict:
     return summary
 
 
+# every job task runs whatever became of the ones before it (a failed task stays red):
+# the jobs are idempotent and read only what is committed
+AFTER_ANY = "all_done"
+
+
 def _job_task(task_id: str, job: str):
-    @task(task_id=task_id, trigger_rule="none_failed")
+    @task(task_id=task_id, trigger_rule=AFTER_ANY)
     def run_one() -> dict:
         from deltamq.orchestration.runs import run_job
 
@@ -85,7 +95,24 @@ def _job_task(task_id: str, job: str):
     return run_one()
 
 
-@task(task_id="data_quality", trigger_rule="none_failed")
+def _failed_jobs(upstream: list) -> None:
+    """The run's last task: runs only when a task before it failed, and fails the run
+    naming them (a run whose last tasks succeeded is a success in Airflow, whatever failed
+    before them)."""
+
+    @task(task_id="failed_jobs", trigger_rule="one_failed")
+    def failed_jobs() -> None:
+        ti = get_current_context()["ti"]
+        states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id]).get(ti.run_id, {})
+        failed = sorted(t for t, state in states.items() if state == "failed")
+        raise RuntimeError(f"failed in this run: {', '.join(failed) or 'a task before this one'}")
+
+    done = failed_jobs()
+    for t in upstream:
+        t >> done
+
+
+@task(task_id="data_quality", trigger_rule=AFTER_ANY)
 def data_quality() -> dict:
     """The DQ suites and the conservation check: a violation fails the run."""
     from deltamq.orchestration.runs import run_quality
@@ -106,7 +133,9 @@ with _every_minute(
     {"data_quality": Param(True, type="boolean", description="run the DQ suites after the jobs")},
 ) as tick_dag:
     jobs = [_job_task(task_id, job) for task_id, job in TICK_TASKS]
-    chain(*jobs, data_quality())
+    quality = data_quality()
+    chain(*jobs, quality)
+    _failed_jobs([*jobs, quality])
 
 
 with _every_minute(
@@ -150,17 +179,17 @@ with _every_minute(
         "{{ params.spark_submit_args or ('--remote ' ~ (params.remote or var.value.get('deltamq_remote', ''))"
         " ~ ' --conf spark.api.mode=connect') }}"
     )
-    chain(
-        *[
-            BashOperator(
-                task_id=task_id,
-                bash_command=(
-                    f'{{{{ params.spark_submit }}}} {ARGS} "{ENTRY}" {job} --warehouse "{WAREHOUSE}" '
-                    "--skipped-exit 99"
-                ),
-                skip_on_exit_code=99,
-                trigger_rule="none_failed",
-            )
-            for task_id, job in TICK_TASKS
-        ]
-    )
+    submitted = [
+        BashOperator(
+            task_id=task_id,
+            bash_command=(
+                f'{{{{ params.spark_submit }}}} {ARGS} "{ENTRY}" {job} --warehouse "{WAREHOUSE}" '
+                "--skipped-exit 99"
+            ),
+            skip_on_exit_code=99,
+            trigger_rule=AFTER_ANY,
+        )
+        for task_id, job in TICK_TASKS
+    ]
+    chain(*submitted)
+    _failed_jobs(submitted)

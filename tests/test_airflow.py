@@ -63,7 +63,7 @@ def _python(script: str, *args: str, env: dict[str, str]) -> dict:
         [sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, timeout=600
     )
     assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-5000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1]) | {"output": out.stdout + out.stderr}
 
 
 def test_the_dags_import_without_errors_and_without_spark(airflow_env):
@@ -76,8 +76,8 @@ def test_the_dags_import_without_errors_and_without_spark(airflow_env):
     ]
     assert bag["dags"] == {
         "deltamq_loop": ["tick_loop"],
-        "deltamq_tick": [*jobs, "data_quality"],
-        "deltamq_tick_spark_submit": jobs,
+        "deltamq_tick": [*jobs, "data_quality", "failed_jobs"],
+        "deltamq_tick_spark_submit": [*jobs, "failed_jobs"],
     }
 
 
@@ -105,6 +105,39 @@ def test_the_tick_dag_moves_a_message_from_send_to_consumed(airflow_env, broker,
     tasks = run["tasks"]
     assert (tasks["sink"], tasks["check_transactions"], tasks["retain"]) == ("skipped",) * 3
     assert tasks["deliver"] == tasks["dispatch"] == tasks["data_quality"] == "success"
+    assert tasks["failed_jobs"] == "skipped"  # nothing failed
+
+
+@pytest.mark.slow
+def test_a_group_that_cannot_load_fails_the_run_and_the_later_jobs_still_run(
+    airflow_env, broker, tmp_path, env_listener_log, monkeypatch
+):
+    """As ``deltamq tick`` goes on past a group whose listener cannot be loaded (and exits
+    4), the DAG's later tasks run, the group's own task stays red, and the run fails."""
+    log = env_listener_log
+    (tmp_path / "only_here.py").write_text("def ok(messages, context):\n    return 'CONSUME_SUCCESS'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # importable here, not where the DAG's tasks run
+    broker.create_topic("orders", queues=1)
+    broker.create_group("billing", "support.listeners:env_recorder", consume_from="FIRST_OFFSET")
+    broker.create_group("broken", "only_here:ok", consume_from="FIRST_OFFSET")
+    broker.subscribe("billing", "orders")
+    broker.subscribe("broken", "orders")
+    mid = broker.producer("shop").send(Message("orders", b"order-1"))
+    env = dict(airflow_env, DELTAMQ_TEST_LOG=str(log))
+    run = _python(_TEST, str(DAGS), "deltamq_tick", json.dumps({"warehouse": str(tmp_path / "wh")}), env=env)
+    tasks = run["tasks"]
+    assert run["state"] == "failed"
+    assert tasks["deliver"] == "failed"  # the group's own task, red
+    # every later task ran (none upstream_failed), then the last one failed the run
+    assert {t: s for t, s in tasks.items() if s not in ("success", "skipped", "failed")} == {}
+    assert tasks["data_quality"] == "success" and tasks["failed_jobs"] == "failed"
+    assert "failed in this run: deliver" in run["output"]  # the last task names the red one
+    assert [c["id"] for c in read_log(log)] == [mid]  # billing's, once
+    waiting = broker.sql(
+        "SELECT consumer_group, next_offset FROM offsets WHERE topic = 'orders' "
+        "AND consumer_group IN ('billing', 'broken') ORDER BY consumer_group"
+    ).collect()
+    assert [(r["consumer_group"], r["next_offset"]) for r in waiting] == [("billing", 1), ("broken", 0)]
 
 
 @pytest.mark.slow

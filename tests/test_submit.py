@@ -48,3 +48,33 @@ def test_spark_submit_dispatch_over_spark_connect(broker, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "dispatch: OK in=3 out=3" in out.stdout
     assert broker.sql("SELECT count(*) AS n FROM consume_queue").collect()[0]["n"] == 3
+
+
+def test_the_entry_exits_4_naming_a_group_it_cannot_load(broker, tmp_path, monkeypatch, capsys):
+    """Under spark-submit a group whose listener cannot be imported where the job runs is an
+    exit status the scheduler sees (4, as ``deltamq tick``), named on stderr; the job still
+    ran for the other groups. It exited 0 before."""
+    from support.listeners import Recorder
+
+    import deltamq.orchestration.submit as entry
+    from deltamq.sail import EmbeddedServer as _EmbeddedServer
+
+    (tmp_path / "only_here_too.py").write_text("def ok(messages, context):\n    return 'CONSUME_SUCCESS'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    broker.create_topic("t", queues=1)
+    broker.create_group("broken", "only_here_too:ok", consume_from="FIRST_OFFSET")
+    broker.create_group("fine", Recorder(tmp_path / "fine.jsonl"), consume_from="FIRST_OFFSET")
+    broker.subscribe("broken", "t")
+    broker.subscribe("fine", "t")
+    broker.producer("p").send(Message("t", b"x"))
+    broker.tick(broker.clock.now_ms())  # dispatched; "broken" could still load here
+    (tmp_path / "only_here_too.py").unlink()
+    sys.modules.pop("only_here_too", None)
+    broker.producer("p").send(Message("t", b"y"))
+    broker.close()  # the entry takes the leases, on a session of its own as under spark-submit
+    monkeypatch.setenv("SPARK_REMOTE", _EmbeddedServer.url())
+    warehouse = str(tmp_path / "wh")
+    code = entry.main(["tick", "--warehouse", warehouse, "--now", str(broker.clock.now_ms() + 1000)])
+    err = capsys.readouterr().err
+    assert code == 4 and "group 'broken' consumed nothing" in err and "only_here_too" in err
+    assert len((tmp_path / "fine.jsonl").read_text().splitlines()) == 2  # x at the first tick, y now

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from deltamq.constants import SETUP_FAILED_EXIT
+
 # --- exit statuses: one scheme for every command ------------------------------------------------
 OK = 0
 CHECK_FAILED = 1
@@ -18,7 +20,7 @@ USAGE = 2
 an unknown topic or group, no warehouse at the location, a clock going back...)."""
 SKIPPED = 3
 """A one-shot ``tick`` or ``job`` did nothing: another runner holds its job lease."""
-SETUP_FAILED = 4
+SETUP_FAILED = SETUP_FAILED_EXIT
 """A tick ran, but a push group or a sink consumed nothing: its listener or transform could not be loaded."""
 NO_INPUT = 5
 """A file named on the command line cannot be opened (missing, unreadable, no such folder)."""

@@ -6,7 +6,9 @@
 
 Under classic spark-submit (``--master ...`` with delta-spark configured) the active
 session is used; with ``--remote`` a Spark Connect session. Either way the job code is
-the same as the embedded engine's.
+the same as the embedded engine's. Exit status 0; ``--skipped-exit`` (3) when another
+runner holds the job's lease; 4 when a push group's listener or a sink's transform could
+not be loaded where the job ran (the group is named on stderr; its messages wait).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     from deltamq.broker import Broker
+    from deltamq.constants import SETUP_FAILED_EXIT
     from deltamq.errors import LeaseHeld
     from deltamq.orchestration.tick import JOB_NAMES, SEQUENCE, TickRunner, job_sequence
 
@@ -39,13 +42,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     sequence = SEQUENCE if args.job == "tick" else job_sequence(args.job)
     runner = TickRunner(broker.context, sequence=sequence)
     try:
-        print(runner.tick(args.now).summary(), flush=True)
+        result = runner.tick(args.now)
     except LeaseHeld as e:
         print(f"skipped: {e}", flush=True)
         return args.skipped_exit
     finally:
         runner.release()
-    return 0
+    print(result.summary(), flush=True)
+    for group, why in result.setup_errors:
+        print(f"deltamq-submit: error: group {group!r} consumed nothing: {why}", file=sys.stderr, flush=True)
+    return SETUP_FAILED_EXIT if result.setup_errors else 0
 
 
 if __name__ == "__main__":
