@@ -105,6 +105,10 @@ def test_a_query_the_engine_rejects_is_one_line_naming_its_problem(wh, capsys):
     assert code == 7 and "nosuch" in _one_error_line(err)
     doc = json.loads(out)
     assert doc["exit_status"] == 7 and "nosuch" in doc["error"]
+    assert "ObjectName" not in doc["error"]  # Sail's internal wording, said plainly
+    code, _, err = _run(capsys, "sql", "SELECT * FROM job_run", "--warehouse", wh)  # a typo
+    line = _one_error_line(err)
+    assert code == 7 and "job_run" in line and "deltamq's tables: " in line and "job_runs" in line
     code, _, err = _run(capsys, "sql", "SELECT 1/0", "--warehouse", wh)  # fails when it runs
     assert code == 7 and "divide by zero" in _one_error_line(err).lower()
     code, _, err = _run(capsys, "sql", "DELETE FROM commit_log", "--warehouse", wh)  # deltamq's guard

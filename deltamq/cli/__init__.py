@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -167,7 +168,31 @@ def _engine_error(args: argparse.Namespace, e: Exception) -> str:
     words = query.split()
     if len(words) == 2 and words[0].upper() in ("DESCRIBE", "DESC"):
         hint = f" (to describe a table: DESCRIBE TABLE {words[1]})"
-    return f"the engine rejected the query {shown!r}: {said}{hint}"
+    said, more = _plainer(said)
+    return f"the engine rejected the query {shown!r}: {said}{hint or more}"
+
+
+# Sail's own wording of an unknown column: attribute ObjectName([Identifier("a"), ...]) is missing ...
+_SAIL_MISSING_COLUMN = re.compile(r"attribute ObjectName\(\[(.*?)\]\) is missing from the schema")
+
+
+def _plainer(said: str) -> tuple[str, str]:
+    """An engine's text for an unknown column or table in the user's words, with where to
+    look: ``(text, hint)``. Apache Spark's own texts are already plain and name
+    alternatives; Sail's unknown column names an internal structure."""
+    missing = _SAIL_MISSING_COLUMN.search(said)
+    if missing:
+        column = ".".join(re.findall(r'Identifier\("((?:[^"\\]|\\.)*)"\)', missing.group(1)))
+        return (
+            f"no column {column!r} in what the query reads",
+            " (DESCRIBE TABLE <name> lists a table's columns)",
+        )
+    if "TABLE_OR_VIEW_NOT_FOUND" in said:
+        from deltamq.schemas import TABLES
+        from deltamq.tables.views import VIEWS
+
+        return said, f" (deltamq's tables: {', '.join(TABLES)}; views: {', '.join(VIEWS)})"
+    return said, ""
 
 
 def _engine_message(e: Exception) -> str:
