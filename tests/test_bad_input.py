@@ -295,7 +295,9 @@ LISTENER_CASES = [
 @pytest.mark.parametrize("behavior, body, lands, why", LISTENER_CASES)
 def test_misbehaving_listeners(ready, clock, tmp_path, behavior, body, lands, why):
     log = tmp_path / "calls.jsonl"
-    ready.create_group("g", Recorder(log, behavior), consume_from="FIRST_OFFSET", consume_timeout_ms=700)
+    # 3 s: with 700 ms a plain call was once taken for a time-out on a loaded machine (the
+    # default tier beside another run, on a slow hour); the sleeping listener sleeps 30 s
+    ready.create_group("g", Recorder(log, behavior), consume_from="FIRST_OFFSET", consume_timeout_ms=3000)
     ready.subscribe("g", "orders")
     sent = ready.producer("p").send(Message("orders", body))
     ready.tick(clock.now_ms())
@@ -311,8 +313,9 @@ def test_misbehaving_listeners(ready, clock, tmp_path, behavior, body, lands, wh
 
 def test_hostile_listener_is_isolated_within_a_batch(ready, clock, tmp_path):
     log = tmp_path / "calls.jsonl"
-    # 1.5 s: with 700 ms a worker's exit was once taken for a time-out on a loaded machine
-    ready.create_group("g", Recorder(log, "hostile"), consume_from="FIRST_OFFSET", consume_timeout_ms=1500)
+    # 4 s: with 700 ms, and later with 1.5 s, a worker's exit was once taken for a time-out
+    # on a loaded machine
+    ready.create_group("g", Recorder(log, "hostile"), consume_from="FIRST_OFFSET", consume_timeout_ms=4000)
     ready.subscribe("g", "orders")
     bodies = ["ok1", "exit", "ok2", "sleep", "ok3"]
     ready.producer("p").send_batch([Message("orders", b) for b in bodies], queue_keys=["k"] * 5)
