@@ -373,3 +373,31 @@ def test_a_committed_message_that_fails_is_retried_like_any_other(broker, clock,
         clock.advance(seconds=10)
         broker.tick(clock.now_ms())
     assert [c["reconsume"] for c in read_log(log)] == [0, 1, 2]
+
+
+def test_a_commit_after_a_rollback_is_not_delivered_the_first_end_wins(setup, clock):
+    """A transaction rolled back (by its producer, or by a check pass) and then committed
+    before dispatch reached either end: the rollback came first, so the COMMIT's message
+    is never indexed nor delivered (it was, when both ends were in one dispatch pass), and
+    the conservation check counts it as a duplicate end, not a lost message."""
+    from deltamq.dq.conservation import check_dispatch
+
+    broker, log = setup
+    producer = broker.producer("shop", check_listener=Checks(default=TxState.ROLLBACK))
+    cancelled = producer.send_in_transaction(Message("orders", b"cancelled"), lambda m, a: TxState.ROLLBACK)
+    checked = producer.send_in_transaction(Message("orders", b"checked"), lambda m, a: TxState.UNKNOWN)
+    kept = producer.send_in_transaction(Message("orders", b"kept"), lambda m, a: TxState.COMMIT)
+    t = clock.now_ms() + 70_000
+    broker.tick(t)  # the check pass rolls "checked" back; its op record is not dispatched yet
+    producer.end_transaction(cancelled.handle, TxState.COMMIT)
+    producer.end_transaction(checked.handle, TxState.COMMIT)
+    producer.end_transaction(kept.handle, TxState.ROLLBACK)  # too late: it was committed first
+    dispatch = broker.tick(t + 1).job("dispatch")
+    assert dispatch.details["duplicate_commits"] >= 1
+    broker.tick(t + 2)
+    broker.tick(t + 3)
+    assert consumed(log) == ["kept"]
+    visible = broker.sql("SELECT count(*) AS n FROM messages WHERE state = 'visible' AND topic = 'orders'")
+    assert visible.collect()[0]["n"] == 1
+    report = check_dispatch(broker.warehouse)
+    assert report.ok and report.duplicate_commits == 2, report.describe()

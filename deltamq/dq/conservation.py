@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from deltamq.constants import Prop, SysFlag
+from deltamq.constants import TRANS_OP_HALF_TOPIC, Prop, SysFlag, TxState
 from deltamq.tables.consume_queue import load_dispatch_state
 
 if TYPE_CHECKING:
@@ -68,9 +68,15 @@ def _check_dispatch(wh: Warehouse, views: Views, dispatched_only: bool) -> Dispa
         if new is not None:
             undispatched = views.add(new.select("msg_id"), "undispatched")
             missing = f"(SELECT m.* FROM {missing} m LEFT ANTI JOIN {undispatched} u ON m.msg_id = u.msg_id)"
+    # the transactions whose first end is indexed: a committed message (its topic), or a
+    # rollback's op record (the topic it names); a later COMMIT's message is not indexed
     visible = (
         f"(SELECT DISTINCT topic, properties['{Prop.TRAN_ID}'] AS tran FROM {cq} "
-        f"WHERE properties['{Prop.TRAN_ID}'] IS NOT NULL)"
+        f"WHERE properties['{Prop.TRAN_ID}'] IS NOT NULL "
+        f"UNION SELECT DISTINCT properties['{Prop.REAL_TOPIC}'] AS topic, "
+        f"properties['{Prop.TRAN_ID}'] AS tran "
+        f"FROM {cq} WHERE topic = '{TRANS_OP_HALF_TOPIC}' "
+        f"AND properties['{Prop.TRAN_STATE}'] = '{TxState.ROLLBACK.value}')"
     )
     duplicate_commit = (
         f"(u.sys_flag & 12) = {SysFlag.TRANSACTION_COMMIT_TYPE} AND u.topic = k.topic "

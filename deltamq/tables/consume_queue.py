@@ -152,13 +152,16 @@ def _tran_time_col(tran_id: Column) -> Column:
 def drop_duplicate_commits(wh: Warehouse, rows: DataFrame) -> tuple[DataFrame, int]:
     """New rows without the committed messages of transactions already committed.
 
-    A transaction may be committed twice: by its producer and by a check pass that ran
-    before the producer's end landed (RocketMQ delivers both). Each COMMIT stores the
-    real message and its op record in one commit, so a committed message is dropped when
-    an op record of its ``TRAN_ID`` is already indexed or an earlier committed message of
-    it is among the new rows. Op records are looked up from the oldest new transaction's
-    start on (their batch ids grow with time), so the read follows recent history.
-    Returns the rows to index and how many were dropped (they stay in commit_log).
+    A transaction may be ended twice: committed by its producer and by a check pass that
+    ran before the producer's end landed (RocketMQ delivers both), or rolled back and then
+    committed. The first end wins. Each COMMIT stores the real message and then its op
+    record in one commit, so a committed message is dropped when an op record of its
+    ``TRAN_ID`` is already indexed, or when an op record or committed message of it comes
+    before it among the new rows (by commit version, batch, position): a ROLLBACK's op
+    record ahead of a later COMMIT keeps that COMMIT's message out. Op records are looked
+    up from the oldest new transaction's start on (their batch ids grow with time), so the
+    read follows recent history. Returns the rows to index and how many were dropped
+    (they stay in commit_log).
     """
     props = F.col("properties")
     # a committed message is stored in its real topic; its retries and dead letters keep
@@ -170,9 +173,18 @@ def drop_duplicate_commits(wh: Warehouse, rows: DataFrame) -> tuple[DataFrame, i
         & ~F.col("topic").startswith(RETRY_PREFIX)
         & ~F.col("topic").startswith(DLQ_PREFIX)
     )
-    commits = rows.where(is_commit).select(
-        "msg_id", "cl_version", "batch_id", "batch_pos", props.getItem(Prop.TRAN_ID).alias("tran")
+    is_op = (F.col("topic") == F.lit(TRANS_OP_HALF_TOPIC)) & props.getItem(Prop.TRAN_ID).rlike(
+        ids.MSG_ID_PATTERN
     )
+    ends = rows.where(is_commit | is_op).select(
+        "msg_id",
+        "cl_version",
+        "batch_id",
+        "batch_pos",
+        props.getItem(Prop.TRAN_ID).alias("tran"),
+        is_commit.alias("is_commit"),
+    )
+    commits = ends.where(F.col("is_commit"))
     oldest = commits.agg(F.min(_tran_time_col(F.col("tran"))).alias("t0")).collect()[0]["t0"]
     if oldest is None:
         return rows, 0
@@ -187,10 +199,10 @@ def drop_duplicate_commits(wh: Warehouse, rows: DataFrame) -> tuple[DataFrame, i
         .distinct()
     )
     order = Window.partitionBy("tran").orderBy("cl_version", "batch_id", "batch_pos")
-    ranked = commits.withColumn("rn", F.row_number().over(order)).join(
+    ranked = ends.withColumn("rn", F.row_number().over(order)).join(
         F.broadcast(settled), F.col("tran") == F.col("done_tran"), "left"
     )
-    dups = ranked.where((F.col("rn") > 1) | F.col("done_tran").isNotNull()).select(
+    dups = ranked.where(F.col("is_commit") & ((F.col("rn") > 1) | F.col("done_tran").isNotNull())).select(
         F.col("msg_id").alias("dup_id")
     )
     dropped = dups.count()
