@@ -82,8 +82,31 @@ def to_ms(when: int | float | datetime) -> int:
     return int(when)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+MAX_MS = 253_402_300_799_999
+"""The latest time a job's ``now`` or a message's time may be: 9999-12-31T23:59:59.999Z
+(the last time a datetime, and Spark's timestamps, can hold)."""
+
+
+def check_ms(ms: int, what: str = "now") -> int:
+    """``ms`` if it is a time deltamq can store (0 to :data:`MAX_MS`), else ValueError
+    naming ``what``, the value and the range: a tick at a time no datetime holds would be
+    recorded as the warehouse's last tick, and every later tick refused."""
+    if not 0 <= ms <= MAX_MS:
+        raise ValueError(
+            f"{what}={ms} is outside the times deltamq stores: epoch ms from 0 (1970-01-01) "
+            f"to {MAX_MS} (9999-12-31T23:59:59.999Z)"
+        )
+    return ms
+
+
 def ms_to_iso(ms: int | None) -> str:
-    """Readable UTC time of epoch ms, for the CLI and the demo."""
+    """Readable UTC time of epoch ms, for the CLI and the demo (the number itself for a
+    time no datetime holds)."""
     if ms is None:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    try:
+        return (_EPOCH + timedelta(milliseconds=ms)).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    except (OverflowError, ValueError):
+        return f"{ms} ms"

@@ -484,3 +484,48 @@ def test_a_broadcasting_push_group_can_be_created_from_the_command_line(tmp_path
 
     with Broker.open(wh) as b:
         assert b.groups()["fanout"].instances == ("web-1", "web-2")
+
+
+def test_a_time_no_datetime_holds_is_refused_and_nothing_is_recorded(wh, capsys):
+    """A ``--now`` (or any time option) past 9999-12-31 was recorded as the warehouse's last
+    tick, and every later tick then crashed formatting it (exit 70 for good)."""
+    from deltamq.clock import MAX_MS, ms_to_iso
+
+    huge = str(MAX_MS + 1)
+    for args in (
+        ("tick", "--now", huge),
+        ("send", "orders", "x", "--deliver-at", huge),
+        ("dlq", "list", "--from", huge),
+    ):
+        code, out, err = _run(capsys, *args, "--warehouse", wh)
+        line = _one_error_line(err)
+        assert code == parser.USAGE and huge in line and "9999-12-31" in line, args
+    code, out, _ = _run(capsys, "tick", "--warehouse", wh)  # the wall clock: nothing was recorded
+    assert code == 0 and out.startswith("tick ")
+    assert ms_to_iso(MAX_MS) == "9999-12-31 23:59:59.999" and ms_to_iso(10**17) == f"{10**17} ms"
+
+
+def test_numbers_out_of_range_are_refused_and_a_cut_listing_says_so(wh, capsys):
+    """A negative --interval busy-looped, --limit 0 or -1 reached the engine, dlq resend
+    ignored --limit, and sql cut its rows at --limit silently."""
+    for args, text in (
+        (("tick", "--loop", "--interval", "-1", "--for", "1"), "argument --interval: -1 is not above 0"),
+        (("tick", "--loop", "--for", "-2"), "argument --for: -2 is not above 0"),
+        (("sql", "SELECT 1", "--limit", "0"), "argument --limit: 0 is below 1"),
+        (("dlq", "list", "--rate", "0"), "argument --rate: 0 is not above 0"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            main([*args, "--warehouse", wh])
+        assert e.value.code == 2 and text in capsys.readouterr().err, args
+    code, _, err = _run(capsys, "dlq", "resend", "--limit", "1", "--warehouse", wh)
+    assert code == 2 and "--limit is for dlq list" in _one_error_line(err)
+    code, out, err = _run(
+        capsys, "sql", "SELECT id FROM range(5)", "--limit", "3", "--json", "--warehouse", wh
+    )
+    doc = json.loads(out)
+    assert code == 0 and len(doc["rows"]) == 3 and doc["more_rows"] is True
+    assert "the first 3 rows; --limit N shows more" in err
+    code, out, err = _run(
+        capsys, "sql", "SELECT id FROM range(3)", "--limit", "3", "--json", "--warehouse", wh
+    )
+    assert json.loads(out)["more_rows"] is False and err == ""

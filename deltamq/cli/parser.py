@@ -282,7 +282,7 @@ def _run_and_query_commands(sub, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("sql", parents=[common], help="run SQL over the warehouse tables")
     s.add_argument("query", help="one statement; tables by name: commit_log, consume_queue, offsets, ...")
     s.add_argument("--write", action="store_true", help="allow statements that change tables")
-    s.add_argument("--limit", type=int, default=100, help="rows to show (default 100)")
+    s.add_argument("--limit", type=_AT_LEAST_1, default=100, help="rows to show (default 100)")
 
     sub.add_parser(
         "status",
@@ -295,8 +295,10 @@ def _run_and_query_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--loop", action="store_true", help="tick until stopped (SIGTERM, Ctrl-C) or --for: the broker"
     )
-    s.add_argument("--interval", type=float, default=1.0, help="seconds between ticks with --loop")
-    s.add_argument("--for", dest="for_s", type=float, help="stop the loop after this many seconds")
+    s.add_argument(
+        "--interval", type=_ABOVE_0, default=1.0, help="seconds between ticks with --loop (above 0)"
+    )
+    s.add_argument("--for", dest="for_s", type=_ABOVE_0, help="stop the loop after this many seconds")
     s.add_argument(
         "--no-wake",
         dest="wake",
@@ -319,8 +321,8 @@ def _operator_commands(sub, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("dlq", parents=[common], help="dead letters: dlq list | resend")
     s.add_argument("action", choices=["list", "resend"], help="list them, or resend them to their topic")
     _selection_args(s)
-    s.add_argument("--limit", type=int, default=100, help="rows to list")
-    s.add_argument("--rate", type=float, help="resend at most this many messages per second")
+    s.add_argument("--limit", type=_AT_LEAST_1, help="list: rows to list (default 100); not for resend")
+    s.add_argument("--rate", type=_ABOVE_0, help="resend at most this many messages per second")
 
     s = sub.add_parser("msg", parents=[common], help="a message's trace: sent, delayed, retried, consumed")
     s.add_argument("action", choices=["show"], help="show the trace")
@@ -359,20 +361,44 @@ def _selection_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--where", help="SQL predicate over the consume_queue row, e.g. \"keys = 'o-1'\"")
 
 
+def _bounded(convert, ok, rule: str):
+    """An argparse type: ``convert(text)`` (int or float) for which ``ok`` holds, else
+    an error saying ``rule`` (argparse names the option)."""
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a {'whole number' if convert is int else 'number'}"
+            ) from None
+        if not ok(value):  # NaN fails every bound
+            raise argparse.ArgumentTypeError(f"{text} is {rule}")
+        return value
+
+    return parse
+
+
+_AT_LEAST_1 = _bounded(int, lambda v: v >= 1, "below 1, the least allowed")
+_ABOVE_0 = _bounded(float, lambda v: v > 0, "not above 0")
+
+
 def now_arg(text: str | None, option: str = "--now") -> int | None:
     """A time argument (epoch ms or ISO time; naive ISO is UTC) as epoch ms; None if not
     given. ``option`` names the argument in the error."""
     from datetime import datetime
 
-    from deltamq.clock import to_ms
+    from deltamq.clock import check_ms, to_ms
 
     if not text:
         return None
-    if text.isdigit():
-        return int(text)
     try:
-        return to_ms(datetime.fromisoformat(text))
+        ms = int(text) if text.isdigit() else to_ms(datetime.fromisoformat(text))
     except ValueError:
         raise UsageError(
             f"{option} {text!r} is neither epoch ms nor an ISO time (e.g. 2026-01-01T09:30:00)"
         ) from None
+    try:
+        return check_ms(ms, option)
+    except ValueError as e:
+        raise UsageError(str(e)) from None

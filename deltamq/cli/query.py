@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from deltamq.cli.format import emit, ms_to_iso, print_table, shorten
 from deltamq.cli.parser import CHECK_FAILED, OK, UsageError, now_arg
@@ -15,8 +16,15 @@ def sql(broker, args: argparse.Namespace) -> int:
     ``main`` on one line (exit 7)."""
     df = broker.sql(args.query, write=args.write)
     columns = list(df.columns)
-    rows = [list(r) for r in (df.limit(args.limit).collect() if columns else df.collect())]
-    return emit(args, {"columns": columns, "rows": rows}, lambda: print_table(columns, rows))
+    rows = [list(r) for r in (df.limit(args.limit + 1).collect() if columns else df.collect())]
+    cut = len(rows) > args.limit
+    if cut:
+        rows = rows[: args.limit]
+        # said where a script checking counts by listing rows would look too
+        print(f"deltamq: the first {args.limit} rows; --limit N shows more", file=sys.stderr, flush=True)
+    return emit(
+        args, {"columns": columns, "rows": rows, "more_rows": cut}, lambda: print_table(columns, rows)
+    )
 
 
 def msg(broker, args: argparse.Namespace) -> int:
@@ -63,11 +71,17 @@ def _print_trace(events) -> None:
 
 def dlq(broker, args: argparse.Namespace) -> int:
     if args.action == "list":
+        limit = 100 if args.limit is None else args.limit
         rows = [
             r.asDict()
-            for r in broker.dead_letters(**_selection(args)).orderBy("store_ts").limit(args.limit).collect()
+            for r in broker.dead_letters(**_selection(args)).orderBy("store_ts").limit(limit).collect()
         ]
         return emit(args, {"dead_letters": rows}, lambda: _print_dead_letters(rows))
+    if args.limit is not None:
+        raise UsageError(
+            "--limit is for dlq list; resend sends every dead letter selected (select fewer with "
+            "--group, --from, --to, --id or --where)"
+        )
     done = broker.resend_dead_letters(rate_per_s=args.rate, **_selection(args))
     return emit(
         args,

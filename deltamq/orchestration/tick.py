@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pyarrow as pa
 
 from deltamq import ids
-from deltamq.clock import ms_to_iso, to_ms
+from deltamq.clock import check_ms, ms_to_iso, to_ms
 from deltamq.constants import JOB_NAMES, JOB_STEPS, MAX_ERROR_CHARS
 from deltamq.errors import ClockError, LeaseHeld, LeaseLost
 from deltamq.jobs import check_transactions, deliver, dispatch, promote, pull_expiry, retain, wake
@@ -357,7 +357,7 @@ class TickRunner:
 
     def tick(self, now: int | datetime | None = None) -> TickResult:
         """Run one tick at ``now`` (default: the broker's clock)."""
-        now_ms = self.ctx.clock.now_ms() if now is None else to_ms(now)
+        now_ms = self.ctx.clock.now_ms() if now is None else check_ms(to_ms(now))
         skipped = self._skip_if_quiet(now_ms, now is None)
         if skipped is not None:
             return skipped
