@@ -146,7 +146,8 @@ class Broker:
     ) -> Broker:
         """Create the warehouse at ``warehouse``, or upgrade an older one in place, and open
         it: what ``deltamq init`` does. Idempotent; ``levels`` (e.g. ``"1s 5s 1m"``)
-        replaces the delay levels when given."""
+        replaces the delay levels when given: at least as many as the warehouse has (a
+        message held at a removed level would never be delivered), else ConfigError."""
         return cls._open(warehouse, remote, spark, clock, config, "init", levels)
 
     def close(self) -> None:

@@ -35,6 +35,31 @@ def test_levels_configurable_at_init(tmp_path):
     b.close()
 
 
+def test_init_keeps_every_delay_level_and_says_when_it_changes_them(tmp_path, capsys):
+    """``deltamq init --levels`` on a warehouse replaced its levels silently ("nothing to
+    create or upgrade"), stranding a message held at a level that was removed. Fewer
+    levels are refused with nothing written; a changed delay or a new level is said."""
+    from deltamq.cli import main
+    from deltamq.errors import ConfigError
+
+    location = str(tmp_path / "wh")
+    b = Broker.init(location, levels="1s 5s 1m")
+    before = table_versions(tmp_path / "wh")
+    with pytest.raises(ConfigError, match="has 2 delay levels; warehouse .* has 3"):
+        Broker.init(location, levels="1s 5s")
+    assert table_versions(tmp_path / "wh") == before and b.warehouse.levels() == [
+        (1, 1000),
+        (2, 5000),
+        (3, 60_000),
+    ]
+    assert main(["init", "--levels", "1s 5s 2m 1h", "--warehouse", location]) == 0
+    assert "delay levels are now: 1s 5s 2m 1h" in capsys.readouterr().out
+    assert b.warehouse.levels() == [(1, 1000), (2, 5000), (3, 120_000), (4, 3_600_000)]
+    assert main(["init", "--levels", "1s 5s 2m 1h", "--warehouse", location]) == 0
+    assert "up to date: nothing to create or upgrade" in capsys.readouterr().out
+    b.close()
+
+
 @pytest.mark.spark  # also on Apache Spark: the upgrade to 7 rewrites queue_lock partitioned
 def test_upgrade_v1_warehouse_in_place(tmp_path, broker):
     wh = Warehouse(broker.engine, tmp_path / "old")

@@ -28,7 +28,9 @@ def init(args: argparse.Namespace) -> int:
             print(f"created {len(done['created'])} tables in {args.warehouse}: {', '.join(done['created'])}")
         for table, columns in done["upgraded"].items():
             print(f"upgraded {table}: added {', '.join(columns)}")
-        if not done["created"] and not done["upgraded"]:
+        if done["levels"] and not done["created"]:
+            print(f"delay levels are now: {done['levels']}")
+        if not done["created"] and not done["upgraded"] and not done["levels"]:
             print(f"warehouse {args.warehouse} is up to date: nothing to create or upgrade")
 
     return emit(args, {"warehouse": args.warehouse, **done}, render)

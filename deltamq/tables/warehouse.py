@@ -338,6 +338,7 @@ class Warehouse:
                 f"warehouse {self.location} is at schema version {current}; "
                 f"cannot init it at {target_version}"
             )
+        seeded = self._planned_levels(levels, config)  # refused before anything is written
         created: list[str] = []
         upgraded: dict[str, list[str]] = {}
         for spec in TABLES.values():
@@ -353,11 +354,37 @@ class Warehouse:
                     added.append(f"partitioned by {', '.join(spec.partition_by)}")
                 if added:
                     upgraded[spec.name] = added
-        self._seed_levels(levels, config)
+        if seeded is not None:
+            self._seed_levels(seeded, config)
         if current != target_version:
             self._set_meta("schema_version", str(target_version), config)
         self._known = set(TABLES)
-        return {"created": created, "upgraded": upgraded, "from_version": current}
+        return {
+            "created": created,
+            "upgraded": upgraded,
+            "from_version": current,
+            "levels": None if seeded is None else " ".join(label for _, _, label in seeded),
+        }
+
+    def _planned_levels(self, levels: str | None, config: BrokerConfig) -> list[tuple[int, int, str]] | None:
+        """The delay levels ``init`` writes: ``levels`` (else the configured ones on a
+        warehouse without any), or None when the stored ones stay. A warehouse keeps every
+        level it has: a message held at a level that is gone would wait in its queue for
+        ever, so fewer levels than stored are refused (delays may change, levels may be
+        added)."""
+        existing = self.levels() if self.table_exists("schedule_levels") else []
+        if existing and levels is None:
+            return None
+        parsed = parse_levels(levels or config.delay_levels)
+        if existing and [(lvl, ms) for lvl, ms, _ in parsed] == existing:
+            return None
+        if len(parsed) < len(existing):
+            raise ConfigError(
+                f"levels={levels!r} has {len(parsed)} delay levels; warehouse {self.location} has "
+                f"{len(existing)}, and a message held at a removed level would never be delivered. "
+                "Give at least as many (a level's delay may change; levels may be added)"
+            )
+        return parsed
 
     def _set_meta(self, key: str, value: str, config: BrokerConfig) -> None:
         statement = (
@@ -369,11 +396,7 @@ class Warehouse:
         )
         self._commit(lambda: self.engine.execute(statement), "warehouse_meta", config)
 
-    def _seed_levels(self, levels: str | None, config: BrokerConfig) -> None:
-        existing = self.engine.rows(f"SELECT count(*) AS n FROM {self.ref('schedule_levels')}")[0]["n"]
-        if existing and levels is None:
-            return
-        parsed = parse_levels(levels or config.delay_levels)
+    def _seed_levels(self, parsed: list[tuple[int, int, str]], config: BrokerConfig) -> None:
         values = ", ".join(f"({lvl}, CAST({ms} AS BIGINT), {sql_str(label)})" for lvl, ms, label in parsed)
         statement = (
             f"MERGE INTO {self.ref('schedule_levels')} t "
