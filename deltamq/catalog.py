@@ -208,7 +208,13 @@ class Catalog(Topics):
         retry topic."""
         name = cfg.consumer_group
         dedup_key = dedup.validate(self.engine.spark, cfg.dedup_key)
-        if cfg.mode == "BROADCASTING" and listener is not None and not cfg.instances:
+        if cfg.mode == "BROADCASTING" and listener is None:
+            raise ConfigError(
+                f"group {name!r}: a BROADCASTING group is consumed by its push listener in each of "
+                "its instances; give a listener and instances (pull consumers and sinks take "
+                "CLUSTERING groups)"
+            )
+        if cfg.mode == "BROADCASTING" and not cfg.instances:
             raise ConfigError(
                 "a BROADCASTING push group delivers to each of its instances: declare them, "
                 "e.g. instances=['host-a', 'host-b']"

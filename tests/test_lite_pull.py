@@ -111,7 +111,13 @@ def test_what_needs_an_engine_is_refused_by_name(broker, warehouse_with, clock):
     broker.subscribe("dedup", "orders")
     broker.create_group("sql", consume_from="FIRST_OFFSET")
     broker.subscribe("sql", "orders", "a > 1", type="SQL92")
-    broker.create_group("bc", consume_from="FIRST_OFFSET", mode="BROADCASTING")
+    broker.create_group(
+        "bc",
+        "support.listeners:consume_all",
+        consume_from="FIRST_OFFSET",
+        mode="BROADCASTING",
+        instances=["a"],
+    )
     with pytest.raises(ConfigError, match="de-duplicates by key.*Broker.pull_consumer"):
         PullConsumer(broker.warehouse.location, "dedup", "c", clock=clock)
     with pytest.raises(UnknownGroup, match="'nope' does not exist"):
