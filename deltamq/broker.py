@@ -321,8 +321,17 @@ class Broker:
 
     def reset_offsets(self, group: str, to_time: int) -> dict[tuple[str, int], int]:
         """Move a group's offsets on every subscribed topic to the first message stored at
-        or after ``to_time`` (epoch ms or datetime), back or forward. Returns the new offsets."""
-        return self.catalog.reset_offsets(group, to_ms(to_time))
+        or after ``to_time`` (epoch ms or datetime), back or forward. Returns the new offsets.
+        A pull group's clients restart there: what they hold in flight is revoked and their
+        queue locks are released (:func:`deltamq.pull.restart_queues`)."""
+        new = self.catalog.reset_offsets(group, to_ms(to_time))
+        cfg = self.catalog.group(group)
+        if cfg is not None and cfg.mode == "CLUSTERING" and not cfg.listener and not cfg.sink_table:
+            from deltamq.pull import restart_queues
+            from deltamq.pull_engine import EngineStore
+
+            restart_queues(EngineStore(self.context), group, new, self.clock.now_ms())
+        return new
 
     # --- producing --------------------------------------------------------------------------
     def producer(

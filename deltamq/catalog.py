@@ -349,6 +349,9 @@ class Catalog(Topics):
             merge.add(group, t, q, next_offset=o)
         update = {
             "next_offset": source("next_offset"),
+            # a pull group's hand-out position starts at the new offset too (it is
+            # next_offset where this is null: docs/behaviour.md §6)
+            "delivered_offset": "CAST(NULL AS BIGINT)",
             "attempts": "0",
             "suspends": "0",
             "suspend_until": "CAST(NULL AS BIGINT)",

@@ -196,6 +196,7 @@ class PullConsumer:
         self._pending_handles: set[str] = set()
         self._pace: tuple[float, int] = (time.monotonic(), 0)  # (since, handed out since)
         self._topology: tuple[int, list[Queue], list[Subscription]] | None = None  # (read at, queues, subs)
+        self._released_checked: int | None = None  # when an idle pull last read the lock rows
 
     # --- helpers ------------------------------------------------------------------------------
     def _now(self, now: int | None) -> int:
@@ -305,6 +306,10 @@ class PullConsumer:
                 end = max(h.position, min(h.reserved, h.position + left))
                 left -= end - h.position
                 takes[q] = (h.position, end)
+            if all(hi <= lo for lo, hi in takes.values()) and self._released(mine, now):
+                # nothing to hand out, and a queue this client holds was released by an
+                # offset reset (restart_queues): taken again at the new offset
+                takes = self._lock(mine, now, heads or self.store.heads(now), budget)
         faults.point("pull.after_lock_commit")
         ranges = [(t, q, lo, hi) for (t, q), (lo, hi) in sorted(takes.items()) if hi > lo]
         prefix = f"{now & 0xFFFFFFFFFFFF:012x}{secrets.token_hex(5)}"  # the pull's handles
@@ -404,6 +409,16 @@ class PullConsumer:
         if self._due(now, h.written, self.config.lock_queue_timeout_ms):
             return True
         return h.reserved > h.position and not 0 <= now - h.written < RESERVE_MS // 2
+
+    def _released(self, mine: list[Queue], now: int) -> bool:
+        """Whether a lock row of a queue this client holds names another owner now (an
+        offset reset released it): read by a pull that has nothing to hand out, at most
+        once per ``RESERVE_MS / 2`` (a busy client meets the change at its next lock write)."""
+        if self._released_checked is not None and 0 <= now - self._released_checked < RESERVE_MS // 2:
+            return False
+        self._released_checked = now
+        locks = self.store.read_locks(self.group)
+        return any((locks.get(q) or _NOBODY).owner != self.client_id for q in mine if q in self._held)
 
     def _forget_expired(self, now: int) -> None:
         if len(self._sent) > 100_000:
@@ -701,6 +716,40 @@ class _Handouts:
     messages: list[PulledMessage]
     rows: list[LogRow]
     retold: bool  # some message shows another topic than the one it is stored in (a retry)
+
+
+RESET_OWNER = "%RESET%"
+"""The owner of a lock row an offset reset released: long expired, so the next client that
+pulls the queue takes it over and starts at the reset offset."""
+
+
+def restart_queues(store: PullStore, group: str, starts: dict[Queue, int], now: int) -> None:
+    """After an offset reset of a pull group (``offsets`` already at ``starts``): what its
+    clients hold in flight on those queues is revoked, a ``TAKEN`` row marks where each
+    queue restarts (rows delivered before it no longer count), and each owned lock row is
+    handed to :data:`RESET_OWNER` with a time long past, so the holder, or any client, takes
+    the queue over at the new offset on its next pull. A client pulling while this runs may
+    hand out from its old position once more (at-least-once, as after any takeover)."""
+    if not starts:
+        return
+    rows = [ended(r, REVOKED) for r in store.open_rows(group, queues=starts)]
+    rows += [
+        (group, RESET_OWNER, t, q, start - 1, None, _handle(), now, None, TAKEN)
+        for (t, q), start in sorted(starts.items())
+    ]
+    store.append_log(rows)
+
+    def release() -> None:
+        locks = store.read_locks(group)
+        changes: list[tuple[Queue, LockEntry | None, LockEntry]] = [
+            (q, entry, LockEntry(RESET_OWNER, 0, start, 0, start))
+            for q, start in sorted(starts.items())
+            if (entry := locks.get(q)) is not None and entry.owner != RESET_OWNER
+        ]
+        if changes:
+            store.write_locks(group, changes)
+
+    store.commit(release, what="queue_lock")
 
 
 def _handle() -> str:

@@ -611,3 +611,34 @@ def test_the_files_and_the_engine_hand_out_the_same_rows(warehouse_with, clock):
     assert {r["tags"] for r in files} == {"A", "B"}
     assert all(dict(r["properties"])["x"] == r["body"].decode()[1:] for r in files)
     assert all(r["queue_offset"] >= 3 for r in files if r["queue_id"] == 1)
+
+
+def test_an_offset_reset_restarts_the_pull_clients_there(pulled, clock, broker):
+    """``reset_offsets`` on a pull group: the client holding the queues hands the messages
+    out again from the new offset (it went on from where it was, and the replay was lost
+    while the queue stalled), what it held in flight is revoked, and the fold keeps the
+    new positions."""
+    t = clock.now_ms()
+    a = broker.pull_consumer("workers", "a")
+    first = a.pull(20, now=t)
+    assert len(first) == 20
+    a.ack([m.receipt_handle for m in first[:18]], now=t)  # two left in flight
+    broker.tick(t + 1)  # folded: 18 acked
+    clock.set(t + 2)
+    new = broker.reset_offsets("workers", 0)
+    assert {q: o for q, o in new.items() if q[0] == "orders"} == {("orders", q): 0 for q in range(4)}
+    # revoked by the reset: an ack now may still be counted (the client's own recent handles
+    # are acked without a read), but the messages are handed out again, at least once
+    a.ack([m.receipt_handle for m in first[18:]], now=t + 2)
+    again = a.pull(20, now=t + 3)
+    assert sorted(bodies(again)) == sorted(bodies(first))  # every message once more, from offset 0
+    assert a.ack([m.receipt_handle for m in again], now=t + 3) == 20
+    broker.tick(t + 4)
+    offsets = broker.sql(
+        "SELECT queue_id, next_offset FROM offsets WHERE consumer_group = 'workers' AND topic = 'orders'"
+    ).collect()
+    assert sorted((r["queue_id"], r["next_offset"]) for r in offsets) == [(q, 5) for q in range(4)]
+    assert a.pull(20, now=t + 5) == []
+    clock.set(t + 6)
+    broker.reset_offsets("workers", t + 10**9)  # forward, past every message
+    assert a.pull(20, now=t + 7) == []
