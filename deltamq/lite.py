@@ -40,6 +40,7 @@ from deltamq.clock import Clock, SystemClock
 from deltamq.config import BrokerConfig
 from deltamq.constants import COMMIT_LOG_GROUPS, SCHEMA_VERSION
 from deltamq.delta_append import BlindAppender, Unsupported
+from deltamq.delta_read import FileSnapshot
 from deltamq.errors import SchemaVersionError, WarehouseNotFound
 from deltamq.pull_files import FileStore
 from deltamq.sending import BaseProducer, Topics
@@ -82,6 +83,7 @@ class Warehouse(Topics):
             group_by=COMMIT_LOG_GROUPS,
         )
         self._write_lock = threading.Lock()
+        self._snapshots: dict[str, FileSnapshot] = {}
         version = self._schema_version()
         if version is None:
             raise WarehouseNotFound(
@@ -95,12 +97,20 @@ class Warehouse(Topics):
             )
 
     def _read(self, name: str, columns: list[str]) -> list[dict[str, Any]]:
+        """Every row of a small control table (``columns``), from its files as the tick
+        reads them (deltamq/delta_read.py), its snapshot kept and brought up to date.
+        Not delta-rs' ``to_pyarrow_table``: a process that exited right after one (a send
+        refused for an unknown topic, say) aborted now and then in native code, its
+        dataset's reads still winding down."""
         uri = self.storage.join(name)
-        if not self.storage.is_delta_table(uri):  # a store it cannot list raises StorageError
-            return []
-        table = self.storage.delta_table(uri)
+        snap = self._snapshots.get(name)
+        if snap is None:
+            if not self.storage.is_delta_table(uri):  # a store it cannot list raises StorageError
+                return []
+            snap = self._snapshots[name] = FileSnapshot(self.storage, uri)
         try:
-            return table.to_pyarrow_table(columns=columns).to_pylist()
+            snap.refresh()
+            return snap.read(snap.files(), columns).to_pylist()
         except Exception as e:  # noqa: BLE001 - a store error becomes a StorageError naming it
             raise self.storage.error("read", uri, e) from e
 

@@ -165,13 +165,15 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
+_LEVELS_HELP = (
+    "delay levels, e.g. '1s 5s 10s' (default: RocketMQ's 18, '1s 5s 10s 30s 1m ... 2h'); on a "
+    "warehouse, at least as many as it has (delays may change, levels may be added)"
+)
+
+
 def _admin_commands(sub, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("init", parents=[common], help="create or upgrade a warehouse (idempotent)")
-    s.add_argument(
-        "--levels",
-        help="delay levels, e.g. '1s 5s 10s' (default: RocketMQ's 18, '1s 5s 10s 30s 1m ... 2h'); "
-        "on a warehouse, at least as many as it has (delays may change, levels may be added)",
-    )
+    s.add_argument("--levels", help=_LEVELS_HELP)
 
     s = sub.add_parser("topic", parents=[common], help="topic create | update | delete | list")
     s.add_argument("action", choices=["create", "update", "delete", "list"], help="what to do")
