@@ -293,6 +293,16 @@ class GroupConfig:
             raise ConfigError(f"consume_from={self.consume_from!r} is not allowed; use one of {CONSUME_FROM}")
         if self.consume_from == "TIMESTAMP" and self.consume_timestamp is None:
             raise ConfigError("consume_from='TIMESTAMP' needs consume_timestamp (epoch ms)")
+        if self.consume_timestamp is not None and self.consume_from != "TIMESTAMP":
+            raise ConfigError(
+                f"consume_timestamp={self.consume_timestamp} is used with consume_from='TIMESTAMP' "
+                f"only; consume_from is {self.consume_from!r}"
+            )
+        if self.instances and self.mode != "BROADCASTING":
+            raise ConfigError(
+                f"instances={list(self.instances)} are for BROADCASTING groups (each instance gets "
+                f"every message); a {self.mode} group shares its queues among its consumers"
+            )
         for name, low in _GROUP_INTS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -326,6 +336,11 @@ class GroupConfig:
         values = {k: row[k] for k in defaults if k in row and row[k] is not None}
         if isinstance(values.get("retry_policy"), str):
             values["retry_policy"] = json.loads(values["retry_policy"])
+        # what earlier releases stored beside settings that ignore it: read as before
+        if values.get("consume_from", defaults["consume_from"]) != "TIMESTAMP":
+            values.pop("consume_timestamp", None)
+        if values.get("mode", defaults["mode"]) != "BROADCASTING":
+            values.pop("instances", None)
         return cls(**values)
 
 

@@ -529,3 +529,31 @@ def test_numbers_out_of_range_are_refused_and_a_cut_listing_says_so(wh, capsys):
         capsys, "sql", "SELECT id FROM range(3)", "--limit", "3", "--json", "--warehouse", wh
     )
     assert json.loads(out)["more_rows"] is False and err == ""
+
+
+def test_group_options_that_would_be_ignored_are_refused(wh, capsys):
+    """--consume-timestamp without --consume-from TIMESTAMP made a LAST_OFFSET group, and
+    --instances on a CLUSTERING group were dropped, both silently."""
+    for args, text in (
+        (("--consume-timestamp", "2026-01-01T00:00:00"), "consume_from='TIMESTAMP' only"),
+        (("--instances", "a,b"), "are for BROADCASTING groups"),
+    ):
+        code, _, err = _run(capsys, "group", "create", "g", *args, "--warehouse", wh)
+        assert code == parser.USAGE and text in _one_error_line(err), args
+    code, out, _ = _run(capsys, "group", "list", "--json", "--warehouse", wh)
+    assert code == 0 and '"g"' not in out
+
+
+def test_commands_that_would_do_nothing_say_so(wh, capsys):
+    """``topic update`` with nothing to change printed "topic updated", ``topic list X``
+    ignored X, and ``report`` over an empty window wrote an empty report."""
+    for args, text in (
+        (("topic", "update", "orders"), "topic update needs what to change"),
+        (("topic", "list", "orders"), "topic list takes no topic name"),
+        (
+            ("report", "--html", "r.html", "--from", "2030-01-01T00:00:00", "--to", "2020-01-01T00:00:00"),
+            "is not before --to",
+        ),
+    ):
+        code, out, err = _run(capsys, *args, "--warehouse", wh)
+        assert code == parser.USAGE and out == "" and text in _one_error_line(err), args

@@ -107,7 +107,7 @@ def test_upgrade_v1_warehouse_in_place(tmp_path, broker):
     ]  # fmt: skip
     upgraded = Broker.open(tmp_path / "old")
     assert upgraded.topics()["kept"]["queues"] == 2
-    upgraded.create_group("g", instances=["a", "b"])
+    upgraded.create_group("g", "support.listeners:consume_all", mode="BROADCASTING", instances=["a", "b"])
     assert upgraded.groups()["g"].instances == ("a", "b")
     upgraded.close()
 

@@ -38,6 +38,8 @@ def init(args: argparse.Namespace) -> int:
 
 def topic(broker, args: argparse.Namespace) -> int:
     if args.action == "list":
+        if args.name:
+            raise UsageError(f"topic list takes no topic name (got {args.name!r}); it lists every topic")
         topics = [{"topic": t, **v} for t, v in broker.topics().items()]
         return emit(
             args,
@@ -52,6 +54,8 @@ def topic(broker, args: argparse.Namespace) -> int:
     if args.action == "create":
         broker.create_topic(args.name, args.queues, args.perm or "RW", ordered=bool(args.ordered))
     elif args.action == "update":
+        if args.queues is None and args.perm is None and args.ordered is None:
+            raise UsageError("topic update needs what to change: --queues, --perm or --ordered")
         broker.update_topic(args.name, queues=args.queues, perm=args.perm, ordered=args.ordered)
     else:
         broker.delete_topic(args.name, force=args.force)

@@ -358,7 +358,7 @@ def _operator_commands(sub, common: argparse.ArgumentParser) -> None:
 
 
 def _selection_args(s: argparse.ArgumentParser) -> None:
-    s.add_argument("--group", help="the consumer group whose dead letters")
+    s.add_argument("--group", help="only the dead letters of this consumer group")
     s.add_argument("--from", dest="from_time", help=f"stored at or after ({TIME})")
     s.add_argument("--to", dest="to_time", help=f"stored before ({TIME})")
     s.add_argument("--id", action="append", help="a dead letter's or original message's id (repeatable)")

@@ -177,12 +177,10 @@ def doctor(broker, args: argparse.Namespace) -> int:
 def report(broker, args: argparse.Namespace) -> int:
     from deltamq.report import write_html
 
-    data = write_html(
-        broker.context,
-        args.html,
-        since=now_arg(args.from_time, "--from"),
-        until=now_arg(args.to_time, "--to"),
-    )
+    since, until = now_arg(args.from_time, "--from"), now_arg(args.to_time, "--to")
+    if since is not None and until is not None and since >= until:
+        raise UsageError(f"--from {args.from_time} is not before --to {args.to_time}: the window is empty")
+    data = write_html(broker.context, args.html, since=since, until=until)
     return emit(
         args,
         {"file": args.html, "ticks": len(data["ticks"]), "totals": data["totals"]},
