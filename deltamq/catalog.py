@@ -110,7 +110,7 @@ class Catalog(Topics):
         validate_topic_name(name)
         info = self._topic(name)
         if info is None:
-            raise UnknownTopic(f"topic {name!r} does not exist")
+            raise UnknownTopic(f"topic {name!r} does not exist ({self._existing()})")
         self._upsert_topic(
             name,
             info[0] if queues is None else queues,

@@ -557,3 +557,15 @@ def test_commands_that_would_do_nothing_say_so(wh, capsys):
     ):
         code, out, err = _run(capsys, *args, "--warehouse", wh)
         assert code == parser.USAGE and out == "" and text in _one_error_line(err), args
+
+
+def test_a_usage_error_is_one_line_and_with_json_also_the_document(wh, capsys):
+    """argparse's own errors printed the usage over several lines, and no JSON document
+    with --json, unlike every other error (README, "Command line")."""
+    with pytest.raises(SystemExit) as e:
+        main(["topic", "create", "t2", "--queues", "abc", "--json", "--warehouse", wh])
+    out, err = capsys.readouterr()
+    line = _one_error_line(err)
+    assert e.value.code == parser.USAGE and "argument --queues: invalid int value: 'abc'" in line
+    assert "(see deltamq topic --help)" in line
+    assert json.loads(out) == {"error": line.removeprefix("deltamq: error: "), "exit_status": 2}

@@ -88,7 +88,7 @@ def _from_broker_extra(module: str) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit status (``parser.EXIT_STATUSES``). Usage errors
     exit through argparse (SystemExit 2)."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     # delta-rs logs the AWS credential chain's fallbacks as WARN lines on stderr before the
     # one-line error that says the same; the CLI shows errors only (RUST_LOG still rules)
     os.environ.setdefault("RUST_LOG", "error")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from collections.abc import Sequence
 
 from deltamq.constants import SETUP_FAILED_EXIT
 
@@ -118,9 +120,31 @@ TIME = "epoch ms or ISO time, UTC unless it has an offset (2026-01-01T09:30:00)"
 """How every time argument is given."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors read as every other error: one line on stderr,
+    ``deltamq: error: …`` naming the command's --help, and with ``--json`` also the error
+    document on stdout (exit status 2, :data:`USAGE`)."""
+
+    json_errors = False  # set by build_parser from the command line
+
+    def error(self, message: str):  # noqa: ANN201 - NoReturn as argparse declares it
+        import json
+        import sys
+
+        command = self.prog.removeprefix("deltamq").strip()
+        text = f"{command + ': ' if command else ''}{message} (see {self.prog} --help)"
+        print(f"deltamq: error: {text}", file=sys.stderr, flush=True)
+        if _Parser.json_errors:
+            print(json.dumps({"error": text, "exit_status": USAGE}), flush=True)
+        raise SystemExit(USAGE)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; ``argv`` (the arguments it will parse) says whether a
+    usage error also prints the JSON error document (``--json``)."""
+    _Parser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
     common = _common()
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="deltamq",
         description="RocketMQ semantics on Delta Lake.",
         epilog=EPILOG,
@@ -145,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _common() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument(
         "--warehouse",
         "-w",
