@@ -40,9 +40,10 @@ def _topics_and_queues(st: dict) -> None:
             for q in sorted(st["queues"], key=lambda q: (*_users_first(q["topic"]), q["queue_id"]))
         ],
     )
+    upto = st["dispatched_version"]
     print(
-        f"\nstored, not yet dispatched: {st['undispatched']} (dispatched up to commit_log "
-        f"version {st['dispatched_version']})"
+        f"\nstored, not yet dispatched: {st['undispatched']} "
+        + (f"(dispatched up to commit_log version {upto})" if upto >= 0 else "(nothing dispatched yet)")
     )
 
 
