@@ -324,13 +324,18 @@ class Broker:
         or after ``to_time`` (epoch ms or datetime), back or forward. Returns the new offsets.
         A pull group's clients restart there: what they hold in flight is revoked and their
         queue locks are released (:func:`deltamq.pull.restart_queues`)."""
-        new = self.catalog.reset_offsets(group, to_ms(to_time))
-        cfg = self.catalog.group(group)
-        if cfg is not None and cfg.mode == "CLUSTERING" and not cfg.listener and not cfg.sink_table:
+        new = self.catalog.offsets_at(group, to_ms(to_time))
+        cfg = self.catalog.require_group(group)
+        if cfg.mode == "CLUSTERING" and not cfg.listener and not cfg.sink_table:
             from deltamq.pull import restart_queues
             from deltamq.pull_engine import EngineStore
 
-            restart_queues(EngineStore(self.context), group, new, self.clock.now_ms())
+            # the log's restart first: a fold of the log that read it before would otherwise
+            # write the old acknowledged offsets over the new ones (offsets never go back there)
+            with restart_queues(EngineStore(self.context), group, new, self.clock.now_ms()):
+                self.catalog.set_offsets(group, new)
+        else:
+            self.catalog.set_offsets(group, new)
         return new
 
     # --- producing --------------------------------------------------------------------------

@@ -208,7 +208,7 @@ class Catalog(Topics):
         retry topic."""
         name = cfg.consumer_group
         dedup_key = dedup.validate(self.engine.spark, cfg.dedup_key)
-        if cfg.mode == "BROADCASTING" and listener is None:
+        if cfg.mode == "BROADCASTING" and listener is None and not (exist_ok and self.group(name)):
             raise ConfigError(
                 f"group {name!r}: a BROADCASTING group is consumed by its push listener in each of "
                 "its instances; give a listener and instances (pull consumers and sinks take "
@@ -336,14 +336,18 @@ class Catalog(Topics):
                 partial(advance_offsets, self.warehouse, cfg.name, rows, now, client_id=client), "offsets"
             )
 
-    def reset_offsets(self, group: str, to_time: int) -> dict[tuple[str, int], int]:
-        """Move a group's offsets on every subscribed topic to the first message stored at or
-        after ``to_time`` (epoch ms), back or forward. Returns the new offsets."""
+    def offsets_at(self, group: str, to_time: int) -> dict[tuple[str, int], int]:
+        """Per queue of every topic ``group`` subscribes: the offset of the first message
+        stored at or after ``to_time`` (epoch ms), where :meth:`set_offsets` moves it."""
         self.require_group(group)
         new: dict[tuple[str, int], int] = {}
         for sub in self.subscriptions(group):
             for q, o in self._start_offsets(sub.topic, "TIMESTAMP", to_time).items():
                 new[(sub.topic, q)] = o
+        return new
+
+    def set_offsets(self, group: str, new: dict[tuple[str, int], int]) -> None:
+        """Move the group's offsets to ``new``, back or forward (an offset reset)."""
         merge = OffsetsMerge(("next_offset",), self.clock.now_ms())
         for (t, q), o in sorted(new.items()):
             merge.add(group, t, q, next_offset=o)
@@ -359,7 +363,6 @@ class Catalog(Topics):
         }
         insert = {"next_offset": source("next_offset"), "attempts": "0"}
         self._commit_attempt(partial(merge.execute, self.warehouse, update, insert), "offsets")
-        return new
 
     # --- producer groups: transaction check-back ---------------------------------------------
     def set_check_listener(self, producer_group: str, listener: Callable[..., Any] | str) -> None:

@@ -65,8 +65,8 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from itertools import repeat
 from typing import Any, Protocol, TypeVar
@@ -440,9 +440,12 @@ class PullConsumer:
         taken: dict[Queue, int] = {}
         mine_set = set(mine)
 
+        reset: set[Queue] = set()
+
         def attempt() -> None:
             plans.clear()
             taken.clear()
+            reset.clear()
             locks = self.store.read_locks(self.group)
             unknown = [q for q in mine if q not in self._held or (locks.get(q) or _NOBODY).owner != me]
             derived = self.store.positions(self.group, unknown) if unknown else {}
@@ -459,6 +462,8 @@ class PullConsumer:
                     continue
                 if taken_at is not None:
                     taken[q] = taken_at
+                    if entry is not None and entry.owner == RESET_OWNER:
+                        reset.add(q)
                 left -= plan.end - plan.start
                 plans[q] = plan
             changes += self._give_back(locks, set(self._held) - mine_set, now)
@@ -479,6 +484,7 @@ class PullConsumer:
             h = self._held.get(q)
             self._held[q] = _Held(p.start, p.reserved, now if p.write or h is None else h.written)
         self._taken = {q: s for q, s in taken.items() if q in plans}
+        self._reset = {q for q in reset if q in plans}
         return {q: (p.start, p.end) for q, p in plans.items()}
 
     def _plan_queue(
@@ -521,8 +527,11 @@ class PullConsumer:
                 return None, new, None
             if verdict == "acquired":
                 start = reserved = acked
+                if entry is not None and entry.owner == RESET_OWNER and entry.delivered_offset is not None:
+                    # released by an offset reset: its offset, whatever was handed out since
+                    start = reserved = entry.delivered_offset
                 if entry is not None:
-                    taken_at = acked
+                    taken_at = start
             else:  # the owner by the table, new to this object (restarted)
                 start, reserved = delivered, max(seen, delivered)
             count = new.no_change_count
@@ -569,18 +578,20 @@ class PullConsumer:
         return out
 
     _taken: dict[Queue, int] = {}  # noqa: RUF012 - set per pull by _lock
+    _reset: set[Queue] = set()  # noqa: RUF012 - of those, the queues an offset reset released
 
     def _takeover_rows(self, now: int) -> list[tuple]:
         """Log rows of the queues just taken over: the previous owners' messages in flight
         are revoked (handed out again from the acknowledged offset) and a ``TAKEN`` row
         marks where this owner starts (rows delivered before it no longer count)."""
         taken, self._taken = self._taken, {}
+        reset, self._reset = self._reset, set()
         if not taken:
             return []
         rows = [
             ended(r, REVOKED)
             for r in self.store.open_rows(self.group, queues=taken)
-            if r[1] != self.client_id
+            if r[1] != self.client_id or (r[2], r[3]) in reset  # after a reset, its own too
         ]
         for (t, q), start in sorted(taken.items()):
             rows.append((self.group, self.client_id, t, q, start - 1, None, _handle(), now, None, TAKEN))
@@ -723,14 +734,18 @@ RESET_OWNER = "%RESET%"
 pulls the queue takes it over and starts at the reset offset."""
 
 
-def restart_queues(store: PullStore, group: str, starts: dict[Queue, int], now: int) -> None:
-    """After an offset reset of a pull group (``offsets`` already at ``starts``): what its
-    clients hold in flight on those queues is revoked, a ``TAKEN`` row marks where each
-    queue restarts (rows delivered before it no longer count), and each owned lock row is
-    handed to :data:`RESET_OWNER` with a time long past, so the holder, or any client, takes
-    the queue over at the new offset on its next pull. A client pulling while this runs may
-    hand out from its old position once more (at-least-once, as after any takeover)."""
+@contextmanager
+def restart_queues(store: PullStore, group: str, starts: dict[Queue, int], now: int) -> Iterator[None]:
+    """An offset reset of a pull group to ``starts``, around the caller's ``offsets``
+    write (the body): first what its clients hold in flight on those queues is revoked and
+    a ``TAKEN`` row marks where each queue restarts (rows delivered before it no longer
+    count); after the body, each owned lock row is handed to :data:`RESET_OWNER` with a
+    time long past and the reset offset, so the holder, or any client, takes the queue
+    over there: a busy holder at its next lock write, an idle one when a pull finds nothing
+    to hand out. A client pulling meanwhile may hand out from its old position once more
+    (revoked when it takes the queue over: at-least-once, as after any takeover)."""
     if not starts:
+        yield
         return
     rows = [ended(r, REVOKED) for r in store.open_rows(group, queues=starts)]
     rows += [
@@ -738,6 +753,7 @@ def restart_queues(store: PullStore, group: str, starts: dict[Queue, int], now: 
         for (t, q), start in sorted(starts.items())
     ]
     store.append_log(rows)
+    yield
 
     def release() -> None:
         locks = store.read_locks(group)

@@ -509,10 +509,14 @@ def test_numbers_out_of_range_are_refused_and_a_cut_listing_says_so(wh, capsys):
     """A negative --interval busy-looped, --limit 0 or -1 reached the engine, dlq resend
     ignored --limit, and sql cut its rows at --limit silently."""
     for args, text in (
-        (("tick", "--loop", "--interval", "-1", "--for", "1"), "argument --interval: -1 is not above 0"),
-        (("tick", "--loop", "--for", "-2"), "argument --for: -2 is not above 0"),
+        (
+            ("tick", "--loop", "--interval", "-1", "--for", "1"),
+            "argument --interval: -1 is not a number above 0",
+        ),
+        (("tick", "--loop", "--for", "-2"), "argument --for: -2 is not a number above 0"),
+        (("tick", "--loop", "--interval", "inf"), "argument --interval: inf is not a number above 0"),
         (("sql", "SELECT 1", "--limit", "0"), "argument --limit: 0 is below 1"),
-        (("dlq", "list", "--rate", "0"), "argument --rate: 0 is not above 0"),
+        (("dlq", "list", "--rate", "0"), "argument --rate: 0 is not a number above 0"),
     ):
         with pytest.raises(SystemExit) as e:
             main([*args, "--warehouse", wh])
@@ -569,3 +573,6 @@ def test_a_usage_error_is_one_line_and_with_json_also_the_document(wh, capsys):
     assert e.value.code == parser.USAGE and "argument --queues: invalid int value: 'abc'" in line
     assert "(see deltamq topic --help)" in line
     assert json.loads(out) == {"error": line.removeprefix("deltamq: error: "), "exit_status": 2}
+    with pytest.raises(SystemExit):  # argparse takes --jso for --json
+        main(["topic", "create", "t2", "--queues", "abc", "--jso", "--warehouse", wh])
+    assert json.loads(capsys.readouterr().out)["exit_status"] == 2

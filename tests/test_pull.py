@@ -642,3 +642,32 @@ def test_an_offset_reset_restarts_the_pull_clients_there(pulled, clock, broker):
     clock.set(t + 6)
     broker.reset_offsets("workers", t + 10**9)  # forward, past every message
     assert a.pull(20, now=t + 7) == []
+
+
+def test_an_offset_reset_reaches_a_busy_holder(pulled, clock, broker):
+    """A holder in the middle of its reservation hands out without reading the lock rows,
+    from its own position; when it next takes the lock it finds the queue released by the
+    reset and starts again at the reset offset, revoking what it handed out since (it
+    started where the log said it was, past the reset: queue 3's replay was lost)."""
+    t = clock.now_ms()
+    a = broker.pull_consumer("workers", "a")
+    first = a.pull(18, now=t)  # queues 0-2 whole, queue 3 up to m2; every queue reserved to its head
+    assert len(first) == 18 and bodies(first)[-3:] == ["q3m0", "q3m1", "q3m2"]
+    a.ack([m.receipt_handle for m in first], now=t)
+    clock.set(t + 1)
+    broker.reset_offsets("workers", 0)
+    busy = a.pull(2, now=t + 2)  # inside its reservation: no lock read
+    assert bodies(busy) == ["q3m3", "q3m4"]
+    a.ack([m.receipt_handle for m in busy], now=t + 2)
+    after: list[str] = []
+    for i in range(8):
+        now = t + 3 + i * RESERVE_MS
+        got = a.pull(20, now=now)
+        a.ack([m.receipt_handle for m in got], now=now)
+        after += bodies(got)
+    assert sorted(after) == sorted(f"q{q}m{i}" for q in range(4) for i in range(5))  # all again, once
+    broker.tick(t + 9 * RESERVE_MS)
+    offsets = broker.sql(
+        "SELECT queue_id, next_offset FROM offsets WHERE consumer_group = 'workers' AND topic = 'orders'"
+    ).collect()
+    assert sorted((r["queue_id"], r["next_offset"]) for r in offsets) == [(q, 5) for q in range(4)]

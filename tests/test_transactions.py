@@ -399,5 +399,11 @@ def test_a_commit_after_a_rollback_is_not_delivered_the_first_end_wins(setup, cl
     assert consumed(log) == ["kept"]
     visible = broker.sql("SELECT count(*) AS n FROM messages WHERE state = 'visible' AND topic = 'orders'")
     assert visible.collect()[0]["n"] == 1
+    ends = broker.sql("SELECT CAST(body AS STRING) AS b, transaction FROM messages WHERE topic = 'orders'")
+    assert sorted((r["b"], r["transaction"]) for r in ends.collect()) == [
+        ("cancelled", "ROLLBACK"),
+        ("checked", "ROLLBACK"),
+        ("kept", "COMMIT"),  # its first end; the ROLLBACK after it changes nothing
+    ]
     report = check_dispatch(broker.warehouse)
     assert report.ok and report.duplicate_commits == 2, report.describe()

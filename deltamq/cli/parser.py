@@ -142,7 +142,10 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The command line's parser; ``argv`` (the arguments it will parse) says whether a
     usage error also prints the JSON error document (``--json``)."""
-    _Parser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
+    # argparse takes a long option's unambiguous prefix: --js, --jso as well as --json
+    _Parser.json_errors = any(
+        len(a) > 3 and "--json".startswith(a) for a in (sys.argv[1:] if argv is None else argv)
+    )
     common = _common()
     p = _Parser(
         prog="deltamq",
@@ -408,7 +411,7 @@ def _bounded(convert, ok, rule: str):
 
 
 _AT_LEAST_1 = _bounded(int, lambda v: v >= 1, "below 1, the least allowed")
-_ABOVE_0 = _bounded(float, lambda v: v > 0, "not above 0")
+_ABOVE_0 = _bounded(float, lambda v: 0 < v < float("inf"), "not a number above 0")
 
 
 def now_arg(text: str | None, option: str = "--now") -> int | None:

@@ -68,15 +68,20 @@ def _check_dispatch(wh: Warehouse, views: Views, dispatched_only: bool) -> Dispa
         if new is not None:
             undispatched = views.add(new.select("msg_id"), "undispatched")
             missing = f"(SELECT m.* FROM {missing} m LEFT ANTI JOIN {undispatched} u ON m.msg_id = u.msg_id)"
-    # the transactions whose first end is indexed: a committed message (its topic), or a
-    # rollback's op record (the topic it names); a later COMMIT's message is not indexed
+    # the transactions whose first end is indexed: a committed message (its topic), or, when
+    # the first op record of the transaction is a rollback's, the topic it names: a COMMIT
+    # after it is not indexed (a COMMIT first and a rollback after still needs its message)
+    first_ops = (
+        f"(SELECT properties['{Prop.TRAN_ID}'] AS tran, "
+        f"min_by(struct(properties['{Prop.REAL_TOPIC}'] AS topic, properties['{Prop.TRAN_STATE}'] AS state), "
+        "struct(cl_version, cl_batch_id, cl_batch_pos)) AS first "
+        f"FROM {cq} WHERE topic = '{TRANS_OP_HALF_TOPIC}' GROUP BY properties['{Prop.TRAN_ID}'])"
+    )
     visible = (
         f"(SELECT DISTINCT topic, properties['{Prop.TRAN_ID}'] AS tran FROM {cq} "
         f"WHERE properties['{Prop.TRAN_ID}'] IS NOT NULL "
-        f"UNION SELECT DISTINCT properties['{Prop.REAL_TOPIC}'] AS topic, "
-        f"properties['{Prop.TRAN_ID}'] AS tran "
-        f"FROM {cq} WHERE topic = '{TRANS_OP_HALF_TOPIC}' "
-        f"AND properties['{Prop.TRAN_STATE}'] = '{TxState.ROLLBACK.value}')"
+        f"UNION SELECT first.topic AS topic, tran FROM {first_ops} "
+        f"WHERE first.state = '{TxState.ROLLBACK.value}')"
     )
     duplicate_commit = (
         f"(u.sys_flag & 12) = {SysFlag.TRANSACTION_COMMIT_TYPE} AND u.topic = k.topic "

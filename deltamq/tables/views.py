@@ -98,8 +98,11 @@ def messages_sql(name: Name) -> str:
         "timestamp_millis(s.born_ts) AS born_at, timestamp_millis(s.store_ts) AS stored_at, "
         f"CAST({_prop(Prop.DELAY, 's.')} AS INT) AS delay_level, "
         f"timestamp_millis(CAST({_prop(Prop.TIMER_DELIVER_MS, 's.')} AS BIGINT)) AS deliver_at, "
-        f"CASE WHEN s.sys_flag & {_TX_BITS} = {prepared} THEN coalesce(e.tran_state, "
-        "CASE WHEN x.tran_id IS NOT NULL THEN 'DISCARDED' ELSE 'PREPARED' END) END AS transaction, "
+        # the first end counts (docs/behaviour.md §5): a message that became visible was
+        # committed, whatever ended it later; else any rollback wins over a commit
+        f"CASE WHEN s.sys_flag & {_TX_BITS} = {prepared} THEN CASE WHEN i.id IS NOT NULL THEN 'COMMIT' "
+        "ELSE coalesce(e.tran_state, CASE WHEN x.tran_id IS NOT NULL THEN 'DISCARDED' ELSE 'PREPARED' END) "
+        "END END AS transaction, "
         "CASE WHEN i.id IS NOT NULL THEN 'visible' "
         "WHEN e.tran_state = 'ROLLBACK' THEN 'rolled back' "
         "WHEN e.tran_state IS NULL AND x.tran_id IS NOT NULL THEN 'discarded' "
