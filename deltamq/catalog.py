@@ -346,6 +346,13 @@ class Catalog(Topics):
                 new[(sub.topic, q)] = o
         return new
 
+    def reset_offsets(self, group: str, to_time: int) -> dict[tuple[str, int], int]:
+        """:meth:`offsets_at` then :meth:`set_offsets`: the offsets alone (a push group's
+        or a sink's reset; ``Broker.reset_offsets`` also restarts a pull group's clients)."""
+        new = self.offsets_at(group, to_time)
+        self.set_offsets(group, new)
+        return new
+
     def set_offsets(self, group: str, new: dict[tuple[str, int], int]) -> None:
         """Move the group's offsets to ``new``, back or forward (an offset reset)."""
         merge = OffsetsMerge(("next_offset",), self.clock.now_ms())
