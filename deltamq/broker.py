@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -326,15 +327,15 @@ class Broker:
         queue locks are released (:func:`deltamq.pull.restart_queues`)."""
         new = self.catalog.offsets_at(group, to_ms(to_time))
         cfg = self.catalog.require_group(group)
+        restart: AbstractContextManager[None] = nullcontext()
         if cfg.mode == "CLUSTERING" and not cfg.listener and not cfg.sink_table:
             from deltamq.pull import restart_queues
             from deltamq.pull_engine import EngineStore
 
             # the log's restart first: a fold of the log that read it before would otherwise
             # write the old acknowledged offsets over the new ones (offsets never go back there)
-            with restart_queues(EngineStore(self.context), group, new, self.clock.now_ms()):
-                self.catalog.set_offsets(group, new)
-        else:
+            restart = restart_queues(EngineStore(self.context), group, new, self.clock.now_ms())
+        with restart:
             self.catalog.set_offsets(group, new)
         return new
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from deltamq import pull
@@ -21,6 +22,7 @@ from deltamq.constants import (
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
     Prop,
+    SysFlag,
 )
 from deltamq.jobs import check_transactions, promote
 from deltamq.pull_engine import EngineStore
@@ -36,16 +38,34 @@ if TYPE_CHECKING:
 Queue = tuple[str, int]
 
 
+def _undispatched(wh: Warehouse, version: int) -> DataFrame | None:
+    """commit_log rows stored after ``version`` (the last one dispatch indexed): messages
+    a view counts before the next dispatch indexes them; None when there are none."""
+    commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), version, 1_000_000)
+    return commit_log.read_added(wh, commits) if commits else None
+
+
+def _prepared() -> Column:
+    """A commit_log row that is a transaction's half message (not a message yet)."""
+    return F.col("sys_flag").bitwiseAND(F.lit(0xC)) == F.lit(SysFlag.TRANSACTION_PREPARED_TYPE)
+
+
 # --- what a delete would drop ----------------------------------------------------------------
 def topic_subscribers(ctx: Context, topic: str) -> dict[str, int]:
     """The consumer groups subscribed to ``topic`` and, for each, how many of the topic's
-    messages it has not consumed yet (its lag over the topic's queues)."""
+    messages it has not consumed yet (its lag over the topic's queues, and the messages
+    stored in the topic that dispatch has not indexed yet, as :func:`group_holdings`)."""
     groups = sorted({s.consumer_group for s in ctx.catalog.subscriptions() if s.topic == topic})
     if not groups:
         return {}
-    heads = {k: v for k, v in load_dispatch_state(ctx.warehouse).heads.items() if k[0] == topic}
+    dispatched = load_dispatch_state(ctx.warehouse)
+    heads = {k: v for k, v in dispatched.heads.items() if k[0] == topic}
     lag = _lag(ctx, heads)
-    return {g: sum(x["lag"] for x in lag if x["group"] == g) for g in groups}
+    added = _undispatched(ctx.warehouse, dispatched.version)
+    stored = 0
+    if added is not None:
+        stored = added.where((F.col("topic") == F.lit(topic)) & ~_prepared()).count()
+    return {g: stored + sum(x["lag"] for x in lag if x["group"] == g) for g in groups}
 
 
 def group_holdings(ctx: Context, group: str) -> dict[str, int]:
@@ -59,14 +79,12 @@ def group_holdings(ctx: Context, group: str) -> dict[str, int]:
     heads = {k: v for k, v in dispatched.heads.items() if k[0] in topics}
     unconsumed = sum(x["lag"] for x in _lag(ctx, heads) if x["group"] == group)
     # stored but not indexed yet (a retry written by the last tick's deliver, say)
-    commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), dispatched.version, 1_000_000)
-    added = commit_log.read_added(wh, commits) if commits else None
+    added = _undispatched(wh, dispatched.version)
     new_retries = 0
     if added is not None:
         # the retry copies sent back (in the group's retry topic), and the messages stored in
         # its topics (prepared halves are not messages yet; their commit copies are)
-        half = F.col("sys_flag").bitwiseAND(F.lit(0xC)) == F.lit(4)
-        real = F.when(half, F.lit(None)).otherwise(F.col("topic"))
+        real = F.when(_prepared(), F.lit(None)).otherwise(F.col("topic"))
         row = added.select(
             F.sum((real == retries).cast("long")).alias("r"),
             F.sum(
@@ -246,8 +264,9 @@ def held(wh: Warehouse) -> dict[str, list[dict[str, Any]]]:
 
 
 def transactions(ctx: Context, now: int) -> list[dict[str, Any]]:
-    """Per producer group: half messages not settled (at or after the half offset),
-    the oldest age, the most checks so far, and messages discarded."""
+    """Per producer group: half messages not settled (indexed at or after the half
+    offset, or stored since dispatch's last pass), the oldest age, the most checks so
+    far, and messages discarded."""
     wh = ctx.warehouse
     state = check_transactions.load_state(wh)
     indexed = load_dispatch_state(wh)
@@ -255,7 +274,18 @@ def transactions(ctx: Context, now: int) -> list[dict[str, Any]]:
     ops = check_transactions.system_queue(
         wh, TRANS_OP_HALF_TOPIC, 0, indexed.heads.get((TRANS_OP_HALF_TOPIC, 0), 0)
     ).select(F.col("properties").getItem(Prop.TRAN_ID).alias("op_tran"))
-    half = check_transactions.system_queue(wh, TRANS_HALF_TOPIC, state.half_offset, head)
+    columns = ("msg_id", "properties", "born_ts", "store_ts")
+    half = check_transactions.system_queue(wh, TRANS_HALF_TOPIC, state.half_offset, head).select(*columns)
+    added = _undispatched(wh, indexed.version)
+    if added is not None:
+        # halves and op records not indexed yet: a check pass's halves written again (the
+        # pass moved past their old copies), a producer's newest
+        half = half.unionByName(added.where(_prepared()).select(*columns))
+        ops = ops.unionByName(
+            added.where(F.col("topic") == F.lit(TRANS_OP_HALF_TOPIC)).select(
+                F.col("properties").getItem(Prop.TRAN_ID).alias("op_tran")
+            )
+        )
     tran = F.coalesce(F.col("properties").getItem(Prop.TRAN_ID), F.col("msg_id"))
     live = half.withColumn("tran", tran).join(ops, F.col("tran") == F.col("op_tran"), "left_anti")
     out: dict[str, dict[str, Any]] = {}

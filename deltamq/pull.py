@@ -132,6 +132,7 @@ class PullStore(Protocol):
     clock: Clock
 
     def group(self, name: str) -> GroupConfig | None: ...
+    def group_names(self) -> list[str]: ...
     def listens(self, group: str) -> bool: ...
     def subscriptions(self, group: str) -> list[Subscription]: ...
     def topic_queues(self, topic: str) -> int | None: ...
@@ -172,7 +173,10 @@ class PullConsumer:
         self.client_id = validate_group_name(client_id, "client id")
         cfg = store.group(self.group)
         if cfg is None:
-            raise UnknownGroup(f"consumer group {self.group!r} does not exist; create it first")
+            known = ", ".join(store.group_names()) or "none"
+            raise UnknownGroup(
+                f"consumer group {self.group!r} does not exist (groups: {known}); create it first"
+            )
         if cfg.mode != "CLUSTERING":
             raise ConfigError(
                 f"group {self.group!r} is {cfg.mode}; pull consumers share a CLUSTERING group's "
@@ -437,15 +441,13 @@ class PullConsumer:
         me = self.client_id
         window = max(max(budget, 1) * WINDOW, self._recent_pace())
         plans: dict[Queue, _Plan] = {}
-        taken: dict[Queue, int] = {}
+        # queue -> (where this owner starts, whether an offset reset released it)
+        taken: dict[Queue, tuple[int, bool]] = {}
         mine_set = set(mine)
-
-        reset: set[Queue] = set()
 
         def attempt() -> None:
             plans.clear()
             taken.clear()
-            reset.clear()
             locks = self.store.read_locks(self.group)
             unknown = [q for q in mine if q not in self._held or (locks.get(q) or _NOBODY).owner != me]
             derived = self.store.positions(self.group, unknown) if unknown else {}
@@ -461,9 +463,7 @@ class PullConsumer:
                 if plan is None:
                     continue
                 if taken_at is not None:
-                    taken[q] = taken_at
-                    if entry is not None and entry.owner == RESET_OWNER:
-                        reset.add(q)
+                    taken[q] = (taken_at, entry is not None and entry.owner == RESET_OWNER)
                 left -= plan.end - plan.start
                 plans[q] = plan
             changes += self._give_back(locks, set(self._held) - mine_set, now)
@@ -484,7 +484,6 @@ class PullConsumer:
             h = self._held.get(q)
             self._held[q] = _Held(p.start, p.reserved, now if p.write or h is None else h.written)
         self._taken = {q: s for q, s in taken.items() if q in plans}
-        self._reset = {q for q in reset if q in plans}
         return {q: (p.start, p.end) for q, p in plans.items()}
 
     def _plan_queue(
@@ -577,23 +576,22 @@ class PullConsumer:
                 out.append((q, entry, back))
         return out
 
-    _taken: dict[Queue, int] = {}  # noqa: RUF012 - set per pull by _lock
-    _reset: set[Queue] = set()  # noqa: RUF012 - of those, the queues an offset reset released
+    # set per pull by _lock: queue -> (where this owner starts, whether a reset released it)
+    _taken: dict[Queue, tuple[int, bool]] = {}  # noqa: RUF012
 
     def _takeover_rows(self, now: int) -> list[tuple]:
         """Log rows of the queues just taken over: the previous owners' messages in flight
         are revoked (handed out again from the acknowledged offset) and a ``TAKEN`` row
         marks where this owner starts (rows delivered before it no longer count)."""
         taken, self._taken = self._taken, {}
-        reset, self._reset = self._reset, set()
         if not taken:
             return []
         rows = [
             ended(r, REVOKED)
             for r in self.store.open_rows(self.group, queues=taken)
-            if r[1] != self.client_id or (r[2], r[3]) in reset  # after a reset, its own too
+            if r[1] != self.client_id or taken[(r[2], r[3])][1]  # after a reset, its own too
         ]
-        for (t, q), start in sorted(taken.items()):
+        for (t, q), (start, _) in sorted(taken.items()):
             rows.append((self.group, self.client_id, t, q, start - 1, None, _handle(), now, None, TAKEN))
         return rows
 

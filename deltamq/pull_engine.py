@@ -45,6 +45,9 @@ class EngineStore:
     def group(self, name: str) -> GroupConfig | None:
         return self.ctx.catalog.groups().get(name)
 
+    def group_names(self) -> list[str]:
+        return sorted(self.ctx.catalog.groups())
+
     def listens(self, group: str) -> bool:
         """Whether this process registered a push listener for ``group``."""
         return group in self.ctx.catalog.listeners

@@ -92,6 +92,9 @@ class FileStore:
             )
         return cfg
 
+    def group_names(self) -> list[str]:
+        return sorted(r["consumer_group"] for r in self._rows("group_config", None, ["consumer_group"]))
+
     def listens(self, group: str) -> bool:
         return False  # push listeners are registered in a broker's process, not here
 

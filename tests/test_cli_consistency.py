@@ -576,3 +576,15 @@ def test_a_usage_error_is_one_line_and_with_json_also_the_document(wh, capsys):
     with pytest.raises(SystemExit):  # argparse takes --jso for --json
         main(["topic", "create", "t2", "--queues", "abc", "--jso", "--warehouse", wh])
     assert json.loads(capsys.readouterr().out)["exit_status"] == 2
+
+
+def test_a_job_that_is_not_due_says_why_on_its_line(broker, clock, capsys):
+    broker.create_topic("orders", queues=1)
+    wh = str(broker.warehouse.location)
+    broker.close()
+    code, out, _ = _run(capsys, "job", "retain", "--warehouse", wh, "--now", str(clock.now_ms()))
+    assert code == 0 and "retain: skipped (not due: a retention pass runs every retain_interval_ms)" in out
+    code, out, _ = _run(capsys, "job", "retain", "--warehouse", wh, "--now", str(clock.now_ms()))
+    assert code == 0 and "retain: skipped (not due" in out, out
+    code, out, _ = _run(capsys, "tick", "--warehouse", wh, "--now", str(clock.now_ms() + 1))
+    assert code == 0 and "skipped (" not in out, out  # a tick's line stays one short line

@@ -64,6 +64,9 @@ def test_deleting_a_topic_with_subscribers_names_what_it_drops(warehouse_with, c
     broker = wh.broker
     broker.create_topic("spare", queues=1)
     broker.producer("shop").send_batch([Message("orders", f"m{i}".encode()) for i in range(3)])
+    # stored, not dispatched yet: counted as group delete counts them
+    with pytest.raises(InUse, match=r"topic 'orders' .*billing \(3 not consumed\).*force=True"):
+        broker.delete_topic("orders")
     broker.tick(clock.now_ms())
     with pytest.raises(InUse, match=r"topic 'orders' .*billing \(3 not consumed\).*force=True"):
         broker.delete_topic("orders")

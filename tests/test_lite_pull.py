@@ -120,7 +120,7 @@ def test_what_needs_an_engine_is_refused_by_name(broker, warehouse_with, clock):
     )
     with pytest.raises(ConfigError, match="de-duplicates by key.*Broker.pull_consumer"):
         PullConsumer(broker.warehouse.location, "dedup", "c", clock=clock)
-    with pytest.raises(UnknownGroup, match="'nope' does not exist"):
+    with pytest.raises(UnknownGroup, match=r"'nope' does not exist \(groups: bc, dedup, sql\)"):
         PullConsumer(broker.warehouse.location, "nope", "c", clock=clock)
     with pytest.raises(ConfigError, match="BROADCASTING"):
         PullConsumer(broker.warehouse.location, "bc", "c", clock=clock)

@@ -407,3 +407,20 @@ def test_a_commit_after_a_rollback_is_not_delivered_the_first_end_wins(setup, cl
     ]
     report = check_dispatch(broker.warehouse)
     assert report.ok and report.duplicate_commits == 2, report.describe()
+
+
+def test_status_counts_a_transaction_between_its_check_and_the_next_dispatch(setup, clock):
+    """A check pass answered UNKNOWN writes the half again (a new commit_log row, indexed by
+    the next tick's dispatch): status still counts the transaction as pending then, with
+    the checks made so far."""
+    broker, _ = setup
+    producer = broker.producer("shop", check_listener=Checks())
+    producer.send_in_transaction(Message("orders", b"limbo"), lambda m, arg: TxState.UNKNOWN)
+    t = clock.now_ms() + 10_000
+    assert broker.tick(t).job("check_transactions").details["answer_unknown"] == 1
+    [status] = broker.status()["transactions"]
+    assert status["pending"] == 1, status
+    assert status["max_checks"] == 1, status
+    broker.tick(t + 1_000)  # dispatch indexes the half written again
+    [status] = broker.status()["transactions"]
+    assert (status["pending"], status["max_checks"]) == (1, 1), status

@@ -30,10 +30,10 @@ def tick(broker, args: argparse.Namespace) -> int:
 def job(broker, args: argparse.Namespace) -> int:
     from deltamq.orchestration.tick import TickRunner, job_sequence
 
-    return _once(TickRunner(broker.context, sequence=job_sequence(args.name)), args, release=True)
+    return _once(TickRunner(broker.context, sequence=job_sequence(args.name)), args, release=True, skips=True)
 
 
-def _once(runner, args: argparse.Namespace, *, release: bool) -> int:
+def _once(runner, args: argparse.Namespace, *, release: bool, skips: bool = False) -> int:
     from deltamq.errors import LeaseHeld
 
     now = now_arg(args.now)
@@ -48,14 +48,14 @@ def _once(runner, args: argparse.Namespace, *, release: bool) -> int:
     finally:
         if release:
             runner.release()
-    _show(result, args)
+    _show(result, args, skips=skips)
     return SETUP_FAILED_EXIT if result.setup_errors else OK
 
 
-def _show(result, args: argparse.Namespace) -> None:
-    """The tick line (or its JSON), then each push group whose listener could not be
-    loaded, loudly, on stderr."""
-    print(json_line(tick_data(result)) if args.json else result.summary(), flush=True)
+def _show(result, args: argparse.Namespace, *, skips: bool = False) -> None:
+    """The tick line (or its JSON; ``skips``: the jobs skipped named with the reason), then
+    each push group whose listener could not be loaded, loudly, on stderr."""
+    print(json_line(tick_data(result)) if args.json else result.summary(skips=skips), flush=True)
     for group, why in result.setup_errors:
         print(f"deltamq: error: group {group!r} consumed nothing: {why}", file=sys.stderr, flush=True)
 
