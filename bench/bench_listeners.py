@@ -25,7 +25,7 @@ def record_due(messages, context):
     """Records, per message, the wall time of this call and the message's due time: one
     line ``<wall ms> <due ms> <msg id>`` in ``$DELTAMQ_BENCH_DUE_LOG.<pid>`` (one file per
     listener worker). The due time is the ``due_ms`` property the sender set, else the
-    store time (a promoted message's store time is its due time)."""
+    store time (a copy promoted ahead is stored at its due time)."""
     wall = time.time() * 1000.0
     lines = "".join(f"{wall:.1f} {m.properties.get(DUE_PROP, m.store_ts)} {m.msg_id}\n" for m in messages)
     with open(f"{os.environ[DUE_LOG_ENV]}.{os.getpid()}", "a", encoding="utf-8") as fh:

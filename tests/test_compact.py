@@ -192,3 +192,27 @@ def test_checkpoints_drop_the_tombstones_of_rewritten_files(broker, clock, tmp_p
     # the tombstones of about the last second
     assert rewrites >= 40 and _newest_checkpoint_removes(offsets) < rewrites // 2
     assert broker.sql("SELECT count(*) AS n FROM consume_queue").collect()[0]["n"] == 23
+
+
+def test_a_day_dispatch_has_not_read_is_not_compacted_until_it_has(broker, clock):
+    """Dispatch reads the files each commit added: a closed day of commit_log that still
+    holds commits it has not read stays as written (compacted away and then vacuumed, its
+    files would be gone when dispatch comes to them); once dispatched, it is compacted."""
+    broker.reconfigure(compact=False)
+    broker.create_topic("orders", queues=2)
+    broker.create_group("g", consume_from="FIRST_OFFSET")
+    broker.subscribe("g", "orders")
+    p = broker.producer("shop")
+    for i in range(4):  # small commits, none dispatched
+        p.send_batch([Message("orders", f"m{i}-{j}".encode()) for j in range(3)])
+    wh = broker.warehouse
+    files = len(wh.delta_rs("commit_log").file_uris())
+    later = clock.now_ms() + 2 * DAY
+    compact.run(broker.context, later)
+    assert len(wh.delta_rs("commit_log").file_uris()) == files  # waiting for dispatch
+    broker.tick(later)  # dispatches (and delivers) them
+    assert (
+        broker.sql("SELECT count(*) AS n FROM consume_queue WHERE topic = 'orders'").collect()[0]["n"] == 12
+    )
+    compact.run(broker.context, later + 1)
+    assert len(wh.delta_rs("commit_log").file_uris()) < files

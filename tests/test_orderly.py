@@ -80,3 +80,27 @@ def test_dead_letter_at_the_set_maximum_then_the_queue_moves_on(orderly, clock):
     assert calls == [("bad", 0), ("bad", 1), ("bad", 2), ("next", 0)]
     dead = broker.sql("SELECT properties FROM commit_log WHERE topic = '%DLQ%seq'").collect()
     assert len(dead) == 1 and dead[0]["properties"]["DLQ_REASON"] == "orderly_max"
+
+
+def test_a_queue_head_removed_by_retention_leaves_no_suspends_to_the_next(orderly, clock):
+    """Retention moves a group past an expired, suspended head: the next message starts
+    afresh (reconsume 0, no pause), as after any offset move, instead of inheriting the
+    removed head's suspends and pause."""
+    broker, group = orderly
+    log = group("suspend_bad_twice")
+    t = clock.now_ms()
+    _send(broker, 0, ["bad0"])
+    broker.tick(t)  # suspended once
+    later = t + 4 * 86_400_000
+    clock.set(later)
+    _send(broker, 0, ["m1"])
+    result = broker.tick(later)  # bad0 suspended again, then removed by retention (72 h)
+    assert result.job("retain").status == "OK"
+    assert [(c["body"], c["reconsume"]) for c in read_log(log)] == [("bad0", 0), ("bad0", 1)]
+    [row] = broker.sql(
+        "SELECT next_offset, suspends, suspend_until FROM offsets WHERE consumer_group = 'seq' "
+        "AND topic = 'orders' AND queue_id = 0"
+    ).collect()
+    assert (row["next_offset"], row["suspends"], row["suspend_until"]) == (1, 0, None), row
+    broker.tick(later + 1)  # within the removed head's pause: not held by it
+    assert [(c["body"], c["reconsume"]) for c in read_log(log)][-1] == ("m1", 0)

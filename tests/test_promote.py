@@ -415,3 +415,25 @@ def test_a_runner_forgets_promote_state_once_another_runner_held_the_lease(order
     loads.clear()
     orders.tick(t0 + 4000)
     assert not loads  # its own lease since: remembered
+
+
+def test_a_late_copy_from_a_pass_killed_before_midnight_is_not_written_again_after(orders, clock):
+    """A late entry's copy is stored at its pass's now: a pass killed after writing it at
+    23:59:59 and run again after midnight (another now, another day) finds it on the day
+    before and writes no second copy."""
+    from support.crash import Crashed, crash_at
+
+    from deltamq.jobs import dispatch, promote
+
+    t0 = clock.now_ms()  # midnight
+    orders.producer("p").send(Message("orders", "late", deliver_at=t0 - 3_600_000))
+    dispatch.run(orders.context, t0)
+    before_midnight = t0 + 86_400_000 - 1
+    with crash_at("promote.after_output_commit"), pytest.raises(Crashed):
+        promote.run(orders.context, before_midnight)
+    result = promote.run(orders.context, before_midnight + 2)
+    assert result.details["already_stored"] == 1, result.details
+    orders.tick(before_midnight + 3)
+    assert _visible(orders) == ["late"]
+    copies = orders.sql(f"SELECT store_ts FROM commit_log WHERE topic = 'orders' AND store_ts > {t0}")
+    assert [r["store_ts"] for r in copies.collect()] == [before_midnight]

@@ -146,12 +146,12 @@ def test_a_copy_is_held_to_its_due_time_whatever_pass_indexes_it(shop, clock):
     b.tick(t0 + 3_100)
     assert _bodies(shop.log) == ["first", "second"]
     # promote alone (dispatch's lease not held): dispatch indexes the copy later, held all the same
-    b.producer("p").send(Message("orders", b"third", delay_level=1))  # stored at t0 + 100: due t0 + 1.1 s
+    b.producer("p").send(Message("orders", b"third", delay_level=3))  # stored at t0 + 100: due t0 + 10.1 s
     dispatch.run(b.context, t0 + 3_100)
     b.reconfigure(promote_ahead_ms=60_000)
     assert promote.run(b.context, t0 + 3_100).rows_out == 1
     assert dispatch.run(b.context, t0 + 3_100).rows_out == 1
-    assert _index(b)[-1][1] == t0 + 1_100  # carries its due time as stored
+    assert _index(b)[-1][1] == t0 + 10_100  # carries its due time as stored
 
 
 def test_a_group_created_from_the_last_offset_still_gets_a_copy_promoted_ahead(shop, clock, tmp_path):

@@ -176,3 +176,47 @@ def test_a_pass_killed_after_its_index_commit_still_moves_the_groups_left_behind
     assert retain.run(broker.context, clock.now_ms(), force=True).groups_moved == 0  # nothing left to do
     result = check(broker.context, tables=["consume_queue", "offsets"], record=False)
     assert result.success, [(r.expectation, r.sample_ids) for r in result.failures]
+
+
+def test_a_copy_promoted_late_is_kept_as_a_new_message(broker, clock):
+    """Delayed messages that fell due while no tick ran (a paused DAG over a long weekend)
+    and a timer sent already past due are stored again at the tick's now, as RocketMQ
+    stores a promoted message: the retention pass of that tick keeps them, and a pull
+    group that reads later still gets them (they were once stored at their due time, more
+    than 72 h back, and deleted in the same tick)."""
+    broker.create_topic("orders", queues=1)
+    broker.create_group("puller", consume_from="FIRST_OFFSET")
+    broker.subscribe("puller", "orders")
+    t0 = clock.now_ms()
+    p = broker.producer("shop")
+    p.send(Message("orders", "delayed", delay_level=3))  # due 10 s later
+    broker.tick(t0)
+    now = t0 + 5 * DAY
+    clock.set(now)
+    p.send(Message("orders", "timer", deliver_at=now - 4 * DAY))  # past due when sent
+    result = broker.tick(now)
+    assert result.job("retain").status == "OK"
+    stored = {
+        r["body"]: r["store_ts"]
+        for r in _rows(
+            broker, "SELECT CAST(body AS STRING) AS body, store_ts FROM commit_log WHERE topic = 'orders'"
+        )
+    }
+    assert stored == {"delayed": now, "timer": now}, stored
+    clock.set(now + 3_600_000)
+    broker.tick(now + 3_600_000)  # the next retention pass too
+    pulled = broker.pull_consumer("puller", "c1").pull(10)
+    assert sorted(m.body.decode() for m in pulled) == ["delayed", "timer"]
+
+
+def test_a_user_topic_named_with_dlq_is_kept_72_hours_not_7_days(broker, clock):
+    """Only ``%DLQ%`` topics keep messages for dlq_reserved_time; a topic whose name merely
+    contains DLQ is a plain topic."""
+    for topic in ("orders", "xDLQx"):
+        broker.create_topic(topic, queues=1)
+        broker.producer("p").send(Message(topic, "m"))
+    t0 = clock.now_ms()
+    broker.tick(t0)
+    broker.tick(t0 + 4 * DAY)
+    left = _rows(broker, "SELECT topic FROM consume_queue WHERE topic IN ('orders', 'xDLQx')")
+    assert left == [], left

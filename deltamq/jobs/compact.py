@@ -10,8 +10,12 @@ vacuumed, and dispatch skips compaction commits (they remove files: not blind ap
   files are small and rewritten by MERGE all the time). Files already at the target
   size are left alone, so the cost follows what was written since the last pass.
 - **Checkpoints** after compaction, so log replay stays short.
-- **Vacuum** removes files no version newer than ``vacuum_retention_ms`` (24 h) still
-  references ("full": also files whose remove tombstones have already expired).
+- **Vacuum** ("full") removes files the current version does not use once their
+  modification is ``vacuum_retention_ms`` (24 h) old, and, while a remove tombstone
+  still covers a file, its removal too. Tombstones expire after ``log_retention_ms``
+  (below), so an old file compacted away goes at a later pass, not 24 h after its
+  removal: ``commit_log`` days holding commits dispatch has not read (it reads the
+  files each commit added) are not compacted until it has.
 - **Tombstones**: every MERGE leaves a remove action, and each checkpoint carries those
   until ``delta.deletedFileRetentionDuration`` (Delta's default: a week) has passed —
   ``offsets`` gains ~6 a tick, and its checkpoint is read at every snapshot load (after
@@ -52,6 +56,7 @@ from deltamq.tables.consume_queue import load_dispatch_state
 if TYPE_CHECKING:
     from deltamq.context import Context
     from deltamq.storage import Storage
+    from deltamq.tables.warehouse import Warehouse
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +133,16 @@ def run(
             # tables created before this setting (or with another log_retention_ms) get it
             # here: a pass commits anyway, an idle tick must not
             _set_tombstone_retention(table, name, wanted)
-            filters = [(_BY_DAY[name], "<", today)] if name in _BY_DAY else None
+            filters: list[tuple[str, str, Any]] | None = (
+                [(_BY_DAY[name], "<", today)] if name in _BY_DAY else None
+            )
+            if name == "commit_log" and filters:
+                # days holding commits dispatch has not read stay as written: it reads the
+                # files each commit added, and vacuum may delete a compacted-away file soon
+                # after its tombstone expires (log_retention_ms), whatever its age
+                waiting = sorted(undispatched_days(wh))
+                if waiting:
+                    filters.append(("store_date", "not in", waiting))
             metrics = table.optimize.compact(partition_filters=filters)
             n_removed = int(metrics.get("numFilesRemoved") or 0)
             removed += n_removed
@@ -166,6 +180,18 @@ def _lost_race(e: Exception) -> bool:
     for a store it cannot reach or a file it cannot read (those must be heard)."""
     name = type(e).__name__
     return name == "CommitFailedError" or (name == "DeltaError" and _RACE.search(str(e)) is not None)
+
+
+def undispatched_days(wh: Warehouse) -> set[str]:
+    """The ``store_date`` partitions of ``commit_log`` holding rows of commits dispatch has
+    not read yet. Load the snapshot a change is made on first: every commit in it that
+    dispatch had not read by then is among those listed here."""
+    from deltamq.tables import deltalog
+
+    commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), load_dispatch_state(wh).version, 10**9)
+    return {
+        day for c in commits for f in c.files if (day := f.partition_values.get("store_date")) is not None
+    }
 
 
 def _set_tombstone_retention(table: Any, name: str, wanted: str) -> bool:

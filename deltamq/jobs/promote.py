@@ -18,7 +18,8 @@ late). The watermark then moves to ``now``.
 All levels and the timers are read in one Spark job per pass, each by partition and
 offset/due range, so a pass reads the heads that fall due, not every held entry.
 
-Ids and crash safety: a promoted message's store time is its due time, and its id is
+Ids and crash safety: a promoted message's store time is its due time (the pass's ``now``
+when that is later: :func:`store_at`), and its id is
 ``engine_batch_id(due, level | timer kind)`` + its source queue offset — a function of
 the schedule entry alone. Outputs are appended first (skipping ids already stored, a
 look-up by a batch-id range that file statistics prune), offsets last, so a kill at any
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import date, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -181,14 +182,19 @@ def plan_due(candidates: DataFrame, level_offsets: DataFrame) -> DataFrame:
 
 def store_at(now: int, levels: list[tuple[int, int]]) -> Column:
     """A due entry's copy's store time, which is when consumers may have it (its index
-    row carries it as ``due_ts``): its due time; for a delay-level entry due later than
+    row carries it as ``due_ts``): its due time, or ``now`` when that is later (a timer
+    sent with a due time already past, entries that fell due while no tick ran), as
+    RocketMQ stores a promoted message when it promotes it, so that retention counts a
+    copy's age from when it became a message; for a delay-level entry due later than
     ``now`` plus its level's delay (RocketMQ's clock correction: a producer clock far
     ahead), ``now``. Decided here, once, so that no later indexing pass decides it."""
     delay = F.create_map(*[x for lvl, ms in levels for x in (F.lit(lvl - 1), F.lit(ms).cast("bigint"))])
     corrected = (F.col("topic") == F.lit(SCHEDULE_TOPIC)) & (
         F.col("due_ts") > F.lit(now) + F.coalesce(F.element_at(delay, F.col("queue_id")), F.lit(0))
     )
-    return F.when(corrected, F.lit(now).cast("bigint")).otherwise(F.col("due_ts"))
+    return F.when(corrected, F.lit(now).cast("bigint")).otherwise(
+        F.greatest(F.col("due_ts"), F.lit(now).cast("bigint"))
+    )
 
 
 def plan_messages(due: DataFrame, bodies: DataFrame) -> DataFrame:
@@ -243,7 +249,9 @@ class _DueSummary:
     new_levels: dict[int, int] = field(default_factory=dict)  # schedule queue id -> next offset
     timer_hi: int | None = None
     keys: set[tuple[int, date, int]] = field(default_factory=set)  # (cl_batch_id, cl_date, due_ts)
-    store_days: set[date] = field(default_factory=set)  # the copies' store dates (clock correction: now's)
+    # the days a copy may have been stored on: its store date, and for a copy stored at a
+    # pass's now (not its due time) every day from its entry's (a killed pass's copies)
+    store_days: set[date] = field(default_factory=set)
     by_queue: dict[tuple[str, int], int] = field(default_factory=dict)  # real queue -> copies
     due_now: int = 0  # entries to copy that were due at the pass's now
     due_queues: set[tuple[str, int]] = field(default_factory=set)  # and their real queues
@@ -300,7 +308,7 @@ def _summarise(rows: list[Any], now: int) -> _DueSummary:
             continue
         s.keys.add((r["cl_batch_id"], r["cl_date"], r["due_ts"]))
         if r["store_at"] is not None:
-            s.store_days.add(ids.store_date(r["store_at"]))
+            s.store_days |= _copy_days(r["cl_date"], r["due_ts"], r["store_at"])
         due_now = r["store_at"] is None or r["store_at"] <= now
         s.due_now += n if due_now else 0
         try:
@@ -312,6 +320,17 @@ def _summarise(rows: list[Any], now: int) -> _DueSummary:
         if due_now:
             s.due_queues.add(queue)
     return s
+
+
+def _copy_days(entry_day: date | str, due: int, store_at: int) -> set[date]:
+    """The days an entry's copy may be stored on: the day of ``store_at``; when that is a
+    pass's ``now`` rather than the due time, an earlier pass killed after writing the copy
+    stored it at its own now, on a day from the entry's store day on."""
+    last = ids.store_date(store_at)
+    if store_at == due:
+        return {last}
+    first = entry_day if isinstance(entry_day, date) else date.fromisoformat(str(entry_day))
+    return {first + timedelta(days=k) for k in range(max(0, (last - first).days) + 1)} | {last}
 
 
 def _copy_id(due: DataFrame) -> DataFrame:

@@ -162,14 +162,15 @@ def _plan(
 ) -> list[dict[str, Any]]:
     """The candidates a pass promotes (``promote.plan_due`` with ``store_at``): every timer;
     of each level, the run of consecutive offsets from its saved one, each stored at its
-    due time or, clock-corrected (due after ``now`` plus the level's delay), at ``now``."""
+    due time or, when that has passed or clock-corrected (due after ``now`` plus the
+    level's delay), at ``now``."""
     out: list[dict[str, Any]] = []
     by_level: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in candidates:
         if r["topic"] == SCHEDULE_TOPIC:
             by_level[r["queue_id"]].append(r)
         else:
-            out.append(_entry(r, ids.KIND_TIMER, r["due_ts"]))
+            out.append(_entry(r, ids.KIND_TIMER, max(r["due_ts"], now)))
     for q, rows in by_level.items():
         rows.sort(key=lambda r: r["queue_offset"])
         base = level_offsets.get(q, 0)
@@ -177,7 +178,7 @@ def _plan(
             if r["queue_offset"] - base != k:
                 break  # the pass stops at the first entry not yet due
             corrected = r["due_ts"] > now + delays.get(q, 0)
-            out.append(_entry(r, q + 1, now if corrected else r["due_ts"]))
+            out.append(_entry(r, q + 1, now if corrected else max(r["due_ts"], now)))
     return out
 
 

@@ -249,10 +249,17 @@ def _skip_consumers(ctx: Context, moves: dict[tuple[str, int], int], now: int) -
     merge = OffsetsMerge(("next_offset",), now)
     for g, c, t, q in sorted(behind):
         merge.add(g, t, q, c, next_offset=moves[(t, q)])
+    moved = "coalesce(t.next_offset, 0) < s.next_offset"
     update = {
         "next_offset": forward("next_offset"),
         "delivered_offset": "CASE WHEN t.delivered_offset IS NULL THEN NULL "
         "ELSE greatest(t.delivered_offset, s.next_offset) END",
+        # a head moved past starts afresh, as after any offset move (Catalog.set_offsets):
+        # the removed head's attempts, suspends and pause are not the next message's
+        "attempts": f"CASE WHEN {moved} THEN 0 ELSE t.attempts END",
+        "suspends": f"CASE WHEN {moved} THEN 0 ELSE t.suspends END",
+        "suspend_until": f"CASE WHEN {moved} THEN CAST(NULL AS BIGINT) ELSE t.suspend_until END",
+        "attempt_ts": f"CASE WHEN {moved} THEN CAST(NULL AS BIGINT) ELSE t.attempt_ts END",
     }
     insert = {"next_offset": source("next_offset")}
     ctx.commit(partial(merge.execute, wh, update, insert), what="offsets")
@@ -263,24 +270,21 @@ def _skip_consumers(ctx: Context, moves: dict[tuple[str, int], int], now: int) -
 def _trim_bodies(ctx: Context, cut: int) -> tuple[int, int, int]:
     """Old commit_log days lose the rows no index row points at; returns (days trimmed,
     rows removed, old batches kept for remaining index rows)."""
-    from deltamq.tables import deltalog
+    from deltamq.jobs import compact
 
     wh = ctx.warehouse
     cut_day = ids.store_date(cut)
+    # the snapshot the deletes run on is loaded first: every commit it holds that dispatch
+    # had not read is among those listed next (a commit landing in an old day between the
+    # two reads would otherwise be deleted unindexed)
+    table = wh.delta_rs("commit_log")
     # days that still hold rows dispatch has not indexed are left alone
-    undispatched = {
-        f.partition_values.get("store_date")
-        for c in deltalog.commits_after(
-            wh.storage, wh.uri("commit_log"), load_dispatch_state(wh).version, 10**9
-        )
-        for f in c.files
-    }
+    undispatched = compact.undispatched_days(wh)
     days = [d for d in commit_log.days_before(wh, cut_day) if d.isoformat() not in undispatched]
     if not days:
         return 0, 0, 0
     pointed_at = consume_queue.batches_before(wh, cut_day)
     needed = {d: pointed_at.get(d, set()) for d in days}
-    table = wh.delta_rs("commit_log")
     removed = kept = 0
     for day in sorted(days):
         keep = sorted(set(needed[day]))

@@ -578,9 +578,11 @@ def extents(wh: Warehouse, cut: int, dlq_cut: int, held: HeldState) -> list[Queu
     handled by its holder)."""
     promoted_to = " ".join(f"WHEN {q} THEN {sql_long(o)}" for q, o in sorted(held.level_offsets.items()))
     level_offset = f"CASE queue_id {promoted_to} ELSE 0 END" if promoted_to else "0"
+    # a dead-letter topic by its prefix compared as text (in LIKE its % signs are wildcards)
+    dead = f"substring(topic, 1, {len(DLQ_PREFIX)}) = {sql_str(DLQ_PREFIX)}"
     stays = (
         f"(store_ts >= {sql_long(cut)} "
-        f"OR (topic LIKE '{DLQ_PREFIX}%' AND store_ts >= {sql_long(dlq_cut)}) "
+        f"OR ({dead} AND store_ts >= {sql_long(dlq_cut)}) "
         f"OR (topic = {sql_str(SCHEDULE_TOPIC)} AND queue_offset >= {level_offset}) "
         f"OR (topic = {sql_str(TRANS_HALF_TOPIC)} AND queue_offset >= {sql_long(held.half_offset)}) "
         f"OR (topic = {sql_str(TRANS_OP_HALF_TOPIC)} AND queue_offset >= {sql_long(held.op_offset)}))"
