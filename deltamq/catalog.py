@@ -312,8 +312,14 @@ class Catalog(Topics):
         LAST_OFFSET, as it would be had it been promoted at its due time."""
         visible = visible_heads(self.warehouse, self.clock.now_ms())
         heads = {q: o for (t, q), o in visible.items() if t == topic}
-        if mode == "FIRST_OFFSET" or not heads:
-            return {q: 0 for q in heads}
+        if not heads:
+            return {}
+        if mode == "FIRST_OFFSET":
+            # the oldest message retention left (RocketMQ's min offset), not offset 0: a queue
+            # it trimmed would otherwise be walked through offsets that are gone; one it
+            # emptied starts at its head
+            lows = consume_queue.minimums(self.warehouse, topic)
+            return {q: lows.get((topic, q), head) for q, head in heads.items()}
         if mode == "LAST_OFFSET":
             return heads
         stored = (

@@ -220,3 +220,31 @@ def test_a_user_topic_named_with_dlq_is_kept_72_hours_not_7_days(broker, clock):
     broker.tick(t0 + 4 * DAY)
     left = _rows(broker, "SELECT topic FROM consume_queue WHERE topic IN ('orders', 'xDLQx')")
     assert left == [], left
+
+
+def test_a_group_from_the_first_offset_starts_at_the_oldest_message_retention_left(broker, clock, tmp_path):
+    """FIRST_OFFSET is the queue's minimum offset (RocketMQ's), not 0: a group created after
+    retention trimmed its queue gets the messages left at its first tick and pull, instead
+    of walking through offsets that are gone a batch at a time."""
+    broker.create_topic("orders", queues=1)
+    p = broker.producer("shop")
+    p.send_batch([Message("orders", f"old{i}") for i in range(50)])
+    t0 = clock.now_ms()
+    broker.tick(t0)
+    clock.set(t0 + 4 * DAY)
+    p.send_batch([Message("orders", f"new{i}") for i in range(5)])
+    assert broker.tick(clock.now_ms()).job("retain").rows_in == 50  # offsets 0..49 are gone
+    log = tmp_path / "late.jsonl"
+    broker.create_group("late", Recorder(log), consume_from="FIRST_OFFSET", pull_batch_size=10)
+    broker.subscribe("late", "orders")
+    broker.create_group("puller", consume_from="FIRST_OFFSET")
+    broker.subscribe("puller", "orders")
+    starts = _rows(
+        broker,
+        "SELECT consumer_group, next_offset FROM offsets WHERE topic = 'orders' "
+        "AND consumer_group IN ('late', 'puller') ORDER BY 1",
+    )
+    assert [(r["consumer_group"], r["next_offset"]) for r in starts] == [("late", 50), ("puller", 50)]
+    broker.tick(clock.now_ms() + 1)
+    assert sorted(c["body"] for c in read_log(log)) == [f"new{i}" for i in range(5)]
+    assert len(broker.pull_consumer("puller", "c1").pull(10)) == 5
