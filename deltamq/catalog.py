@@ -214,13 +214,26 @@ class Catalog(Topics):
                 "its instances; give a listener and instances (pull consumers and sinks take "
                 "CLUSTERING groups)"
             )
+        if cfg.mode == "BROADCASTING" and dedup_key:
+            raise ConfigError(
+                f"group {name!r}: dedup_key={dedup_key!r} de-duplicates a CLUSTERING group's consumption "
+                "(its keys are the group's, one record per key); each instance of a BROADCASTING "
+                "group consumes every message on its own, so one instance's key would skip the "
+                "others' messages"
+            )
         if cfg.mode == "BROADCASTING" and not cfg.instances:
             raise ConfigError(
                 "a BROADCASTING push group delivers to each of its instances: declare them, "
                 "e.g. instances=['host-a', 'host-b']"
             )
+        existing = self.group(name)
+        if existing is not None and existing.sink_table and listener is not None:
+            raise ConfigError(
+                f"group {name!r} is the sink into {existing.sink_table}; a push listener needs a group "
+                "of its own (create one with another name)"
+            )
         cfg = replace(cfg, dedup_key=dedup_key, listener=listener_path(self.listeners, name, listener))
-        if self.group(name) is not None:
+        if existing is not None:
             if exist_ok:
                 return
             raise AlreadyExists(f"consumer group {name!r} already exists")

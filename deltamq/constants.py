@@ -209,7 +209,7 @@ MAX_ERROR_CHARS = 4096
 SETUP_FAILED_EXIT = 4
 """Exit status of a tick or job (``deltamq tick``, ``deltamq job``, the spark-submit entry)
 that ran, but in which a push group or a sink consumed nothing: its listener or transform
-could not be loaded where it runs. Its messages wait."""
+could not be loaded where it runs, or the sink's pass failed on its rows. Its messages wait."""
 """The longest error text kept (a listener's error in ``LAST_ERROR``, a tick's in ``job_runs``)."""
 
 COMMIT_LOG_GROUPS = ("topic", "queue_id")

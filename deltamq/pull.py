@@ -659,14 +659,17 @@ class PullConsumer:
         self._keep_alive(now)
         found = self._in_flight([h for h in handles if h not in self._pending_handles], now)
         acked = [ended(r, ACKED) for r in found]
+        if self._cfg.dedup_key and found:
+            # the keys before the acks, as deliver records them before its offsets: a client
+            # killed in between leaves the message in flight with its key consumed, so the
+            # copy handed out again is acknowledged as a duplicate, not processed twice
+            self.store.record_keys(self.group, self._cfg, [as_dict(r) for r in found], now)
         if not flush:
             self._pending += acked
             self._pending_handles.update(r[6] for r in acked)
         elif acked or self._pending:
             self.store.append_log(self._pending + acked)
             self._acks_recorded()
-        if self._cfg.dedup_key and found:
-            self.store.record_keys(self.group, self._cfg, [as_dict(r) for r in found], now)
         for h in handles:
             self._sent.pop(h, None)
         return len(found)

@@ -68,6 +68,15 @@ def test_dedup_key_expressions_are_checked(orders):
         orders.create_group("bad", dedup_key="no_such_column + 1")
     orders.create_group("byprop", dedup_key="properties['order_id']")
     assert orders.groups()["byprop"].dedup_key == "properties['order_id']"
+    with pytest.raises(ConfigError, match="'fan'.*CLUSTERING.*would skip the others' messages"):
+        orders.create_group(
+            "fan",
+            "support.listeners:consume_all",
+            mode="BROADCASTING",
+            instances=["a", "b"],
+            dedup_key="KEYS",
+        )
+    assert "fan" not in orders.groups()
 
 
 def test_pull_clients_skip_keys_already_acked(orders, clock):
@@ -85,3 +94,30 @@ def test_pull_clients_skip_keys_already_acked(orders, clock):
     p.send(Message("orders", b"new", keys="k2"), queue_key="x")
     orders.tick(t + 3)
     assert [m.body for m in c.pull(10, now=t + 4)] == [b"new"]
+
+
+def test_a_pull_ack_lost_after_its_key_is_recorded_is_not_processed_again(orders, clock):
+    """The keys are stored before the acks (as deliver stores them before its offsets): a
+    client killed between the two leaves the message in flight with its key consumed, so
+    the copy handed out again after the invisible time is acknowledged, not processed."""
+    from support.crash import Crashed
+
+    orders.create_group("w", consume_from="FIRST_OFFSET", dedup_key="KEYS", invisible_time_ms=1_000)
+    orders.subscribe("w", "orders")
+    orders.producer("p").send(Message("orders", b"first", keys="k1"), queue_key="x")
+    t = clock.now_ms()
+    orders.tick(t)
+    c = orders.pull_consumer("w", "c1")
+    [m] = c.pull(10, now=t + 1)
+
+    def killed(rows):
+        raise Crashed("killed before the acks were stored")
+
+    c.store.append_log = killed
+    with pytest.raises(Crashed):
+        c.ack([m.receipt_handle], now=t + 2)
+    del c.store.append_log  # the process runs again
+    orders.tick(t + 5_000)  # past the invisible time: sent back to the group's retry topic
+    for k in range(1, 5):
+        orders.tick(t + 5_000 + k * 30_000)
+        assert c.pull(10, now=t + 5_001 + k * 30_000) == []  # the code before handed it out at k = 1

@@ -77,6 +77,11 @@ def test_sink_configuration_errors_name_the_bad_value(lake, tmp_path):
     sink = lake.sink_to_table("lake", table, ["order_id"], "support.listeners:order_rows")
     with pytest.raises(ConfigError, match="is a sink"):
         lake.pull_consumer("lake", "c1")
+    with pytest.raises(
+        ConfigError, match="'lake' is the sink into .*a push listener needs a group of its own"
+    ):
+        lake.create_group("lake", lambda m, c: None, exist_ok=True)  # before: registered, and it took them
+    assert "lake" not in lake.catalog.listeners
     assert sink.read().count() == 0  # created empty
     lake.create_group("other", consume_from="FIRST_OFFSET")
     with pytest.raises(SinkError, match="has columns"):
@@ -145,3 +150,26 @@ def test_a_sink_whose_transform_cannot_be_imported_waits_and_the_tick_goes_on(
     again = lake.tick(clock.now_ms())
     assert again.setup_errors == () and again.job("sink").rows_in == 3
     assert _table(sink) == {"o0": 0, "o1": 1, "o2": 2}
+
+
+def test_a_sink_whose_pass_fails_waits_and_the_other_sinks_and_jobs_go_on(lake, clock, tmp_path):
+    """A transform failing on the rows it is given stops its own sink only (nothing
+    merged, offsets kept, the tick names it and why, exit 4): the sinks after it merge and
+    the later jobs run, instead of the whole tick failing at that sink, tick after tick."""
+    from support.listeners import order_rows_refusing_poison
+
+    bad = lake.sink_to_table("lake", str(tmp_path / "a"), ["order_id"], order_rows_refusing_poison)
+    lake.create_group("zlake", consume_from="FIRST_OFFSET")
+    lake.subscribe("zlake", "orders")
+    good = lake.sink_to_table("zlake", str(tmp_path / "z"), ["order_id"], order_rows)
+    p = lake.producer("p")
+    p.send(Message("orders", b"1", keys="o1"))
+    p.send(Message("orders", b"2", keys="poison"))
+    result = lake.tick(clock.now_ms())
+    [(group, why)] = result.setup_errors
+    assert group == "lake" and "order 'poison' cannot be written" in why and str(tmp_path / "a") in why
+    assert _table(good) == {"o1": 1, "poison": 2} and bad.read().count() == 0
+    assert result.job("retain").status in ("OK", "SKIPPED") and result.job("retain").error is None
+    assert not [j.job for j in result.jobs if j.status == "FAILED"]
+    with pytest.raises(Exception, match="poison"):
+        bad.run(clock.now_ms())  # asked for by name: raised

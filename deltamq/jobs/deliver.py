@@ -379,7 +379,8 @@ def plan(
     (topic, queue) pairs to take from, default all; ``heads``: the index heads, read when
     not given)."""
     all_groups = ctx.catalog.groups()
-    found = {g: _listener_bytes(ctx, g, cfg.listener) for g, cfg in all_groups.items()}
+    # a sink's messages are the sink's: a listener registered for its group is not called
+    found = {g: _listener_bytes(ctx, g, cfg.listener) for g, cfg in all_groups.items() if not cfg.sink_table}
     listeners = {g: b for g, b in found.items() if b is not None}
     groups = {g: cfg for g, cfg in all_groups.items() if g in listeners}
     skipped = tuple(sorted(set(all_groups) - set(groups)))

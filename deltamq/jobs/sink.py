@@ -92,7 +92,8 @@ class SinkResult:
     group: str
     messages: int = 0  # matching messages merged (replays included)
     queues: int = 0
-    setup_error: str | None = None  # its transform could not be loaded: nothing taken, offsets kept
+    # its transform could not be loaded, or its pass failed: nothing merged, offsets kept
+    setup_error: str | None = None
 
 
 # --- configuration --------------------------------------------------------------------------
@@ -262,8 +263,23 @@ def run(
                 continue
             if fence:
                 fence()
-            results.append(_pass(ctx, cfg, mine, now, subs, transform))
+            try:
+                results.append(_pass(ctx, cfg, mine, now, subs, transform))
+            except Exception as e:  # noqa: BLE001 - this sink's data or table; deltamq's own faults go up
+                if only is not None or (isinstance(e, DeltaMQError) and not isinstance(e, SinkError)):
+                    raise
+                # a transform failing on these rows, a table that no longer fits: this sink
+                # waits (nothing merged, its offsets kept) and the others go on, as a group
+                # whose listener cannot be loaded does; the tick names it (exit 4)
+                why = f"sink pass into {cfg.table} failed: {type(e).__name__}: {_first_line(e)}"
+                log.warning("sink %r took nothing: %s", group, why)
+                results.append(SinkResult(group=group, setup_error=why))
     return results
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:500] if text else ""
 
 
 def _pass(

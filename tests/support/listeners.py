@@ -146,6 +146,16 @@ def order_rows(df):
     )
 
 
+def order_rows_refusing_poison(df):
+    """Sink transform: :func:`order_rows`, failing when it runs over an order keyed
+    ``poison`` (an error the engine raises while the sink's MERGE runs)."""
+    from pyspark.sql import functions as F
+
+    rows = order_rows(df)
+    poison = F.raise_error(F.lit("order 'poison' cannot be written"))
+    return rows.withColumn("amount", F.when(F.col("order_id") == "poison", poison).otherwise(F.col("amount")))
+
+
 def order_rows_without_guard(df):
     return order_rows(df).drop("_deltamq_order")
 
