@@ -125,9 +125,12 @@ def start_s3_emulator(uri: str) -> subprocess.Popen:
     """moto's S3 server on a free 127.0.0.1 port, the URI's bucket created, and the AWS_*
     variables of this process (and so of the embedded server it starts) pointing at it."""
     port = free_port()
-    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or "moto_server"
+    # moto's server with its conditional writes atomic, as on S3 (tests/support/s3_server.py)
+    server = Path(__file__).resolve().parent.parent / "tests" / "support" / "s3_server.py"
     proc = subprocess.Popen(
-        [exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, str(server), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     endpoint = f"http://127.0.0.1:{port}"
     bucket = uri.split("://", 1)[1].split("/", 1)[0]

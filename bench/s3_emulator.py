@@ -21,7 +21,7 @@ def s3_behind_proxy(root: Path) -> Iterator[tuple[dict[str, str], Any]]:
     """Yields (the storage options that reach S3 through the proxy, the proxy's
     ``Faults`` handle); the bucket is ``conftest.S3_BUCKET``; the proxy logs to
     ``root/proxy.log``."""
-    from conftest import S3_BUCKET, _free_port, create_bucket, running, tool
+    from conftest import S3_BUCKET, _free_port, create_bucket, running, s3_server_command
     from support.fault_proxy import CONTROL, Faults
 
     s3, proxy = f"http://127.0.0.1:{_free_port()}", f"http://127.0.0.1:{_free_port()}"
@@ -33,7 +33,7 @@ def s3_behind_proxy(root: Path) -> Iterator[tuple[dict[str, str], Any]]:
         "AWS_ALLOW_HTTP": "true",
     }
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
-    moto = [tool("moto_server"), "-H", "127.0.0.1", "-p", s3.rsplit(":", 1)[1]]
+    moto = s3_server_command(int(s3.rsplit(":", 1)[1]))
     proxy_cmd = [
         sys.executable,
         "-m",

@@ -370,6 +370,19 @@ def tool(name: str) -> str:
     return exe
 
 
+def s3_server_command(port: int) -> list[str]:
+    """moto's S3 server on 127.0.0.1:``port``, its conditional writes atomic as on S3
+    (tests/support/s3_server.py)."""
+    return [
+        sys.executable,
+        str(Path(__file__).parent / "support" / "s3_server.py"),
+        "-H",
+        "127.0.0.1",
+        "-p",
+        str(port),
+    ]
+
+
 def create_bucket(endpoint: str, bucket: str) -> bool:
     """PUT /<bucket> on an S3 API server (moto answers unsigned requests)."""
     import urllib.request
@@ -384,7 +397,7 @@ def s3_server():
     warehouse on it needs (the names of the standard AWS_* variables)."""
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    command = [tool("moto_server"), "-H", "127.0.0.1", "-p", str(port)]
+    command = s3_server_command(port)
     with running(command, env=None, ready=lambda: create_bucket(endpoint, S3_BUCKET), what="moto_server"):
         yield SimpleNamespace(
             endpoint=endpoint,

@@ -11,7 +11,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import _free_port, running, tool
+from conftest import _free_port, running, s3_server_command
 
 from deltamq import Broker
 from deltamq.config import BrokerConfig
@@ -180,7 +180,7 @@ def s3_with_auth():
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
     env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3")  # bucket, user and key unauthenticated
-    command = [tool("moto_server"), "-H", "127.0.0.1", "-p", str(port)]
+    command = s3_server_command(port)
     probe = lambda: urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).read() is not None  # noqa: E731
     with running(command, env=env, ready=probe, what="moto_server with auth"):
         kw = {"endpoint_url": endpoint, "region_name": "us-east-1"}
@@ -399,3 +399,34 @@ def test_a_taken_version_is_tried_again_then_given_up_by_the_callers_rule():
     with pytest.raises(InvalidMessage):
         retry_commits(bad, CommitPolicy(5, 1), lambda e, _: e)
     assert len(calls) == 1
+
+
+def test_the_test_s3_server_lets_one_of_many_racing_conditional_puts_win(s3_server):
+    """The tests' S3 server (tests/support/s3_server.py) does what S3 does with many PUTs
+    of one key carrying ``If-None-Match: *`` at once: exactly one succeeds. (moto's own
+    server, unlocked, sometimes let two succeed under load: a lost commit entry.)"""
+    import threading
+
+    from botocore.exceptions import ClientError
+
+    s3 = _s3_client(s3_server)
+    wins: list[int] = []
+    for round_no in range(5):
+        key = f"race-{round_no}/_delta_log/00000000000000000001.json"
+        go = threading.Barrier(8)
+
+        def put(me: int, key: str = key, go: threading.Barrier = go) -> None:
+            go.wait()
+            try:
+                s3.put_object(Bucket=s3_server.bucket, Key=key, Body=f"{me}".encode(), IfNoneMatch="*")
+                wins.append(me)
+            except ClientError as e:
+                assert e.response["Error"]["Code"] in ("PreconditionFailed", "ConditionalRequestConflict"), e
+
+        threads = [threading.Thread(target=put, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stored = s3.get_object(Bucket=s3_server.bucket, Key=key)["Body"].read().decode()
+        assert len(wins) == round_no + 1 and stored == str(wins[-1]), (round_no, wins, stored)
