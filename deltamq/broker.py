@@ -455,7 +455,7 @@ class Broker:
 
         return ops.resend(self.context, self.dead_letters(**selection), rate_per_s=rate_per_s)
 
-    def check_quality(self, tables: list[str] | None = None, *, record: bool = True) -> QualityResult:
+    def check_quality(self, tables: list[str] | str | None = None, *, record: bool = True) -> QualityResult:
         """Run the data-quality suites (every table's, plus ``"conservation"``) and append
         the results to ``dq_results``; returns a :class:`deltamq.dq.suites.QualityResult`
         (``success``, ``failures`` with expectation, table, unexpected count, sample ids)."""

@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 
 from deltamq import pull
 from deltamq.constants import (
+    DLQ_PREFIX,
     RETRY_PREFIX,
     TRANS_CHECK_MAX_TIME_TOPIC,
     TRANS_HALF_TOPIC,
@@ -109,8 +110,11 @@ def status(ctx: Context) -> dict[str, Any]:
     timers, dead letters, transactions, pull clients and the recent job runs."""
     state = load_dispatch_state(ctx.warehouse)
     minimums = consume_queue.minimums(ctx.warehouse)
+    # a queue whose rows retention removed altogether has no minimum: its head is (as
+    # retention itself counts it), so it holds no message
+    lows = {k: minimums.get(k, nxt) for k, nxt in state.heads.items()}
     queues = [
-        {"topic": t, "queue_id": q, "min_offset": minimums.get((t, q), 0), "max_offset": nxt}
+        {"topic": t, "queue_id": q, "min_offset": lows[(t, q)], "max_offset": nxt}
         for (t, q), nxt in sorted(state.heads.items())
     ]
     undispatched = sum(
@@ -122,7 +126,12 @@ def status(ctx: Context) -> dict[str, Any]:
     )
     pending = held(ctx.warehouse)
     lag = group_lag(ctx, state.heads)
-    dlq = {t: n for (t, _), n in state.heads.items() if t.startswith("%DLQ%")}
+    # the dead letters still stored (retention removes them after dlq_reserved_time)
+    dlq = {
+        t: n - lows[(t, q)]
+        for (t, q), n in state.heads.items()
+        if t.startswith(DLQ_PREFIX) and n > lows[(t, q)]
+    }
     clients = pull_clients(ctx, ctx.clock.now_ms())
     return {
         "topics": ctx.catalog.topics(),

@@ -554,6 +554,8 @@ def test_commands_that_would_do_nothing_say_so(wh, capsys):
     for args, text in (
         (("topic", "update", "orders"), "topic update needs what to change"),
         (("topic", "list", "orders"), "topic list takes no topic name"),
+        (("tick", "--interval", "5", "--for", "2"), "--interval, --for only shape a tick loop: add --loop"),
+        (("tick", "--no-wake"), "--no-wake only shape a tick loop"),
         (
             ("report", "--html", "r.html", "--from", "2030-01-01T00:00:00", "--to", "2020-01-01T00:00:00"),
             "is not before --to",
@@ -586,5 +588,21 @@ def test_a_job_that_is_not_due_says_why_on_its_line(broker, clock, capsys):
     assert code == 0 and "retain: skipped (not due: a retention pass runs every retain_interval_ms)" in out
     code, out, _ = _run(capsys, "job", "retain", "--warehouse", wh, "--now", str(clock.now_ms()))
     assert code == 0 and "retain: skipped (not due" in out, out
+    code, out, _ = _run(capsys, "job", "dispatch", "--warehouse", wh, "--now", str(clock.now_ms()))
+    assert code == 0 and "dispatch: nothing to do; redispatch: skipped (" in out, out
     code, out, _ = _run(capsys, "tick", "--warehouse", wh, "--now", str(clock.now_ms() + 1))
     assert code == 0 and "skipped (" not in out, out  # a tick's line stays one short line
+
+
+def test_a_write_by_a_view_name_says_to_name_the_table_by_path(wh, capsys):
+    """The plain names are views re-registered per query: ``sql --write`` of ``UPDATE
+    offsets`` failed with the engine's own words only; it now says how to name the table."""
+    code, _, err = _run(
+        capsys, "sql", "--write", "DELETE FROM offsets WHERE queue_id = 99", "--warehouse", wh
+    )
+    assert code != 0 and "name a table to change as delta.`<path>`" in _one_error_line(err), err
+    table = f"{wh}/offsets"
+    code, _, err = _run(
+        capsys, "sql", "--write", f"DELETE FROM delta.`{table}` WHERE queue_id = 99", "--warehouse", wh
+    )
+    assert code == 0, err

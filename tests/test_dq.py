@@ -216,3 +216,7 @@ def test_the_dq_command_and_check_quality(broker, tmp_path, capsys):
     assert runs == 3  # each CLI run recorded; the record=False run not
     with pytest.raises(ConfigError, match="no suite for 'nope'"):
         broker.check_quality(["nope"])
+    one = broker.check_quality("offsets", record=False)  # one name, not its letters
+    assert {r.suite for r in one.results} == {"offsets"} and not one.success
+    with pytest.raises(ConfigError, match=r"tables=\[\] selects no suite"):
+        broker.check_quality([])

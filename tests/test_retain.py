@@ -196,13 +196,13 @@ def test_a_copy_promoted_late_is_kept_as_a_new_message(broker, clock):
     p.send(Message("orders", "timer", deliver_at=now - 4 * DAY))  # past due when sent
     result = broker.tick(now)
     assert result.job("retain").status == "OK"
-    stored = {
-        r["body"]: r["store_ts"]
-        for r in _rows(
-            broker, "SELECT CAST(body AS STRING) AS body, store_ts FROM commit_log WHERE topic = 'orders'"
-        )
-    }
-    assert stored == {"delayed": now, "timer": now}, stored
+    # the copies (the messages as sent carry DELAY / TIMER_DELIVER_MS and stay routed)
+    copies = _rows(
+        broker,
+        "SELECT CAST(body AS STRING) AS body, store_ts FROM commit_log WHERE topic = 'orders' "
+        "AND properties['DELAY'] IS NULL AND properties['TIMER_DELIVER_MS'] IS NULL ORDER BY 1",
+    )
+    assert [(r["body"], r["store_ts"]) for r in copies] == [("delayed", now), ("timer", now)], copies
     clock.set(now + 3_600_000)
     broker.tick(now + 3_600_000)  # the next retention pass too
     pulled = broker.pull_consumer("puller", "c1").pull(10)
@@ -248,3 +248,21 @@ def test_a_group_from_the_first_offset_starts_at_the_oldest_message_retention_le
     broker.tick(clock.now_ms() + 1)
     assert sorted(c["body"] for c in read_log(log)) == [f"new{i}" for i in range(5)]
     assert len(broker.pull_consumer("puller", "c1").pull(10)) == 5
+
+
+def test_status_after_retention_counts_what_is_stored(broker, clock):
+    """A queue retention emptied shows its head as its minimum (no messages), not 0, and
+    the dead letters retention removed are no longer counted."""
+    broker.create_topic("orders", queues=1)
+    broker.create_group("strict", "support.listeners:always_fail", max_reconsume_times=0)
+    broker.subscribe("strict", "orders")
+    broker.producer("shop").send_batch([Message("orders", f"m{i}") for i in range(3)])
+    t0 = clock.now_ms()
+    broker.tick(t0)
+    broker.tick(t0 + 1_000)  # the dead letters are indexed
+    assert broker.status()["dead_letters"] == {"%DLQ%strict": 3}
+    broker.tick(t0 + 8 * DAY)  # past 72 h and the dead letters' 7 days
+    st = broker.status()
+    [orders] = [q for q in st["queues"] if q["topic"] == "orders"]
+    assert (orders["min_offset"], orders["max_offset"]) == (3, 3), orders
+    assert st["dead_letters"] == {}

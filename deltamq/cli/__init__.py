@@ -169,6 +169,13 @@ def _engine_error(args: argparse.Namespace, e: Exception) -> str:
     if len(words) == 2 and words[0].upper() in ("DESCRIBE", "DESC"):
         hint = f" (to describe a table: DESCRIBE TABLE {words[1]})"
     said, more = _plainer(said)
+    if getattr(args, "write", False) and not hint:
+        # the names are views of the tables (re-registered per query): a change names the
+        # table itself, delta.`<its path>`, as Broker.sql says
+        hint = (
+            " (with --write, name a table to change as delta.`<path>`, e.g. "
+            "delta.`<warehouse>/offsets`; the plain names are read-only views)"
+        )
     return f"the engine rejected the query {shown!r}: {said}{hint or more}"
 
 

@@ -312,7 +312,11 @@ def _send_command(sub, common: argparse.ArgumentParser) -> None:
 def _run_and_query_commands(sub, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("sql", parents=[common], help="run SQL over the warehouse tables")
     s.add_argument("query", help="one statement; tables by name: commit_log, consume_queue, offsets, ...")
-    s.add_argument("--write", action="store_true", help="allow statements that change tables")
+    s.add_argument(
+        "--write",
+        action="store_true",
+        help="allow statements that change tables, named delta.`<path>` (the plain names are views)",
+    )
     s.add_argument("--limit", type=_AT_LEAST_1, default=100, help="rows to show (default 100)")
 
     sub.add_parser(
@@ -326,9 +330,7 @@ def _run_and_query_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--loop", action="store_true", help="tick until stopped (SIGTERM, Ctrl-C) or --for: the broker"
     )
-    s.add_argument(
-        "--interval", type=_ABOVE_0, default=1.0, help="seconds between ticks with --loop (above 0)"
-    )
+    s.add_argument("--interval", type=_ABOVE_0, help="seconds between ticks with --loop (above 0; default 1)")
     s.add_argument("--for", dest="for_s", type=_ABOVE_0, help="stop the loop after this many seconds")
     s.add_argument(
         "--no-wake",

@@ -24,6 +24,15 @@ not be loaded (an import error, say): its messages wait, nothing was retried."""
 def tick(broker, args: argparse.Namespace) -> int:
     if args.loop:
         return _loop(broker, args)
+    shaping = [
+        o
+        for o, given in (("--interval", args.interval), ("--for", args.for_s), ("--no-wake", not args.wake))
+        if given
+    ]
+    if shaping:
+        raise UsageError(
+            f"{', '.join(shaping)} only shape a tick loop: add --loop, or leave them out for one tick"
+        )
     return _once(broker.runner, args, release=False)
 
 
@@ -97,7 +106,7 @@ def _loop(broker, args: argparse.Namespace) -> int:
         print(json_line({"waiting": str(e)}) if args.json else f"waiting: {e}", flush=True)
 
     n = broker.runner.loop(
-        args.interval,
+        1.0 if args.interval is None else args.interval,
         args.for_s,
         on_tick=lambda result: _show(result, args),
         on_wait=waiting,

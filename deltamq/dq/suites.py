@@ -450,6 +450,10 @@ def run(
     from deltamq.schemas import TABLES
 
     known = [*TABLES, "conservation"]
+    if isinstance(tables, str):
+        tables = [tables]  # one table by name, not its letters
+    if tables is not None and not list(tables):
+        raise ConfigError(f"tables=[] selects no suite; give None for every suite, or some of {known}")
     for t in tables or ():
         if t not in known:
             raise ConfigError(f"no suite for {t!r}; suites are {known}")

@@ -80,16 +80,21 @@ class TickResult:
     def summary(self, *, skips: bool = False) -> str:
         """One line: each job that did something (or failed) with its rows in/out, then
         each push group's counts; jobs with nothing to do are only counted (with ``skips``,
-        as ``deltamq job`` prints one job's run, those skipped are named with the reason)."""
+        as ``deltamq job`` prints one job's run, each is named, one skipped with the reason)."""
         if self.idle:
             return f"tick {ms_to_iso(self.now)} — idle: no table changed and nothing fell due, no job ran"
         busy = [j for j in self.jobs if j.rows_in or j.rows_out or j.status == "FAILED" or j.error]
         parts = [f"{j.job}: {j.status} in={j.rows_in} out={j.rows_out}" for j in busy]
         idle = len(self.jobs) - len(busy)
-        named = [j for j in self.jobs if skips and j not in busy and j.status == "SKIPPED" and j.note]
-        if named:
-            parts += [f"{j.job}: skipped ({j.note})" for j in named]
-            idle -= len(named)
+        if skips:  # every job named: those skipped with the reason
+            parts += [
+                f"{j.job}: skipped ({j.note})"
+                if j.status == "SKIPPED" and j.note
+                else f"{j.job}: nothing to do"
+                for j in self.jobs
+                if j not in busy
+            ]
+            idle = 0
         if not parts:
             parts = [f"nothing to do ({idle} jobs ran)" if self.jobs else "no jobs ran"]
         elif idle:
