@@ -272,6 +272,12 @@ def validate_properties(props: Any) -> dict[str, str]:
                 f"property {k!r} has value {v!r} of type {type(v).__name__}; values must be str"
             )
         out[k] = v
+    if Prop.DELAY in out:
+        # RocketMQ's putUserProperty refuses its system names; this one would be dropped
+        raise InvalidProperties(
+            f"property {Prop.DELAY!r}={out[Prop.DELAY]!r} is the delay level's, set by the broker: give "
+            "delay_level=N (or delay= / deliver_at=) instead"
+        )
     return out
 
 

@@ -63,6 +63,12 @@ BAD_MESSAGES = [
         Message("orders", b"x", properties={1: "a"}), InvalidProperties, "non-empty strings", id="prop-name"
     ),
     pytest.param(Message("orders", b"x", properties=["a"]), InvalidProperties, "mapping", id="prop-type"),
+    pytest.param(  # dropped before: delivered at once
+        Message("orders", b"x", properties={"DELAY": "5"}),
+        InvalidProperties,
+        "give delay_level=N",
+        id="prop-delay",
+    ),
     pytest.param(Message("orders", b"x", delay_level=-1), InvalidDelayLevel, "negative", id="negative-level"),
     pytest.param(
         Message("orders", b"x", delay_level=1.5), InvalidDelayLevel, "not an integer", id="float-level"
