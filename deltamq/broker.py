@@ -204,9 +204,31 @@ class Broker:
         self.catalog.create_topic(name, queues, perm, ordered=ordered, exist_ok=exist_ok)
 
     def update_topic(
-        self, name: str, *, queues: int | None = None, perm: str | None = None, ordered: bool | None = None
+        self,
+        name: str,
+        *,
+        queues: int | None = None,
+        perm: str | None = None,
+        ordered: bool | None = None,
+        force: bool = False,
     ) -> None:
-        """Change a topic's queue count, permission or order flag."""
+        """Change a topic's queue count, permission or order flag. Fewer queues while the
+        queues dropped hold messages a subscribed group has not consumed is refused
+        (:class:`InUse`, naming each group and how many), unless ``force``: nothing reads
+        a dropped queue until the count grows back."""
+        if queues is not None and not force and isinstance(queues, int) and not isinstance(queues, bool):
+            current = self.catalog.topic_queues(name)
+            if 1 <= queues < current:
+                from deltamq.inspection import topic_subscribers
+
+                stranded = {g: n for g, n in topic_subscribers(self.context, name, queues).items() if n}
+                if stranded:
+                    listed = ", ".join(f"{g} ({n} not consumed)" for g, n in sorted(stranded.items()))
+                    raise InUse(
+                        f"topic {name!r}: queues {queues}..{current - 1} hold messages that dropping them "
+                        f"would leave unread: {listed}. Stop producing to them first (perm, or your "
+                        "selector) and let the groups catch up, or update with force=True (CLI: --force)"
+                    )
         self.catalog.update_topic(name, queues=queues, perm=perm, ordered=ordered)
 
     def delete_topic(self, name: str, *, force: bool = False) -> None:

@@ -52,20 +52,22 @@ def _prepared() -> Column:
 
 
 # --- what a delete would drop ----------------------------------------------------------------
-def topic_subscribers(ctx: Context, topic: str) -> dict[str, int]:
+def topic_subscribers(ctx: Context, topic: str, from_queue: int = 0) -> dict[str, int]:
     """The consumer groups subscribed to ``topic`` and, for each, how many of the topic's
-    messages it has not consumed yet (its lag over the topic's queues, and the messages
-    stored in the topic that dispatch has not indexed yet, as :func:`group_holdings`)."""
+    messages (in queues ``from_queue`` and up) it has not consumed yet: its lag over those
+    queues, and the messages stored there that dispatch has not indexed yet, as
+    :func:`group_holdings` counts them."""
     groups = sorted({s.consumer_group for s in ctx.catalog.subscriptions() if s.topic == topic})
     if not groups:
         return {}
     dispatched = load_dispatch_state(ctx.warehouse)
-    heads = {k: v for k, v in dispatched.heads.items() if k[0] == topic}
+    heads = {k: v for k, v in dispatched.heads.items() if k[0] == topic and k[1] >= from_queue}
     lag = _lag(ctx, heads)
     added = _undispatched(ctx.warehouse, dispatched.version)
     stored = 0
     if added is not None:
-        stored = added.where((F.col("topic") == F.lit(topic)) & ~_prepared()).count()
+        mine = (F.col("topic") == F.lit(topic)) & (F.col("queue_id") >= F.lit(from_queue))
+        stored = added.where(mine & ~_prepared()).count()
     return {g: stored + sum(x["lag"] for x in lag if x["group"] == g) for g in groups}
 
 

@@ -374,3 +374,25 @@ def test_sink_messages_without_a_key_share_the_null_keys_row_as_documented(wareh
     broker.tick(clock.now_ms())
     assert sorted((r["keys"] or "-") for r in plain.read().collect()) == ["-", "k1"]  # a and b: one row
     assert keyed.read().count() == 3
+
+
+def test_dropping_queues_that_hold_unconsumed_messages_is_refused(warehouse_with, clock, capsys):
+    """``topic update --queues`` to fewer queues left the dropped queues' messages unread,
+    silently (a walkthrough found it): refused while a group has not consumed them."""
+    wh = warehouse_with("orders", queues=4, group="billing", recorder=None)
+    broker = wh.broker
+    broker.producer("shop").send_batch(
+        [Message("orders", f"m{i}") for i in range(3)], selector=lambda n, m, arg: 1
+    )
+    with pytest.raises(InUse, match=r"queues 1\.\.3 hold messages .*billing \(3 not consumed\).*force=True"):
+        broker.update_topic("orders", queues=1)  # stored, not dispatched yet: counted too
+    broker.tick(clock.now_ms())
+    loc = str(broker.warehouse.location)
+    assert main(["topic", "update", "orders", "--queues", "1", "--warehouse", loc]) == 2
+    assert "billing (3 not consumed)" in capsys.readouterr().err
+    assert broker.topic_queues("orders") == 4
+    broker.update_topic("orders", queues=2)  # queues 2 and 3 hold nothing
+    assert broker.topic_queues("orders") == 2
+    assert main(["topic", "update", "orders", "--queues", "1", "--force", "--warehouse", loc]) == 0
+    [row] = broker.sql("SELECT queues FROM topic_config WHERE topic = 'orders'").collect()
+    assert row["queues"] == 1

@@ -56,7 +56,9 @@ def topic(broker, args: argparse.Namespace) -> int:
     elif args.action == "update":
         if args.queues is None and args.perm is None and args.ordered is None:
             raise UsageError("topic update needs what to change: --queues, --perm or --ordered")
-        broker.update_topic(args.name, queues=args.queues, perm=args.perm, ordered=args.ordered)
+        broker.update_topic(
+            args.name, queues=args.queues, perm=args.perm, ordered=args.ordered, force=args.force
+        )
     else:
         broker.delete_topic(args.name, force=args.force)
     done = f"{args.action}d"

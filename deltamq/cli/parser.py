@@ -216,7 +216,10 @@ def _admin_commands(sub, common: argparse.ArgumentParser) -> None:
         help="an ordered topic (orderly groups read it in order)",
     )
     s.add_argument(
-        "--force", action="store_true", help="delete: even with groups subscribed (their subscriptions go)"
+        "--force",
+        action="store_true",
+        help="delete: even with groups subscribed (their subscriptions go); update: fewer queues even "
+        "with messages not consumed in those dropped",
     )
 
     s = sub.add_parser("group", parents=[common], help="consumer group create | delete | list")
