@@ -223,11 +223,11 @@ class Broker:
 
                 stranded = {g: n for g, n in topic_subscribers(self.context, name, queues).items() if n}
                 if stranded:
-                    listed = ", ".join(f"{g} ({n} not consumed)" for g, n in sorted(stranded.items()))
                     raise InUse(
                         f"topic {name!r}: queues {queues}..{current - 1} hold messages that dropping them "
-                        f"would leave unread: {listed}. Stop producing to them first (perm, or your "
-                        "selector) and let the groups catch up, or update with force=True (CLI: --force)"
+                        f"would leave unread: {_not_consumed(stranded)}. Stop producing to them first "
+                        "(perm, or your selector) and let the groups catch up, or update with force=True "
+                        "(CLI: --force)"
                     )
         self.catalog.update_topic(name, queues=queues, perm=perm, ordered=ordered)
 
@@ -241,9 +241,8 @@ class Broker:
         self.catalog.require_topic(name)
         subscribers = {} if force else topic_subscribers(self.context, name)
         if subscribers:
-            listed = ", ".join(f"{g} ({n} not consumed)" for g, n in sorted(subscribers.items()))
             raise InUse(
-                f"topic {name!r} has subscriptions that deleting it drops: {listed}; "
+                f"topic {name!r} has subscriptions that deleting it drops: {_not_consumed(subscribers)}; "
                 f"{sum(subscribers.values())} messages unconsumed in all. Unsubscribe first, "
                 "or delete with force=True (CLI: --force)"
             )
@@ -560,3 +559,8 @@ def register(
     engine = Engine.open(config, spark=spark)
     wh = Warehouse(engine, warehouse, storage_options=config.storage_options)
     return wh.register_catalog(database)
+
+
+def _not_consumed(groups: dict[str, int]) -> str:
+    """``billing (3 not consumed), shipping (1 not consumed)``: what an InUse refusal names."""
+    return ", ".join(f"{g} ({n} not consumed)" for g, n in sorted(groups.items()))
