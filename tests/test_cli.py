@@ -103,7 +103,7 @@ def test_demo_runs(tmp_path, capsys, monkeypatch):
     assert main(["demo", "--warehouse", "demo"]) == 0
     out = capsys.readouterr().out
     assert "schedule=5" in out and "promote re-stored 5" in out and "promote re-stored 1" in out
-    assert "report  09:45:00  09:45:00" in out
+    assert "report  09:45:00  09:50:00" in out  # due, and stored by the tick that promoted it
     assert "order-3 — inventory service unavailable: RECONSUME_LATER" in out
     assert "order-3 — unpaid after 30 min: cancelled (retry 1)" in out
     assert "order-2 — paid in time" in out

@@ -259,7 +259,8 @@ QUERIES = [
         "ORDER BY s.queue_offset",
     ),
     (
-        "the report timer: indexed by due time (rmq_sys_wheel_timer), promoted at 09:45",
+        "the report timer: indexed by due time (rmq_sys_wheel_timer), due 09:45, stored again by the "
+        "09:50 tick that promoted it",
         "SELECT t.tags, from_unixtime(w.due_ts DIV 1000, 'HH:mm:ss') AS due, "
         "from_unixtime(t.store_ts DIV 1000, 'HH:mm:ss') AS stored FROM consume_queue w "
         "JOIN consume_queue t ON t.properties['UNIQ_KEY'] = w.properties['UNIQ_KEY'] "
