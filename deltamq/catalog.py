@@ -43,7 +43,7 @@ from deltamq.message import validate_group_name, validate_topic_name
 from deltamq.sending import Topics
 from deltamq.tables import consume_queue
 from deltamq.tables.consume_queue import visible_heads
-from deltamq.tables.offsets import OffsetsMerge, advance_offsets, group_has_offsets, source
+from deltamq.tables.offsets import OffsetsMerge, advance_offsets, fresh_head, group_has_offsets, source
 from deltamq.tables.sqltext import sql_bool, sql_int, sql_long, sql_str
 from deltamq.transactions import CheckConfig, validate_table_check
 
@@ -208,7 +208,8 @@ class Catalog(Topics):
         retry topic."""
         name = cfg.consumer_group
         dedup_key = dedup.validate(self.engine.spark, cfg.dedup_key)
-        if cfg.mode == "BROADCASTING" and listener is None and not (exist_ok and self.group(name)):
+        existing = self.group(name)
+        if cfg.mode == "BROADCASTING" and listener is None and not (exist_ok and existing):
             raise ConfigError(
                 f"group {name!r}: a BROADCASTING group is consumed by its push listener in each of "
                 "its instances; give a listener and instances (pull consumers and sinks take "
@@ -226,7 +227,6 @@ class Catalog(Topics):
                 "a BROADCASTING push group delivers to each of its instances: declare them, "
                 "e.g. instances=['host-a', 'host-b']"
             )
-        existing = self.group(name)
         if existing is not None and existing.sink_table and listener is not None:
             raise ConfigError(
                 f"group {name!r} is the sink into {existing.sink_table}; a push listener needs a group "
@@ -382,10 +382,7 @@ class Catalog(Topics):
             # a pull group's hand-out position starts at the new offset too (it is
             # next_offset where this is null: docs/behaviour.md §6)
             "delivered_offset": "CAST(NULL AS BIGINT)",
-            "attempts": "0",
-            "suspends": "0",
-            "suspend_until": "CAST(NULL AS BIGINT)",
-            "attempt_ts": "CAST(NULL AS BIGINT)",
+            **fresh_head(),
         }
         insert = {"next_offset": source("next_offset"), "attempts": "0"}
         self._commit_attempt(partial(merge.execute, self.warehouse, update, insert), "offsets")

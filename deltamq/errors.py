@@ -147,6 +147,12 @@ class UnsafeStorage(ConfigError):
     """The store cannot make concurrent Delta commits safe with the settings given."""
 
 
+def first_line(error: BaseException) -> str:
+    """An error's first line of text (its type's name when it has none)."""
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
 def cause_chain(error: BaseException) -> Iterator[BaseException]:
     """``error``, then each error it was raised from (``__cause__``), each once."""
     seen: set[int] = set()

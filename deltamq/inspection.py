@@ -28,7 +28,7 @@ from deltamq.constants import (
 from deltamq.jobs import check_transactions, promote
 from deltamq.pull_engine import EngineStore
 from deltamq.tables import commit_log, consume_queue, deliveries, deltalog
-from deltamq.tables.consume_queue import int_prop, load_dispatch_state
+from deltamq.tables.consume_queue import DispatchState, int_prop, load_dispatch_state
 from deltamq.tables.offsets import QueueKey, positions
 from deltamq.tables.sqltext import sql_long
 
@@ -39,10 +39,17 @@ if TYPE_CHECKING:
 Queue = tuple[str, int]
 
 
-def _undispatched(wh: Warehouse, version: int) -> DataFrame | None:
-    """commit_log rows stored after ``version`` (the last one dispatch indexed): messages
-    a view counts before the next dispatch indexes them; None when there are none."""
-    commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), version, 1_000_000)
+def _new_commits(wh: Warehouse, version: int) -> list[deltalog.Commit]:
+    """The commit_log commits after ``version`` (the last one dispatch indexed)."""
+    return deltalog.commits_after(wh.storage, wh.uri("commit_log"), version, 1_000_000)
+
+
+def _undispatched(
+    wh: Warehouse, version: int, commits: list[deltalog.Commit] | None = None
+) -> DataFrame | None:
+    """commit_log rows stored after ``version`` (``commits``, when the caller listed them):
+    messages a view counts before the next dispatch indexes them; None when there are none."""
+    commits = _new_commits(wh, version) if commits is None else commits
     return commit_log.read_added(wh, commits) if commits else None
 
 
@@ -119,13 +126,8 @@ def status(ctx: Context) -> dict[str, Any]:
         {"topic": t, "queue_id": q, "min_offset": lows[(t, q)], "max_offset": nxt}
         for (t, q), nxt in sorted(state.heads.items())
     ]
-    undispatched = sum(
-        f.num_records or 0
-        for c in deltalog.commits_after(
-            ctx.warehouse.storage, ctx.warehouse.uri("commit_log"), state.version, 1_000_000
-        )
-        for f in c.files
-    )
+    commits = _new_commits(ctx.warehouse, state.version)
+    undispatched = sum(f.num_records or 0 for c in commits for f in c.files)
     pending = held(ctx.warehouse)
     lag = group_lag(ctx, state.heads)
     # the dead letters still stored (retention removes them after dlq_reserved_time)
@@ -145,7 +147,7 @@ def status(ctx: Context) -> dict[str, Any]:
         "groups": _group_summaries(ctx, lag),
         "lag": lag,
         "dead_letters": dlq,
-        "transactions": transactions(ctx, ctx.clock.now_ms()),
+        "transactions": transactions(ctx, ctx.clock.now_ms(), indexed=state, commits=commits),
         "pull_clients": clients,
         "recent_runs": recent_runs(ctx),
     }
@@ -274,20 +276,27 @@ def held(wh: Warehouse) -> dict[str, list[dict[str, Any]]]:
     }
 
 
-def transactions(ctx: Context, now: int) -> list[dict[str, Any]]:
+def transactions(
+    ctx: Context,
+    now: int,
+    *,
+    indexed: DispatchState | None = None,
+    commits: list[deltalog.Commit] | None = None,
+) -> list[dict[str, Any]]:
     """Per producer group: half messages not settled (indexed at or after the half
     offset, or stored since dispatch's last pass), the oldest age, the most checks so
-    far, and messages discarded."""
+    far, and messages discarded. ``indexed`` and ``commits`` (dispatch's state and the
+    commits after it) when the caller has read them already."""
     wh = ctx.warehouse
     state = check_transactions.load_state(wh)
-    indexed = load_dispatch_state(wh)
+    indexed = load_dispatch_state(wh) if indexed is None else indexed
     head = indexed.heads.get((TRANS_HALF_TOPIC, 0), 0)
     ops = check_transactions.system_queue(
         wh, TRANS_OP_HALF_TOPIC, 0, indexed.heads.get((TRANS_OP_HALF_TOPIC, 0), 0)
     ).select(F.col("properties").getItem(Prop.TRAN_ID).alias("op_tran"))
     columns = ("msg_id", "properties", "born_ts", "store_ts")
     half = check_transactions.system_queue(wh, TRANS_HALF_TOPIC, state.half_offset, head).select(*columns)
-    added = _undispatched(wh, indexed.version)
+    added = _undispatched(wh, indexed.version, commits)
     if added is not None:
         # halves and op records not indexed yet: a check pass's halves written again (the
         # pass moved past their old copies), a producer's newest

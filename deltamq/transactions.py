@@ -40,7 +40,7 @@ from deltamq.constants import (
     SysFlag,
     TxState,
 )
-from deltamq.errors import ConfigError
+from deltamq.errors import ConfigError, first_line
 from deltamq.schemas import TABLES
 from deltamq.tables.bodies import restore_columns
 
@@ -233,7 +233,7 @@ def validate_table_check(spark: SparkSession, cfg: CheckConfig) -> None:
         t = read_table(spark, table)
         columns = t.columns
     except Exception as e:  # noqa: BLE001 - any read failure is reported with the table name
-        raise ConfigError(f"check table {cfg.table!r} cannot be read: {_first_line(e)}") from e
+        raise ConfigError(f"check table {cfg.table!r} cannot be read: {first_line(e)}") from e
     if cfg.key_column not in columns:
         raise ConfigError(
             f"check table {cfg.table!r} has no key column {cfg.key_column!r}; its columns are {columns}"
@@ -243,7 +243,7 @@ def validate_table_check(spark: SparkSession, cfg: CheckConfig) -> None:
     except Exception as e:  # noqa: BLE001 - parse and analysis errors alike
         raise ConfigError(
             f"state expression {cfg.state_expression!r} does not evaluate over {cfg.table!r}: "
-            f"{_first_line(e)}; write e.g. CASE WHEN status = 'PAID' THEN 'COMMIT' "
+            f"{first_line(e)}; write e.g. CASE WHEN status = 'PAID' THEN 'COMMIT' "
             "WHEN status = 'CANCELLED' THEN 'ROLLBACK' END"
         ) from e
 
@@ -261,11 +261,6 @@ def ask_state(fn: Callable[..., Any], *args: Any) -> tuple[TxState, str | None]:
         return TxState.of(answer), None
     except ValueError as e:
         return TxState.UNKNOWN, str(e)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 __all__ = [

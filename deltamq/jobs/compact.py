@@ -51,12 +51,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from deltamq import ids
 from deltamq.config import TOMBSTONE_RETENTION, tombstone_retention
-from deltamq.tables.consume_queue import load_dispatch_state
+from deltamq.tables.consume_queue import load_dispatch_state, undispatched_days
 
 if TYPE_CHECKING:
     from deltamq.context import Context
     from deltamq.storage import Storage
-    from deltamq.tables.warehouse import Warehouse
 
 log = logging.getLogger(__name__)
 
@@ -180,18 +179,6 @@ def _lost_race(e: Exception) -> bool:
     for a store it cannot reach or a file it cannot read (those must be heard)."""
     name = type(e).__name__
     return name == "CommitFailedError" or (name == "DeltaError" and _RACE.search(str(e)) is not None)
-
-
-def undispatched_days(wh: Warehouse) -> set[str]:
-    """The ``store_date`` partitions of ``commit_log`` holding rows of commits dispatch has
-    not read yet. Load the snapshot a change is made on first: every commit in it that
-    dispatch had not read by then is among those listed here."""
-    from deltamq.tables import deltalog
-
-    commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), load_dispatch_state(wh).version, 10**9)
-    return {
-        day for c in commits for f in c.files if (day := f.partition_values.get("store_date")) is not None
-    }
 
 
 def _set_tombstone_retention(table: Any, name: str, wanted: str) -> bool:

@@ -47,6 +47,7 @@ from deltamq.tables.offsets import (
     QueueKey,
     advance_offsets,
     forward,
+    fresh_head,
     group_positions,
     progress,
     source,
@@ -256,10 +257,7 @@ def _skip_consumers(ctx: Context, moves: dict[tuple[str, int], int], now: int) -
         "ELSE greatest(t.delivered_offset, s.next_offset) END",
         # a head moved past starts afresh, as after any offset move (Catalog.set_offsets):
         # the removed head's attempts, suspends and pause are not the next message's
-        "attempts": f"CASE WHEN {moved} THEN 0 ELSE t.attempts END",
-        "suspends": f"CASE WHEN {moved} THEN 0 ELSE t.suspends END",
-        "suspend_until": f"CASE WHEN {moved} THEN CAST(NULL AS BIGINT) ELSE t.suspend_until END",
-        "attempt_ts": f"CASE WHEN {moved} THEN CAST(NULL AS BIGINT) ELSE t.attempt_ts END",
+        **fresh_head(when=moved),
     }
     insert = {"next_offset": source("next_offset")}
     ctx.commit(partial(merge.execute, wh, update, insert), what="offsets")
@@ -270,8 +268,6 @@ def _skip_consumers(ctx: Context, moves: dict[tuple[str, int], int], now: int) -
 def _trim_bodies(ctx: Context, cut: int) -> tuple[int, int, int]:
     """Old commit_log days lose the rows no index row points at; returns (days trimmed,
     rows removed, old batches kept for remaining index rows)."""
-    from deltamq.jobs import compact
-
     wh = ctx.warehouse
     cut_day = ids.store_date(cut)
     # the snapshot the deletes run on is loaded first: every commit it holds that dispatch
@@ -279,7 +275,7 @@ def _trim_bodies(ctx: Context, cut: int) -> tuple[int, int, int]:
     # two reads would otherwise be deleted unindexed)
     table = wh.delta_rs("commit_log")
     # days that still hold rows dispatch has not indexed are left alone
-    undispatched = compact.undispatched_days(wh)
+    undispatched = consume_queue.undispatched_days(wh)
     days = [d for d in commit_log.days_before(wh, cut_day) if d.isoformat() not in undispatched]
     if not days:
         return 0, 0, 0

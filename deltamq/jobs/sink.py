@@ -35,7 +35,7 @@ from deltamq import faults
 from deltamq.catalog import listener_path
 from deltamq.config import GroupConfig, Subscription
 from deltamq.constants import Prop
-from deltamq.errors import ConfigError, DeltaMQError, ListenerUnavailable, UnknownGroup
+from deltamq.errors import ConfigError, DeltaMQError, ListenerUnavailable, UnknownGroup, first_line
 from deltamq.filters import subscriptions_filter
 from deltamq.jobs import deliver_plan
 from deltamq.message import validate_group_name
@@ -271,15 +271,10 @@ def run(
                 # a transform failing on these rows, a table that no longer fits: this sink
                 # waits (nothing merged, its offsets kept) and the others go on, as a group
                 # whose listener cannot be loaded does; the tick names it (exit 4)
-                why = f"sink pass into {cfg.table} failed: {type(e).__name__}: {_first_line(e)}"
+                why = f"sink pass into {cfg.table} failed: {type(e).__name__}: {first_line(e)[:500]}"
                 log.warning("sink %r took nothing: %s", group, why)
                 results.append(SinkResult(group=group, setup_error=why))
     return results
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:500] if text else ""
 
 
 def _pass(

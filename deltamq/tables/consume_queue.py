@@ -80,6 +80,16 @@ def load_dispatch_state(wh: Warehouse) -> DispatchState:
     return DispatchState(*file_reads.corrected(version, recorded, _heads_after(wh, version)))
 
 
+def undispatched_days(wh: Warehouse) -> set[str]:
+    """The ``store_date`` partitions of ``commit_log`` holding rows of commits dispatch has
+    not read yet. Load the snapshot a change is made on first: every commit in it that
+    dispatch had not read by then is among those listed here."""
+    commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), load_dispatch_state(wh).version, 10**9)
+    return {
+        day for c in commits for f in c.files if (day := f.partition_values.get("store_date")) is not None
+    }
+
+
 def _heads_after(wh: Warehouse, version: int) -> list[dict[str, Any]]:
     """Per queue with index rows from commit_log versions after ``version``: its next
     offset and the latest such version (``next_offset``, ``v``); from the tables' files

@@ -55,6 +55,20 @@ def forward_unless_null(column: str, floor: int = 0) -> str:
     return f"CASE WHEN s.{column} IS NULL THEN t.{column} ELSE {forward(column, floor)} END"
 
 
+def fresh_head(when: str | None = None) -> dict[str, str]:
+    """Update rules that start a queue's head afresh (no attempts, suspends or pause), as
+    after an offset move; ``when``: only where that condition over ``t``/``s`` holds."""
+    fresh = {
+        "attempts": "0",
+        "suspends": "0",
+        "suspend_until": "CAST(NULL AS BIGINT)",
+        "attempt_ts": "CAST(NULL AS BIGINT)",
+    }
+    if when is None:
+        return fresh
+    return {c: f"CASE WHEN {when} THEN {v} ELSE t.{c} END" for c, v in fresh.items()}
+
+
 def source(column: str) -> str:
     """Update or insert rule: the new value as given."""
     return f"s.{column}"
