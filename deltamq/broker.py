@@ -316,7 +316,8 @@ class Broker:
         self.catalog.create_group(cfg, listener, exist_ok=exist_ok)
 
     def delete_group(self, name: str, *, force: bool = False) -> None:
-        """Delete a group's configuration, subscriptions and offsets. A group with messages
+        """Delete a group's configuration, subscriptions, offsets, pull clients' state and
+        consumed dedup keys: a group created again under the name starts afresh. A group with messages
         not consumed yet, retries waiting or pulled messages not acked is refused
         (:class:`InUse`, with the counts) unless ``force``."""
         from deltamq.inspection import group_holdings

@@ -2,8 +2,9 @@
 as stored in a warehouse, plus the callables registered in this process.
 
 It owns every write to ``topic_config``, ``group_config``, ``subscription`` and
-``producer_config``, and the offsets a group starts from when it subscribes (or is
-reset). Jobs read it through their :class:`deltamq.context.Context`; the ``Broker``
+``producer_config``, the offsets a group starts from when it subscribes (or is
+reset), and the deletion of a group's rows from every table that holds any
+(:data:`GROUP_TABLES`). Jobs read it through their :class:`deltamq.context.Context`; the ``Broker``
 facade delegates its administration calls here. It sits above the tables layer and
 below the jobs: it imports nothing from them.
 """
@@ -52,6 +53,18 @@ if TYPE_CHECKING:
     from deltamq.tables.warehouse import Warehouse
 
 Registry = dict[str, Callable[..., Any]]
+
+GROUP_TABLES = (
+    "consumed_keys",
+    "deliveries",
+    "queue_lock",
+    "clients",
+    "subscription",
+    "offsets",
+    "group_config",
+)
+"""Every table holding rows of a consumer group, in the order deleting a group deletes
+them: its configuration last."""
 
 
 class Catalog(Topics):
@@ -266,8 +279,12 @@ class Catalog(Topics):
             self._subscribe(name, retry_topic(name), "*", "TAG")
 
     def delete_group(self, name: str) -> None:
+        """Delete every row of group ``name``: its consumed dedup keys and its pull clients'
+        log, locks and registrations first (a group created again under the name starts
+        afresh, from its ``consume_from``), its configuration last (a delete that stops
+        half-way leaves the group there, to be deleted again)."""
         self.require_group(name)
-        for table in ("subscription", "offsets", "group_config"):
+        for table in GROUP_TABLES:
             self._commit(
                 table, f"DELETE FROM {self.warehouse.ref(table)} WHERE consumer_group = {sql_str(name)}"
             )

@@ -4,6 +4,7 @@ on the code before it (issue "Week one")."""
 from __future__ import annotations
 
 import pytest
+from support.listeners import read_log
 
 from deltamq import Broker, ConsumeStatus, Message
 from deltamq.cli import main
@@ -101,6 +102,45 @@ def test_deleting_a_group_with_messages_in_retry_or_in_flight_is_refused(warehou
     broker.delete_group("idle")  # passed over (filtered out) everything: deleted
     broker.delete_group("failing", force=True)
     assert set(broker.groups()) == {"puller"}
+
+
+def test_a_group_created_again_after_its_delete_starts_afresh(warehouse_with, clock):
+    """A deleted group's dedup keys and pull state went with it: the group created again
+    under the name from FIRST_OFFSET skipped every key the old one had consumed, and its
+    pull clients went on from the old one's acks (its in-flight messages its retries)."""
+    wh = warehouse_with("orders", queues=1, group="g", dedup_key="UNIQ_KEY")
+    broker, log = wh.broker, wh.log
+    broker.producer("shop").send_batch([Message("orders", f"m{i}".encode()) for i in range(3)])
+    t = clock.now_ms()
+    broker.tick(t)
+    assert len(read_log(log)) == 3
+    broker.delete_group("g")
+    wh.add_group("ok", name="g", dedup_key="UNIQ_KEY")  # FIRST_OFFSET again
+    assert broker.tick(t + 1).job("deliver").details["deduplicated"] == 0
+    assert sorted(c["body"] for c in read_log(log)) == ["m0", "m0", "m1", "m1", "m2", "m2"]
+
+    wh.add_group(None, name="puller")
+    client = broker.pull_consumer("puller", "c1")
+    pulled = client.pull(2)
+    client.ack([pulled[0].receipt_handle])  # one acked, one in flight
+    broker.delete_group("puller", force=True)
+    wh.add_group(None, name="puller")
+    client = broker.pull_consumer("puller", "c2")
+    again = client.pull(10)
+    assert sorted((m.topic, m.queue_offset) for m in again) == [("orders", 0), ("orders", 1), ("orders", 2)]
+    client.ack([m.receipt_handle for m in again])
+    clock.set(t + 3_600_000)  # the old client's in-flight message expired: not the new group's retry
+    broker.tick(clock.now_ms())
+    assert broker.sql("SELECT count(*) AS n FROM commit_log WHERE topic = '%RETRY%puller'").first()["n"] == 0
+
+
+def test_deleting_a_group_deletes_it_from_every_table_naming_groups():
+    from deltamq.catalog import GROUP_TABLES
+    from deltamq.schemas import TABLES
+
+    holding = {name for name, t in TABLES.items() if "consumer_group" in t.schema.fieldNames()}
+    assert set(GROUP_TABLES) == holding
+    assert GROUP_TABLES[-1] == "group_config"  # a delete stopped half-way leaves the group there
 
 
 def test_a_typo_in_a_group_name_is_an_error_not_an_empty_answer(warehouse_with, capsys):
