@@ -4,6 +4,8 @@ behaviours it works around (docs/engines.md)."""
 
 from __future__ import annotations
 
+import socket
+import time
 from typing import TYPE_CHECKING
 
 from deltamq.errors import EngineError
@@ -47,17 +49,58 @@ def _quiet_late_releases() -> None:
     It.shutdown = classmethod(lambda cls: None)  # type: ignore[method-assign,assignment]
 
 
-def connect(url: str) -> SparkSession:
+CONNECT_WAIT_S = 20.0
+"""How long :func:`connect` keeps trying to reach an endpoint that refuses connections or
+does not answer (a server still starting) before it fails, naming the endpoint."""
+
+
+def connect(url: str, *, wait_s: float = CONNECT_WAIT_S) -> SparkSession:
     """A Spark Connect session of our own at ``url`` (``create()``: temp views of one
-    Broker never clash with another's in the same process)."""
+    Broker never clash with another's in the same process). The endpoint is reached first
+    (:func:`reach`): pyspark's client would retry an unreachable one for ~10 minutes
+    without a word."""
     from pyspark.sql import SparkSession
 
+    reach(url, wait_s)
     _quiet_late_releases()
     _no_dataframe_debugging()
     try:
         return SparkSession.builder.remote(url).create()
     except Exception as e:
         raise EngineError(f"cannot connect to Spark Connect endpoint {url}: {e}") from e
+
+
+def reach(url: str, wait_s: float) -> None:
+    """Open a TCP connection to the Spark Connect endpoint ``url`` (``sc://host:port``,
+    port 15002 when not given), trying again for up to ``wait_s`` seconds; EngineError
+    naming the endpoint and the last cause when it cannot be reached."""
+    host, port = endpoint(url)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(5.0, wait_s))):
+                return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise EngineError(
+                    f"cannot reach Spark Connect endpoint {url} ({host}:{port}) within {wait_s:g} s: "
+                    f"{e.strerror or e}; is its server running, and is the address right?"
+                ) from e
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+
+def endpoint(url: str) -> tuple[str, int]:
+    """(host, port) of a Spark Connect URL ``sc://host[:port][/;params]``."""
+    rest = url[len("sc://") :] if url.startswith("sc://") else url
+    hostport = rest.split("/", 1)[0].split(";", 1)[0]
+    has_port = hostport.rfind(":") > hostport.rfind("]")  # not a colon of an IPv6 address
+    host, _, port = hostport.rpartition(":") if has_port else (hostport, "", "")
+    host = host.strip("[]") or "localhost"
+    if not port:
+        return host, 15002
+    if not port.isdigit():
+        raise EngineError(f"Spark Connect URL {url!r} has port {port!r}; a port is a number")
+    return host, int(port)
 
 
 def _no_dataframe_debugging() -> None:

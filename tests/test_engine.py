@@ -73,6 +73,29 @@ def test_remote_mode_against_a_spark_connect_endpoint(tmp_path, broker):
 
 
 @pytest.mark.unit
+def test_an_unreachable_remote_endpoint_is_named_within_seconds(monkeypatch):
+    """pyspark's client retries an endpoint that refuses connections for ~10 minutes
+    without a word; connect() reaches it first and names it (`deltamq status --remote` at
+    a closed port: the error after 22 s, where it sat silent before)."""
+    import socket
+    import time
+
+    from deltamq.spark_connect import endpoint, reach
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    started = time.monotonic()
+    named = rf"cannot reach Spark Connect endpoint sc://127.0.0.1:{port} .*within 0.5 s"
+    with pytest.raises(EngineError, match=named):
+        reach(f"sc://127.0.0.1:{port}", 0.5)  # what connect() does first
+    assert time.monotonic() - started < 5
+    assert endpoint("sc://h") == ("h", 15002)
+    assert endpoint("sc://[::1]:9/;token=x") == ("::1", 9)
+    with pytest.raises(EngineError, match="port 'x1'"):
+        endpoint("sc://h:x1")
+
+
 def test_config_from_env():
     cfg = BrokerConfig.from_env({"DELTAMQ_COMMIT_RETRIES": "3", "DELTAMQ_SPARK_REMOTE": "sc://h:1"})
     assert cfg.commit_retries == 3 and cfg.engine == "remote" and cfg.remote == "sc://h:1"
