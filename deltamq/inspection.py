@@ -162,7 +162,8 @@ def group_lag(
 ) -> list[dict[str, Any]]:
     """Per consumer group (and BROADCASTING instance), topic and queue: its next offset and
     lag — from its offset rows, and for each subscribed queue with messages but no offset
-    row yet, from offset 0 (where deliver, pull clients and sinks start such a queue)."""
+    row yet, from offset 0 (where deliver, pull clients and sinks start such a queue); a
+    pull group's from its offsets and the deliveries log's rows not folded into them yet."""
     rows: dict[tuple[str, str, str, int], dict[str, Any]] = {}
     for key, at in positions(ctx.warehouse, queues=queues).items():
         head = heads.get((key.topic, key.queue_id), 0)
@@ -194,6 +195,15 @@ def group_lag(
                     "lag": head,
                     "suspend_until": None,
                 }
+    # a pull group's acks and nacks count from the moment they are stored in the deliveries
+    # log, not from the tick that folds them into its offsets
+    logs = deliveries.summary(ctx.warehouse, queues=queues)
+    stored = deliveries.read_positions(ctx.warehouse, {g for g, _, _ in logs}) if logs else {}
+    for (group, topic, qid), s in logs.items():
+        row = rows.get(QueueKey(group, "", topic, qid))
+        if row is not None:
+            acked, _ = deliveries.position(s, stored.get((group, topic, qid)))
+            row["next_offset"], row["lag"] = acked, max(0, row["head"] - acked)
     return [rows[k] for k in sorted(rows)]
 
 

@@ -437,6 +437,27 @@ def test_status_shows_the_rebalance_and_the_locks(pulled, clock, broker):
     assert clients["a"]["in_flight"] == len(got) == 2 and clients["b"]["locked"] == []
 
 
+def test_status_counts_acks_and_nacks_before_the_tick_folds_them(pulled, clock, broker):
+    """The lag of a pull group read its folded offsets only: acked and nacked messages
+    counted as not consumed until the next tick folded the deliveries log (and `group
+    delete` refused the group for them)."""
+    t = clock.now_ms()
+    client = broker.pull_consumer("workers", "a")
+    got = [m for m in client.pull(20, now=t) if m.queue_id == 0]
+    assert [m.queue_offset for m in got] == [0, 1, 2, 3, 4]
+    client.ack([m.receipt_handle for m in got[:2]], now=t)  # 0, 1 consumed
+    client.nack([got[2].receipt_handle], now=t)  # 2 sent back: its retry copy carries it
+
+    def lag() -> dict[tuple[str, int], int]:
+        rows = broker.status()["lag"]
+        return {(x["topic"], x["queue_id"]): x["lag"] for x in rows if x["group"] == "workers"}
+
+    assert lag()[("orders", 0)] == 2  # 3 and 4, pulled and not acked yet
+    assert broker.status()["groups"][0]["lag"] == 2 + 3 * 5  # the other queues: pulled, not acked
+    broker.tick(t)  # the fold stores what the log said; the retry copy waits in a delay level
+    assert lag()[("orders", 0)] == 2
+
+
 def test_a_fold_after_a_takeover_keeps_the_new_owners_acked_position(pulled, clock, broker):
     """a times out with q0m0..q0m3 in flight; b takes queue 0 over and acks q0m0, q0m1.
     The fold must not forget b's epoch while a's revoked rows above it remain: a third
