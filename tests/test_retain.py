@@ -266,3 +266,24 @@ def test_status_after_retention_counts_what_is_stored(broker, clock):
     [orders] = [q for q in st["queues"] if q["topic"] == "orders"]
     assert (orders["min_offset"], orders["max_offset"]) == (3, 3), orders
     assert st["dead_letters"] == {}
+
+
+def test_a_pulled_message_retention_removed_in_flight_is_reported_when_it_expires(broker, clock, caplog):
+    """A pull client holding a message longer than the topic's retention: retention removes
+    it, and when the delivery expires no retry can carry it. That used to pass without a
+    word; the tick's pull_expiry run now counts it and says why."""
+    broker.create_topic("orders", queues=1)
+    broker.create_group("slow", invisible_time_ms=5 * DAY, consume_from="FIRST_OFFSET")
+    broker.subscribe("slow", "orders")
+    broker.producer("shop").send(Message("orders", b"held"))
+    t0 = clock.now_ms()
+    broker.tick(t0)
+    [held] = broker.pull_consumer("slow", "c1").pull(1, now=t0)
+    assert broker.tick(t0 + 4 * DAY).job("retain").rows_in == 1  # past 72 h, still in flight
+    with caplog.at_level("WARNING", logger="deltamq.jobs.pull_expiry"):
+        run = broker.tick(t0 + 6 * DAY).job("pull_expiry")
+    assert run.details == {"expired": 1, "gone": 1}
+    assert "retention removed them" in (run.error or "")
+    assert f"{held.msg_id} of group slow at orders/0 offset 0" in caplog.text
+    retries = broker.sql("SELECT count(*) AS n FROM commit_log WHERE topic = '%RETRY%slow'").first()["n"]
+    assert retries == 0

@@ -7,8 +7,10 @@ here for a nack a client without an engine requested (``NACK_REQUESTED`` rows).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +26,8 @@ from deltamq.tables.sqltext import sql_long, sql_str
 
 if TYPE_CHECKING:
     from deltamq.context import Context
+
+log = logging.getLogger(__name__)
 
 
 def fold(ctx: Context, now: int, logs: dict[tuple[str, str, int], deliveries.QueueLog] | None = None) -> int:
@@ -77,11 +81,13 @@ def fold(ctx: Context, now: int, logs: dict[tuple[str, str, int], deliveries.Que
     return len(logs)
 
 
-def send_back(ctx: Context, rows: list[dict[str, Any]], level: int, why: str) -> None:
+def send_back(ctx: Context, rows: list[dict[str, Any]], level: int, why: str) -> int:
     """Failed pull deliveries (nacked or expired) → the retry / DLQ path, ids derived from
-    the delivery (its time and queue position), already-stored ones skipped."""
+    the delivery (its time and queue position), already-stored ones skipped. Returns how
+    many could not be sent back because retention removed the message while it was in
+    flight (each logged as a warning, naming its group and queue position)."""
     if not rows:
-        return
+        return 0
     from deltamq.jobs import sendback
 
     wh = ctx.warehouse
@@ -93,9 +99,21 @@ def send_back(ctx: Context, rows: list[dict[str, Any]], level: int, why: str) ->
         for x in wh.read("consume_queue").where(pred).select(*sendback.DELIVERY_COLUMNS).collect()
     }
     failures: list[sendback.Failure] = []
+    gone = 0
     for r in rows:
         src = index.get((r["topic"], r["queue_id"], r["queue_offset"]))
         if src is None:
+            gone += 1
+            log.warning(
+                "pull: %s of group %s at %s/%s offset %s (%s) has no retry: retention removed "
+                "the message while it was in flight",
+                r.get("msg_id"),
+                r["consumer_group"],
+                r["topic"],
+                r["queue_id"],
+                r["queue_offset"],
+                why,
+            )
             continue
         failures.append(
             sendback.failure(
@@ -110,16 +128,27 @@ def send_back(ctx: Context, rows: list[dict[str, Any]], level: int, why: str) ->
         )
     if failures:
         sendback.store(ctx, failures)
+    return gone
 
 
-def expire(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -> int:
+@dataclass(frozen=True)
+class Expiry:
+    """What a ``pull_expiry`` step did: deliveries that ``expired`` (not acked within their
+    invisible time), and deliveries expired or nacked that are ``gone``: retention removed
+    their message while it was in flight, so no retry carries it."""
+
+    expired: int = 0
+    gone: int = 0
+
+
+def expire(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -> Expiry:
     """The tick's ``pull_expiry`` step. Deliveries not acked within their invisible time:
     RECONSUME_LATER (retry / DLQ path), then ended in the log; then the log is folded into
-    ``offsets`` (:func:`fold`). Returns how many expired. An empty log costs one read."""
+    ``offsets`` (:func:`fold`). An empty log costs one read."""
     logs = deliveries.summary(ctx.warehouse)
     if not logs:
-        return 0
-    n = 0
+        return Expiry()
+    n = gone = 0
     if any(s.due is not None and s.due <= now for s in logs.values()):
         requested = deliveries.nack_requests(ctx.warehouse)
         due = F.col("invisible_until") <= F.lit(now)
@@ -131,10 +160,11 @@ def expire(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -
                 fence()
             nacked = [r for r in rows if r[6] in requested]
             expired = [r for r in rows if r[6] not in requested]
-            send_back(ctx, [deliveries.as_dict(r) for r in expired], 0, "not acked within the invisible time")
+            expiring = [deliveries.as_dict(r) for r in expired]
+            gone = send_back(ctx, expiring, 0, "not acked within the invisible time")
             for level in sorted({requested[r[6]] for r in nacked}):
                 same = [deliveries.as_dict(r) for r in nacked if requested[r[6]] == level]
-                send_back(ctx, same, level, "nack")
+                gone += send_back(ctx, same, level, "nack")
             faults.point("pull_expiry.after_sendback_commit")
             ends = [ended(r, EXPIRED) for r in expired] + [ended(r, NACKED) for r in nacked]
             ctx.commit(partial(deliveries.append, ctx.warehouse, ends), what="deliveries")
@@ -143,4 +173,4 @@ def expire(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -
     if fence:
         fence()
     fold(ctx, now, logs)
-    return n
+    return Expiry(n, gone)

@@ -171,8 +171,21 @@ def _listener_errors(r: deliver.DeliverResult) -> str | None:
 
 def _pull_expiry(runner: TickRunner, now: int, fence: Fence, runs: list[JobRun]) -> JobRun:
     """Pull deliveries not acked within their invisible time: RECONSUME_LATER."""
-    n = pull_expiry.expire(runner.ctx, now, fence=fence)
-    return JobRun(job="pull_expiry", status="OK", rows_in=n, rows_out=n, details={"expired": n})
+    r = pull_expiry.expire(runner.ctx, now, fence=fence)
+    gone = (
+        f"{r.gone} pulled messages expired or were nacked after retention removed them: no retry "
+        "carries them (raise the topic's retention above the pull clients' longest hold)"
+        if r.gone
+        else None
+    )
+    return JobRun(
+        job="pull_expiry",
+        status="OK",
+        rows_in=r.expired,
+        rows_out=r.expired,
+        error=gone,
+        details={"expired": r.expired, "gone": r.gone},
+    )
 
 
 def _sink(runner: TickRunner, now: int, fence: Fence, runs: list[JobRun]) -> JobRun | None:
