@@ -264,6 +264,9 @@ def test_sql_users_count_messages_as_sent_and_see_where_each_is(warehouse_with, 
     assert by_body["committed"]["transaction"] == "COMMIT" and by_body["delayed"]["delay_level"] == 2
     assert str(by_body["plain"]["stored_at"]).startswith("2026-01-01 ")  # a timestamp, in UTC
     assert by_body["timer"]["deliver_at"] == by_body["timer"]["stored_at"] + timedelta(hours=1)
+    # a delay level's message falls due its level's delay after it was stored (level 2: 5 s)
+    assert by_body["delayed"]["deliver_at"] == by_body["delayed"]["stored_at"] + timedelta(seconds=5)
+    assert by_body["plain"]["deliver_at"] is None
 
     groups = broker.sql(
         "SELECT m.body, g.consumer_group, g.state, g.retries FROM message_groups g "

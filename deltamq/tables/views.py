@@ -97,7 +97,9 @@ def messages_sql(name: Name) -> str:
         f"map_filter(s.properties, (k, v) -> NOT k IN {sql_in(_SYSTEM_PROPS)}) AS properties, "
         "timestamp_millis(s.born_ts) AS born_at, timestamp_millis(s.store_ts) AS stored_at, "
         f"CAST({_prop(Prop.DELAY, 's.')} AS INT) AS delay_level, "
-        f"timestamp_millis(CAST({_prop(Prop.TIMER_DELIVER_MS, 's.')} AS BIGINT)) AS deliver_at, "
+        # when it falls due: a timer's time, or its store time plus its level's delay
+        f"timestamp_millis(coalesce(CAST({_prop(Prop.TIMER_DELIVER_MS, 's.')} AS BIGINT), "
+        "s.store_ts + lv.delay_ms)) AS deliver_at, "
         # the first end counts (docs/behaviour.md §5): a message that became visible was
         # committed, whatever ended it later; else any rollback wins over a commit
         f"CASE WHEN s.sys_flag & {_TX_BITS} = {prepared} THEN CASE WHEN i.id IS NOT NULL THEN 'COMMIT' "
@@ -113,7 +115,8 @@ def messages_sql(name: Name) -> str:
         "FROM sent s "
         f"LEFT JOIN ended e ON e.tran_id = coalesce({_prop(Prop.TRAN_ID, 's.')}, s.msg_id) "
         f"LEFT JOIN discarded x ON x.tran_id = coalesce({_prop(Prop.TRAN_ID, 's.')}, s.msg_id) "
-        "LEFT JOIN indexed i ON i.id = s.msg_id"
+        "LEFT JOIN indexed i ON i.id = s.msg_id "
+        f"LEFT JOIN {name('schedule_levels')} lv ON lv.level = CAST({_prop(Prop.DELAY, 's.')} AS INT)"
     )
 
 
@@ -176,7 +179,7 @@ VIEWS: dict[str, Callable[[Name], str]] = {"messages": messages_sql, "message_gr
 """Each view's name and its SQL text, in the order they are created."""
 
 USES: dict[str, tuple[str, ...]] = {
-    "messages": ("commit_log", "consume_queue"),
+    "messages": ("commit_log", "consume_queue", "schedule_levels"),
     "message_groups": ("messages", "offsets", "consume_queue", "commit_log", "subscription", "deliveries"),
 }
 """The tables and views each view reads."""
