@@ -146,6 +146,7 @@ class FailReason(StrEnum):
     SUSPEND = "suspend"  # orderly: SUSPEND_CURRENT_QUEUE_A_MOMENT (the chunk waits)
     NOT_DELIVERED = "not_delivered"  # orderly: behind a suspended chunk in its queue
     ORDERLY_MAX = "orderly_max"  # orderly: suspended max_reconsume_times already
+    LATER_COPY = "later_copy"  # de-duplication: a later copy of a key taken in the same pass
 
 
 class DlqReason(StrEnum):

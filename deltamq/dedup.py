@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from deltamq.constants import Prop
@@ -90,6 +90,25 @@ def mark(wh: Warehouse, taken: DataFrame, groups: dict[str, GroupConfig], now: i
         "left",
     )
     return joined.withColumn("dup", F.col("ck_key").isNotNull()).drop("ck_group", "ck_key", "ck_ts", "dwin")
+
+
+def later_copies(taken: DataFrame, groups: dict[str, GroupConfig], eligible: Column) -> DataFrame:
+    """``taken`` (marked by :func:`mark`) + ``later``: the row is a copy of a key that an
+    earlier row of the same pass (by store time, then queue position) also holds, among the
+    ``eligible`` rows (those the listener would get) of concurrently consumed groups. Such
+    a copy waits for the first one's outcome: consumed, the copy is a duplicate; failed,
+    the copy is delivered (deliver sends it back to be checked again, ``LATER_COPY``)."""
+    concurrent = sorted(g for g, cfg in groups.items() if cfg.dedup_key and not cfg.orderly)
+    if not concurrent:
+        return taken.withColumn("later", F.lit(False))
+    keyed = F.col("dkey").isNotNull() & ~F.col("dup")
+    candidate = eligible & keyed & F.col("consumer_group").isin(*concurrent)
+    flagged = taken.withColumn("_candidate", candidate)
+    copies = Window.partitionBy("consumer_group", "client_id", "dkey", "_candidate").orderBy(
+        "store_ts", "topic", "queue_id", "queue_offset"
+    )
+    later = F.col("_candidate") & (F.row_number().over(copies) > 1)
+    return flagged.withColumn("later", later).drop("_candidate")
 
 
 def record(

@@ -63,6 +63,51 @@ def test_a_failed_message_keeps_no_key_and_its_retry_is_delivered(warehouse_with
     assert orders.sql("SELECT count(*) AS n FROM consumed_keys").collect()[0]["n"] == 1
 
 
+def test_copies_of_a_key_in_one_pass_reach_the_listener_once(warehouse_with, clock):
+    """Copies of one key taken by the same pass were each delivered (keys counted once the
+    pass ended). The first now goes to the listener; the later ones are sent back (level 1)
+    and, its key consumed by then, acknowledged unseen."""
+    wh = warehouse_with("orders", queues=2, group="g", dedup_key="KEYS")
+    orders, log = wh.broker, wh.log
+    p = orders.producer("p")
+    p.send(Message("orders", b"first", keys="order-1"), queue_key="a")
+    p.send(Message("orders", b"copy", keys="order-1"), queue_key="b")  # another queue, maybe
+    p.send(Message("orders", b"copy2", keys="order-1"), queue_key="a")
+    p.send(Message("orders", b"other", keys="order-2"), queue_key="b")
+    t = clock.now_ms()
+    run = orders.tick(t).job("deliver")
+    assert run.details["later_copies"] == 2 and run.details["consumed"] == 2
+    assert sorted(c["body"] for c in read_log(log)) == ["first", "other"]
+    # the copies come back after level 1 (1 s): their key was consumed
+    again = orders.tick(t + 1_001).job("redeliver")
+    assert again.details["deduplicated"] == 2 and again.details["later_copies"] == 0
+    for k in range(2, 4):
+        orders.tick(t + k * 1_000 + 1)
+    assert sorted(c["body"] for c in read_log(log)) == ["first", "other"]
+    sent_back = orders.sql(
+        "SELECT count(*) AS n FROM commit_log WHERE topic = '%RETRY%g' AND properties['DELAY'] = '1'"
+    ).first()["n"]
+    assert sent_back == 2
+
+
+def test_a_later_copy_is_delivered_when_the_first_fails(warehouse_with, clock):
+    """The first copy fails: the later copy, sent back at level 1, is delivered and its key
+    consumed; the first copy's retry (level 3, 10 s) is then acknowledged unseen."""
+    wh = warehouse_with("orders", queues=1, group="g", recorder="fail_first_try_of_bad", dedup_key="KEYS")
+    orders, log = wh.broker, wh.log
+    p = orders.producer("p")
+    p.send(Message("orders", b"bad-first", keys="order-1"))
+    p.send(Message("orders", b"good-copy", keys="order-1"))
+    t = clock.now_ms()
+    orders.tick(t)
+    for k in range(1, 30):
+        orders.tick(t + k * 1_000 + 1)
+    calls = [(c["body"], c["reconsume"]) for c in read_log(log)]
+    assert calls == [("bad-first", 0), ("good-copy", 1)]  # once consumed, never again
+    dead = orders.sql("SELECT count(*) AS n FROM commit_log WHERE topic = '%DLQ%g'").first()["n"]
+    assert dead == 0
+
+
 def test_dedup_key_expressions_are_checked(orders):
     with pytest.raises(ConfigError, match="does not evaluate"):
         orders.create_group("bad", dedup_key="no_such_column + 1")

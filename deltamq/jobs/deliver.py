@@ -100,6 +100,7 @@ class DeliverResult:
     dropped: int = 0  # BROADCASTING failures: logged and dropped
     suspended: int = 0  # orderly: messages of suspended chunks (their queue waits)
     deduplicated: int = 0  # key already consumed within the window: acknowledged unseen
+    later_copies: int = 0  # a key's later copies in one pass: sent back to wait for the first's outcome
     setup_failed: int = 0  # not handed over: the group's listener could not be loaded (they wait)
     backlog: int = 0  # messages behind the push groups' offsets when the pass began (their lag)
     backlog_by_group: dict[str, int] = field(default_factory=dict)  # the same, per push group
@@ -127,6 +128,7 @@ class DeliverResult:
                 "dropped",
                 "suspended",
                 "deduplicated",
+                "later_copies",
                 "setup_failed",
             )
         }
@@ -157,6 +159,7 @@ class DeliverResult:
             "dropped": self.dropped,
             "suspended": self.suspended,
             "deduplicated": self.deduplicated,
+            "later_copies": self.later_copies,
             "setup_failed": self.setup_failed,
             "listener_errors": len(self.errors),
             "backlog": self.backlog,
@@ -440,12 +443,15 @@ def take(ctx: Context, views: Views, work: Pass, now: int) -> Taken:
     )
     # idempotent consumption: keys the group already consumed within its window
     taken = dedup.mark(ctx.warehouse, taken, work.groups, now)
+    # ... and copies of one key taken together: the first goes to the listener, the later
+    # ones wait for its outcome (sent back, LATER_COPY)
+    taken = dedup.later_copies(taken, work.groups, F.col("matched") & ~F.col("poison"))
     view = views.add(taken, "deliver_taken")
     # What was taken, summarised in the engine (one row per group, outcome class and body
     # batch): the counts, and the batch ranges the bodies are read by.
     summary = ctx.engine.rows(
-        "SELECT consumer_group, matched, poison, dup, cl_date, cl_batch_id, count(*) AS n "
-        f"FROM {view} GROUP BY consumer_group, matched, poison, dup, cl_date, cl_batch_id"
+        "SELECT consumer_group, matched, poison, dup, later, cl_date, cl_batch_id, count(*) AS n "
+        f"FROM {view} GROUP BY consumer_group, matched, poison, dup, later, cl_date, cl_batch_id"
     )
     return _taken(view, summary)
 
@@ -462,6 +468,8 @@ def _taken(view: str, summary: list[Any], table: pa.Table | None = None) -> Take
             pass
         elif r["dup"]:
             counted.append((r["consumer_group"], "deduplicated", r["n"]))
+        elif r["later"]:
+            counted.append((r["consumer_group"], "later_copies", r["n"]))
         else:
             deliverable.append(r)
     return Taken(view, tuple(summary), tuple(deliverable), _counts(counted), table)
@@ -495,7 +503,9 @@ def consume(ctx: Context, work: Pass, taken: Taken) -> Consumed:
     bodies = read_bodies(
         wh, (r["cl_date"] for r in taken.deliverable), (r["cl_batch_id"] for r in taken.deliverable)
     )
-    taken_rows = spark.table(taken.view).where(F.col("matched") & ~F.col("poison") & ~F.col("dup"))
+    taken_rows = spark.table(taken.view).where(
+        F.col("matched") & ~F.col("poison") & ~F.col("dup") & ~F.col("later")
+    )
     msgs = join_bodies(
         taken_rows.drop("properties", "born_ts"),
         bodies,
@@ -580,6 +590,25 @@ def _poisoned(ctx: Context, taken: Taken) -> list[Failed]:
     return [replace(Failed.of(r, FailReason.POISON), error=error) for r in found]
 
 
+def _later_copies(ctx: Context, taken: Taken) -> list[Failed]:
+    """Later copies of a de-duplication key taken in this pass (``dedup.later_copies``):
+    sent back, to be checked against the first copy's outcome when they come again."""
+    if not any(r["later"] for r in taken.summary):
+        return []
+    columns = (
+        "consumer_group, client_id, topic, queue_id, queue_offset, msg_id, cl_date, "
+        "cl_batch_id, cl_batch_pos, reconsume_times, dkey"
+    )
+    found = ctx.engine.rows(f"SELECT {columns} FROM {taken.view} WHERE later")
+    return [
+        replace(
+            Failed.of(r, FailReason.LATER_COPY),
+            error=f"a copy of key {r['dkey']!r} was taken in the same pass; checked again after it",
+        )
+        for r in found
+    ]
+
+
 # failures that hold their queue instead of going the send-back way
 _HOLDING = (FailReason.SUSPEND, FailReason.NOT_DELIVERED, FailReason.SETUP)
 
@@ -623,12 +652,12 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
     max_level = ctx.catalog.max_delay_level()
     failures: list[sendback.Failure] = []
     errors: list[tuple[str, str, str]] = []
-    for o in [*consumed.failures, *to_dlq, *_poisoned(ctx, taken)]:
+    for o in [*consumed.failures, *to_dlq, *_poisoned(ctx, taken), *_later_copies(ctx, taken)]:
         if o.reason in _HOLDING:
             continue
         g = o.group
         cfg = groups[g]
-        if o.error and len(errors) < 20:
+        if o.error and len(errors) < 20 and o.reason != FailReason.LATER_COPY:
             errors.append((g, o.delivered.msg_id, o.error))
         if cfg.mode == "BROADCASTING":  # logged and dropped, never retried (docs/behaviour.md §3)
             counted.append((g, "dropped", 1))
@@ -643,7 +672,8 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
             max_level=max_level,
             error=o.error,
         )
-        counted.append((g, "retried" if d.target == "retry" else "dead_lettered", 1))
+        if o.reason != FailReason.LATER_COPY:  # counted by the take
+            counted.append((g, "retried" if d.target == "retry" else "dead_lettered", 1))
         if o.reason in (FailReason.POISON, FailReason.TIMEOUT):
             counted.append((g, "poison", 1))
         failures.append(d)
@@ -696,6 +726,7 @@ def _result(work: Pass, taken: Taken, consumed: Consumed, decided: Decided) -> D
         body_bytes=consumed.body_bytes,
         consumed=total["consumed"],
         deduplicated=total["deduplicated"],
+        later_copies=total["later_copies"],
         setup_failed=total["setup_failed"],
         setup_errors=tuple(sorted(decided.setup_errors.items())),
         filtered=total["filtered"],

@@ -55,7 +55,7 @@ def eligible(groups: dict[str, GroupConfig], takes: Sequence[QueueTake], embedde
 def taken_rows(wh: Snapshots, takes: Sequence[QueueTake], poison_tries: int) -> pa.Table | None:
     """The index rows of every take, with ``consumer_group``, ``client_id``, ``matched``
     (its tag subscription), ``poison`` (a head whose attempts keep ending without an
-    outcome), ``dup`` (False: no de-duplication here), ``suspends`` (the orderly head's
+    outcome), ``dup`` and ``later`` (False: no de-duplication here), ``suspends`` (the orderly head's
     count) and ``dkey`` (null), as ``deliver.take`` leaves them in its view; None when
     ``consume_queue`` must be read with the engine."""
     ranges = sorted({(t.topic, t.queue_id, t.lo, t.hi) for t in takes})
@@ -84,6 +84,7 @@ def taken_rows(wh: Snapshots, takes: Sequence[QueueTake], poison_tries: int) -> 
             "matched": matched,
             "poison": pa.array([t.attempts >= poison_tries] * n, pa.bool_()),
             "dup": pa.array([False] * n, pa.bool_()),
+            "later": pa.array([False] * n, pa.bool_()),
             "suspends": suspends,
             "dkey": pa.nulls(n, pa.string()),
         }
@@ -93,7 +94,7 @@ def taken_rows(wh: Snapshots, takes: Sequence[QueueTake], poison_tries: int) -> 
 
 def summary(taken: pa.Table) -> list[dict[str, Any]]:
     """``deliver.take``'s summary: rows per group, outcome class and body batch (``n``)."""
-    keys = ["consumer_group", "matched", "poison", "dup", "cl_date", "cl_batch_id"]
+    keys = ["consumer_group", "matched", "poison", "dup", "later", "cl_date", "cl_batch_id"]
     grouped = (
         taken.select([*keys, "queue_offset"])
         .group_by(keys, use_threads=False)

@@ -149,6 +149,10 @@ def failure(
     )
 
 
+LATER_COPY_DELAY_MS = 1_000
+"""When a warehouse has no delay level, how long a later copy of a key waits (as a timer)."""
+
+
 def decide(
     *,
     reconsume_times: int,
@@ -161,9 +165,16 @@ def decide(
 ) -> Decision:
     """Where one failed message goes (pure): poison, a timeout or an orderly queue's last
     suspend go to the DLQ; a negative level, too; past ``max_reconsume`` retries, too;
-    otherwise a retry, at the requested level, by the retry policy, or at 3 + retries."""
+    otherwise a retry, at the requested level, by the retry policy, or at 3 + retries. A
+    later copy of a de-duplication key (``LATER_COPY``) always goes back at level 1."""
     if reason in (FailReason.POISON, FailReason.TIMEOUT, FailReason.ORDERLY_MAX):
         return Decision("dlq", dlq_reason=DlqReason(reason))
+    if reason == FailReason.LATER_COPY:
+        # not a failure: checked again once the first copy's outcome is known, soon, and
+        # never dead-lettered for it (a duplicate is not a message that failed)
+        if max_level >= 1:
+            return Decision("retry", level=1)
+        return Decision("retry", timer_ms=attempt_ts + LATER_COPY_DELAY_MS)
     if requested_level < 0:
         return Decision("dlq", dlq_reason=DlqReason.NEGATIVE_LEVEL)
     if max_reconsume >= 0 and reconsume_times >= max_reconsume:

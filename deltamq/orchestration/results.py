@@ -144,8 +144,13 @@ _GROUP_COUNTS = (
     "dead_lettered",
     "filtered",
     "deduplicated",
+    "later_copies",
     "suspended",
     "dropped",
     "setup_failed",
 )
-_LABELS = {"dead_lettered": "dead-lettered", "setup_failed": "not handed over"}
+_LABELS = {
+    "dead_lettered": "dead-lettered",
+    "setup_failed": "not handed over",
+    "later_copies": "later copies of a key (back after its first)",
+}

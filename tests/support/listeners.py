@@ -75,6 +75,12 @@ class Recorder:
             raise RuntimeError("instance b cannot handle it")
         return ConsumeStatus.CONSUME_SUCCESS
 
+    def _fail_first_try_of_bad(self, messages, context):
+        """Fails a batch holding a message whose body starts with ``bad`` on its first try."""
+        if any(m.body.startswith(b"bad") and m.reconsume_times == 0 for m in messages):
+            return ConsumeStatus.RECONSUME_LATER
+        return ConsumeStatus.CONSUME_SUCCESS
+
     def _fail_twice(self, messages, context):
         return (
             ConsumeStatus.RECONSUME_LATER
