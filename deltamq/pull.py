@@ -171,18 +171,29 @@ class PullConsumer:
         self.config = store.config
         self.group = validate_group_name(group)
         self.client_id = validate_group_name(client_id, "client id")
-        cfg = store.group(self.group)
+        self._cfg = self._pullable("does not exist", "create it first")
+        self._seen: int | None = None  # the last heartbeat this client committed
+        self._held: dict[Queue, _Held] = {}
+        self._sent: dict[str, tuple] = {}  # receipt handle → its INFLIGHT row (this client's)
+        self._pending: list[LogRow] = []  # ACKED rows of ack(flush=False), not yet appended
+        self._pending_handles: set[str] = set()
+        self._pace: tuple[float, int] = (time.monotonic(), 0)  # (since, handed out since)
+        self._topology: tuple[int, list[Queue], list[Subscription]] | None = None  # (read at, queues, subs)
+        self._released_checked: int | None = None  # when an idle pull last read the lock rows
+
+    def _pullable(self, missing: str, hint: str) -> GroupConfig:
+        """The group's configuration, read now; UnknownGroup or ConfigError when pull
+        clients cannot consume it (gone, BROADCASTING, a push listener's or a sink's)."""
+        cfg = self.store.group(self.group)
         if cfg is None:
-            known = ", ".join(store.group_names()) or "none"
-            raise UnknownGroup(
-                f"consumer group {self.group!r} does not exist (groups: {known}); create it first"
-            )
+            known = ", ".join(self.store.group_names()) or "none"
+            raise UnknownGroup(f"consumer group {self.group!r} {missing} (groups: {known}); {hint}")
         if cfg.mode != "CLUSTERING":
             raise ConfigError(
                 f"group {self.group!r} is {cfg.mode}; pull consumers share a CLUSTERING group's "
                 "queues (a BROADCASTING group is consumed by push instances)"
             )
-        if cfg.listener or store.listens(self.group):
+        if cfg.listener or self.store.listens(self.group):
             raise ConfigError(
                 f"group {self.group!r} has a push listener; a queue is consumed by push or by pull "
                 "clients, not both: create a separate group for pull clients"
@@ -192,15 +203,7 @@ class PullConsumer:
                 f"group {self.group!r} is a sink into {cfg.sink_table}; create a separate group for "
                 "pull clients"
             )
-        self._cfg = cfg
-        self._seen: int | None = None  # the last heartbeat this client committed
-        self._held: dict[Queue, _Held] = {}
-        self._sent: dict[str, tuple] = {}  # receipt handle → its INFLIGHT row (this client's)
-        self._pending: list[LogRow] = []  # ACKED rows of ack(flush=False), not yet appended
-        self._pending_handles: set[str] = set()
-        self._pace: tuple[float, int] = (time.monotonic(), 0)  # (since, handed out since)
-        self._topology: tuple[int, list[Queue], list[Subscription]] | None = None  # (read at, queues, subs)
-        self._released_checked: int | None = None  # when an idle pull last read the lock rows
+        return cfg
 
     # --- helpers ------------------------------------------------------------------------------
     def _now(self, now: int | None) -> int:
@@ -247,9 +250,13 @@ class PullConsumer:
         return self.store.live_clients(self.group, now - self.config.client_timeout_ms) + [self.client_id]
 
     def _queues(self, now: int) -> list[Queue]:
-        """The group's queues, read again (with its subscriptions) when a quarter of
-        ``client_timeout_ms`` has passed (a new subscription is seen within that time)."""
+        """The group's queues, read again (with its subscriptions and its configuration)
+        when a quarter of ``client_timeout_ms`` has passed: a new subscription or setting is
+        seen within that time, and a group deleted, or made a sink or a push listener's
+        since, stops this client (UnknownGroup, ConfigError) instead of taking its
+        messages."""
         if self._topology is None or self._due(now, self._topology[0], self.config.client_timeout_ms):
+            self._cfg = self._pullable("was deleted since this client was created", "stop this client")
             subs = self.store.subscriptions(self.group)
             self._topology = (now, group_queues(subs, self.store.topic_queues), subs)
         return self._topology[1]

@@ -458,6 +458,27 @@ def test_status_counts_acks_and_nacks_before_the_tick_folds_them(pulled, clock, 
     assert lag()[("orders", 0)] == 2
 
 
+def test_a_client_stops_when_its_group_becomes_a_sink_or_is_deleted(pulled, clock, broker, tmp_path):
+    """A client kept the configuration it was created with: made a sink's after that, its
+    group's messages went to the client and the sink alike; deleted, it went on pulling."""
+    from deltamq.errors import UnknownGroup
+
+    t = clock.now_ms()
+    early = broker.pull_consumer("workers", "early")  # created, nothing pulled yet
+    broker.sink_to_table("workers", str(tmp_path / "sink"), "msg_id")
+    with pytest.raises(ConfigError, match=r"'workers' is a sink into"):
+        early.pull(10, now=t)
+    broker.create_group("later", consume_from="FIRST_OFFSET")
+    broker.subscribe("later", "orders")
+    client = broker.pull_consumer("later", "c1")
+    got = client.pull(5, now=t)
+    client.ack([m.receipt_handle for m in got], now=t)
+    broker.delete_group("later", force=True)
+    later = t + broker.config.client_timeout_ms  # the client reads its group again
+    with pytest.raises(UnknownGroup, match=r"'later' was deleted since this client was created"):
+        client.pull(5, now=later)
+
+
 def test_a_fold_after_a_takeover_keeps_the_new_owners_acked_position(pulled, clock, broker):
     """a times out with q0m0..q0m3 in flight; b takes queue 0 over and acks q0m0, q0m1.
     The fold must not forget b's epoch while a's revoked rows above it remain: a third
