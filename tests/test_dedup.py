@@ -108,6 +108,44 @@ def test_a_later_copy_is_delivered_when_the_first_fails(warehouse_with, clock):
     assert dead == 0
 
 
+def test_later_copies_wait_with_their_queue_while_the_listener_cannot_load(
+    broker, clock, tmp_path, monkeypatch
+):
+    """A group whose listener cannot be loaded consumes nothing and keeps its queues where
+    they were; a later copy of a key then has no first outcome to wait for: it waits with
+    its queue too (sent back each tick, it piled up retry copies), and once the listener
+    is back the key reaches it once."""
+    import json
+
+    module = tmp_path / "flaky_import.py"
+    log = tmp_path / "calls.jsonl"
+    source = (
+        "import json\n"
+        "def ok(messages, context):\n"
+        f"    with open({str(log)!r}, 'a') as fh:\n"
+        "        for m in messages:\n"
+        "            fh.write(json.dumps(m.body.decode()) + '\\n')\n"
+        "    return 'CONSUME_SUCCESS'\n"
+    )
+    module.write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    broker.create_topic("orders", queues=2)
+    broker.create_group("g", "flaky_import:ok", consume_from="FIRST_OFFSET", dedup_key="KEYS")
+    broker.subscribe("g", "orders")
+    p = broker.producer("p")
+    p.send(Message("orders", b"first", keys="k"), queue_key="a")
+    p.send(Message("orders", b"copy", keys="k"), queue_key="b")
+    module.unlink()
+    t = clock.now_ms()
+    for k in range(3):
+        assert broker.tick(t + k * 2_000).delivered.setup_failed == 1
+    assert broker.sql("SELECT count(*) AS n FROM commit_log WHERE topic = '%RETRY%g'").first()["n"] == 0
+    module.write_text(source)
+    for k in range(3, 8):
+        broker.tick(t + k * 2_000)
+    assert [json.loads(line) for line in log.read_text().splitlines()] == ["first"]
+
+
 def test_dedup_key_expressions_are_checked(orders):
     with pytest.raises(ConfigError, match="does not evaluate"):
         orders.create_group("bad", dedup_key="no_such_column + 1")

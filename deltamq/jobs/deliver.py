@@ -636,6 +636,17 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
             positions[o.queue] = (held, t.suspends, None)
             counted.append((o.group, "setup_failed", 1))
             setup_errors.setdefault(o.group, o.error or "")
+    # a later copy of a key waits for the first one's outcome; a group that consumed
+    # nothing (its listener cannot load) has none yet: the copy holds its queue as well
+    later: list[Failed] = []
+    for o in _later_copies(ctx, taken):
+        if o.group in setup_errors:
+            offset = o.delivered.queue_offset
+            held_at = positions.get(o.queue)
+            t = takes_by_queue[o.queue]
+            positions[o.queue] = (min(held_at[0], offset) if held_at else offset, t.suspends, None)
+        else:
+            later.append(o)
     to_dlq: list[Failed] = []
     for qkey, chunk in suspended.items():
         t = takes_by_queue[qkey]
@@ -652,7 +663,7 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
     max_level = ctx.catalog.max_delay_level()
     failures: list[sendback.Failure] = []
     errors: list[tuple[str, str, str]] = []
-    for o in [*consumed.failures, *to_dlq, *_poisoned(ctx, taken), *_later_copies(ctx, taken)]:
+    for o in [*consumed.failures, *to_dlq, *_poisoned(ctx, taken), *later]:
         if o.reason in _HOLDING:
             continue
         g = o.group
