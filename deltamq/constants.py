@@ -31,6 +31,12 @@ SYSTEM_TOPICS = frozenset(
 )
 SYSTEM_TOPIC_PREFIXES = (RETRY_PREFIX, DLQ_PREFIX)
 
+CLOCK_CORRECTION_SLACK_MS = 60_000
+"""Clock correction (docs/behaviour.md §2) takes a delay-level entry as due now when its
+due time is later than the pass's ``now`` plus its level's delay plus this much: a
+message stored while the tick in progress runs (after its ``now``, by milliseconds to
+seconds), or by a producer whose clock is less than this ahead, keeps its delay."""
+
 
 def retry_topic(group: str) -> str:
     """The retry topic of a consumer group (``%RETRY%<group>``)."""

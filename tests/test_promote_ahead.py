@@ -114,6 +114,35 @@ def test_a_copy_promoted_by_clock_correction_is_visible_at_once(shop, clock):
     assert _bodies(shop.log) == ["skewed"]
 
 
+def test_a_delayed_message_stored_while_a_tick_runs_keeps_its_delay(shop, clock, monkeypatch):
+    """A tick reads its ``now`` once, at its start: a message stored a few ms later, before
+    dispatch reads commit_log, was due after ``now`` plus its level's delay, so clock
+    correction took it as due now and delivered it in that tick, its 2 h delay lost. Only
+    an entry more than CLOCK_CORRECTION_SLACK_MS beyond that is corrected."""
+    from deltamq.jobs import dispatch
+
+    b = shop.broker
+    t0 = clock.now_ms()
+    real = dispatch.run
+    sent: list[int] = []
+
+    def run(ctx, now, **kw):
+        if not sent:  # the producer sends 5 ms into the tick, before dispatch reads
+            clock.set(now + 5)
+            b.producer("p").send(Message("orders", b"two-hours", delay_level=18))
+            sent.append(clock.now_ms())
+        return real(ctx, now, **kw)
+
+    monkeypatch.setattr(dispatch, "run", run)
+    b.tick(t0)
+    monkeypatch.setattr(dispatch, "run", real)
+    assert _bodies(shop.log) == []
+    b.tick(sent[0] + 2 * 3_600_000 - 1)
+    assert _bodies(shop.log) == []
+    b.tick(sent[0] + 2 * 3_600_000)
+    assert _bodies(shop.log) == ["two-hours"]
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize("value", [-1, 60_001])
 def test_a_horizon_out_of_range_is_refused_naming_it(value):

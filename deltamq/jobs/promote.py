@@ -40,6 +40,7 @@ from pyspark.sql import functions as F
 
 from deltamq import faults, ids
 from deltamq.constants import (
+    CLOCK_CORRECTION_SLACK_MS,
     DISPATCH_GROUP,
     PROMOTE_GROUP,
     SCHEDULE_TOPIC,
@@ -137,7 +138,10 @@ def read_candidates(
         level_preds.append(
             (F.col("slot") == q)
             & (F.col("queue_offset") >= F.lit(state.level_offsets.get(q, 0)))
-            & ((F.col("due_ts") <= F.lit(until)) | (F.col("due_ts") > F.lit(now + delay_ms)))
+            & (
+                (F.col("due_ts") <= F.lit(until))
+                | (F.col("due_ts") > F.lit(promote_files.corrected_after(now, delay_ms)))
+            )
         )
     wm = state.timer_watermark
     window = (
@@ -186,11 +190,14 @@ def store_at(now: int, levels: list[tuple[int, int]]) -> Column:
     sent with a due time already past, entries that fell due while no tick ran), as
     RocketMQ stores a promoted message when it promotes it, so that retention counts a
     copy's age from when it became a message; for a delay-level entry due later than
-    ``now`` plus its level's delay (RocketMQ's clock correction: a producer clock far
-    ahead), ``now``. Decided here, once, so that no later indexing pass decides it."""
+    ``now`` plus its level's delay and :data:`CLOCK_CORRECTION_SLACK_MS` (RocketMQ's clock
+    correction: a producer clock far ahead), ``now``. Decided here, once, so that no
+    later indexing pass decides it."""
     delay = F.create_map(*[x for lvl, ms in levels for x in (F.lit(lvl - 1), F.lit(ms).cast("bigint"))])
     corrected = (F.col("topic") == F.lit(SCHEDULE_TOPIC)) & (
-        F.col("due_ts") > F.lit(now) + F.coalesce(F.element_at(delay, F.col("queue_id")), F.lit(0))
+        F.col("due_ts")
+        > F.lit(now + CLOCK_CORRECTION_SLACK_MS)
+        + F.coalesce(F.element_at(delay, F.col("queue_id")), F.lit(0))
     )
     return F.when(corrected, F.lit(now).cast("bigint")).otherwise(
         F.greatest(F.col("due_ts"), F.lit(now).cast("bigint"))

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from deltamq import file_reads, ids
-from deltamq.constants import SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, Prop
+from deltamq.constants import CLOCK_CORRECTION_SLACK_MS, SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC, Prop
 from deltamq.delta_read import DataFile
 from deltamq.sending import COMMIT_LOG_ARROW
 from deltamq.tables.bodies import batch_spans, store_days
@@ -81,6 +81,12 @@ backlog falling due at once (a restart after an outage, a bulk of timers) goes t
 _FAR = 1 << 62
 
 
+def corrected_after(now: int, delay_ms: int) -> int:
+    """The due time after which a level's entry is clock-corrected at ``now``: ``now``
+    plus the level's delay plus :data:`CLOCK_CORRECTION_SLACK_MS`."""
+    return now + delay_ms + CLOCK_CORRECTION_SLACK_MS
+
+
 def due_entries(
     wh: Snapshots,
     level_offsets: dict[int, int],
@@ -110,7 +116,9 @@ def due_entries(
                 return False
             # a level's pending entries span its whole delay: only files with one due by
             # ``until`` or clock-corrected are read (as the engine's statistics skip them)
-            return f.overlaps("due_ts", -_FAR, until) or f.overlaps("due_ts", now + delays[q] + 1, _FAR)
+            return f.overlaps("due_ts", -_FAR, until) or f.overlaps(
+                "due_ts", corrected_after(now, delays[q]) + 1, _FAR
+            )
         if topic == TIMER_TOPIC and slot is not None:
             in_window = hours[0] <= int(slot) <= hours[1] and f.overlaps("due_ts", wm + 1, until)
             return in_window or f.overlaps("queue_offset", timer_next_offset, _FAR)
@@ -119,7 +127,7 @@ def due_entries(
     level_preds = [
         (pc.field("slot") == q)
         & (pc.field("queue_offset") >= level_offsets.get(q, 0))
-        & ((pc.field("due_ts") <= until) | (pc.field("due_ts") > now + delay_ms))
+        & ((pc.field("due_ts") <= until) | (pc.field("due_ts") > corrected_after(now, delay_ms)))
         for q, delay_ms in delays.items()
     ]
     window = (
@@ -177,7 +185,7 @@ def _plan(
         for k, r in enumerate(rows):
             if r["queue_offset"] - base != k:
                 break  # the pass stops at the first entry not yet due
-            corrected = r["due_ts"] > now + delays.get(q, 0)
+            corrected = r["due_ts"] > corrected_after(now, delays.get(q, 0))
             out.append(_entry(r, q + 1, now if corrected else max(r["due_ts"], now)))
     return out
 
