@@ -149,6 +149,33 @@ def test_a_backlog_falling_due_at_once_is_the_engines(orders, clock, monkeypatch
 
 
 @pytest.mark.parametrize("way", ["files", "engine"])
+def test_a_copy_written_again_across_midnight_is_indexed_once(orders, clock, monkeypatch, way):
+    """A pass corrects an entry (a producer two minutes ahead) just before midnight and is
+    killed after writing the copy; the pass after midnight no longer corrects it, looks for
+    its copy from the entry's store day on, misses the copy stored the day before and
+    writes it again. That second write must not be indexed a second time (promote indexed
+    its own commit without dispatch's check for messages already indexed)."""
+    if way == "engine":
+        monkeypatch.setattr(promote_files, "due_entries", lambda *a, **k: None)
+    midnight = clock.now_ms() + 86_400_000
+    t1 = midnight - 10_000
+    orders.tick(t1 - 60_000)
+    clock.set(midnight + 120_000)  # the producer's clock: after midnight, two minutes ahead
+    orders.producer("p").send(Message("orders", "late-night", delay_level=1))
+    clock.set(t1)
+    with monkeypatch.context() as m:
+        m.setattr(promote, "write_progress", lambda *a, **k: (_ for _ in ()).throw(OSError("killed")))
+        with pytest.raises(OSError):
+            orders.tick(t1)
+    orders.tick(midnight + 125_000)
+    orders.tick(midnight + 126_000)
+    copies = orders.sql(
+        "SELECT msg_id, count(*) AS n FROM consume_queue WHERE topic = 'orders' GROUP BY msg_id"
+    ).collect()
+    assert [r["n"] for r in copies] == [1], copies
+
+
+@pytest.mark.parametrize("way", ["files", "engine"])
 def test_a_clock_corrected_copy_written_before_a_kill_is_not_written_again(orders, clock, monkeypatch, way):
     """A copy promoted by clock correction is stored at ``now``, not on its due day: the
     look-up of copies already stored covers the days they are stored on (a producer

@@ -517,8 +517,8 @@ def index_appended(
     same commit after the same heads), and each carries the commit's version
     (``cl_version``), so :func:`index_new` counts them as indexed and never indexes them
     again. Otherwise (another commit came between, a rewrite, committed transactional
-    messages to de-duplicate) nothing is done (None) and the next :func:`index_new`
-    indexes them.
+    messages to de-duplicate, messages already indexed) nothing is done (None) and the
+    next :func:`index_new` indexes them.
 
     The messages must take the plain route (no DELAY, timer or half properties), so the
     heads of their queues move by ``by_queue``. The result's ``queues`` is the hint the
@@ -537,11 +537,17 @@ def index_appended(
     ):
         return None
     version = commits[0].version
+    # a commit holding messages already indexed (a copy written again by a pass that ran
+    # after a killed one) is left to index_new, which drops them: every message keeps one
+    # index entry
     if fs is not None and index_files.fits(commits):
-        index_files.append(wh, fs, index_files.plan(index_files.added(wh, fs, commits), state.heads, levels))
+        new_rows = index_files.added(wh, fs, commits)
+        if index_files.drop_repeated(fs, new_rows, commits)[1]:
+            return None
+        index_files.append(wh, fs, index_files.plan(new_rows, state.heads, levels))
     else:
         added = commit_log.read_added(wh, commits)
-        if added is None:
+        if added is None or drop_repeated(wh, added, commits)[1]:
             return None
         merge_index(wh, plan_index(added, heads_frame(wh, state.heads), levels), version, version)
     faults.point(f"{job}.after_index_commit")
