@@ -70,6 +70,34 @@ def test_unknown_is_checked_after_the_timeout_then_committed_and_consumed_once(s
     assert checks.count(result.handle.tran_id) == 1
 
 
+def test_a_check_pass_resumed_after_a_kill_does_not_check_its_own_copies(setup, clock, monkeypatch):
+    """A check pass killed after writing its copies is resumed at its own ``now``; a tick
+    in between indexed those copies (stored at exactly that ``now``), and the resumed pass
+    walked on into them: the listener was asked twice in one pass, the check count rose by
+    two. Entries stored at the pass's ``now`` or later end the walk."""
+    from deltamq import faults
+
+    broker, _ = setup
+    checks = Checks()  # always UNKNOWN
+    producer = broker.producer("shop", check_listener=checks)
+    result = producer.send_in_transaction(Message("orders", b"open"), lambda m, arg: TxState.UNKNOWN)
+    t = clock.now_ms()
+    broker.tick(t)
+    real = faults.point
+
+    def killed(name: str) -> None:
+        if name == "check.after_output_commit":
+            raise RuntimeError("killed after the copies were written")
+        real(name)
+
+    with monkeypatch.context() as m:
+        m.setattr(faults, "point", killed)
+        with pytest.raises(RuntimeError, match="killed"):
+            broker.tick(t + MINUTE)
+    run = broker.tick(t + MINUTE + 1).job("check_transactions")
+    assert checks.calls == [(result.handle.tran_id, "1")], run.details
+
+
 def test_listener_that_raises_means_unknown_and_is_asked_again_next_interval(setup, clock):
     broker, log = setup
     checks = Checks(answers={"x": RuntimeError("db down")})
@@ -254,10 +282,11 @@ def test_plan_classes_applies_the_rules_in_order(spark):
         (2, "C", {}, now - 72 * 3_600_000 - 1, now - 1),  # born > 72 h ago
         (3, "D", imm, now - 7_000, now - 7_000),  # own immunity, younger: put back
         (4, "E", {}, now - 7_000, now - 7_000),  # old enough: checked
-        (5, "F", {Prop.TRAN_ID: "X", Prop.CHECK_IMMUNITY_TIME_IN_SECONDS: "bad"}, now - 7_000, now),
-        (6, "G", {}, now + 5_000, now),  # born in the future (producer clock ahead): checked
+        (5, "F", {Prop.TRAN_ID: "X", Prop.CHECK_IMMUNITY_TIME_IN_SECONDS: "bad"}, now - 7_000, now - 1),
+        (6, "G", {}, now + 5_000, now - 1),  # born in the future (producer clock ahead): checked
         (7, "H", {}, now - 100, now - 100),  # younger than 6 s, no immunity: stop
         (8, "I", {}, now - 1, now + 1),  # stored after the pass began: stop
+        (9, "J", {}, now - 7_000, now),  # stored at the pass's now (its own copy, resumed): stop
     ]
     half = spark.createDataFrame(
         rows,
@@ -280,6 +309,7 @@ def test_plan_classes_applies_the_rules_in_order(spark):
         "G": ("check", "G", 0),
         "H": ("stop", "H", 0),
         "I": ("stop", "I", 0),
+        "J": ("stop", "J", 0),
     }
 
 

@@ -177,7 +177,9 @@ def plan_classes(
     cls = (
         F.when(F.col("op_tran_id").isNotNull(), "settled")
         .when((F.col("times") >= check_max) | (age > retention_ms), "discard")
-        .when(F.col("store_ts") > F.lit(now), "stop")
+        # stored at the pass's now or later: after it began (a pass resumed after a kill
+        # meets the copies it wrote itself, stored at exactly its now)
+        .when(F.col("store_ts") >= F.lit(now), "stop")
         # a negative age (producer clock ahead) is checked, as RocketMQ does
         .when(immunity_raw.isNull() & (age >= 0) & (age < timeout_ms), "stop")
         .when(immunity_raw.isNotNull() & (age < immunity_ms), "putback")
