@@ -62,7 +62,6 @@ client id is one puller: two threads pulling under one id share its queues.
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -79,7 +78,7 @@ from deltamq.config import BrokerConfig, GroupConfig, Subscription
 from deltamq.constants import ACKED, INFLIGHT, PASSED, REVOKED, TAKEN
 from deltamq.errors import ConfigError, UnknownGroup
 from deltamq.message import StoredMessage, messages_of, validate_group_name
-from deltamq.pull_log import LockEntry, LogRow, as_dict, decide_lock, ended
+from deltamq.pull_log import LockEntry, LogRow, as_dict, decide_lock, ended, new_handle, receipt_handles
 from deltamq.rebalance import assign
 
 R = TypeVar("R")
@@ -333,7 +332,7 @@ class PullConsumer:
         for topic, qid, _, hi in ranges:
             if last.get((topic, qid), -1) < hi - 1:  # the range ends in messages not handed out
                 log.append(
-                    (self.group, self.client_id, topic, qid, hi - 1, None, _handle(), now, None, PASSED)
+                    (self.group, self.client_id, topic, qid, hi - 1, None, new_handle(), now, None, PASSED)
                 )
         if log:
             self.store.append_log(log)
@@ -599,7 +598,7 @@ class PullConsumer:
             if r[1] != self.client_id or taken[(r[2], r[3])][1]  # after a reset, its own too
         ]
         for (t, q), (start, _) in sorted(taken.items()):
-            rows.append((self.group, self.client_id, t, q, start - 1, None, _handle(), now, None, TAKEN))
+            rows.append((self.group, self.client_id, t, q, start - 1, None, new_handle(), now, None, TAKEN))
         return rows
 
     def _read(
@@ -660,7 +659,7 @@ class PullConsumer:
 
     def _ack(self, handles: Iterable[str], now: int | None, flush: bool) -> int:
         now = self._now(now)
-        handles = _handles(handles)
+        handles = receipt_handles(handles)
         if not handles:
             return 0
         self._keep_alive(now)
@@ -712,7 +711,7 @@ class PullConsumer:
 
     def _nack(self, handles: Iterable[str], delay_level: int | None, now: int | None) -> int:
         now = self._now(now)
-        handles = _handles(handles)
+        handles = receipt_handles(handles)
         if not handles:
             return 0
         if delay_level is not None and (isinstance(delay_level, bool) or not isinstance(delay_level, int)):
@@ -757,7 +756,7 @@ def restart_queues(store: PullStore, group: str, starts: dict[Queue, int], now: 
         return
     rows = [ended(r, REVOKED) for r in store.open_rows(group, queues=starts)]
     rows += [
-        (group, RESET_OWNER, t, q, start - 1, None, _handle(), now, None, TAKEN)
+        (group, RESET_OWNER, t, q, start - 1, None, new_handle(), now, None, TAKEN)
         for (t, q), start in sorted(starts.items())
     ]
     store.append_log(rows)
@@ -774,26 +773,6 @@ def restart_queues(store: PullStore, group: str, starts: dict[Queue, int], now: 
             store.write_locks(group, changes)
 
     store.commit(release, what="queue_lock")
-
-
-def _handle() -> str:
-    """A receipt handle for a log row nobody acks (PASSED, TAKEN)."""
-    return secrets.token_hex(14)
-
-
-_HEX = re.compile("[0-9a-f]+")
-
-
-def _handles(handles: Iterable[str]) -> list[str]:
-    """The distinct receipt handles of ``handles``, sorted; any that is not one (hex text)
-    is refused by name. Checked all at once when every one is text (one match over them
-    joined, and none empty), one by one only to name the bad one."""
-    listed = [handles] if isinstance(handles, str) else list(handles)
-    if not (all(isinstance(h, str) and h for h in listed) and _HEX.fullmatch("".join(listed) or "0")):
-        for h in listed:
-            if not isinstance(h, str) or not _HEX.fullmatch(h):
-                raise ConfigError(f"{h!r} is not a receipt handle (hex text returned by pull)")
-    return sorted(set(listed))
 
 
 def group_queues(subs: Sequence[Subscription], topic_queues: Callable[[str], int | None]) -> list[Queue]:

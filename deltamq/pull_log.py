@@ -8,6 +8,8 @@ through the engine.
 
 from __future__ import annotations
 
+import re
+import secrets
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from deltamq.constants import ENDED, INFLIGHT, NACK_REQUESTED, REVOKED, TAKEN
+from deltamq.errors import ConfigError
 
 Queue = tuple[str, int]
 LogRow = tuple[Any, ...]
@@ -300,3 +303,23 @@ def positions_of(
         else {(t, q) for g, t, q in logs if g == group} | {(t, q) for g, t, q in stored if g == group}
     )
     return {k: position(logs.get((group, *k)), stored.get((group, *k))) for k in sorted(keys)}
+
+
+def new_handle() -> str:
+    """A receipt handle for a log row nobody acks (PASSED, TAKEN)."""
+    return secrets.token_hex(14)
+
+
+_HEX = re.compile("[0-9a-f]+")
+
+
+def receipt_handles(handles: Iterable[str]) -> list[str]:
+    """The distinct receipt handles of ``handles``, sorted; any that is not one (hex text)
+    is refused by name. Checked all at once when every one is text (one match over them
+    joined, and none empty), one by one only to name the bad one."""
+    listed = [handles] if isinstance(handles, str) else list(handles)
+    if not (all(isinstance(h, str) and h for h in listed) and _HEX.fullmatch("".join(listed) or "0")):
+        for h in listed:
+            if not isinstance(h, str) or not _HEX.fullmatch(h):
+                raise ConfigError(f"{h!r} is not a receipt handle (hex text returned by pull)")
+    return sorted(set(listed))

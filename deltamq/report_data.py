@@ -29,7 +29,7 @@ from deltamq import ids
 from deltamq.clock import ms_to_iso
 from deltamq.constants import DLQ_PREFIX, JOB_STEPS, RETRY_PREFIX, is_system_topic
 from deltamq.inspection import group_lag, transactions
-from deltamq.jobs.deliver import BACKLOG_KEY
+from deltamq.jobs.deliver_result import BACKLOG_KEY
 from deltamq.tables import consume_queue
 from deltamq.tables.consume_queue import load_dispatch_state
 from deltamq.tables.ranges import queue_ranges

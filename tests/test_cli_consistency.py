@@ -606,3 +606,12 @@ def test_a_write_by_a_view_name_says_to_name_the_table_by_path(wh, capsys):
         capsys, "sql", "--write", f"DELETE FROM delta.`{table}` WHERE queue_id = 99", "--warehouse", wh
     )
     assert code == 0, err
+
+
+def test_json_output_is_json_whatever_the_numbers(broker, capsys):
+    """NaN and infinities were printed as the bare words NaN and Infinity: no JSON value,
+    refused by strict parsers. They come out as their names, strings."""
+    wh = str(broker.warehouse.location)
+    assert main(["sql", "SELECT double('NaN') AS x, double('inf') AS y", "--json", "--warehouse", wh]) == 0
+    doc = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"bare {c} in JSON"))
+    assert doc["rows"] == [["NaN", "Infinity"]]

@@ -136,7 +136,43 @@ def test_a_long_tick_renews_its_lease_between_jobs(broker):
     runner.tick(1)
     assert fenced == [1_000_700, 1_001_400, 1_002_100]
     lease = broker.sql("SELECT holder, epoch, expires_at FROM leases WHERE job = 'dispatch'").collect()[0]
-    assert (lease["holder"], lease["epoch"], lease["expires_at"]) == ("long", 1, 1_002_400)
+    # renewed at the last step's fence too (0.7 of the lease gone): its expiry is a lease on
+    assert (lease["holder"], lease["epoch"], lease["expires_at"]) == ("long", 1, 1_003_100)
+
+
+def test_a_step_longer_than_its_lease_keeps_it_while_nobody_took_it(broker):
+    """A step whose work outlasts the whole lease (a deliver pass whose listeners run past
+    it) used to fail at its fence with LeaseLost, however nobody else wanted the lease: the
+    tick failed, its outcomes were dropped, and three such passes dead-lettered healthy
+    messages as poison. The fence renews a lease still ours; one another runner took stays
+    lost."""
+    from deltamq.orchestration.tick import TickRunner
+
+    wall = [1_000_000]
+    fenced = []
+
+    def slow(_broker, _now, fence, _runs):
+        wall[0] += 1_200  # past the whole lease before the step's first commit
+        fence()
+        fenced.append(wall[0])
+
+    broker.reconfigure(lease_ttl_ms=1000)
+    runner = TickRunner(broker.context, holder="long", sequence=(("a", "dispatch", slow),))
+    runner.leases = Leases(broker.warehouse, holder="long", wall=lambda: wall[0], mono=lambda: wall[0])
+    assert runner.tick(1).ok and fenced == [1_001_200]
+    lease = broker.sql("SELECT holder, epoch, expires_at FROM leases WHERE job = 'dispatch'").collect()[0]
+    # taken again at the next epoch: the row was still ours
+    assert (lease["holder"], lease["epoch"], lease["expires_at"]) == ("long", 2, 1_002_200)
+
+    def taken_meanwhile(_broker, _now, fence, _runs):
+        wall[0] += 2_500  # past the lease and the allowance a taker waits for
+        other = Leases(broker.warehouse, holder="other", wall=lambda: wall[0], mono=lambda: wall[0])
+        other.acquire(["dispatch"], LeaseTerms(1000, broker.config.commit_policy))
+        fence()
+
+    runner.sequence = (("a", "dispatch", taken_meanwhile),)
+    with pytest.raises(LeaseLost, match=r"held by other .*this runner \(long\) stops writing"):
+        runner.tick(2)
 
 
 def test_leases_falling_due_together_are_renewed_in_one_commit(broker):

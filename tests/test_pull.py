@@ -50,7 +50,7 @@ def test_allocate_averagely_matches_rocketmq():
 
 @pytest.mark.unit
 def test_receipt_handles_are_checked_all_at_once_and_the_bad_one_is_named():
-    from deltamq.pull import _handles
+    from deltamq.pull_log import receipt_handles as _handles
 
     assert _handles(["0b", "0a", "0b"]) == ["0a", "0b"] and _handles("ff") == ["ff"] and _handles([]) == []
     for bad in (["0a", ""], ["0a", "0G"], ["0a", "AB"], ["0a", 7], ["0a", None]):

@@ -72,3 +72,20 @@ def test_sigterm_stops_the_loop_cleanly(broker, tmp_path):
     again = _loop(wh, "--interval", "0.5", "--for", "0.1")
     out, err = again.communicate(timeout=120)
     assert again.returncode == 0 and "waiting" not in out, (out, err[-2000:])
+
+
+def test_a_runner_stopped_once_ticks_again(warehouse_with, clock):
+    """A stop (SIGTERM, SIGINT, runner.stop()) ended the loop and stayed set: every later
+    tick of that runner recorded each job SKIPPED ("stopping") and reported ok, and a later
+    loop returned at once. A stop ends the loop it stops."""
+    from support.listeners import read_log
+
+    wh = warehouse_with("orders", queues=1, group="g")
+    b = wh.broker
+    runner = b.runner
+    assert runner.loop(1.0, 30.0, on_tick=lambda result: runner.stop()) == 1
+    b.producer("p").send(Message("orders", b"after the stop"))
+    result = b.tick(clock.now_ms())
+    assert [j.status for j in result.jobs if j.job in ("dispatch", "deliver")] == ["OK", "OK"]
+    assert [c["body"] for c in read_log(wh.log)] == ["after the stop"]
+    assert runner.loop(1.0, 3.0) >= 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import date, datetime
@@ -35,12 +36,15 @@ def emit(
 
 def json_line(data: Any) -> str:
     """``data`` as one line of JSON (bytes as UTF-8 text, or base64 when they are not text)."""
-    return json.dumps(jsonable(data), sort_keys=False)
+    return json.dumps(jsonable(data), sort_keys=False, allow_nan=False)
 
 
 def jsonable(v: Any) -> Any:
     """``v`` with what JSON cannot hold made plain: rows and mappings as objects, bytes as
-    text, dates as ISO strings, decimals as strings (exact), tuples and sets as lists."""
+    text, dates as ISO strings, decimals as strings (exact), tuples and sets as lists, a
+    float that is not a number (NaN, ±infinity: no JSON value) as its name, a string."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
     if v is None or isinstance(v, bool | int | float | str):
         return v
     if hasattr(v, "asDict"):  # a pyspark Row

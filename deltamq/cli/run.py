@@ -13,6 +13,7 @@ from typing import Any
 
 from deltamq.cli.format import json_line
 from deltamq.cli.parser import OK, SETUP_FAILED, SKIPPED, UsageError, now_arg
+from deltamq.errors import first_line
 
 SKIPPED_EXIT = SKIPPED
 """Exit status of a one-shot tick or job whose lease another runner holds."""
@@ -75,6 +76,7 @@ def tick_data(result) -> dict[str, Any]:
         "tick_id": result.tick_id,
         "now": result.now,
         "ok": result.ok,
+        "idle": result.idle,
         "holder": result.holder,
         "jobs": [
             {
@@ -98,25 +100,33 @@ def _loop(broker, args: argparse.Namespace) -> int:
     if args.now:
         raise UsageError("--now is for one tick; the loop ticks at the broker's clock")
 
-    waits = 0
+    waits = failed = 0
 
     def waiting(e: Exception) -> None:
         nonlocal waits
         waits += 1
         print(json_line({"waiting": str(e)}) if args.json else f"waiting: {e}", flush=True)
 
+    def failing(e: Exception) -> None:  # recorded in job_runs; the loop goes on
+        nonlocal failed
+        failed += 1
+        why = f"{type(e).__name__}: {first_line(e)}"
+        print(json_line({"ok": False, "failed": why}) if args.json else f"tick failed: {why}", flush=True)
+
     n = broker.runner.loop(
         1.0 if args.interval is None else args.interval,
         args.for_s,
         on_tick=lambda result: _show(result, args),
         on_wait=waiting,
+        on_error=failing,
         wake_at_due=args.wake,
     )
     waited = f", {waits} times waited for another runner's lease" if waits else ""
+    failures = f", {failed} of them failed" if failed else ""
     print(
-        json_line({"stopped_after_ticks": n, "waits": waits})
+        json_line({"stopped_after_ticks": n, "failed": failed, "waits": waits})
         if args.json
-        else f"stopped after {n} ticks{waited}",
+        else f"stopped after {n} ticks{failures}{waited}",
         flush=True,
     )
     return OK

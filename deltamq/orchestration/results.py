@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deltamq.clock import ms_to_iso
-from deltamq.jobs import deliver
+from deltamq.jobs.deliver_result import DeliverResult
 from deltamq.jobs.sink import SinkResult
 
 
@@ -48,13 +48,13 @@ class TickResult:
         return all(j.status != "FAILED" for j in self.jobs)
 
     @property
-    def delivered(self) -> deliver.DeliverResult | None:
+    def delivered(self) -> DeliverResult | None:
         """What the tick's deliver passes did together (``deliver``, and ``redeliver``
         when promote's copies were due at once), or None when deliver did not run."""
         found = [
             j.result
             for j in self.jobs
-            if j.job in ("deliver", "redeliver") and isinstance(j.result, deliver.DeliverResult)
+            if j.job in ("deliver", "redeliver") and isinstance(j.result, DeliverResult)
         ]
         if not found:
             return None

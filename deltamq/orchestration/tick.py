@@ -31,8 +31,9 @@ import pyarrow as pa
 from deltamq import ids
 from deltamq.clock import check_ms, ms_to_iso, to_ms
 from deltamq.constants import JOB_NAMES, JOB_STEPS, MAX_ERROR_CHARS
-from deltamq.errors import ClockError, LeaseHeld, LeaseLost
+from deltamq.errors import ClockError, LeaseHeld, LeaseLost, first_line
 from deltamq.jobs import check_transactions, deliver, dispatch, promote, pull_expiry, retain, wake
+from deltamq.jobs.deliver_result import DeliverResult
 from deltamq.orchestration.results import JobRun, TickResult
 from deltamq.schemas import TABLES
 from deltamq.tables import deltalog
@@ -73,7 +74,11 @@ def _promote(runner: TickRunner, now: int, fence: Fence, runs: list[JobRun]) -> 
     indexes = "dispatch" in runner.jobs  # dispatch's lease is ours too: promote indexes its copies
     if indexes:
         runner.renew(["dispatch"], now)
-        fence = partial(runner.leases.check, ["promote", "dispatch"])
+
+        def fence() -> None:  # dispatch's lease too: promote indexes its copies
+            runner.fence("promote")
+            runner.fence("dispatch")
+
     r = promote.run(
         runner.ctx, now, fence=fence, indexes=indexes, defer_progress=True, memory=runner.promote_memory
     )
@@ -116,7 +121,7 @@ def _deliver(
         def fence() -> None:  # dispatch's lease too, until its hint is written
             own()
             if not pending.written:
-                runner.leases.check(["dispatch"])
+                runner.fence("dispatch")
 
     try:
         memory = runner.deliver_memory
@@ -155,7 +160,7 @@ def _redeliver(runner: TickRunner, now: int, fence: Fence, runs: list[JobRun]) -
     return _deliver(runner, now, fence, runs, job="redeliver", only=only)
 
 
-def _listener_errors(r: deliver.DeliverResult) -> str | None:
+def _listener_errors(r: DeliverResult) -> str | None:
     """The deliver row's ``error`` in ``job_runs``: per group whose listener failed, how
     many failures and the first error (a listener that cannot be loaded first)."""
     first: dict[str, str] = dict(r.setup_errors)
@@ -412,7 +417,7 @@ class TickRunner:
                 continue
             try:
                 self.renew([lease], now_ms)
-                run = fn(self, now_ms, partial(self.leases.check, [lease]), runs)
+                run = fn(self, now_ms, partial(self.fence, lease), runs)
                 if run is None and len(self.jobs) == 1:
                     # one job kind on its own (`deltamq job`, an Airflow task): a step that
                     # had nothing to do is recorded too, so every run says what it did
@@ -518,6 +523,26 @@ class TickRunner:
                 raise
             log.warning("dispatch's progress was not recorded in this tick", exc_info=True)
 
+    def fence(self, job: str) -> None:
+        """Before a step's commit: the lease of ``job`` renewed when half its time is gone (a
+        pass longer than the lease keeps it while nobody else took it), then checked
+        (LeaseLost when another runner holds it, or took it at a new epoch meanwhile)."""
+        before = self.leases.held.get(job)
+        self.leases.renew_due([job], self.terms)
+        after = self.leases.held.get(job)
+        if before is not None and after is not None and after.epoch != before.epoch:
+            # lapsed, and taken again: at the next epoch when the row was still ours at
+            # ours (every other taker raises the epoch), further on when another runner
+            # held it in between and may have run the job
+            if after.epoch != before.epoch + 1:
+                raise LeaseLost(
+                    f"lease of job {job!r} lapsed during its step and another runner held it "
+                    f"meanwhile (epoch {before.epoch} → {after.epoch}); this runner stops writing"
+                )
+            if self._epochs.get(job) == before.epoch:
+                self._epochs[job] = after.epoch
+        self.leases.check([job])
+
     def renew(self, jobs: Sequence[str], now_ms: int) -> None:
         """Renew ``jobs`` before a step (:meth:`Leases.renew_due`). A lease that lapsed
         during the tick and was taken again at a new epoch means another runner may have
@@ -605,6 +630,7 @@ class TickRunner:
         on_tick: Callable[[TickResult], None] | None = None,
         on_wait: Callable[[LeaseHeld], None] | None = None,
         wake_at_due: bool = True,
+        on_error: Callable[[Exception], None] | None = None,
     ) -> int:
         """Tick every ``interval_s`` until stopped or ``for_s`` elapsed (on the runner's
         clock: a FakeClock's ``sleep`` moves it, so tests run hours in milliseconds).
@@ -614,18 +640,20 @@ class TickRunner:
         queue, a pull delivery's invisible time or the next transaction check is handled
         when it falls due, not up to an interval later. SIGTERM/SIGINT stop the loop
         between jobs (the tick in progress records the rest as SKIPPED). While another
-        runner holds a lease the loop waits, saying so each interval (``on_wait``).
-        Returns the number of ticks run (a wait is none).
+        runner holds a lease the loop waits, saying so each interval (``on_wait``). A
+        failed tick (recorded in ``job_runs``) is passed to ``on_error``, or logged in one
+        line, and the loop goes on. Returns the number of ticks run (a wait is none).
         """
         handled = (signal.SIGTERM, signal.SIGINT)
         previous = {}
         if threading.current_thread() is threading.main_thread():
             previous = {sig: signal.signal(sig, self.stop) for sig in handled}
         try:
-            return self._loop(interval_s, for_s, on_tick, on_wait, wake_at_due)
+            return self._loop(interval_s, for_s, on_tick, on_wait, on_error, wake_at_due)
         finally:  # the process's own handlers again (a loop in a larger program, a test)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            self._stop.clear()  # a stop ends this loop: later ticks and loops run
 
     def _loop(
         self,
@@ -633,6 +661,7 @@ class TickRunner:
         for_s: float | None,
         on_tick: Callable[[TickResult], None] | None,
         on_wait: Callable[[LeaseHeld], None] | None,
+        on_error: Callable[[Exception], None] | None,
         wake_at_due: bool,
     ) -> int:
         clock = self.ctx.clock
@@ -667,8 +696,12 @@ class TickRunner:
                 else:
                     log.warning("waiting: %s", e)
                 ran = False
-            except Exception:  # noqa: BLE001 - a loop survives one failed tick; it was recorded
-                log.exception("tick failed")
+            except Exception as e:  # noqa: BLE001 - a loop survives one failed tick; it was recorded
+                if on_error:
+                    on_error(e)
+                else:  # one line where the user looks; the traceback for debugging
+                    log.error("tick failed: %s", first_line(e))
+                log.debug("tick failed", exc_info=True)
             n += ran
             now = seconds()
             if deadline is not None and now >= deadline:
