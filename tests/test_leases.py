@@ -464,3 +464,22 @@ def test_a_runner_whose_clock_is_behind_holds_time_and_no_timer_fires_early_beyo
     with pytest.raises(ClockError):  # a clock behind by more than the TTL is refused
         b.tick()
     b.release()
+
+
+def test_two_processes_sharing_a_runner_id_fence_each_other(broker):
+    """DELTAMQ_RUNNER_ID gives a runner a stable name so that a restart keeps its leases.
+    Two live processes under one name used to share them at one epoch: both passed their
+    checks and ran the same jobs, and the one that closed first released the other's
+    leases. The one that takes a row over under our name takes it at the next epoch."""
+    terms = LeaseTerms(60_000, broker.config.commit_policy)
+    loop = Leases(broker.warehouse, holder="svc")
+    loop.acquire(["deliver"], terms)
+    one_shot = Leases(broker.warehouse, holder="svc")  # the same name, another process
+    one_shot.acquire(["deliver"], terms)  # a restart takes over at once, as before
+    assert one_shot.held["deliver"].epoch == loop.held["deliver"].epoch + 1
+    with pytest.raises(LeaseLost, match="epoch 2"):
+        loop.check(["deliver"])  # the older one is fenced
+    loop.release(broker.config.commit_policy)  # releases nothing it no longer holds
+    row = broker.sql("SELECT holder, epoch, expires_at FROM leases WHERE job = 'deliver'").collect()[0]
+    assert (row["holder"], row["epoch"]) == ("svc", 2) and row["expires_at"] > 0
+    one_shot.check(["deliver"])

@@ -206,7 +206,18 @@ class Leases:
             changes: list[_Change] = []
             for job in jobs:
                 cur = current.get(job)
-                mine = cur is not None and cur.holder == self.holder and cur.expires_at > now
+                # ours: live, under our name, at the epoch this object took it. A row under
+                # our name that this object does not hold (a restarted runner with the same
+                # DELTAMQ_RUNNER_ID, or a second process sharing it) is taken at once, at
+                # the next epoch: the other process, if it still runs, is fenced by it
+                kept = self.held.get(job)
+                mine = (
+                    cur is not None
+                    and cur.holder == self.holder
+                    and cur.expires_at > now
+                    and kept is not None
+                    and kept.epoch == cur.epoch
+                )
                 if mine and self._left(job, cur, started) > terms.ttl_ms // 2:
                     continue  # more than half its time left: no commit
                 epoch = cur.epoch if cur is not None and mine else (cur.epoch if cur else 0) + 1
@@ -315,14 +326,20 @@ class Leases:
         jobs = list(jobs or self.held)
         if not jobs:
             return
-        self.wh.commit(
-            lambda: self.wh.engine.execute(
-                f"UPDATE {self.wh.ref('leases')} SET expires_at = 0 "
-                f"WHERE job IN {sql_in(jobs)} AND holder = {sql_str(self.holder)}"
-            ),
-            what="leases",
-            policy=policy,
+        # only at the epoch this object holds: a process sharing our name that took a row
+        # over since keeps it
+        ours = " OR ".join(
+            f"(job = {sql_str(j)} AND epoch = {int(self.held[j].epoch)})" for j in jobs if j in self.held
         )
+        if ours:
+            self.wh.commit(
+                lambda: self.wh.engine.execute(
+                    f"UPDATE {self.wh.ref('leases')} SET expires_at = 0 "
+                    f"WHERE holder = {sql_str(self.holder)} AND ({ours})"
+                ),
+                what="leases",
+                policy=policy,
+            )
         for j in jobs:
             self.held.pop(j, None)
             self.valid_until.pop(j, None)
