@@ -615,3 +615,24 @@ def test_json_output_is_json_whatever_the_numbers(broker, capsys):
     assert main(["sql", "SELECT double('NaN') AS x, double('inf') AS y", "--json", "--warehouse", wh]) == 0
     doc = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"bare {c} in JSON"))
     assert doc["rows"] == [["NaN", "Infinity"]]
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["group", "list", "billing"], "group list takes no group name"),
+        (["group", "delete", "billing", "--orderly"], "group delete takes no --orderly"),
+        (["topic", "delete", "orders", "--queues", "9"], "topic delete takes no --queues"),
+        (["dlq", "list", "--rate", "5"], "dlq list takes no --rate"),
+        (["msg", "show", "0A", "--key", "k"], "msg show ID takes no --key"),
+        (["msg", "show", "0A", "--from", "2026-01-01"], "msg show ID takes no --from"),
+        (["send", "orders", "x", "--batch-size", "0"], "send TOPIC BODY takes no --batch-size"),
+    ],
+)
+def test_an_option_the_command_does_not_use_is_refused(broker, capsys, argv, named):
+    """These were accepted and ignored (exit 0): the user believed they took effect."""
+    broker.create_topic("orders", queues=1)
+    broker.create_group("billing")
+    assert main([*argv, "--warehouse", str(broker.warehouse.location)]) == 2
+    assert named in capsys.readouterr().err
+    assert "orders" in broker.topics() and "billing" in broker.groups()

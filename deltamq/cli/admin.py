@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from deltamq.cli.format import emit, ms_to_iso, print_table
-from deltamq.cli.parser import UsageError, now_arg
+from deltamq.cli.parser import UsageError, now_arg, refuse_unused
 
 
 def init(args: argparse.Namespace) -> int:
@@ -51,6 +51,12 @@ def topic(broker, args: argparse.Namespace) -> int:
         )
     if not args.name:
         raise UsageError(f"topic {args.action} needs a topic name")
+    if args.action == "delete":
+        refuse_unused(
+            args,
+            "topic delete",
+            {"queues": ("--queues", None), "perm": ("--perm", None), "ordered": ("--ordered", None)},
+        )
     if args.action == "create":
         broker.create_topic(args.name, args.queues, args.perm or "RW", ordered=bool(args.ordered))
     elif args.action == "update":
@@ -65,8 +71,23 @@ def topic(broker, args: argparse.Namespace) -> int:
     return emit(args, {"topic": args.name, "done": done}, lambda: print(f"topic {done}: {args.name}"))
 
 
+_GROUP_CREATE_ONLY = {
+    "listener": ("--listener", None),
+    "mode": ("--mode", "CLUSTERING"),
+    "orderly": ("--orderly", False),
+    "max_reconsume_times": ("--max-reconsume-times", None),
+    "consume_from": ("--consume-from", "LAST_OFFSET"),
+    "consume_timestamp": ("--consume-timestamp", None),
+    "instances": ("--instances", None),
+}
+
+
 def group(broker, args: argparse.Namespace) -> int:
+    if args.action != "create":
+        refuse_unused(args, f"group {args.action}", _GROUP_CREATE_ONLY)
     if args.action == "list":
+        if args.name:
+            raise UsageError(f"group list takes no group name (got {args.name!r}); it lists every group")
         groups = [
             {
                 "group": g,

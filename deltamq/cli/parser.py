@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from deltamq.constants import SETUP_FAILED_EXIT
 
@@ -69,6 +70,15 @@ class UsageError(CliError):
     """The arguments do not make a command (exit 2, as argparse's own usage errors)."""
 
     status = USAGE
+
+
+def refuse_unused(args: argparse.Namespace, command: str, unused: dict[str, tuple[str, Any]]) -> None:
+    """UsageError naming the first option that ``command`` does not use yet was given:
+    ``unused`` maps each such option's ``args`` name to (its flag, its default). An option
+    accepted and then ignored would leave the user believing it took effect."""
+    for dest, (flag, default) in unused.items():
+        if getattr(args, dest, default) != default:
+            raise UsageError(f"{command} takes no {flag}; see deltamq {command.split()[0]} --help")
 
 
 class InputMissing(CliError):

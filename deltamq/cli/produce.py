@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from deltamq.cli.format import duration, emit, ms_to_iso, print_table
-from deltamq.cli.parser import InputMalformed, InputMissing, UsageError, now_arg
+from deltamq.cli.parser import InputMalformed, InputMissing, UsageError, now_arg, refuse_unused
 from deltamq.errors import DeltaMQError
 
 if TYPE_CHECKING:
@@ -58,6 +58,8 @@ def _send(broker, args: argparse.Namespace) -> int:
         return _send_file(broker, producer, args, top)
     if not args.topic or args.body is None:
         raise UsageError("send needs TOPIC BODY, or --file FILE")
+    if not args.file:
+        refuse_unused(args, "send TOPIC BODY", {"batch_size": ("--batch-size (it is for --file)", 10_000)})
     msg = _message(args, top, broker.clock.now_ms())
     (result,) = producer.send_results([msg], queue_keys=None if args.queue_key is None else [args.queue_key])
     if result.clamped:

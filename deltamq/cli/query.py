@@ -8,7 +8,7 @@ import json
 import sys
 
 from deltamq.cli.format import emit, ms_to_iso, print_table, shorten
-from deltamq.cli.parser import CHECK_FAILED, OK, UsageError, now_arg
+from deltamq.cli.parser import CHECK_FAILED, OK, UsageError, now_arg, refuse_unused
 
 
 def sql(broker, args: argparse.Namespace) -> int:
@@ -30,6 +30,16 @@ def sql(broker, args: argparse.Namespace) -> int:
 def msg(broker, args: argparse.Namespace) -> int:
     if not args.id and not args.key:
         raise UsageError("msg show needs a message id or --key K")
+    if args.id:
+        refuse_unused(
+            args,
+            "msg show ID",
+            {
+                "key": ("--key (give an id or a key)", None),
+                "from_time": ("--from", None),
+                "to_time": ("--to", None),
+            },
+        )
     targets = (
         [args.id]
         if args.id
@@ -71,6 +81,7 @@ def _print_trace(events) -> None:
 
 def dlq(broker, args: argparse.Namespace) -> int:
     if args.action == "list":
+        refuse_unused(args, "dlq list", {"rate": ("--rate (it paces dlq resend)", None)})
         limit = 100 if args.limit is None else args.limit
         rows = [
             r.asDict()
