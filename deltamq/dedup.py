@@ -103,12 +103,16 @@ def later_copies(taken: DataFrame, groups: dict[str, GroupConfig], eligible: Col
         return taken.withColumn("later", F.lit(False))
     keyed = F.col("dkey").isNotNull() & ~F.col("dup")
     candidate = eligible & keyed & F.col("consumer_group").isin(*concurrent)
-    flagged = taken.withColumn("_candidate", candidate)
-    copies = Window.partitionBy("consumer_group", "client_id", "dkey", "_candidate").orderBy(
+    # rows that are no candidate each in a window of their own (by msg id): spread over
+    # the engine's tasks, not sorted together in one
+    flagged = taken.withColumn("_candidate", candidate).withColumn(
+        "_copies", F.when(F.col("_candidate"), F.col("dkey")).otherwise(F.col("msg_id"))
+    )
+    copies = Window.partitionBy("consumer_group", "client_id", "_copies", "_candidate").orderBy(
         "store_ts", "topic", "queue_id", "queue_offset"
     )
     later = F.col("_candidate") & (F.row_number().over(copies) > 1)
-    return flagged.withColumn("later", later).drop("_candidate")
+    return flagged.withColumn("later", later).drop("_candidate", "_copies")
 
 
 def record(

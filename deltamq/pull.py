@@ -289,6 +289,7 @@ class PullConsumer:
     def _pull(self, budget: int, now: int) -> list[PulledMessage]:
         started = time.monotonic()
         self.store.before_pull()
+        self._queues(now)  # the group read again when due: a deleted one stops here
         self._keep_alive(now)
         queues = self._queues(now)
         mine = assign(queues, self._live(now), self.client_id)
@@ -662,6 +663,7 @@ class PullConsumer:
         handles = receipt_handles(handles)
         if not handles:
             return 0
+        self._queues(now)  # the group read again when due: a deleted one stops here
         self._keep_alive(now)
         found = self._in_flight([h for h in handles if h not in self._pending_handles], now)
         acked = [ended(r, ACKED) for r in found]
@@ -716,6 +718,7 @@ class PullConsumer:
             return 0
         if delay_level is not None and (isinstance(delay_level, bool) or not isinstance(delay_level, int)):
             raise ConfigError(f"delay_level={delay_level!r} must be an integer or None")
+        self._queues(now)  # the group read again when due: a deleted one stops here
         self._keep_alive(now)
         found = self._in_flight([h for h in handles if h not in self._pending_handles], now)
         self.store.nack(found, delay_level or 0)

@@ -479,6 +479,10 @@ def test_two_processes_sharing_a_runner_id_fence_each_other(broker):
     assert one_shot.held["deliver"].epoch == loop.held["deliver"].epoch + 1
     with pytest.raises(LeaseLost, match="epoch 2"):
         loop.check(["deliver"])  # the older one is fenced
+    # and waits for it like for any holder: taking it straight back would fence the other
+    # mid-pass, and so on, tick after tick
+    with pytest.raises(LeaseHeld, match="held by svc"):
+        loop.acquire(["deliver"], terms)
     loop.release(broker.config.commit_policy)  # releases nothing it no longer holds
     row = broker.sql("SELECT holder, epoch, expires_at FROM leases WHERE job = 'deliver'").collect()[0]
     assert (row["holder"], row["epoch"]) == ("svc", 2) and row["expires_at"] > 0

@@ -5,9 +5,10 @@ level in store order, which is due order (one level, one delay). For every level
 the level's saved offset and in offset order, each due entry is re-stored as a new
 message in its ``REAL_TOPIC`` / ``REAL_QID`` with ``DELAY``, ``REAL_TOPIC`` and
 ``REAL_QID`` removed; the pass stops at the first entry not yet due and the level's
-offset then points at it. An entry due later than ``now + delay(level)`` is due now
-(clock correction). An entry whose real topic is the half topic is skipped (the offset
-moves past it; nothing is written), as RocketMQ does.
+offset then points at it. An entry due later than ``now + delay(level)`` and a minute
+(``CLOCK_CORRECTION_SLACK_MS``) is due now (clock correction). An entry whose real
+topic is the half topic is skipped (the offset moves past it; nothing is written), as
+RocketMQ does.
 
 **Timers** (our extension). Messages with ``TIMER_DELIVER_MS`` sit in the timer index
 (``rmq_sys_wheel_timer``), partitioned by due hour. A pass promotes the entries due in

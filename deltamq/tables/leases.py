@@ -188,10 +188,17 @@ class Leases:
             now = self.wall()
             current = self._read(jobs)
             read_at = self.mono()  # another's row is watched from after we read it
+            # another holder's rows; and a row under our own name at an epoch other than the
+            # one this object holds: a process sharing our name took it over, and this one,
+            # fenced, waits for it like for any holder (taking it straight back would fence
+            # that one mid-pass, and so on, every tick)
             others = [
                 c
                 for c in (current.get(job) for job in jobs)
-                if c and c.holder and c.holder != self.holder and c.expires_at > 0
+                if c
+                and c.holder
+                and c.expires_at > 0
+                and (c.holder != self.holder or (c.job in self.held and self.held[c.job].epoch != c.epoch))
             ]
             held = [c for c in others if not self._lapsed(c, now, read_at, terms.ttl_ms)]
             if held:
