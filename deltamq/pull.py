@@ -289,9 +289,8 @@ class PullConsumer:
     def _pull(self, budget: int, now: int) -> list[PulledMessage]:
         started = time.monotonic()
         self.store.before_pull()
-        self._queues(now)  # the group read again when due: a deleted one stops here
+        queues = self._queues(now)  # the group read again when due: a deleted one stops here
         self._keep_alive(now)
-        queues = self._queues(now)
         mine = assign(queues, self._live(now), self.client_id)
         held = self._held
         mine_set = set(mine)

@@ -148,6 +148,14 @@ def test_a_backlog_falling_due_at_once_is_the_engines(orders, clock, monkeypatch
     assert rows.collect()[0].asDict() == {"n": 5, "d": 5}
 
 
+def _killed_before_its_progress(broker, monkeypatch, now: int) -> None:
+    """A tick at ``now`` whose promote pass dies after its copies, before its progress."""
+    with monkeypatch.context() as m:
+        m.setattr(promote, "write_progress", lambda *a, **k: (_ for _ in ()).throw(OSError("killed")))
+        with pytest.raises(OSError):
+            broker.tick(now)
+
+
 @pytest.mark.parametrize("way", ["files", "engine"])
 def test_a_copy_written_again_across_midnight_is_indexed_once(orders, clock, monkeypatch, way):
     """A pass corrects an entry (a producer two minutes ahead) just before midnight and is
@@ -163,10 +171,7 @@ def test_a_copy_written_again_across_midnight_is_indexed_once(orders, clock, mon
     clock.set(midnight + 120_000)  # the producer's clock: after midnight, two minutes ahead
     orders.producer("p").send(Message("orders", "late-night", delay_level=1))
     clock.set(t1)
-    with monkeypatch.context() as m:
-        m.setattr(promote, "write_progress", lambda *a, **k: (_ for _ in ()).throw(OSError("killed")))
-        with pytest.raises(OSError):
-            orders.tick(t1)
+    _killed_before_its_progress(orders, monkeypatch, t1)
     orders.tick(midnight + 125_000)
     orders.tick(midnight + 126_000)
     copies = orders.sql(
@@ -186,10 +191,7 @@ def test_a_clock_corrected_copy_written_before_a_kill_is_not_written_again(order
     clock.set(t0 + 86_400_000)  # a producer a day ahead
     orders.producer("p").send(Message("orders", "skewed", delay_level=2))
     clock.set(t0)
-    with monkeypatch.context() as m:
-        m.setattr(promote, "write_progress", lambda *a, **k: (_ for _ in ()).throw(OSError("killed")))
-        with pytest.raises(OSError):
-            orders.tick(t0)
+    _killed_before_its_progress(orders, monkeypatch, t0)
     result = orders.tick(t0 + 1).job("promote")
     assert (result.rows_out, result.details["already_stored"]) == (0, 1)
     rows = orders.sql(

@@ -489,20 +489,23 @@ def _outcomes(rows: Iterable[Any], n_deliverable: int) -> Consumed:
     return Consumed(tuple(failures), tuple(keys), n_deliverable, body_bytes, by_group)
 
 
+_FAILED_COLUMNS = (
+    "consumer_group, client_id, topic, queue_id, queue_offset, msg_id, cl_date, "
+    "cl_batch_id, cl_batch_pos, reconsume_times"
+)
+"""The taken rows' columns a :class:`Failed` is made of, when the take sends rows back."""
+
+
 def _poisoned(ctx: Context, taken: Taken) -> list[Failed]:
     """Matched messages of heads whose attempts kept ending without an outcome."""
     if not any(r["matched"] and r["poison"] for r in taken.summary):
         return []
     error = f"{POISON_TRIES} delivery attempts ended without an outcome"
-    columns = (
-        "consumer_group, client_id, topic, queue_id, queue_offset, msg_id, cl_date, "
-        "cl_batch_id, cl_batch_pos, reconsume_times"
-    )
     if taken.table is not None:
         rows = taken.table.filter(pc.field("poison") & pc.field("matched"))
-        found = rows.select(columns.split(", ")).to_pylist()
+        found = rows.select(_FAILED_COLUMNS.split(", ")).to_pylist()
     else:
-        found = ctx.engine.rows(f"SELECT {columns} FROM {taken.view} WHERE poison AND matched")
+        found = ctx.engine.rows(f"SELECT {_FAILED_COLUMNS} FROM {taken.view} WHERE poison AND matched")
     return [replace(Failed.of(r, FailReason.POISON), error=error) for r in found]
 
 
@@ -511,11 +514,7 @@ def _later_copies(ctx: Context, taken: Taken) -> list[Failed]:
     sent back, to be checked against the first copy's outcome when they come again."""
     if not any(r["later"] for r in taken.summary):
         return []
-    columns = (
-        "consumer_group, client_id, topic, queue_id, queue_offset, msg_id, cl_date, "
-        "cl_batch_id, cl_batch_pos, reconsume_times, dkey"
-    )
-    found = ctx.engine.rows(f"SELECT {columns} FROM {taken.view} WHERE later")
+    found = ctx.engine.rows(f"SELECT {_FAILED_COLUMNS}, dkey FROM {taken.view} WHERE later")
     return [
         replace(
             Failed.of(r, FailReason.LATER_COPY),
@@ -544,12 +543,15 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
     # a listener that cannot be loaded consumed nothing: its queues stay where they were
     # (no retry, no dead letter; the tick says so) until the listener is fixed
     setup_errors: dict[str, str] = {}
+
+    def hold(o: Failed) -> None:  # its queue stays at this message (or an earlier one held)
+        offset = o.delivered.queue_offset
+        held = min(positions.get(o.queue, (offset, 0, None))[0], offset)
+        positions[o.queue] = (held, takes_by_queue[o.queue].suspends, None)
+
     for o in consumed.failures:
         if o.reason == FailReason.SETUP:
-            t = takes_by_queue[o.queue]
-            offset = o.delivered.queue_offset
-            held = min(positions.get(o.queue, (offset, 0, None))[0], offset)
-            positions[o.queue] = (held, t.suspends, None)
+            hold(o)
             counted.append((o.group, "setup_failed", 1))
             setup_errors.setdefault(o.group, o.error or "")
     # a later copy of a key waits for the first one's outcome; a group that consumed
@@ -557,10 +559,7 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
     later: list[Failed] = []
     for o in _later_copies(ctx, taken):
         if o.group in setup_errors:
-            offset = o.delivered.queue_offset
-            held_at = positions.get(o.queue)
-            t = takes_by_queue[o.queue]
-            positions[o.queue] = (min(held_at[0], offset) if held_at else offset, t.suspends, None)
+            hold(o)
         else:
             later.append(o)
     to_dlq: list[Failed] = []

@@ -75,10 +75,7 @@ def _promote(runner: TickRunner, now: int, fence: Fence, runs: list[JobRun]) -> 
     if indexes:
         runner.renew(["dispatch"], now)
 
-        def fence() -> None:  # dispatch's lease too: promote indexes its copies
-            runner.fence("promote")
-            runner.fence("dispatch")
-
+        fence = partial(runner.fence, "promote", "dispatch")  # promote indexes its copies
     r = promote.run(
         runner.ctx, now, fence=fence, indexes=indexes, defer_progress=True, memory=runner.promote_memory
     )
@@ -523,25 +520,28 @@ class TickRunner:
                 raise
             log.warning("dispatch's progress was not recorded in this tick", exc_info=True)
 
-    def fence(self, job: str) -> None:
-        """Before a step's commit: the lease of ``job`` renewed when half its time is gone (a
-        pass longer than the lease keeps it while nobody else took it), then checked
-        (LeaseLost when another runner holds it, or took it at a new epoch meanwhile)."""
-        before = self.leases.held.get(job)
-        self.leases.renew_due([job], self.terms)
-        after = self.leases.held.get(job)
-        if before is not None and after is not None and after.epoch != before.epoch:
+    def fence(self, *jobs: str) -> None:
+        """Before a step's commit: the leases of ``jobs`` renewed when half their time is
+        gone (a pass longer than a lease keeps it while nobody else took it), then checked
+        in one read (LeaseLost when another runner holds one, or took it at a new epoch
+        meanwhile)."""
+        before = {job: self.leases.held.get(job) for job in jobs}
+        self.leases.renew_due(list(jobs), self.terms)
+        for job, was in before.items():
+            after = self.leases.held.get(job)
+            if was is None or after is None or after.epoch == was.epoch:
+                continue
             # lapsed, and taken again: at the next epoch when the row was still ours at
             # ours (every other taker raises the epoch), further on when another runner
             # held it in between and may have run the job
-            if after.epoch != before.epoch + 1:
+            if after.epoch != was.epoch + 1:
                 raise LeaseLost(
                     f"lease of job {job!r} lapsed during its step and another runner held it "
-                    f"meanwhile (epoch {before.epoch} → {after.epoch}); this runner stops writing"
+                    f"meanwhile (epoch {was.epoch} → {after.epoch}); this runner stops writing"
                 )
-            if self._epochs.get(job) == before.epoch:
+            if self._epochs.get(job) == was.epoch:
                 self._epochs[job] = after.epoch
-        self.leases.check([job])
+        self.leases.check(list(jobs))
 
     def renew(self, jobs: Sequence[str], now_ms: int) -> None:
         """Renew ``jobs`` before a step (:meth:`Leases.renew_due`). A lease that lapsed
