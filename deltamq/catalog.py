@@ -277,6 +277,14 @@ class Catalog(Topics):
             self.create_system_topic(retry_topic(name), 1)
             self.create_system_topic(dlq_topic(name), 1)
             self._subscribe(name, retry_topic(name), "*", "TAG")
+            # a retry topic that holds messages already is a deleted group's of this name:
+            # its retries are not this group's (docs/behaviour.md §3)
+            left = {
+                q: o
+                for (t, q), o in consume_queue.load_dispatch_state(self.warehouse).heads.items()
+                if t == retry_topic(name) and o > 0
+            }
+            self._init_offsets(cfg, retry_topic(name), left)
 
     def delete_group(self, name: str) -> None:
         """Delete every row of group ``name``: its consumed dedup keys and its pull clients'
@@ -358,13 +366,15 @@ class Catalog(Topics):
         firsts = {q: lo for (_, q), lo in stored.items()}
         return {q: firsts.get(q, head) for q, head in heads.items()}
 
-    def _init_offsets(self, cfg: GroupConfig, topic: str) -> None:
+    def _init_offsets(self, cfg: GroupConfig, topic: str, starts: dict[int, int] | None = None) -> None:
         """Decide where a group starts on a topic, once, when it first subscribes
-        (docs/behaviour.md §3). Queues that appear later start at 0 (no row); retry queues
-        always start at 0."""
+        (docs/behaviour.md §3): at ``starts``, or where its ``consume_from`` says. Queues
+        that appear later start at 0 (no row); retry queues start at 0, or past the retries
+        a deleted group of the same name left."""
         if group_has_offsets(self.warehouse, cfg.name, topic):
             return
-        starts = self._start_offsets(topic, cfg.consume_from, cfg.consume_timestamp)
+        if starts is None:
+            starts = self._start_offsets(topic, cfg.consume_from, cfg.consume_timestamp)
         rows = [(topic, q, o, None) for q, o in sorted(starts.items())]
         now = self.clock.now_ms()
         for client in cfg.clients if rows else []:

@@ -134,6 +134,30 @@ def test_a_group_created_again_after_its_delete_starts_afresh(warehouse_with, cl
     assert broker.sql("SELECT count(*) AS n FROM commit_log WHERE topic = '%RETRY%puller'").first()["n"] == 0
 
 
+def test_a_group_created_again_does_not_take_the_retries_its_deleted_namesake_left(warehouse_with, clock):
+    """The retry topic outlives a group deleted with force (RocketMQ's retry topics start
+    at offset 0): the group created again under the name was handed the old one's
+    retries. It starts past them."""
+    wh = warehouse_with("orders", queues=1, group=None)
+    broker = wh.broker
+    wh.add_group(None, name="p")
+    broker.producer("shop").send_batch([Message("orders", f"m{i}".encode()) for i in range(2)])
+    t = clock.now_ms()
+    broker.tick(t)
+    client = broker.pull_consumer("p", "c1")
+    pulled = client.pull(10, now=t)
+    assert client.nack([m.receipt_handle for m in pulled], delay_level=1, now=t) == 2
+    broker.tick(t + 2_000)  # level 1 (1 s) promoted into %RETRY%p, not pulled yet
+    assert broker.sql("SELECT count(*) AS n FROM consume_queue WHERE topic = '%RETRY%p'").first()["n"] == 2
+    broker.delete_group("p", force=True)
+    wh.add_group(None, name="p", consume_from="LAST_OFFSET")  # nothing of the old one
+    broker.producer("shop").send(Message("orders", b"new"))
+    broker.tick(t + 3_000)
+    client = broker.pull_consumer("p", "c2")
+    got = client.pull(10, now=t + 3_000)
+    assert [(m.topic, m.body) for m in got] == [("orders", b"new")]
+
+
 def test_deleting_a_group_deletes_it_from_every_table_naming_groups():
     from deltamq.catalog import GROUP_TABLES
     from deltamq.schemas import TABLES

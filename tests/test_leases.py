@@ -6,11 +6,12 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from deltamq.config import BrokerConfig
+from deltamq.config import BrokerConfig, CommitPolicy
 from deltamq.errors import ClockError, LeaseHeld, LeaseLost
 from deltamq.tables.leases import Leases, LeaseTerms
 
@@ -487,3 +488,41 @@ def test_two_processes_sharing_a_runner_id_fence_each_other(broker):
     row = broker.sql("SELECT holder, epoch, expires_at FROM leases WHERE job = 'deliver'").collect()[0]
     assert (row["holder"], row["epoch"]) == ("svc", 2) and row["expires_at"] > 0
     one_shot.check(["deliver"])
+
+
+def test_a_renewal_whose_commit_answer_was_lost_is_still_ours(broker):
+    """A lease renewed at the next epoch (it had lapsed by the wall clock) whose commit
+    landed but whose answer was lost (the store failed on the read back, and the attempt
+    was retried) used to read as another process's row under our name: the runner fenced
+    itself and waited a TTL, failing every tick meanwhile (seen in the store-fault story)."""
+    wall = [1_000_000]
+
+    class LostAnswer(Leases):
+        lose = 0
+
+        def _cas(self, *args, **kwargs):
+            super()._cas(*args, **kwargs)
+            if self.lose:
+                self.lose -= 1
+                raise ConnectionResetError("connection reset by peer (after the commit)")
+
+    terms = LeaseTerms(1000, broker.config.commit_policy)
+    leases = LostAnswer(broker.warehouse, holder="r", wall=lambda: wall[0], mono=lambda: wall[0])
+    leases.acquire(["dispatch"], terms)
+    wall[0] += 1_500  # lapsed by the wall clock: renewed at the next epoch
+    leases.lose = 1  # retried by the commit policy: its second attempt reads epoch 2
+    got = leases.acquire(["dispatch"], terms)
+    assert got["dispatch"].epoch == 2 and leases.held["dispatch"].epoch == 2
+    leases.check(["dispatch"])
+    wall[0] += 1_500
+    leases.lose = 1
+    with pytest.raises(Exception, match="connection reset"):  # no retry: the call fails
+        leases.acquire(["dispatch"], LeaseTerms(1000, CommitPolicy(retries=0, backoff_ms=1)))
+    assert leases.held["dispatch"].epoch == 2  # its epoch-3 commit landed unseen
+    leases.check(["dispatch"])  # the epoch-3 row is known as its own
+    assert leases.held["dispatch"].epoch == 3
+    # another object under the same name, fenced before, still waits for it
+    other = Leases(broker.warehouse, holder="r", wall=lambda: wall[0], mono=lambda: wall[0])
+    other.held["dispatch"] = replace(leases.held["dispatch"], epoch=1)
+    with pytest.raises(LeaseHeld, match="held by r"):
+        other.acquire(["dispatch"], terms)

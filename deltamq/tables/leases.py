@@ -133,6 +133,10 @@ class Leases:
         self.held: dict[str, Lease] = {}
         self.valid_until: dict[str, int] = {}  # job → the end of our lease, monotonic ms
         self._watched: dict[str, tuple[Lease, int]] = {}  # job → (another's row, first seen)
+        # job → {(epoch, expires_at) our compare-and-set wrote: the end of that lease,
+        # monotonic}; kept until the row is read back, so a commit whose answer was lost
+        # is known as ours when it is read later
+        self._written: dict[str, dict[tuple[int, int], int]] = {}
 
     def _lapsed(self, cur: Lease, wall_now: int, mono_now: int, ttl_ms: int) -> bool:
         """Whether another holder's lease ``cur`` may be taken over: released, past its
@@ -186,7 +190,7 @@ class Leases:
         def attempt() -> dict[str, Lease]:
             started = self.mono()  # our lease counts from before we read the row
             now = self.wall()
-            current = self._read(jobs)
+            current = self._adopt(self._read(jobs))
             read_at = self.mono()  # another's row is watched from after we read it
             # another holder's rows; and a row under our own name at an epoch other than the
             # one this object holds: a process sharing our name took it over, and this one,
@@ -231,7 +235,7 @@ class Leases:
                 keep_now = max(x for x in (last_now, cur.last_now if cur else None, -1) if x is not None)
                 changes.append((job, cur, epoch, keep_now))
             if changes:
-                self._cas(changes, now, terms.ttl_ms)
+                self._cas(changes, now, terms.ttl_ms, started)
                 current = self._read(jobs)
                 lost = []
                 for job, cur, epoch, _ in changes:  # a row's compare-and-set holds or not alone
@@ -243,6 +247,7 @@ class Leases:
                         continue
                     self.valid_until[job] = started + terms.ttl_ms
                     self.held[job] = got  # what it holds now, even when another row was lost
+                    self._written.pop(job, None)
                 if lost:
                     raise LeaseHeld(lost[0])
             self.held.update({j: current[j] for j in jobs})
@@ -258,9 +263,23 @@ class Leases:
             return 0
         return self.valid_until.get(job, mono_now) - mono_now
 
-    def _cas(self, changes: list[_Change], now: int, ttl_ms: int) -> None:
+    def _adopt(self, current: dict[str, Lease]) -> dict[str, Lease]:
+        """Take as held the rows of ``current`` that this object's own compare-and-set
+        wrote though it never read them back (the store failed after the commit, and the
+        attempt was retried or the call failed): without this, a lease renewed at the next
+        epoch that way looked like another process's under our name, and fenced us."""
+        for job, row in current.items():
+            until = self._written.get(job, {}).get((row.epoch, row.expires_at))
+            if until is not None and row.holder == self.holder:
+                self.held[job] = row
+                self.valid_until[job] = until
+                del self._written[job]
+        return current
+
+    def _cas(self, changes: list[_Change], now: int, ttl_ms: int, started: int) -> None:
         selects = []
         for job, cur, epoch, keep_now in changes:
+            self._written.setdefault(job, {})[(epoch, now + ttl_ms)] = started + ttl_ms
             selects.append(
                 f"SELECT {sql_str(job)} AS job, {sql_str(self.holder)} AS holder, "
                 f"{sql_long(epoch)} AS epoch, "
@@ -312,7 +331,7 @@ class Leases:
     def check(self, jobs: Sequence[str]) -> None:
         """Raise LeaseLost if any of ``jobs`` is no longer ours at the epoch we took it
         (a stale holder must not write): call before committing progress."""
-        current = self._read(list(jobs))
+        current = self._adopt(self._read(list(jobs)))
         now = self.mono()
         for job in jobs:
             mine = self.held.get(job)
@@ -350,3 +369,4 @@ class Leases:
         for j in jobs:
             self.held.pop(j, None)
             self.valid_until.pop(j, None)
+            self._written.pop(j, None)

@@ -134,6 +134,13 @@ class FaultLoad:
         self.figures.messages += len(ids) + len(ids_fifo) + 2
         self.figures.transactions += 2
 
+    def restart(self) -> None:
+        """The runner started again, as a new process under the same DELTAMQ_RUNNER_ID as
+        the subprocess that ran before it: it takes that one's leases over at once. (The
+        object that ran the last round is not that restart: once a process sharing its
+        name took its leases, it waits for them like for any holder's.)"""
+        self.runner = TickRunner(self.broker.context, holder=RUNNER_ID)
+
     def pull(self, now: int) -> None:
         got = self.puller.pull(64, now=now)
         keep = [m.receipt_handle for m in got if self.rng.random() < 0.8]  # the rest expire
@@ -160,6 +167,7 @@ class FaultLoad:
         self.pull(now)
         if self.kill_tick(now):
             self.figures.kills += 1
+        self.restart()
         self.runner.tick(now)  # the re-run, to the end
         self.figures.rounds += 1
         self.check()

@@ -146,8 +146,9 @@ class StoreFaultLoad(FaultLoad):
         self.clock.advance(seconds=self.rng.choice([5, 20, 45, 90]))
         now = self.clock.now_ms()
         self.pull(now)
-        if kill and self.kill_tick(now):
-            self.figures.kills += 1
+        if kill:
+            self.figures.kills += self.kill_tick(now)
+            self.restart()
         self.tick(now)  # the re-run, to the end
         self.figures.rounds += 1
         self.call("check", self.check)
