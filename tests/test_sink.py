@@ -4,6 +4,7 @@ so that replays change nothing."""
 from __future__ import annotations
 
 import pytest
+from pyspark.sql import functions as F
 from support.listeners import order_rows, order_rows_without_guard
 
 from deltamq import Message
@@ -173,3 +174,35 @@ def test_a_sink_whose_pass_fails_waits_and_the_other_sinks_and_jobs_go_on(lake, 
     assert not [j.job for j in result.jobs if j.status == "FAILED"]
     with pytest.raises(Exception, match="poison"):
         bad.run(clock.now_ms())  # asked for by name: raised
+
+
+def test_a_sink_table_whose_column_types_do_not_take_the_output_is_refused_when_configured(lake, tmp_path):
+    """The table check compared column names only: a table with a string where the
+    transform gives a bigint (or the other way) was accepted, and every tick's sink pass
+    failed (Sail) or could write nulls. A column the output gives in a narrower type of
+    the same kind (int for bigint) is written as before."""
+    spark = lake.engine.spark
+    strict = str(tmp_path / "strict")
+    spark.createDataFrame(
+        [("o1", "10", "m", "x")], "order_id string, amount string, msg_id string, _deltamq_order string"
+    ).write.format("delta").save(strict)
+    with pytest.raises(SinkError, match=r"amount: bigint → string.*cast them in the transform"):
+        lake.sink_to_table("lake", strict, ["order_id"], order_rows)
+    wide = str(tmp_path / "wide")
+    spark.createDataFrame(
+        [("o1", 1.5, "m", "x")], "order_id string, amount double, msg_id string, _deltamq_order string"
+    ).write.format("delta").save(wide)
+    with pytest.raises(SinkError, match=r"amount: bigint → double"):  # bigint to double may round
+        lake.sink_to_table("lake", wide, ["order_id"], order_rows)
+    narrow = str(tmp_path / "narrow")  # a bigint amount; the transform gives an int
+    spark.createDataFrame(
+        [], "order_id string, amount bigint, msg_id string, _deltamq_order string"
+    ).write.format("delta").save(narrow)
+
+    def int_amounts(df):
+        return order_rows(df).withColumn("amount", F.col("amount").cast("int"))
+
+    sink = lake.sink_to_table("lake", narrow, ["order_id"], int_amounts)
+    lake.producer("p").send(Message("orders", b"7", keys="o1"))
+    lake.tick()
+    assert _table(sink) == {"o1": 7}

@@ -194,20 +194,61 @@ def output(
     )
 
 
+# a column the transform gives as the key may be written to one of the value's type
+# without loss (Delta's writers cast those); any other pair of types is refused
+_WIDER: dict[str, frozenset[str]] = {
+    "tinyint": frozenset({"smallint", "int", "bigint", "float", "double"}),
+    "smallint": frozenset({"int", "bigint", "float", "double"}),
+    "int": frozenset({"bigint", "double"}),
+    "bigint": frozenset(),
+    "float": frozenset({"double"}),
+    "date": frozenset({"timestamp"}),
+}
+
+
+def _takes(wanted: T.DataType, given: T.DataType) -> bool:
+    """Whether a column of type ``wanted`` takes values of type ``given`` without loss."""
+    if isinstance(wanted, T.DecimalType) and isinstance(given, T.DecimalType):
+        digits = wanted.precision - wanted.scale >= given.precision - given.scale
+        return wanted.scale >= given.scale and digits
+    have, want = given.simpleString(), wanted.simpleString()  # nullability aside
+    return have == want or want in _WIDER.get(have, frozenset())
+
+
+def _unfit_columns(existing: T.StructType, out: T.StructType) -> list[str]:
+    """The columns ``out`` gives in a type the table's column of that name does not take
+    without loss, each as ``name: given → table's``."""
+    table = {f.name: f.dataType for f in existing.fields}
+    return [
+        f"{f.name}: {f.dataType.simpleString()} → {table[f.name].simpleString()}"
+        for f in out.fields
+        if f.name in table and not _takes(table[f.name], f.dataType)
+    ]
+
+
 def check_table(ctx: Context, cfg: SinkConfig, out: DataFrame) -> bool:
-    """True if the sink table exists with the output's columns; False if it does not exist;
-    SinkError if it has other columns."""
+    """True if the sink table exists with the output's columns, of types it takes; False if
+    it does not exist; SinkError if it has other columns, or a column the output gives in a
+    type that would not be written without loss (a string for a bigint: Sail fails the
+    pass, Apache Spark may write nulls)."""
     try:
-        existing = ctx.engine.spark.read.format("delta").load(ctx.warehouse.engine_path(cfg.table)).columns
+        found = ctx.engine.spark.read.format("delta").load(ctx.warehouse.engine_path(cfg.table)).schema
     except Exception as e:  # noqa: BLE001 - engines word "not a Delta table" differently
         sink_storage = ctx.warehouse.storage.at(cfg.table)
         if not sink_storage.is_delta_table(sink_storage.location):
             return False
         raise SinkError(f"sink of {cfg.group!r}: {cfg.table} is not readable as a Delta table: {e}") from e
+    existing = found.fieldNames()
     if sorted(existing) != sorted(out.columns):
         raise SinkError(
             f"sink of {cfg.group!r}: table {cfg.table} has columns {existing}; the transform gives "
             f"{out.columns}"
+        )
+    unfit = _unfit_columns(found, out.schema)
+    if unfit:
+        raise SinkError(
+            f"sink of {cfg.group!r}: the transform gives columns in types table {cfg.table} does not "
+            f"take ({'; '.join(unfit)}); cast them in the transform, or sink into a table of those types"
         )
     return True
 
