@@ -276,15 +276,16 @@ class Catalog(Topics):
         if cfg.mode == "CLUSTERING":
             self.create_system_topic(retry_topic(name), 1)
             self.create_system_topic(dlq_topic(name), 1)
-            self._subscribe(name, retry_topic(name), "*", "TAG")
             # a retry topic that holds messages already is a deleted group's of this name:
-            # its retries are not this group's (docs/behaviour.md §3)
+            # its retries are not this group's (docs/behaviour.md §3). Its offsets first, so
+            # that no tick reads the topic from 0 between the two commits
             left = {
                 q: o
                 for (t, q), o in consume_queue.load_dispatch_state(self.warehouse).heads.items()
                 if t == retry_topic(name) and o > 0
             }
             self._init_offsets(cfg, retry_topic(name), left)
+            self._subscribe(name, retry_topic(name), "*", "TAG")
 
     def delete_group(self, name: str) -> None:
         """Delete every row of group ``name``: its consumed dedup keys and its pull clients'

@@ -31,6 +31,12 @@ SYSTEM_TOPICS = frozenset(
 )
 SYSTEM_TOPIC_PREFIXES = (RETRY_PREFIX, DLQ_PREFIX)
 
+ENDS_LOOKBACK_MS = 10 * 60_000
+"""Dispatch looks for a transaction's ends already indexed from this long before the
+transaction started: an op record's batch id carries the clock of whoever ended the
+transaction (another producer instance, or the tick's check pass), which may be behind
+the clock that stored the half."""
+
 CLOCK_CORRECTION_SLACK_MS = 60_000
 """Clock correction (docs/behaviour.md §2) takes a delay-level entry as due now when its
 due time is later than the pass's ``now`` plus its level's delay plus this much: a

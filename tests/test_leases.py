@@ -526,3 +526,32 @@ def test_a_renewal_whose_commit_answer_was_lost_is_still_ours(broker):
     other.held["dispatch"] = replace(leases.held["dispatch"], epoch=1)
     with pytest.raises(LeaseHeld, match="held by r"):
         other.acquire(["dispatch"], terms)
+
+
+def test_a_renewal_racing_a_process_under_the_same_name_at_the_same_epoch_is_lost(broker):
+    """Two processes under one name, both taking a lapsed row at the next epoch: the one
+    whose compare-and-set lost read the winner's row back (its name, the epoch it wanted)
+    and counted it as its own, so both held the lease. The expiry it wrote tells them
+    apart."""
+    wall = [1_000_000]
+    terms = LeaseTerms(1000, CommitPolicy(retries=0, backoff_ms=1))
+
+    class Racing(Leases):
+        race = False
+
+        def _cas(self, *args, **kwargs):
+            if self.race:
+                wall[0] += 1  # the other process's clock reads a moment later
+                restarted = Leases(broker.warehouse, holder="r", wall=lambda: wall[0], mono=lambda: wall[0])
+                restarted.acquire(["dispatch"], terms)  # commits first, at the same epoch
+            super()._cas(*args, **kwargs)
+
+    old = Racing(broker.warehouse, holder="r", wall=lambda: wall[0], mono=lambda: wall[0])
+    old.acquire(["dispatch"], terms)  # epoch 1
+    old.race = True
+    wall[0] += 1_500  # lapsed: renewed at epoch 2, racing a restart under the same name
+    with pytest.raises(LeaseHeld, match="another process under this runner's name"):
+        old.acquire(["dispatch"], terms)
+    assert old.held["dispatch"].epoch == 1
+    with pytest.raises(LeaseLost):
+        old.check(["dispatch"])

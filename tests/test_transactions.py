@@ -439,6 +439,26 @@ def test_a_commit_after_a_rollback_is_not_delivered_the_first_end_wins(setup, cl
     assert report.ok and report.duplicate_commits == 2, report.describe()
 
 
+def test_a_rollback_stored_by_a_producer_whose_clock_is_behind_still_wins(setup, clock):
+    """An op record's batch id carries the clock of whoever ended the transaction. A
+    ROLLBACK stored by a producer instance whose clock was behind the half's (another
+    machine) fell before the transaction's start, where dispatch no longer looked for
+    ends already indexed: a COMMIT arriving in a later pass was indexed and delivered."""
+    broker, log = setup
+    producer = broker.producer("shop", check_listener=Checks())
+    t = clock.now_ms()
+    h = producer.send_in_transaction(Message("orders", b"rolled back"), lambda m, a: TxState.UNKNOWN)
+    clock.set(t - 5_000)  # the other instance's clock, 5 s behind
+    broker.producer("shop").end_transaction(h.handle, TxState.ROLLBACK)
+    clock.set(t + 1_000)
+    broker.tick(clock.now_ms())  # the rollback's op record indexed
+    producer.end_transaction(h.handle, TxState.COMMIT)  # a late second end
+    dispatch = broker.tick(clock.now_ms() + 1).job("dispatch")
+    broker.tick(clock.now_ms() + 2)
+    assert consumed(log) == []
+    assert dispatch.details.get("duplicate_commits") == 1, dispatch.details
+
+
 def test_status_counts_a_transaction_between_its_check_and_the_next_dispatch(setup, clock):
     """A check pass answered UNKNOWN writes the half again (a new commit_log row, indexed by
     the next tick's dispatch): status still counts the transaction as pending then, with

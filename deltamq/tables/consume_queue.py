@@ -36,6 +36,7 @@ from pyspark.sql import functions as F
 from deltamq import faults, file_reads, ids
 from deltamq.constants import (
     DLQ_PREFIX,
+    ENDS_LOOKBACK_MS,
     RETRY_PREFIX,
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
@@ -169,8 +170,9 @@ def drop_duplicate_commits(wh: Warehouse, rows: DataFrame) -> tuple[DataFrame, i
     ``TRAN_ID`` is already indexed, or when an op record or committed message of it comes
     before it among the new rows (by commit version, batch, position): a ROLLBACK's op
     record ahead of a later COMMIT keeps that COMMIT's message out. Op records are looked
-    up from the oldest new transaction's start on (their batch ids grow with time), so the
-    read follows recent history. Returns the rows to index and how many were dropped
+    up from the oldest new transaction's start on, less ``ENDS_LOOKBACK_MS`` for an ender's
+    clock behind the half's (their batch ids grow with time), so the read follows recent
+    history. Returns the rows to index and how many were dropped
     (they stay in commit_log).
     """
     props = F.col("properties")
@@ -203,7 +205,7 @@ def drop_duplicate_commits(wh: Warehouse, rows: DataFrame) -> tuple[DataFrame, i
         .where(
             (F.col("topic") == F.lit(TRANS_OP_HALF_TOPIC))
             & (F.col("slot") == F.lit(0))
-            & (F.col("cl_batch_id") >= F.lit(oldest << ids.BATCH_RANDOM_BITS))
+            & (F.col("cl_batch_id") >= F.lit(max(0, oldest - ENDS_LOOKBACK_MS) << ids.BATCH_RANDOM_BITS))
         )
         .select(F.col("properties").getItem(Prop.TRAN_ID).alias("done_tran"))
         .distinct()

@@ -240,9 +240,17 @@ class Leases:
                 lost = []
                 for job, cur, epoch, _ in changes:  # a row's compare-and-set holds or not alone
                     got = current.get(job)
-                    if got is None or got.holder != self.holder or got.epoch != epoch:
+                    # ours only as written (the expiry too): a process sharing our name that
+                    # took the row at the same epoch first is not us
+                    if got is None or (got.holder, got.epoch, got.expires_at) != (
+                        self.holder,
+                        epoch,
+                        now + terms.ttl_ms,
+                    ):
                         renewed = got is not None and cur is not None and got.holder == cur.holder
                         how = "renewed by its holder" if renewed else "taken by"
+                        if got is not None and got.holder == self.holder:
+                            how = "taken by another process under this runner's name,"
                         lost.append(f"job {job!r} was {how} {got.holder if got else '?'} while acquiring")
                         continue
                     self.valid_until[job] = started + terms.ttl_ms
@@ -349,9 +357,11 @@ class Leases:
 
     def release(self, policy: CommitPolicy, jobs: Sequence[str] | None = None) -> None:
         """Give up leases (expiry set to 0, epoch kept so a stale copy stays fenced)."""
-        jobs = list(jobs or self.held)
+        jobs = list(jobs or {*self.held, *self._written})
         if not jobs:
             return
+        if any(j in self._written for j in jobs):
+            self._adopt(self._read(jobs))  # a row written though its answer was lost is ours
         # only at the epoch this object holds: a process sharing our name that took a row
         # over since keeps it
         ours = " OR ".join(

@@ -99,6 +99,7 @@ class FaultLoad:
         self.allowed = dict.fromkeys(GROUPS, 0)  # per group: messages that may exist beyond those sent
         self.started = time.monotonic()
         self.puller = None
+        self.released = True  # whether the last subprocess tick released its leases
 
     def setup(self) -> None:
         b = self.broker
@@ -136,9 +137,11 @@ class FaultLoad:
 
     def restart(self) -> None:
         """The runner started again, as a new process under the same DELTAMQ_RUNNER_ID as
-        the subprocess that ran before it: it takes that one's leases over at once. (The
-        object that ran the last round is not that restart: once a process sharing its
-        name took its leases, it waits for them like for any holder's.)"""
+        the subprocess that was killed (or failed) before it: it takes that one's leases
+        over at once. The object that ran the last round is not that restart: once a
+        process sharing its name took its leases, it waits for them like for any
+        holder's. After a subprocess that ended cleanly (and released them) the same
+        object ticks on, taking them back at a new epoch."""
         self.runner = TickRunner(self.broker.context, holder=RUNNER_ID)
 
     def pull(self, now: int) -> None:
@@ -158,6 +161,7 @@ class FaultLoad:
             if out.killed:
                 self.figures.kills_at_random += 1
         assert out.killed or out.returncode == 0, out.stderr[-3000:]
+        self.released = out.returncode == 0
         return out.killed
 
     def round(self, r: int) -> None:
@@ -167,7 +171,8 @@ class FaultLoad:
         self.pull(now)
         if self.kill_tick(now):
             self.figures.kills += 1
-        self.restart()
+        if not self.released:
+            self.restart()
         self.runner.tick(now)  # the re-run, to the end
         self.figures.rounds += 1
         self.check()

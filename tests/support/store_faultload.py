@@ -129,6 +129,7 @@ class StoreFaultLoad(FaultLoad):
         if not out.killed and out.returncode != 0:
             self._failed("tick (subprocess)", out.stderr + out.stdout)
             self.store.failed_ticks += 1
+        self.released = out.returncode == 0
         return out.killed
 
     def tick(self, now: int) -> Any:
@@ -148,7 +149,8 @@ class StoreFaultLoad(FaultLoad):
         self.pull(now)
         if kill:
             self.figures.kills += self.kill_tick(now)
-            self.restart()
+            if not self.released:
+                self.restart()
         self.tick(now)  # the re-run, to the end
         self.figures.rounds += 1
         self.call("check", self.check)
