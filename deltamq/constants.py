@@ -31,6 +31,10 @@ SYSTEM_TOPICS = frozenset(
 )
 SYSTEM_TOPIC_PREFIXES = (RETRY_PREFIX, DLQ_PREFIX)
 
+RESEND_PRODUCER_GROUP = "DLQ_RESEND"
+"""The producer group of dead letters resent to their topic (``dlq resend``): retention
+keeps these rows as long as dead letters, so a resend stays recognised as done."""
+
 ENDS_LOOKBACK_MS = 10 * 60_000
 """Dispatch looks for a transaction's ends already indexed from this long before the
 transaction started: an op record's batch id carries the clock of whoever ended the

@@ -22,6 +22,7 @@ from deltamq.constants import (
     DISPATCH_GROUP,
     DLQ_PREFIX,
     JOB_NAMES,
+    RESEND_PRODUCER_GROUP,
     RETRY_PREFIX,
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
@@ -172,7 +173,7 @@ def resend(ctx: Context, letters: DataFrame, *, rate_per_s: float | None = None)
             x["msg_id"]: x
             for x in join_bodies(picked, bodies, ["body", "properties", "flag", "born_ts"]).collect()
         }
-        producer = Producer(ctx, "DLQ_RESEND")
+        producer = Producer(ctx, RESEND_PRODUCER_GROUP)
         chunk = 1000 if rate_per_s is None else max(1, min(1000, int(rate_per_s)))
         for i in range(0, len(todo), chunk):
             started = time.monotonic()

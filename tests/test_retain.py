@@ -287,3 +287,29 @@ def test_a_pulled_message_retention_removed_in_flight_is_reported_when_it_expire
     assert f"{held.msg_id} of group slow at orders/0 offset 0" in caplog.text
     retries = broker.sql("SELECT count(*) AS n FROM commit_log WHERE topic = '%RETRY%slow'").first()["n"]
     assert retries == 0
+
+
+def test_a_dead_letter_resent_is_not_resent_again_after_retention_removed_its_copy(broker, clock, tmp_path):
+    """A resend is recognised by the resent copy (``RESENT_FROM``), which lives in the
+    original topic (72 h) while the dead letter stays 7 days: once retention removed the
+    copy, a second `dlq resend` sent the dead letter again. The resent copies' rows are
+    kept as long as dead letters are."""
+    log = tmp_path / "s.jsonl"
+    (tmp_path / "s.jsonl.broken").write_text("down")
+    broker.create_topic("orders", queues=1)
+    broker.create_group("strict", Recorder(log, "fail_while_broken"), max_reconsume_times=0)
+    broker.subscribe("strict", "orders")
+    broker.producer("shop").send(Message("orders", b"dead"))
+    t0 = clock.now_ms()
+    broker.tick(t0)
+    broker.tick(t0 + 1000)  # the dead letter is indexed
+    (tmp_path / "s.jsonl.broken").unlink()  # fixed: the resent copy is consumed
+    first = broker.resend_dead_letters(group="strict")
+    assert (first.resent, first.already_resent) == (1, 0)
+    broker.tick(t0 + 2000)
+    assert [c["body"] for c in read_log(log) if c["props"].get("RESENT_FROM")] == ["dead"]
+    clock.set(t0 + 4 * DAY)  # the resent copy's topic retention has passed, the DLQ's has not
+    assert broker.tick(clock.now_ms()).job("retain").result.body_rows >= 1
+    assert broker.dead_letters(group="strict").count() == 1
+    again = broker.resend_dead_letters(group="strict")
+    assert (again.resent, again.already_resent) == (0, 1)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from deltamq import dedup, faults, ids
 from deltamq.constants import (
+    RESEND_PRODUCER_GROUP,
     RETAIN_GROUP,
     TIMER_TOPIC,
 )
@@ -155,7 +156,7 @@ def run(
     # a delete whose commit was refused (a concurrent writer, or its own commit landing
     # while its answer was lost: delta-rs then sees "a concurrent transaction deleted
     # data this operation read") is planned again from the table as it now is
-    days, body_rows, kept = ctx.commit(partial(_trim_bodies, ctx, cut), what="commit_log")
+    days, body_rows, kept = ctx.commit(partial(_trim_bodies, ctx, cut, dlq_cut), what="commit_log")
     faults.point("retain.after_bodies_commit")
     pruned = _prune_bookkeeping(ctx, now)
     from deltamq.jobs import compact
@@ -265,9 +266,11 @@ def _skip_consumers(ctx: Context, moves: dict[tuple[str, int], int], now: int) -
 
 
 # --- 2. the bodies ----------------------------------------------------------------------------
-def _trim_bodies(ctx: Context, cut: int) -> tuple[int, int, int]:
-    """Old commit_log days lose the rows no index row points at; returns (days trimmed,
-    rows removed, old batches kept for remaining index rows)."""
+def _trim_bodies(ctx: Context, cut: int, dlq_cut: int) -> tuple[int, int, int]:
+    """Old commit_log days lose the rows no index row points at, but for dead letters'
+    resent copies stored since ``dlq_cut``: `dlq resend` knows a dead letter resent by its
+    copy, which must last as long as the dead letter. Returns (days trimmed, rows removed,
+    old batches kept for remaining index rows)."""
     wh = ctx.warehouse
     cut_day = ids.store_date(cut)
     # the snapshot the deletes run on is loaded first: every commit it holds that dispatch
@@ -287,6 +290,7 @@ def _trim_bodies(ctx: Context, cut: int) -> tuple[int, int, int]:
         predicate = f"store_date = '{day.isoformat()}'"
         if keep:
             predicate += " AND batch_id NOT IN (" + ", ".join(str(int(b)) for b in keep) + ")"
+        predicate += f" AND NOT (producer_group = '{RESEND_PRODUCER_GROUP}' AND store_ts >= {int(dlq_cut)})"
         metrics = table.delete(predicate)
         removed += int((metrics or {}).get("num_deleted_rows") or 0)
         kept += len(keep)
