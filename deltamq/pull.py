@@ -88,6 +88,12 @@ WINDOW = 10
 """A pull reserves up to the queue's head, at most this many batches ahead, or what this
 client handed out in the last half of ``RESERVE_MS`` if more (the reservation lasts about
 that long before the owner writes its lock row again anyway)."""
+SCAN_LIMIT = 20_000
+"""Queue offsets one ``pull`` call examines at most for messages to hand out. A pull whose
+offsets yield fewer messages than it may hand out (a tag or SQL92 filter, keys consumed
+already, messages retention removed) examines the next ones at once, twice as many each
+time, up to this many: an empty answer means none within that many offsets, as a
+RocketMQ broker's filtered pull scans a bounded stretch of its consume queue."""
 RESERVE_MS = 2_000
 """A reservation counts this long after the owner's last lock write; the owner writes its
 lock row again before it hands out from a reservation older than half of it, and
@@ -280,14 +286,36 @@ class PullConsumer:
         deadline = time.monotonic() + wait_ms / 1000.0
         while True:
             with self.store.named():
-                got = self._pull(max_messages, self._now(now))
+                got = self._scan(max_messages, self._now(now))
             left = deadline - time.monotonic()
             if got or now is not None or left <= 0:
                 return got
             time.sleep(min(left, _POLL_S))
 
-    def _pull(self, budget: int, now: int) -> list[PulledMessage]:
+    def _scan(self, budget: int, now: int) -> list[PulledMessage]:
+        """Pulls until ``budget`` messages are handed out, or a pull's offsets yielded as
+        many messages as it examined (nothing filtered out: the queues are at their
+        heads), or :data:`SCAN_LIMIT` offsets were examined; each pull examines twice the
+        offsets of the one before."""
+        got: list[PulledMessage] = []
+        examined, scan, pulls = 0, budget, 0
+        while True:
+            out, seen = self._pull(budget - len(got), now, scan)
+            got += out
+            examined += seen
+            pulls += 1
+            if len(got) >= budget or seen <= len(out) or examined >= SCAN_LIMIT:
+                break
+            scan = min(2 * scan, SCAN_LIMIT - examined)
+        if pulls > 1:  # each pull's messages in order; together in the same order
+            got.sort(key=lambda m: (m.topic, m.queue_id, m.queue_offset))
+        return got
+
+    def _pull(self, budget: int, now: int, scan: int | None = None) -> tuple[list[PulledMessage], int]:
+        """One pull: up to ``budget`` messages from at most ``scan`` offsets (``budget`` if
+        None) of this client's queues; the messages and how many offsets it examined."""
         started = time.monotonic()
+        scan = budget if scan is None else max(scan, budget)
         self.store.before_pull()
         queues = self._queues(now)  # the group read again when due: a deleted one stops here
         self._keep_alive(now)
@@ -299,7 +327,7 @@ class PullConsumer:
         # the queue heads, only when what this client reserved does not fill the batch
         reserved = sum(held[q].reserved - held[q].position for q in mine if q in held)
         heads: dict[Queue, int] = {}
-        if any(q not in held for q in mine) or reserved < budget:
+        if any(q not in held for q in mine) or reserved < scan:
             heads = self.store.heads(now)
         lock_needed = (
             any(q not in held for q in mine)
@@ -308,9 +336,9 @@ class PullConsumer:
             or any(h.reserved > h.position for q, h in held.items() if q not in mine_set)
         )
         if lock_needed:
-            takes = self._lock(mine, now, heads, budget)
+            takes = self._lock(mine, now, heads, scan)
         else:
-            takes, left = {}, budget
+            takes, left = {}, scan
             for q in mine:
                 h = held[q]
                 end = max(h.position, min(h.reserved, h.position + left))
@@ -319,11 +347,14 @@ class PullConsumer:
             if all(hi <= lo for lo, hi in takes.values()) and self._released(mine, now):
                 # nothing to hand out, and a queue this client holds was released by an
                 # offset reset (restart_queues): taken again at the new offset
-                takes = self._lock(mine, now, heads or self.store.heads(now), budget)
+                takes = self._lock(mine, now, heads or self.store.heads(now), scan)
         faults.point("pull.after_lock_commit")
         ranges = [(t, q, lo, hi) for (t, q), (lo, hi) in sorted(takes.items()) if hi > lo]
         prefix = f"{now & 0xFFFFFFFFFFFF:012x}{secrets.token_hex(5)}"  # the pull's handles
         handouts = self._read(ranges, now, prefix, now + self._cfg.invisible_time_ms)
+        if len(handouts.rows) > budget:  # more than it may hand out: each queue ends before the rest
+            handouts, takes, ranges = _first(handouts, budget, takes)
+        examined = sum(hi - lo for _, _, lo, hi in ranges)
         log = self._pending + self._takeover_rows(now)  # acks waiting for this pull first
         log += handouts.rows
         last: dict[Queue, int] = {}
@@ -358,7 +389,7 @@ class PullConsumer:
         self._forget_expired(now)
         if handouts.retold:  # a retried message shows its original topic: ordered by that
             out.sort(key=lambda m: (m.topic, m.queue_id, m.queue_offset))
-        return out
+        return out, examined
 
     def _fence(self, takes: dict[Queue, tuple[int, int]], now: int, elapsed_s: float) -> set[Queue]:
         """The queues of ``takes`` this client no longer holds, confirmed after handing out.
@@ -736,6 +767,22 @@ class _Handouts:
     messages: list[PulledMessage]
     rows: list[LogRow]
     retold: bool  # some message shows another topic than the one it is stored in (a retry)
+
+
+def _first(
+    handouts: _Handouts, budget: int, takes: dict[Queue, tuple[int, int]]
+) -> tuple[_Handouts, dict[Queue, tuple[int, int]], list[tuple[str, int, int, int]]]:
+    """The first ``budget`` of ``handouts`` (in log order: topic, queue, offset), and the
+    takes and ranges cut to match: a queue ends at its first message left out, which the
+    next pull hands out (the offsets before it are examined: passed over)."""
+    rows = handouts.rows
+    cut: dict[Queue, int] = {}
+    for row in rows[budget:]:
+        cut.setdefault((row[2], row[3]), row[4])
+    kept = _Handouts(handouts.messages[:budget], rows[:budget], handouts.retold)
+    takes = {q: (lo, min(hi, cut.get(q, hi))) for q, (lo, hi) in takes.items()}
+    ranges = [(t, q, lo, hi) for (t, q), (lo, hi) in sorted(takes.items()) if hi > lo]
+    return kept, takes, ranges
 
 
 RESET_OWNER = "%RESET%"

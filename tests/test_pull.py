@@ -713,3 +713,44 @@ def test_an_offset_reset_reaches_a_busy_holder(pulled, clock, broker):
         "SELECT queue_id, next_offset FROM offsets WHERE consumer_group = 'workers' AND topic = 'orders'"
     ).collect()
     assert sorted((r["queue_id"], r["next_offset"]) for r in offsets) == [(q, 5) for q in range(4)]
+
+
+def test_a_filtered_pull_hands_out_what_matches_beyond_its_batch_of_offsets(warehouse_with, clock):
+    """A pull examined as many queue offsets as it could hand out messages: pull(32) of a
+    tag matching 1 in 100 came back empty four times in five while matching messages
+    waited, and a client stopping at an empty pull stopped early. A pull now examines
+    further (twice as far each time, up to SCAN_LIMIT offsets), hands out at most its
+    batch, and the next pull starts at the first message it left."""
+    from deltamq import pull
+
+    wh = warehouse_with("orders", queues=2, group=None)
+    broker = wh.broker
+    wh.add_group(None, name="rare", expression="rare")
+    wh.add_group(None, name="half", expression="odd")
+    tags = ["rare" if i % 100 == 99 else ("odd" if i % 2 else "even") for i in range(2000)]
+    sent = [Message("orders", f"m{i}", tags=t) for i, t in enumerate(tags)]
+    broker.producer("p").send_batch(sent)
+    broker.tick(clock.now_ms())
+    now = clock.now_ms()
+    rare = broker.pull_consumer("rare", "c1")
+    first = rare.pull(32, now=now)
+    assert sorted(bodies(first)) == sorted(f"m{i}" for i in range(99, 2000, 100))  # all 20 at once
+    assert rare.pull(32, now=now) == []  # none left: the answer is not "none in 32 offsets"
+
+    half = broker.pull_consumer("half", "c1")
+    seen: list[str] = []
+    while got := half.pull(7, now=now):
+        assert len(got) <= 7
+        seen += bodies(got)
+        half.ack([m.receipt_handle for m in got], now=now)
+    expected = [f"m{i}" for i in range(2000) if i % 2 and i % 100 != 99]
+    assert sorted(seen) == sorted(expected) and len(seen) == len(set(seen))  # each once
+
+    clock.advance(minutes=1)
+    others = [Message("orders", f"x{i}", tags="even") for i in range(2 * pull.SCAN_LIMIT)]
+    broker.producer("p").send_batch(others)
+    broker.producer("p").send(Message("orders", "late", tags="rare"))
+    broker.tick(clock.now_ms())
+    scanned = [rare.pull(32, now=clock.now_ms()) for _ in range(3)]
+    # at most SCAN_LIMIT offsets a call: the rare one past 40 000 others, in the third call at the latest
+    assert [bodies(g) for g in scanned if g] == [["late"]]
