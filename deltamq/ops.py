@@ -30,7 +30,7 @@ from deltamq.constants import (
     TRANS_OP_HALF_TOPIC,
     Prop,
 )
-from deltamq.errors import ConfigError, OperationError
+from deltamq.errors import ConfigError, DeltaMQError, OperationError, TableDamaged, first_line
 from deltamq.filters import subscription_filter
 from deltamq.message import Message, validate_group_name
 from deltamq.producer import Producer
@@ -161,7 +161,16 @@ def resend(ctx: Context, letters: DataFrame, *, rate_per_s: float | None = None)
     for r in todo:
         if not r["original_topic"]:
             raise ConfigError(f"dead letter {r['msg_id']} has no RETRY_TOPIC: its original topic is unknown")
-        ctx.catalog.validate_writable_topic(r["original_topic"])
+    for topic in sorted({r["original_topic"] for r in todo}):
+        try:
+            ctx.catalog.validate_writable_topic(topic)
+        except DeltaMQError as e:
+            named = [r["msg_id"] for r in todo if r["original_topic"] == topic]
+            raise type(e)(
+                f"{len(named)} of the {len(todo)} dead letters to resend go back to topic {topic!r}, which "
+                f"cannot be written ({first_line(e)}); nothing was resent. Leave them out: where="
+                f"\"properties['RETRY_TOPIC'] <> '{topic}'\", or by msg_ids (e.g. {', '.join(named[:3])})"
+            ) from e
     sent: list[str] = []
     if todo:
         bodies = read_bodies(ctx.warehouse, (r["cl_date"] for r in todo), (r["cl_batch_id"] for r in todo))
@@ -173,6 +182,13 @@ def resend(ctx: Context, letters: DataFrame, *, rate_per_s: float | None = None)
             x["msg_id"]: x
             for x in join_bodies(picked, bodies, ["body", "properties", "flag", "born_ts"]).collect()
         }
+        gone = [r["msg_id"] for r in todo if r["msg_id"] not in full]
+        if gone:
+            raise TableDamaged(
+                f"the stored rows of {len(gone)} dead letters to resend are not in commit_log "
+                f"({', '.join(gone[:3])}): removed since they were listed, or a damaged table "
+                "(deltamq doctor); nothing was resent"
+            )
         producer = Producer(ctx, RESEND_PRODUCER_GROUP)
         chunk = 1000 if rate_per_s is None else max(1, min(1000, int(rate_per_s)))
         for i in range(0, len(todo), chunk):

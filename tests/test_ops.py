@@ -8,7 +8,7 @@ import pytest
 from support.listeners import Recorder, read_log
 
 from deltamq import Message
-from deltamq.errors import ConfigError
+from deltamq.errors import ConfigError, UnknownTopic
 
 MINUTE = 60_000
 
@@ -165,3 +165,27 @@ def test_a_trace_of_no_message_id_says_why_once(broker):
     with pytest.raises(ConfigError) as e:
         broker.trace("NOSUCHID")
     assert str(e.value) == "'NOSUCHID' is not a deltamq message id (24 or 32 upper-case hex digits)"
+
+
+def test_a_resend_refused_for_a_topic_names_the_dead_letters_going_there(broker, clock, tmp_path):
+    """One dead letter whose topic cannot be written refuses the resend: the error named
+    the topic only, not which letters or how many, nor how to leave them out."""
+    broker.create_topic("orders", queues=1)
+    broker.create_topic("old", queues=1)
+    broker.create_group("worker", Recorder(tmp_path / "w.jsonl", "fail"), max_reconsume_times=0)
+    broker.subscribe("worker", "orders")
+    broker.subscribe("worker", "old")
+    p = broker.producer("shop")
+    p.send(Message("orders", b"a"))
+    lost = p.send(Message("old", b"b"))
+    broker.tick(clock.now_ms())
+    broker.tick(clock.now_ms() + 1000)
+    assert broker.dead_letters(group="worker").count() == 2
+    broker.delete_topic("old", force=True)
+    refused = r"1 of the 2 dead letters to resend go back to topic 'old'.*nothing.*RETRY_TOPIC"
+    with pytest.raises(UnknownTopic, match=refused):
+        broker.resend_dead_letters(group="worker")
+    letters = broker.dead_letters(group="worker").collect()
+    assert [r["origin_id"] for r in letters if r["original_topic"] == "old"] == [lost]
+    done = broker.resend_dead_letters(group="worker", where="properties['RETRY_TOPIC'] <> 'old'")
+    assert (done.resent, done.already_resent) == (1, 0)
