@@ -322,8 +322,10 @@ class Catalog(Topics):
         if self._topic(topic) is None:
             raise UnknownTopic(f"topic {topic!r} does not exist ({self._existing()}); create it first")
         expression = validate_expression(expression, expr_type)
-        self._subscribe(group, topic, expression, expr_type)
+        # where the group starts first: a tick (or retention) between the two commits would
+        # otherwise read a subscription without offsets, from offset 0 whatever consume_from
         self._init_offsets(cfg, topic)
+        self._subscribe(group, topic, expression, expr_type)
 
     def _subscribe(self, group: str, topic: str, expression: str, expr_type: str) -> None:
         if expr_type not in EXPRESSION_TYPES:

@@ -158,6 +158,43 @@ def test_a_group_created_again_does_not_take_the_retries_its_deleted_namesake_le
     assert [(m.topic, m.body) for m in got] == [("orders", b"new")]
 
 
+def test_a_tick_while_a_group_subscribes_does_not_start_it_at_offset_0(warehouse_with, clock, tmp_path):
+    """`subscribe` committed the subscription, then where the group starts: a tick between
+    the two read a subscription without offsets and delivered the topic from offset 0 to a
+    LAST_OFFSET group. Where it starts is written first."""
+    from support.listeners import Recorder
+
+    wh = warehouse_with("orders", queues=1, group=None)
+    broker = wh.broker
+    broker.producer("shop").send_batch([Message("orders", f"old{i}".encode()) for i in range(3)])
+    broker.tick(clock.now_ms())
+    log = tmp_path / "new.jsonl"
+    broker.create_group("new", Recorder(log))  # LAST_OFFSET
+    catalog = broker.catalog
+    real = {name: getattr(catalog, name) for name in ("_init_offsets", "_subscribe")}
+    calls: list[str] = []
+
+    def after(name):
+        def step(*args, **kwargs):
+            real[name](*args, **kwargs)
+            calls.append(name)
+            if len(calls) == 1:
+                broker.tick(clock.now_ms())  # a runner's tick between the two commits
+
+        return step
+
+    for name in real:
+        setattr(catalog, name, after(name))
+    try:
+        broker.subscribe("new", "orders")
+    finally:
+        for name in real:
+            delattr(catalog, name)
+    broker.producer("shop").send(Message("orders", b"new"))
+    broker.tick(clock.now_ms() + 1)
+    assert [c["body"] for c in read_log(log)] == ["new"]
+
+
 def test_deleting_a_group_deletes_it_from_every_table_naming_groups():
     from deltamq.catalog import GROUP_TABLES
     from deltamq.schemas import TABLES
