@@ -290,7 +290,11 @@ def _trim_bodies(ctx: Context, cut: int, dlq_cut: int) -> tuple[int, int, int]:
         predicate = f"store_date = '{day.isoformat()}'"
         if keep:
             predicate += " AND batch_id NOT IN (" + ", ".join(str(int(b)) for b in keep) + ")"
-        predicate += f" AND NOT (producer_group = '{RESEND_PRODUCER_GROUP}' AND store_ts >= {int(dlq_cut)})"
+        # (rows of no producer group, which the broker writes, go: no NULL in the test)
+        predicate += (
+            f" AND (producer_group IS NULL OR producer_group <> '{RESEND_PRODUCER_GROUP}'"
+            f" OR store_ts < {int(dlq_cut)})"
+        )
         metrics = table.delete(predicate)
         removed += int((metrics or {}).get("num_deleted_rows") or 0)
         kept += len(keep)
