@@ -62,6 +62,7 @@ client id is one puller: two threads pulling under one id share its queues.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -76,13 +77,14 @@ from deltamq import faults
 from deltamq.clock import Clock
 from deltamq.config import BrokerConfig, GroupConfig, Subscription
 from deltamq.constants import ACKED, INFLIGHT, PASSED, REVOKED, TAKEN
-from deltamq.errors import ConfigError, UnknownGroup
+from deltamq.errors import ConfigError, UnknownGroup, first_line
 from deltamq.message import StoredMessage, messages_of, validate_group_name
 from deltamq.pull_log import LockEntry, LogRow, as_dict, decide_lock, ended, new_handle, receipt_handles
 from deltamq.rebalance import assign
 
 R = TypeVar("R")
 Queue = tuple[str, int]
+log = logging.getLogger(__name__)
 
 WINDOW = 10
 """A pull reserves up to the queue's head, at most this many batches ahead, or what this
@@ -286,21 +288,36 @@ class PullConsumer:
         deadline = time.monotonic() + wait_ms / 1000.0
         while True:
             with self.store.named():
-                got = self._scan(max_messages, self._now(now))
+                got = self._scan(max_messages, now)
             left = deadline - time.monotonic()
             if got or now is not None or left <= 0:
                 return got
             time.sleep(min(left, _POLL_S))
 
-    def _scan(self, budget: int, now: int) -> list[PulledMessage]:
+    def _scan(self, budget: int, now: int | None) -> list[PulledMessage]:
         """Pulls until ``budget`` messages are handed out, or a pull's offsets yielded as
         many messages as it examined (nothing filtered out: the queues are at their
-        heads), or :data:`SCAN_LIMIT` offsets were examined; each pull examines twice the
-        offsets of the one before."""
+        heads), or :data:`SCAN_LIMIT` offsets were examined; each pull examines twice
+        the offsets of the one before, at its own time (``now`` if given: its lock row
+        and fence count the time the pulls before it took). A pull after the first that fails
+        leaves the messages of those before it to the caller (they are in the log, in
+        flight), with a warning."""
         got: list[PulledMessage] = []
         examined, scan, pulls = 0, budget, 0
         while True:
-            out, seen = self._pull(budget - len(got), now, scan)
+            try:
+                out, seen = self._pull(budget - len(got), self._now(now), scan, first=pulls == 0)
+            except Exception as e:
+                if not got:
+                    raise
+                log.warning(
+                    "pull of %s/%s: handing out what it has; the next pull failed: %s: %s",
+                    self.group,
+                    self.client_id,
+                    type(e).__name__,
+                    first_line(e),
+                )
+                break
             got += out
             examined += seen
             pulls += 1
@@ -311,9 +328,12 @@ class PullConsumer:
             got.sort(key=lambda m: (m.topic, m.queue_id, m.queue_offset))
         return got
 
-    def _pull(self, budget: int, now: int, scan: int | None = None) -> tuple[list[PulledMessage], int]:
+    def _pull(
+        self, budget: int, now: int, scan: int | None = None, *, first: bool = True
+    ) -> tuple[list[PulledMessage], int]:
         """One pull: up to ``budget`` messages from at most ``scan`` offsets (``budget`` if
-        None) of this client's queues; the messages and how many offsets it examined."""
+        None) of this client's queues; the messages and how many offsets it examined.
+        ``first``: the first pull of a call (only it counts a refused lock request)."""
         started = time.monotonic()
         scan = budget if scan is None else max(scan, budget)
         self.store.before_pull()
@@ -336,7 +356,7 @@ class PullConsumer:
             or any(h.reserved > h.position for q, h in held.items() if q not in mine_set)
         )
         if lock_needed:
-            takes = self._lock(mine, now, heads, scan)
+            takes = self._lock(mine, now, heads, budget, scan=scan, count_refused=first)
         else:
             takes, left = {}, scan
             for q in mine:
@@ -347,7 +367,9 @@ class PullConsumer:
             if all(hi <= lo for lo, hi in takes.values()) and self._released(mine, now):
                 # nothing to hand out, and a queue this client holds was released by an
                 # offset reset (restart_queues): taken again at the new offset
-                takes = self._lock(mine, now, heads or self.store.heads(now), scan)
+                takes = self._lock(
+                    mine, now, heads or self.store.heads(now), budget, scan=scan, count_refused=first
+                )
         faults.point("pull.after_lock_commit")
         ranges = [(t, q, lo, hi) for (t, q), (lo, hi) in sorted(takes.items()) if hi > lo]
         prefix = f"{now & 0xFFFFFFFFFFFF:012x}{secrets.token_hex(5)}"  # the pull's handles
@@ -466,17 +488,27 @@ class PullConsumer:
             self._sent = {h: r for h, r in self._sent.items() if r[8] > now}
 
     def _lock(
-        self, mine: list[Queue], now: int, heads: dict[Queue, int], budget: int
+        self,
+        mine: list[Queue],
+        now: int,
+        heads: dict[Queue, int],
+        budget: int,
+        *,
+        scan: int | None = None,
+        count_refused: bool = True,
     ) -> dict[Queue, tuple[int, int]]:
         """Take, extend or refresh the access lock of ``mine`` (and give back what queues
         no longer assigned reserved), in one compare-and-set of the lock rows; returns
-        {queue: (start, end)} of the range to hand out from each queue this client holds.
-        A reservation grows to the queue's head, at most ``WINDOW`` batches ahead or
-        :meth:`_recent_pace` if more. The owner starts where it handed out last (from the
-        log when this client has no memory of the queue: a range reserved by a pull killed
-        before recording is handed out again); a new owner at the acknowledged offset."""
+        {queue: (start, end)} of the ranges of ``scan`` offsets in all (``budget`` if None)
+        to examine in each queue this client holds. A reservation grows to the queue's
+        head, at most ``WINDOW`` batches ahead, or :meth:`_recent_pace`, or ``scan``, if
+        more. The owner starts where it handed out last (from the log when this client has
+        no memory of the queue: a range reserved by a pull killed before recording is
+        handed out again); a new owner at the acknowledged offset. ``count_refused``: a
+        refused request counts toward the owner's unchanged polls (once a ``pull`` call)."""
         me = self.client_id
-        window = max(max(budget, 1) * WINDOW, self._recent_pace())
+        scan = budget if scan is None else scan
+        window = max(max(budget, 1) * WINDOW, self._recent_pace(), scan)
         plans: dict[Queue, _Plan] = {}
         # queue -> (where this owner starts, whether an offset reset released it)
         taken: dict[Queue, tuple[int, bool]] = {}
@@ -489,12 +521,14 @@ class PullConsumer:
             unknown = [q for q in mine if q not in self._held or (locks.get(q) or _NOBODY).owner != me]
             derived = self.store.positions(self.group, unknown) if unknown else {}
             changes = []
-            left = budget
+            left = scan
             for q in mine:
                 entry = locks.get(q)
                 plan, change, taken_at = self._plan_queue(
                     entry, derived.get(q, (0, 0)), self._held.get(q), now, left, window, heads.get(q, 0)
                 )
+                if plan is None and not count_refused:
+                    change = None  # refused again within one pull call: counted once
                 if change is not None:
                     changes.append((q, entry, change))
                 if plan is None:

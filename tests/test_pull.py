@@ -754,3 +754,34 @@ def test_a_filtered_pull_hands_out_what_matches_beyond_its_batch_of_offsets(ware
     scanned = [rare.pull(32, now=clock.now_ms()) for _ in range(3)]
     # at most SCAN_LIMIT offsets a call: the rare one past 40 000 others, in the third call at the latest
     assert [bodies(g) for g in scanned if g] == [["late"]]
+
+
+def test_a_scan_whose_next_pull_fails_hands_out_what_it_has(warehouse_with, clock, caplog):
+    """A pull call's later pulls of a scan failing used to drop the messages the earlier
+    ones had handed out (in flight in the log: retried after the invisible time, a
+    reconsume each). They are returned, with a warning naming the failure."""
+    wh = warehouse_with("orders", queues=1, group=None)
+    broker = wh.broker
+    wh.add_group(None, name="half", expression="odd")
+    broker.producer("p").send_batch(
+        [Message("orders", f"m{i}", tags="odd" if i % 2 else "even") for i in range(40)]
+    )
+    broker.tick(clock.now_ms())
+    client = broker.pull_consumer("half", "c1")
+    real, calls = client.store.handout_rows, []
+
+    def failing_later(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise OSError("the store went away")
+        return real(*args, **kwargs)
+
+    client.store.handout_rows = failing_later
+    with caplog.at_level("WARNING"):
+        got = client.pull(8, now=clock.now_ms())  # 8 offsets hold 4 odd ones: a second pull follows
+    assert bodies(got) == ["m1", "m3", "m5", "m7"] and len(calls) == 2
+    assert "the next pull failed: OSError: the store went away" in caplog.text
+    client.store.handout_rows = real
+    client.ack([m.receipt_handle for m in got], now=clock.now_ms())
+    rest = client.pull(100, now=clock.now_ms())
+    assert bodies(rest) == [f"m{i}" for i in range(9, 40, 2)]
