@@ -346,13 +346,13 @@ class Broker:
         """Move a group's offsets on every subscribed topic to the first message stored at
         or after ``to_time`` (epoch ms or datetime), back or forward. Returns the new offsets.
         A pull group's clients restart there: what they hold in flight is revoked and their
-        queue locks are released (:func:`deltamq.pull.restart_queues`)."""
+        queue locks are released (:func:`deltamq.pull_log.restart_queues`)."""
         new = self.catalog.offsets_at(group, to_ms(to_time))
         cfg = self.catalog.require_group(group)
         restart: AbstractContextManager[None] = nullcontext()
         if cfg.mode == "CLUSTERING" and not cfg.listener and not cfg.sink_table:
-            from deltamq.pull import restart_queues
             from deltamq.pull_engine import EngineStore
+            from deltamq.pull_log import restart_queues
 
             # the log's restart first: a fold of the log that read it before would otherwise
             # write the old acknowledged offsets over the new ones (offsets never go back there)

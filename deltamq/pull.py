@@ -65,21 +65,27 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from itertools import repeat
-from typing import Any, Protocol, TypeVar
-
-import pyarrow as pa
+from typing import TypeVar
 
 from deltamq import faults
-from deltamq.clock import Clock
-from deltamq.config import BrokerConfig, GroupConfig, Subscription
+from deltamq.config import GroupConfig, Subscription
 from deltamq.constants import ACKED, INFLIGHT, PASSED, REVOKED, TAKEN
 from deltamq.errors import ConfigError, UnknownGroup, first_line
 from deltamq.message import StoredMessage, messages_of, validate_group_name
-from deltamq.pull_log import LockEntry, LogRow, as_dict, decide_lock, ended, new_handle, receipt_handles
+from deltamq.pull_log import (
+    RESET_OWNER,
+    LockEntry,
+    LogRow,
+    PullStore,
+    as_dict,
+    decide_lock,
+    ended,
+    new_handle,
+    receipt_handles,
+)
 from deltamq.rebalance import assign
 
 R = TypeVar("R")
@@ -128,46 +134,6 @@ class _Plan:
     end: int
     reserved: int
     write: bool
-
-
-class PullStore(Protocol):
-    """What the pull protocol reads and writes: deltamq/pull_engine.py through the broker's
-    engine, deltamq/pull_files.py without one. Writes other than :meth:`write_locks` are
-    committed by the store; :meth:`write_locks` runs inside :meth:`commit`."""
-
-    config: BrokerConfig
-    clock: Clock
-
-    def group(self, name: str) -> GroupConfig | None: ...
-    def group_names(self) -> list[str]: ...
-    def listens(self, group: str) -> bool: ...
-    def subscriptions(self, group: str) -> list[Subscription]: ...
-    def topic_queues(self, topic: str) -> int | None: ...
-    def commit(self, attempt: Callable[[], R], *, what: str) -> R: ...
-    def named(self) -> AbstractContextManager[None]: ...
-    def before_pull(self) -> None: ...
-    def heartbeat(self, group: str, client: str, now: int) -> None: ...
-    def leave(self, group: str, client: str) -> None: ...
-    def live_clients(self, group: str, since: int) -> list[str]: ...
-    def read_locks(self, group: str) -> dict[Queue, LockEntry | None]: ...
-    def write_locks(self, group: str, changes: list[tuple[Queue, LockEntry | None, LockEntry]]) -> None: ...
-    def ensure_lock_rows(self, group: str, queues: Sequence[Queue]) -> None: ...
-    def heads(self, now: int) -> dict[Queue, int]: ...
-    def positions(self, group: str, queues: Sequence[Queue]) -> dict[Queue, tuple[int, int]]: ...
-    def handout_rows(
-        self,
-        group: str,
-        cfg: GroupConfig,
-        subs: Sequence[Subscription],
-        ranges: Sequence[tuple[str, int, int, int]],
-        now: int,
-    ) -> pa.Table: ...
-    def open_rows(
-        self, group: str, *, queues: Iterable[Queue] = (), handles: Iterable[str] = ()
-    ) -> list[LogRow]: ...
-    def append_log(self, rows: list[LogRow]) -> None: ...
-    def record_keys(self, group: str, cfg: GroupConfig, acked: list[dict[str, Any]], now: int) -> None: ...
-    def nack(self, rows: list[LogRow], level: int) -> None: ...
 
 
 class PullConsumer:
@@ -378,15 +344,7 @@ class PullConsumer:
             handouts, takes, ranges = _first(handouts, budget, takes)
         examined = sum(hi - lo for _, _, lo, hi in ranges)
         log = self._pending + self._takeover_rows(now)  # acks waiting for this pull first
-        log += handouts.rows
-        last: dict[Queue, int] = {}
-        for row in handouts.rows:  # in (topic, queue, offset) order: the last one wins
-            last[(row[2], row[3])] = row[4]
-        for topic, qid, _, hi in ranges:
-            if last.get((topic, qid), -1) < hi - 1:  # the range ends in messages not handed out
-                log.append(
-                    (self.group, self.client_id, topic, qid, hi - 1, None, new_handle(), now, None, PASSED)
-                )
+        log += handouts.rows + self._passed(handouts.rows, ranges, now)
         if log:
             self.store.append_log(log)
             self._acks_recorded()
@@ -412,6 +370,18 @@ class PullConsumer:
         if handouts.retold:  # a retried message shows its original topic: ordered by that
             out.sort(key=lambda m: (m.topic, m.queue_id, m.queue_offset))
         return out, examined
+
+    def _passed(self, rows: list[LogRow], ranges: list[tuple[str, int, int, int]], now: int) -> list[LogRow]:
+        """A ``PASSED`` log row for each of ``ranges`` that ends in messages not handed out
+        (``rows``: the pull's ``INFLIGHT`` rows, in (topic, queue, offset) order)."""
+        last: dict[Queue, int] = {}
+        for row in rows:  # the last one of each queue wins
+            last[(row[2], row[3])] = row[4]
+        return [
+            (self.group, self.client_id, topic, qid, hi - 1, None, new_handle(), now, None, PASSED)
+            for topic, qid, _, hi in ranges
+            if last.get((topic, qid), -1) < hi - 1
+        ]
 
     def _fence(self, takes: dict[Queue, tuple[int, int]], now: int, elapsed_s: float) -> set[Queue]:
         """The queues of ``takes`` this client no longer holds, confirmed after handing out.
@@ -817,45 +787,6 @@ def _first(
     takes = {q: (lo, min(hi, cut.get(q, hi))) for q, (lo, hi) in takes.items()}
     ranges = [(t, q, lo, hi) for (t, q), (lo, hi) in sorted(takes.items()) if hi > lo]
     return kept, takes, ranges
-
-
-RESET_OWNER = "%RESET%"
-"""The owner of a lock row an offset reset released: long expired, so the next client that
-pulls the queue takes it over and starts at the reset offset."""
-
-
-@contextmanager
-def restart_queues(store: PullStore, group: str, starts: dict[Queue, int], now: int) -> Iterator[None]:
-    """An offset reset of a pull group to ``starts``, around the caller's ``offsets``
-    write (the body): first what its clients hold in flight on those queues is revoked and
-    a ``TAKEN`` row marks where each queue restarts (rows delivered before it no longer
-    count); after the body, each owned lock row is handed to :data:`RESET_OWNER` with a
-    time long past and the reset offset, so the holder, or any client, takes the queue
-    over there: a busy holder at its next lock write, an idle one when a pull finds nothing
-    to hand out. A client pulling meanwhile may hand out from its old position once more
-    (revoked when it takes the queue over: at-least-once, as after any takeover)."""
-    if not starts:
-        yield
-        return
-    rows = [ended(r, REVOKED) for r in store.open_rows(group, queues=starts)]
-    rows += [
-        (group, RESET_OWNER, t, q, start - 1, None, new_handle(), now, None, TAKEN)
-        for (t, q), start in sorted(starts.items())
-    ]
-    store.append_log(rows)
-    yield
-
-    def release() -> None:
-        locks = store.read_locks(group)
-        changes: list[tuple[Queue, LockEntry | None, LockEntry]] = [
-            (q, entry, LockEntry(RESET_OWNER, 0, start, 0, start))
-            for q, start in sorted(starts.items())
-            if (entry := locks.get(q)) is not None and entry.owner != RESET_OWNER
-        ]
-        if changes:
-            store.write_locks(group, changes)
-
-    store.commit(release, what="queue_lock")
 
 
 def group_queues(subs: Sequence[Subscription], topic_queues: Callable[[str], int | None]) -> list[Queue]:

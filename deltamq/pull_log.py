@@ -11,15 +11,22 @@ from __future__ import annotations
 import re
 import secrets
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from deltamq.constants import ENDED, INFLIGHT, NACK_REQUESTED, REVOKED, TAKEN
 from deltamq.errors import ConfigError
+
+if TYPE_CHECKING:
+    from deltamq.clock import Clock
+    from deltamq.config import BrokerConfig, GroupConfig, Subscription
+
+R = TypeVar("R")
 
 Queue = tuple[str, int]
 LogRow = tuple[Any, ...]
@@ -323,3 +330,83 @@ def receipt_handles(handles: Iterable[str]) -> list[str]:
             if not isinstance(h, str) or not _HEX.fullmatch(h):
                 raise ConfigError(f"{h!r} is not a receipt handle (hex text returned by pull)")
     return sorted(set(listed))
+
+
+# --- the store the protocol reads and writes, and offset resets through it --------------------
+RESET_OWNER = "%RESET%"
+"""The owner of a lock row an offset reset released: long expired, so the next client that
+pulls the queue takes it over and starts at the reset offset."""
+
+
+@contextmanager
+def restart_queues(store: PullStore, group: str, starts: dict[Queue, int], now: int) -> Iterator[None]:
+    """An offset reset of a pull group to ``starts``, around the caller's ``offsets``
+    write (the body): first what its clients hold in flight on those queues is revoked and
+    a ``TAKEN`` row marks where each queue restarts (rows delivered before it no longer
+    count); after the body, each owned lock row is handed to :data:`RESET_OWNER` with a
+    time long past and the reset offset, so the holder, or any client, takes the queue
+    over there: a busy holder at its next lock write, an idle one when a pull finds nothing
+    to hand out. A client pulling meanwhile may hand out from its old position once more
+    (revoked when it takes the queue over: at-least-once, as after any takeover)."""
+    if not starts:
+        yield
+        return
+    rows = [ended(r, REVOKED) for r in store.open_rows(group, queues=starts)]
+    rows += [
+        (group, RESET_OWNER, t, q, start - 1, None, new_handle(), now, None, TAKEN)
+        for (t, q), start in sorted(starts.items())
+    ]
+    store.append_log(rows)
+    yield
+
+    def release() -> None:
+        locks = store.read_locks(group)
+        changes: list[tuple[Queue, LockEntry | None, LockEntry]] = [
+            (q, entry, LockEntry(RESET_OWNER, 0, start, 0, start))
+            for q, start in sorted(starts.items())
+            if (entry := locks.get(q)) is not None and entry.owner != RESET_OWNER
+        ]
+        if changes:
+            store.write_locks(group, changes)
+
+    store.commit(release, what="queue_lock")
+
+
+class PullStore(Protocol):
+    """What the pull protocol reads and writes: deltamq/pull_engine.py through the broker's
+    engine, deltamq/pull_files.py without one. Writes other than :meth:`write_locks` are
+    committed by the store; :meth:`write_locks` runs inside :meth:`commit`."""
+
+    config: BrokerConfig
+    clock: Clock
+
+    def group(self, name: str) -> GroupConfig | None: ...
+    def group_names(self) -> list[str]: ...
+    def listens(self, group: str) -> bool: ...
+    def subscriptions(self, group: str) -> list[Subscription]: ...
+    def topic_queues(self, topic: str) -> int | None: ...
+    def commit(self, attempt: Callable[[], R], *, what: str) -> R: ...
+    def named(self) -> AbstractContextManager[None]: ...
+    def before_pull(self) -> None: ...
+    def heartbeat(self, group: str, client: str, now: int) -> None: ...
+    def leave(self, group: str, client: str) -> None: ...
+    def live_clients(self, group: str, since: int) -> list[str]: ...
+    def read_locks(self, group: str) -> dict[Queue, LockEntry | None]: ...
+    def write_locks(self, group: str, changes: list[tuple[Queue, LockEntry | None, LockEntry]]) -> None: ...
+    def ensure_lock_rows(self, group: str, queues: Sequence[Queue]) -> None: ...
+    def heads(self, now: int) -> dict[Queue, int]: ...
+    def positions(self, group: str, queues: Sequence[Queue]) -> dict[Queue, tuple[int, int]]: ...
+    def handout_rows(
+        self,
+        group: str,
+        cfg: GroupConfig,
+        subs: Sequence[Subscription],
+        ranges: Sequence[tuple[str, int, int, int]],
+        now: int,
+    ) -> pa.Table: ...
+    def open_rows(
+        self, group: str, *, queues: Iterable[Queue] = (), handles: Iterable[str] = ()
+    ) -> list[LogRow]: ...
+    def append_log(self, rows: list[LogRow]) -> None: ...
+    def record_keys(self, group: str, cfg: GroupConfig, acked: list[dict[str, Any]], now: int) -> None: ...
+    def nack(self, rows: list[LogRow], level: int) -> None: ...

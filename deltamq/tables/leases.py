@@ -237,31 +237,34 @@ class Leases:
             if changes:
                 self._cas(changes, now, terms.ttl_ms, started)
                 current = self._read(jobs)
-                lost = []
-                for job, cur, epoch, _ in changes:  # a row's compare-and-set holds or not alone
-                    got = current.get(job)
-                    # ours only as written (the expiry too): a process sharing our name that
-                    # took the row at the same epoch first is not us
-                    if got is None or (got.holder, got.epoch, got.expires_at) != (
-                        self.holder,
-                        epoch,
-                        now + terms.ttl_ms,
-                    ):
-                        renewed = got is not None and cur is not None and got.holder == cur.holder
-                        how = "renewed by its holder" if renewed else "taken by"
-                        if got is not None and got.holder == self.holder:
-                            how = "taken by another process under this runner's name,"
-                        lost.append(f"job {job!r} was {how} {got.holder if got else '?'} while acquiring")
-                        continue
-                    self.valid_until[job] = started + terms.ttl_ms
-                    self.held[job] = got  # what it holds now, even when another row was lost
-                    self._written.pop(job, None)
-                if lost:
-                    raise LeaseHeld(lost[0])
+                self._confirm(changes, current, now + terms.ttl_ms, started + terms.ttl_ms)
             self.held.update({j: current[j] for j in jobs})
             return {j: current[j] for j in jobs}
 
         return self.wh.commit(attempt, what="leases", policy=terms.commits)
+
+    def _confirm(self, changes: list[_Change], current: dict[str, Lease], expires: int, until: int) -> None:
+        """Record as held each row of ``changes`` that ``current`` (read after the
+        compare-and-set) holds as we wrote it, valid until ``until`` (monotonic); raise
+        LeaseHeld naming the first that is not (each row's compare-and-set holds or not
+        alone: the others are still recorded)."""
+        lost = []
+        for job, cur, epoch, _ in changes:
+            got = current.get(job)
+            # ours only as written (the expiry too): a process sharing our name that took
+            # the row at the same epoch first is not us
+            if got is None or (got.holder, got.epoch, got.expires_at) != (self.holder, epoch, expires):
+                renewed = got is not None and cur is not None and got.holder == cur.holder
+                how = "renewed by its holder" if renewed else "taken by"
+                if got is not None and got.holder == self.holder:
+                    how = "taken by another process under this runner's name,"
+                lost.append(f"job {job!r} was {how} {got.holder if got else '?'} while acquiring")
+                continue
+            self.valid_until[job] = until
+            self.held[job] = got  # what it holds now, even when another row was lost
+            self._written.pop(job, None)
+        if lost:
+            raise LeaseHeld(lost[0])
 
     def _left(self, job: str, row: Lease | None, mono_now: int) -> int:
         """How long our lease of ``job`` lasts still, by our monotonic clock (0 if the row
