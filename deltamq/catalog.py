@@ -284,7 +284,8 @@ class Catalog(Topics):
                 for (t, q), o in consume_queue.load_dispatch_state(self.warehouse).heads.items()
                 if t == retry_topic(name) and o > 0
             }
-            self._init_offsets(cfg, retry_topic(name), left)
+            if left:
+                self._init_offsets(cfg, retry_topic(name), left)
             self._subscribe(name, retry_topic(name), "*", "TAG")
 
     def delete_group(self, name: str) -> None:

@@ -294,14 +294,11 @@ class PullConsumer:
             got.sort(key=lambda m: (m.topic, m.queue_id, m.queue_offset))
         return got
 
-    def _pull(
-        self, budget: int, now: int, scan: int | None = None, *, first: bool = True
-    ) -> tuple[list[PulledMessage], int]:
-        """One pull: up to ``budget`` messages from at most ``scan`` offsets (``budget`` if
-        None) of this client's queues; the messages and how many offsets it examined.
+    def _pull(self, budget: int, now: int, scan: int, *, first: bool) -> tuple[list[PulledMessage], int]:
+        """One pull: up to ``budget`` messages from at most ``scan`` offsets (at least
+        ``budget``) of this client's queues; the messages and how many offsets it examined.
         ``first``: the first pull of a call (only it counts a refused lock request)."""
         started = time.monotonic()
-        scan = budget if scan is None else max(scan, budget)
         self.store.before_pull()
         queues = self._queues(now)  # the group read again when due: a deleted one stops here
         self._keep_alive(now)

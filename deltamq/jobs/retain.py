@@ -290,7 +290,7 @@ def _trim_bodies(ctx: Context, cut: int, dlq_cut: int) -> tuple[int, int, int]:
         predicate = f"store_date = '{day.isoformat()}'"
         if keep:
             predicate += " AND batch_id NOT IN (" + ", ".join(str(int(b)) for b in keep) + ")"
-        # (rows of no producer group, which the broker writes, go: no NULL in the test)
+        # written so that a row of no producer group is deleted (NOT over a NULL keeps it)
         predicate += (
             f" AND (producer_group IS NULL OR producer_group <> '{RESEND_PRODUCER_GROUP}'"
             f" OR store_ts < {int(dlq_cut)})"

@@ -194,8 +194,8 @@ def output(
     )
 
 
-# a column the transform gives as the key may be written to one of the value's type
-# without loss (Delta's writers cast those); any other pair of types is refused
+# a value of a type the transform gives (the key) is written without loss into a column
+# of any of the types listed for it (Delta's writers cast those); other pairs are refused
 _WIDER: dict[str, frozenset[str]] = {
     "tinyint": frozenset({"smallint", "int", "bigint", "float", "double"}),
     "smallint": frozenset({"int", "bigint", "float", "double"}),

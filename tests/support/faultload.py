@@ -99,7 +99,6 @@ class FaultLoad:
         self.allowed = dict.fromkeys(GROUPS, 0)  # per group: messages that may exist beyond those sent
         self.started = time.monotonic()
         self.puller = None
-        self.released = True  # whether the last subprocess tick released its leases
 
     def setup(self) -> None:
         b = self.broker
@@ -161,7 +160,8 @@ class FaultLoad:
             if out.killed:
                 self.figures.kills_at_random += 1
         assert out.killed or out.returncode == 0, out.stderr[-3000:]
-        self.released = out.returncode == 0
+        if out.returncode != 0:  # it kept its leases: the re-run is a restart
+            self.restart()
         return out.killed
 
     def round(self, r: int) -> None:
@@ -171,8 +171,6 @@ class FaultLoad:
         self.pull(now)
         if self.kill_tick(now):
             self.figures.kills += 1
-        if not self.released:
-            self.restart()
         self.runner.tick(now)  # the re-run, to the end
         self.figures.rounds += 1
         self.check()

@@ -129,7 +129,8 @@ class StoreFaultLoad(FaultLoad):
         if not out.killed and out.returncode != 0:
             self._failed("tick (subprocess)", out.stderr + out.stdout)
             self.store.failed_ticks += 1
-        self.released = out.returncode == 0
+        if out.returncode != 0:  # it kept its leases: the re-run is a restart
+            self.restart()
         return out.killed
 
     def tick(self, now: int) -> Any:
@@ -147,10 +148,8 @@ class StoreFaultLoad(FaultLoad):
         self.clock.advance(seconds=self.rng.choice([5, 20, 45, 90]))
         now = self.clock.now_ms()
         self.pull(now)
-        if kill:
-            self.figures.kills += self.kill_tick(now)
-            if not self.released:
-                self.restart()
+        if kill and self.kill_tick(now):
+            self.figures.kills += 1
         self.tick(now)  # the re-run, to the end
         self.figures.rounds += 1
         self.call("check", self.check)
