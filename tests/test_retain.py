@@ -313,3 +313,37 @@ def test_a_dead_letter_resent_is_not_resent_again_after_retention_removed_its_co
     assert broker.dead_letters(group="strict").count() == 1
     again = broker.resend_dead_letters(group="strict")
     assert (again.resent, again.already_resent) == (0, 1)
+
+
+def test_messages_retention_removed_from_their_queues_are_expired_in_the_views(broker, clock):
+    """Retention removes a queue's expired index rows at once and their stored rows only
+    with their whole day: in between, the views call the message ``expired`` (it was
+    ``stored``: not dispatched yet, which was not true), for every group too."""
+    broker.create_topic("orders", queues=1)
+    broker.create_group("g", consume_from="FIRST_OFFSET")  # a pull group that never pulls
+    broker.subscribe("g", "orders")
+    t0 = clock.now_ms()  # 2026-01-01 00:00
+    p = broker.producer("shop")
+    p.send_batch([Message("orders", "old"), Message("orders", "due-late", delay=timedelta(hours=80))])
+    broker.tick(t0)
+
+    def states():
+        rows = broker.sql("SELECT CAST(body AS STRING) AS b, state FROM messages").collect()
+        groups = broker.sql(
+            "SELECT CAST(m.body AS STRING) AS b, g.state FROM message_groups g JOIN messages m USING (msg_id)"
+        ).collect()
+        return {r["b"]: r["state"] for r in rows}, {r["b"]: r["state"] for r in groups}
+
+    assert states() == ({"old": "visible", "due-late": "delayed"}, {"old": "pending", "due-late": "delayed"})
+    # 72 h and 2 min later, still on day 4: the index row of "old" goes, its day stays
+    now = t0 + 3 * DAY + 120_000
+    clock.set(now)
+    p.send(Message("orders", "new"))
+    assert broker.tick(now).job("retain").result.index_rows == 1
+    kept = _rows(broker, "SELECT count(*) AS n FROM commit_log WHERE CAST(body AS STRING) = 'old'")
+    assert kept[0]["n"] == 1  # the stored row is still there
+    # "due-late" falls due 8 h after the cut: not expired (still waiting for its delay)
+    assert states() == (
+        {"old": "expired", "due-late": "delayed", "new": "visible"},
+        {"old": "expired", "due-late": "delayed", "new": "pending"},
+    )

@@ -162,7 +162,7 @@ def run(
     from deltamq.jobs import compact
 
     compacted = compact.run(ctx, now, memory) if cfg.compact else None
-    _record_run(ctx, memory, now)
+    _record_run(ctx, memory, now, cut)
     return RetainResult(
         ran=True,
         index_rows=index_rows,
@@ -178,9 +178,12 @@ def run(
     )
 
 
-def _record_run(ctx: Context, memory: Memory, now: int) -> None:
+def _record_run(ctx: Context, memory: Memory, now: int, cut: int | None = None) -> None:
+    """The pass's ``now`` (``progress_version``) and, after a pass that ran, the cut it
+    applied (``next_offset``: messages due before it left their queues; the ``messages``
+    view calls them ``expired``, deltamq/tables/views.py)."""
     ctx.commit(
-        lambda: advance_offsets(ctx.warehouse, RETAIN_GROUP, [("", -1, None, now)], now), what="offsets"
+        lambda: advance_offsets(ctx.warehouse, RETAIN_GROUP, [("", -1, cut, now)], now), what="offsets"
     )
     memory.last_pass = now
 

@@ -7,7 +7,8 @@ epoch milliseconds. The views here answer the common questions directly:
 
 - ``messages``: one row per message as a producer sent it (copies left out), its times
   as timestamps, and ``state``: where it is now (``stored``, ``delayed``, ``prepared``,
-  ``rolled back``, ``discarded`` (a transaction check-back gave up on), ``visible``).
+  ``rolled back``, ``discarded`` (a transaction check-back gave up on), ``visible``,
+  ``expired`` (retention removed it from its queue; its stored rows go later, by day)).
 - ``message_groups``: one row per sent message and consumer group subscribed to its
   topic, with the group's ``state`` of it: ``pending``, ``in flight`` (pulled, not
   acked), ``in retry``, ``dead-lettered``, ``consumed`` (acked, or the group's offset is past it:
@@ -28,6 +29,7 @@ from deltamq.constants import (
     DLQ_PREFIX,
     ENDED,
     INFLIGHT,
+    RETAIN_GROUP,
     RETRY_PREFIX,
     SYSTEM_TOPICS,
     TRANS_CHECK_MAX_TIME_TOPIC,
@@ -83,6 +85,8 @@ def _sent(name: Name) -> str:
 
 def messages_sql(name: Name) -> str:
     prepared = SysFlag.TRANSACTION_PREPARED_TYPE
+    # when it falls due (epoch ms): a timer's time, or its store time plus its level's delay
+    due = f"coalesce(CAST({_prop(Prop.TIMER_DELIVER_MS, 's.')} AS BIGINT), s.store_ts + lv.delay_ms)"
     return (
         f"WITH sent AS ({_sent(name)}), "
         "ended AS ("
@@ -90,6 +94,9 @@ def messages_sql(name: Name) -> str:
         f"FROM {name('commit_log')} WHERE topic = {sql_str(TRANS_OP_HALF_TOPIC)} GROUP BY 1), "
         f"discarded AS (SELECT DISTINCT {_prop(Prop.TRAN_ID)} AS tran_id FROM {name('commit_log')} "
         f"WHERE topic = {sql_str(TRANS_CHECK_MAX_TIME_TOPIC)}), "
+        # the latest cut a retention pass applied: an index row due before it was removed
+        f"retained AS (SELECT max(next_offset) AS cut FROM {name('offsets')} "
+        f"WHERE consumer_group = {sql_str(RETAIN_GROUP)} AND queue_id = -1), "
         "indexed AS ("
         f"SELECT {_prop(Prop.UNIQ_KEY)} AS id, min(store_ts) AS visible_ts "
         f"FROM {name('consume_queue')} WHERE {_user_topic()} GROUP BY 1) "
@@ -97,9 +104,7 @@ def messages_sql(name: Name) -> str:
         f"map_filter(s.properties, (k, v) -> NOT k IN {sql_in(_SYSTEM_PROPS)}) AS properties, "
         "timestamp_millis(s.born_ts) AS born_at, timestamp_millis(s.store_ts) AS stored_at, "
         f"CAST({_prop(Prop.DELAY, 's.')} AS INT) AS delay_level, "
-        # when it falls due: a timer's time, or its store time plus its level's delay
-        f"timestamp_millis(coalesce(CAST({_prop(Prop.TIMER_DELIVER_MS, 's.')} AS BIGINT), "
-        "s.store_ts + lv.delay_ms)) AS deliver_at, "
+        f"timestamp_millis({due}) AS deliver_at, "
         # the first end counts (docs/behaviour.md §5): a message that became visible was
         # committed, whatever ended it later; else any rollback wins over a commit
         f"CASE WHEN s.sys_flag & {_TX_BITS} = {prepared} THEN CASE WHEN i.id IS NOT NULL THEN 'COMMIT' "
@@ -109,13 +114,16 @@ def messages_sql(name: Name) -> str:
         "WHEN e.tran_state = 'ROLLBACK' THEN 'rolled back' "
         "WHEN e.tran_state IS NULL AND x.tran_id IS NOT NULL THEN 'discarded' "
         f"WHEN s.sys_flag & {_TX_BITS} = {prepared} AND e.tran_state IS NULL THEN 'prepared' "
+        # not in its queue and due before retention's cut: its index row was removed (a
+        # row dispatch had not indexed yet would be removed as soon as it were)
+        f"WHEN coalesce({due}, s.store_ts) < r.cut THEN 'expired' "
         f"WHEN {_prop(Prop.DELAY, 's.')} IS NOT NULL OR {_prop(Prop.TIMER_DELIVER_MS, 's.')} IS NOT NULL "
         "THEN 'delayed' ELSE 'stored' END AS state, "
         "timestamp_millis(i.visible_ts) AS visible_at, s.store_date "
         "FROM sent s "
         f"LEFT JOIN ended e ON e.tran_id = coalesce({_prop(Prop.TRAN_ID, 's.')}, s.msg_id) "
         f"LEFT JOIN discarded x ON x.tran_id = coalesce({_prop(Prop.TRAN_ID, 's.')}, s.msg_id) "
-        "LEFT JOIN indexed i ON i.id = s.msg_id "
+        "LEFT JOIN indexed i ON i.id = s.msg_id CROSS JOIN retained r "
         f"LEFT JOIN {name('schedule_levels')} lv ON lv.level = CAST({_prop(Prop.DELAY, 's.')} AS INT)"
     )
 
@@ -179,7 +187,7 @@ VIEWS: dict[str, Callable[[Name], str]] = {"messages": messages_sql, "message_gr
 """Each view's name and its SQL text, in the order they are created."""
 
 USES: dict[str, tuple[str, ...]] = {
-    "messages": ("commit_log", "consume_queue", "schedule_levels"),
+    "messages": ("commit_log", "consume_queue", "schedule_levels", "offsets"),
     "message_groups": ("messages", "offsets", "consume_queue", "commit_log", "subscription", "deliveries"),
 }
 """The tables and views each view reads."""
