@@ -224,6 +224,39 @@ def test_table_check_resolves_a_mixed_batch_of_1000_in_one_pass(setup, clock, tm
     assert status["producer_group"] == "shop" and status["pending"] == 500 and status["max_checks"] == 1
 
 
+def test_a_check_table_that_cannot_be_read_leaves_only_its_group_unanswered(setup, clock, tmp_path, spark):
+    """A check table dropped after it was configured fails its own group's checks (asked
+    again next pass, counted as a check, named in the job's error), not the pass: the
+    other producer groups are asked and the rest of the tick runs."""
+    import shutil
+
+    broker, log = setup
+    path = str(tmp_path / "order_state")
+    spark.createDataFrame([("o1", "PAID")], "order_id string, status string").write.format("delta").save(path)
+    broker.check_with_table("tables", path, "order_id", "CASE WHEN status = 'PAID' THEN 'COMMIT' END")
+    checks = Checks(default=TxState.COMMIT)
+    broker.producer("tables").send_in_transaction(
+        Message("orders", b"by-table", properties={"order_id": "o1"}), lambda m, a: TxState.UNKNOWN
+    )
+    broker.producer("shop", check_listener=checks).send_in_transaction(
+        Message("orders", b"by-listener"), lambda m, a: TxState.UNKNOWN
+    )
+    shutil.rmtree(path)
+    t = clock.now_ms() + 10_000
+    result = broker.tick(t)
+    run = result.job("check_transactions")
+    assert run.status == "OK" and run.details["check"] == 2
+    assert run.details["answer_commit"] == 1 and run.details["answer_unknown"] == 1
+    assert run.details["listener_errors"] == 1
+    assert "producer group tables: 1 unanswered" in run.error and path in run.error
+    assert result.job("retain").status in ("OK", "SKIPPED")  # the tick went on
+    assert len(checks.calls) == 1
+    broker.tick(t + 1)
+    assert consumed(log) == ["by-listener"]
+    stored = broker.sql("SELECT error FROM job_runs WHERE job = 'check_transactions' AND error IS NOT NULL")
+    assert "cannot be read" in stored.collect()[0]["error"]
+
+
 def test_bulk_end_and_validation(setup, clock):
     broker, log = setup
     producer = broker.producer("shop")

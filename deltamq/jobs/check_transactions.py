@@ -61,6 +61,7 @@ from deltamq.constants import (
     Prop,
     TxState,
 )
+from deltamq.errors import first_line
 from deltamq.message import StoredMessage
 from deltamq.tables import deltalog
 from deltamq.tables.bodies import join_bodies, read_bodies, restore_columns
@@ -103,6 +104,7 @@ class CheckResult:
     counts: dict[str, int] = field(default_factory=dict)  # per class, of the entries handled
     answers: dict[str, int] = field(default_factory=dict)  # per state, of the checked entries
     listener_errors: int = 0
+    error: str | None = None  # per producer group whose check failed: how often, the first cause
     written: int = 0
     already_stored: int = 0
     half_offset: int = 0
@@ -253,31 +255,64 @@ def read_ops(wh: Warehouse, lo: int, hi: int) -> DataFrame:
 
 
 # --- asking ---------------------------------------------------------------------------------
+@dataclass
+class Failures:
+    """Per producer group whose check could not answer: how many entries went unanswered
+    (UNKNOWN: asked again at the next pass, counted as a check) and the first cause."""
+
+    by_group: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+    def add(self, group: str, n: int, cause: str) -> None:
+        count, first = self.by_group.get(group, (0, cause))
+        self.by_group[group] = (count + n, first)
+
+    @property
+    def count(self) -> int:
+        return sum(n for n, _ in self.by_group.values())
+
+    def text(self) -> str | None:
+        """The check job's ``error`` in ``job_runs`` (None: every check answered)."""
+        if not self.by_group:
+            return None
+        return "; ".join(
+            f"producer group {g}: {n} unanswered, first: {cause}"
+            for g, (n, cause) in sorted(self.by_group.items())
+        )
+
+
 def _answers(
     ctx: Context,
     checked: DataFrame,
     configs: dict[str, CheckConfig],
     with_bodies: Callable[[DataFrame], DataFrame],
-) -> tuple[DataFrame, int]:
-    """(queue_offset, state) of every checked entry (index rows) whose producer group has
-    a check, and the number of listener calls that failed. Groups without a check:
-    UNKNOWN. A table check joins the index rows (their properties carry the key); only
-    the messages a listener is asked about are read with their bodies."""
+) -> tuple[DataFrame, Failures]:
+    """(queue_offset, state) of every checked entry (index rows) whose producer group's
+    check answered, and the groups whose check failed. Each group is asked on its own: a
+    table that cannot be read, a listener that cannot be imported or that raises leaves
+    that group's entries UNKNOWN, never another group's. Groups without a check: UNKNOWN.
+    A table check joins the index rows (their properties carry the key); only the
+    messages a listener is asked about are read with their bodies."""
     spark = ctx.engine.spark
     pg = F.col("properties").getItem(Prop.PGROUP)
-    parts: list[DataFrame] = []
-    errors = 0
+    answered: list[tuple[int, str]] = []
+    failures = Failures()
     tables = {g: c for g, c in configs.items() if c.is_table_check}
     for group, cfg in sorted(tables.items()):
-        states = table_states(spark, cfg)
         mine = checked.where(pg == F.lit(group)).select(
             "queue_offset", F.col("properties").getItem(cfg.key_property).alias("k")
         )
-        parts.append(
-            mine.join(states, F.col("k") == F.col("tc_key"), "left").select(
-                "queue_offset", F.coalesce(F.col("tc_state"), F.lit(TxState.UNKNOWN.value)).alias("state")
+        try:
+            got = (
+                mine.join(table_states(spark, cfg), F.col("k") == F.col("tc_key"), "left")
+                .select("queue_offset", F.coalesce(F.col("tc_state"), F.lit(TxState.UNKNOWN.value)))
+                .collect()
             )
-        )
+        except Exception as e:  # noqa: BLE001 - this group's table only; the others are asked
+            cause = f"check table {cfg.table!r} cannot be read: {first_line(e)}"
+            log.warning("check of producer group %s: %s", group, cause)
+            failures.add(group, mine.count(), cause)
+            continue
+        answered += [(r[0], r[1]) for r in got]
     callers: dict[str, Callable[..., Any] | str] = {}
     for g, c in configs.items():
         caller = ctx.catalog.check_listeners.get(g) or c.listener
@@ -286,31 +321,25 @@ def _answers(
     if callers:
         from deltamq.consumer import resolve_listener
 
-        answered: list[tuple[int, str]] = []
         asked = with_bodies(checked.where(pg.isin(*sorted(callers))).withColumn("pg", pg))
         rows = asked.withColumn(
             "orig_props", _with_check_times(F.col("orig_props"), F.col("times") + 1)
         ).select("queue_offset", "pg", *_MESSAGE_COLUMNS)
         resolved: dict[str, Any] = {}
         for r in rows.collect():
-            fn = callers[r["pg"]]
+            group, fn = r["pg"], callers[r["pg"]]
             if isinstance(fn, str):
                 try:
-                    fn = resolved.setdefault(r["pg"], resolve_listener(fn))
+                    fn = resolved.setdefault(group, resolve_listener(fn))
                 except Exception as e:  # noqa: BLE001 - an unimportable listener answers UNKNOWN
-                    log.warning("check listener of %s cannot be imported: %s", r["pg"], e)
-                    errors += 1
+                    log.warning("check listener of %s cannot be imported: %s", group, e)
+                    failures.add(group, 1, f"check listener {fn!r} cannot be imported: {first_line(e)}")
                     continue
             state, error = ask_state(fn, _message(r))
-            errors += error is not None
+            if error is not None:
+                failures.add(group, 1, error)
             answered.append((r["queue_offset"], state.value))
-        parts.append(spark.createDataFrame(answered, "queue_offset bigint, state string"))
-    if not parts:
-        return spark.createDataFrame([], "queue_offset bigint, state string"), errors
-    out = parts[0]
-    for p in parts[1:]:
-        out = out.unionByName(p)
-    return out, errors
+    return spark.createDataFrame(answered, "queue_offset bigint, state string"), failures
 
 
 _MESSAGE_COLUMNS = (
@@ -394,7 +423,8 @@ def run(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -> C
         resumed=resumed,
         counts=counts,
         answers=handled.answers,
-        listener_errors=handled.errors,
+        listener_errors=handled.failures.count,
+        error=handled.failures.text(),
         written=handled.written,
         already_stored=handled.already,
         half_offset=new_half,
@@ -467,7 +497,7 @@ class Handled:
     the next pass waits for dispatch to reach (None: nothing written)."""
 
     answers: dict[str, int] = field(default_factory=dict)
-    errors: int = 0
+    failures: Failures = field(default_factory=Failures)
     written: int = 0
     already: int = 0
     wait_version: int | None = None
@@ -501,7 +531,7 @@ def handle(
             msg_id="src_msg_id",
         )
 
-    decided, errors = _with_answers(ctx, decided, counts, with_bodies)
+    decided, failures = _with_answers(ctx, decided, counts, with_bodies)
     decided_view = views.add(decided, "check_decided")
     outputs = plan_outputs(with_bodies(spark.table(decided_view)), pass_now)
     # Every entry handled writes at least one row; a resumed pass may have none left.
@@ -520,7 +550,7 @@ def handle(
             TxState.ROLLBACK.value: kinds.get(ids.KIND_TXN_OP, 0) - kinds.get(ids.KIND_TXN_COMMIT, 0),
             TxState.UNKNOWN.value: kinds.get(ids.KIND_TXN_HALF, 0) - counts["putback"],
         },
-        errors=errors,
+        failures=failures,
         written=sum(kinds.values()) - already,
         already=already,
         # the next pass waits for dispatch to index this far (the copies written here)
@@ -567,15 +597,15 @@ def _with_answers(
     decided: DataFrame,
     counts: Mapping[str, int],
     with_bodies: Callable[[DataFrame], DataFrame],
-) -> tuple[DataFrame, int]:
-    """``decided`` with a ``state`` column: the check listeners' answers for the entries
-    to check (UNKNOWN when none came), NULL for the others; and the listener errors."""
+) -> tuple[DataFrame, Failures]:
+    """``decided`` with a ``state`` column: the checks' answers for the entries to check
+    (UNKNOWN when none came), NULL for the others; and the checks that failed."""
     if not counts["check"]:
-        return decided.withColumn("state", F.lit(None).cast("string")), 0
+        return decided.withColumn("state", F.lit(None).cast("string")), Failures()
     configs = ctx.catalog.check_configs()
-    answer_df, errors = _answers(ctx, decided.where(F.col("cls") == "check"), configs, with_bodies)
+    answer_df, failures = _answers(ctx, decided.where(F.col("cls") == "check"), configs, with_bodies)
     state = F.when(F.col("cls") == "check", F.coalesce(F.col("state"), F.lit(TxState.UNKNOWN.value)))
-    return decided.join(answer_df, "queue_offset", "left").withColumn("state", state), errors
+    return decided.join(answer_df, "queue_offset", "left").withColumn("state", state), failures
 
 
 def _finish(

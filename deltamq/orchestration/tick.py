@@ -222,6 +222,7 @@ def _check_transactions(
         status="OK" if r.ran else "SKIPPED",
         rows_in=r.rows_in,
         rows_out=r.written,
+        error=r.error[:MAX_ERROR_CHARS] if r.error else None,
         details=r.details,
         result=r,
         note=None if r.ran else _CHECK_SKIPS.get(r.skipped or "", r.skipped),
