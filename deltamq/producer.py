@@ -544,10 +544,12 @@ def _stored_properties(
             )
         )
     if "properties" in has:
-        user_props = F.map_filter(
-            F.coalesce(F.col("properties"), empty),
-            lambda k, v: ~k.isin(Prop.UNIQ_KEY, Prop.DELAY, Prop.TIMER_DELIVER_MS),
-        )
+        # what the send sets itself; a half's transaction properties too, as send_in_transaction
+        # (a given TRANSACTION_CHECK_TIMES would count checks never made)
+        reserved = [Prop.UNIQ_KEY, Prop.DELAY, Prop.TIMER_DELIVER_MS]
+        if transactional:
+            reserved += [Prop.TRANSACTION_CHECK_TIMES, Prop.TRAN_MSG, Prop.PGROUP, Prop.TRAN_ID]
+        user_props = F.map_filter(F.coalesce(F.col("properties"), empty), lambda k, v: ~k.isin(*reserved))
         parts.insert(0, user_props)
     return parts[0] if len(parts) == 1 else F.map_concat(*parts)
 

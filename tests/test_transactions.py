@@ -257,6 +257,34 @@ def test_a_check_table_that_cannot_be_read_leaves_only_its_group_unanswered(setu
     assert "cannot be read" in stored.collect()[0]["error"]
 
 
+def test_a_dataframe_half_sets_its_own_transaction_properties_as_a_single_half_does(setup, clock, spark):
+    """Properties the transaction sets (check count, transaction id, producer group) are
+    the send's, not the caller's, in both sends: a given TRANSACTION_CHECK_TIMES of 15
+    discarded the half unchecked, a given TRAN_ID failed the send with an engine error."""
+    broker, log = setup
+    checks = Checks(default=TxState.COMMIT)
+    producer = broker.producer("shop", check_listener=checks)
+    given = {Prop.TRANSACTION_CHECK_TIMES: "15", Prop.TRAN_ID: "X", Prop.PGROUP: "other", "order": "o1"}
+    df = spark.createDataFrame(
+        [("orders", "bulk", given)], "topic string, body string, properties map<string,string>"
+    )
+    [half] = producer.send_dataframe_in_transaction(df).collect()
+    single = producer.send_in_transaction(Message("orders", b"single", properties=given), lambda m, a: None)
+    stored = {
+        r["b"]: dict(r["properties"])
+        for r in broker.sql("SELECT CAST(body AS STRING) AS b, properties FROM commit_log").collect()
+    }
+    for body, tran_id in (("bulk", half["msg_id"]), ("single", single.msg_id)):
+        props = stored[body]
+        assert Prop.TRANSACTION_CHECK_TIMES not in props and props["order"] == "o1"
+        assert props[Prop.TRAN_ID] == tran_id and props[Prop.PGROUP] == "shop"
+    t = clock.now_ms() + 10_000
+    run = broker.tick(t).job("check_transactions")
+    assert run.details["check"] == 2 and run.details["discard"] == 0
+    broker.tick(t + 1)
+    assert consumed(log) == ["bulk", "single"]
+
+
 def test_bulk_end_and_validation(setup, clock):
     broker, log = setup
     producer = broker.producer("shop")
