@@ -310,6 +310,25 @@ def validate_flag(flag: Any) -> int:
     return flag
 
 
+def validate_born_ts(born: Any, now: int) -> None:
+    """A message's own ``born_ts`` (None: the send's now) is epoch milliseconds: check-back
+    ages a half message by it (docs/behaviour.md §5), so seconds would discard it unchecked
+    and microseconds have it checked at once."""
+    if born is None:
+        return
+    if isinstance(born, bool) or not isinstance(born, int) or born < 0:
+        raise InvalidMessage(f"born_ts={born!r} must be epoch milliseconds: an integer >= 0")
+    if born > now + 86_400_000:
+        raise InvalidMessage(
+            f"born_ts={born} is more than a day after now ({now}); born_ts is epoch milliseconds, "
+            "not microseconds"
+        )
+    if born * 100 < now:
+        raise InvalidMessage(
+            f"born_ts={born} is before {now // 100} (now / 100); born_ts is epoch milliseconds, not seconds"
+        )
+
+
 def delay_ms(delay: Any) -> int:
     """A timer's ``delay`` in milliseconds: a ``timedelta`` of zero or more (the CLI's
     ``--delay-ms`` and a send file's ``delay_ms`` are checked here too, for one message)."""

@@ -28,6 +28,7 @@ from deltamq.message import (
     Message,
     body_bytes,
     timer_due_ms,
+    validate_born_ts,
     validate_delay_level,
     validate_flag,
     validate_group_name,
@@ -233,6 +234,7 @@ class BaseProducer:
             and m.flag == 0
             and m.deliver_at is None
             and m.delay is None
+            and m.born_ts is None
             and (m.tags is None or type(m.tags) is str)
             and (m.keys is None or type(m.keys) is str)
             and len(m.body) <= self.ctx.config.max_body_bytes
@@ -244,6 +246,7 @@ class BaseProducer:
         validate_optional_text(m.tags, "tags")
         validate_optional_text(m.keys, "keys")
         validate_flag(m.flag)
+        validate_born_ts(m.born_ts, now)
         due = timer_due_ms(m, props, now, self.ctx.config.timer_horizon_ms)
         if due is not None:
             if level > 0 and (m.deliver_at is not None or m.delay is not None):

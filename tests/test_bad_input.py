@@ -74,6 +74,17 @@ BAD_MESSAGES = [
         Message("orders", b"x", delay_level=1.5), InvalidDelayLevel, "not an integer", id="float-level"
     ),
     pytest.param(Message("orders", b"x", tags=5), InvalidMessage, "tags", id="tags-type"),
+    # check-back ages a half by born_ts: seconds discarded it unchecked, microseconds checked it at once
+    pytest.param(Message("orders", b"x", born_ts=1_767_225_600), InvalidMessage, "not seconds", id="born-s"),
+    pytest.param(
+        Message("orders", b"x", born_ts=1_767_225_600_000_000),
+        InvalidMessage,
+        "not microseconds",
+        id="born-us",
+    ),
+    pytest.param(
+        Message("orders", b"x", born_ts="today"), InvalidMessage, "epoch milliseconds", id="born-type"
+    ),
 ]
 
 
