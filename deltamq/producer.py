@@ -416,9 +416,9 @@ def _check_given_states(given: DataFrame) -> tuple[int, list[int]]:
         F.first(F.when(~F.col("state").isin(*_STATES) | F.col("state").isNull(), F.col("state")), True).alias(
             "bad_state"
         ),
-        F.count(F.when(~F.coalesce(F.col("tran_id").rlike("^[0-9A-F]{24}$"), F.lit(False)), 1)).alias(
-            "bad_ids"
-        ),
+        F.count(
+            F.when(~F.coalesce(F.col("tran_id").rlike("^[0-9A-F]{24}([0-9A-F]{8})?$"), F.lit(False)), 1)
+        ).alias("bad_ids"),
         F.count_distinct("tran_id").alias("distinct_ids"),
         F.collect_set(F.conv(F.substring("tran_id", 1, 16), 16, 10).cast("bigint")).alias("batches"),
     ).collect()[0]
