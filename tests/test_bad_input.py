@@ -328,6 +328,31 @@ def test_misbehaving_listeners(ready, clock, tmp_path, behavior, body, lands, wh
         assert "fine" in [c["body"] for c in read_log(log)]
 
 
+@pytest.mark.parametrize(
+    "behavior, consumed, retried",
+    [("ack_first_numpy", 1, 2), ("ack_first_float", 0, 3)],
+    ids=["numpy", "float"],
+)
+def test_an_ack_index_is_read_as_an_integer_or_not_at_all(
+    ready, clock, tmp_path, behavior, consumed, retried
+):
+    """``ack_index`` set to numpy's integer acknowledges up to it, as an int does; one that
+    is no integer at all (0.0) fails the batch with the reason. Either was taken as "every
+    message consumed": the rest of the batch was never retried."""
+    ready.create_group(
+        "g",
+        Recorder(tmp_path / "calls.jsonl", behavior),
+        consume_from="FIRST_OFFSET",
+        consume_message_batch_max_size=3,
+    )
+    ready.subscribe("g", "orders")
+    ready.producer("p").send_batch([Message("orders", f"m{i}") for i in range(3)], queue_keys=["k"] * 3)
+    result = ready.tick(clock.now_ms()).job("deliver")
+    assert (result.result.consumed, result.result.retried) == (consumed, retried)
+    if behavior == "ack_first_float":
+        assert "ack_index=0.0 is not an integer" in result.error
+
+
 def test_hostile_listener_is_isolated_within_a_batch(ready, clock, tmp_path):
     log = tmp_path / "calls.jsonl"
     # 4 s: with 700 ms, and later with 1.5 s, a worker's exit was once taken for a time-out

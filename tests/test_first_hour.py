@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 import pytest
-from support.listeners import Recorder
+from support.listeners import Recorder, read_log
 
 from deltamq import Message
 from deltamq.cli import main
@@ -92,6 +92,35 @@ def test_a_listener_that_vanishes_is_reported_and_its_messages_wait(
     clock.advance(seconds=1)
     assert main(["tick", "--now", str(clock.now_ms()), "--warehouse", str(broker.warehouse.location)]) == 0
     assert sorted(open(log).read().split()) == ['"m0"', '"m1"', '"m2"']
+
+
+def test_a_callable_listener_whose_module_vanishes_holds_its_group_alone(
+    broker, clock, tmp_path, monkeypatch
+):
+    """A listener given as a function, not an import path, is pickled by reference: a
+    worker started after its module is gone cannot load it. That failed the whole deliver
+    pass, and three such passes dead-lettered the queue heads of every group as poison; it
+    is now the group's own "cannot be loaded", as for an import path."""
+    import importlib
+
+    module = tmp_path / "vanishing_callable.py"
+    module.write_text("def ok(messages, context):\n    return 'CONSUME_SUCCESS'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    broker.create_topic("orders", queues=1)
+    broker.create_group("g", importlib.import_module("vanishing_callable").ok, consume_from="FIRST_OFFSET")
+    broker.subscribe("g", "orders")
+    broker.create_group("fine", Recorder(tmp_path / "fine.jsonl"), consume_from="FIRST_OFFSET")
+    broker.subscribe("fine", "orders")
+    broker.producer("shop").send_batch([Message("orders", f"m{i}") for i in range(3)])
+    module.unlink()
+    t = clock.now_ms()
+    for k in range(4):
+        result = broker.tick(t + k * 1_000)
+        assert result.delivered.setup_failed == 3
+        ((group, why),) = result.setup_errors
+        assert group == "g" and "vanishing_callable" in why, why
+    assert len(read_log(tmp_path / "fine.jsonl")) == 3  # each once
+    assert broker.sql("SELECT count(*) FROM commit_log WHERE topic LIKE '%\\%g'").collect()[0][0] == 0
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ workers start fast.
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 import pickle
 import struct
@@ -45,6 +46,10 @@ _IDLE_LOCK = threading.Lock()
 _MAX_IDLE_PER_LISTENER = 4
 _MAX_IDLE = 16  # idle workers of all listeners together
 _START_TIMEOUT_S = 120.0
+
+
+class WorkerNotStarted(RuntimeError):
+    """A listener worker could not load its listener (its module is gone, say)."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,11 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
     os.dup2(2, 1)
     proto_in = sys.stdin.buffer
     sys.path[:] = _recv(proto_in)
-    listener = _recv(proto_in)
+    try:
+        listener = _recv(proto_in)
+    except Exception as e:  # noqa: BLE001 - told to the broker: the listener cannot be loaded
+        _send(proto_out, ("not loaded", f"{type(e).__name__}: {e}"))
+        return
 
     from deltamq.constants import MAX_ERROR_CHARS
     from deltamq.consumer import (
@@ -180,12 +189,24 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
         ok = isinstance(status, str) and status in SUCCESS_STATUSES
         if not ok and error is None:
             error = failed_status_text(status)[:MAX_ERROR_CHARS]
-        ack = ctx.ack_index
-        if not isinstance(ack, int) or isinstance(ack, bool):
-            ack = n - 1
-        level = ctx.delay_level_when_next_consume
-        level = level if isinstance(level, int) and not isinstance(level, bool) else 0
+        ack, bad = _integer(ctx.ack_index, "ack_index")
+        level, bad_level = _integer(ctx.delay_level_when_next_consume, "delay_level_when_next_consume")
+        unreadable = bad or (None if ok else bad_level)
+        if unreadable:  # a reply it cannot read: nothing counts as consumed
+            ok, ack, level, error = False, -1, 0, unreadable[:MAX_ERROR_CHARS]
         _send(proto_out, (ok, max(-1, min(ack, n - 1)), level, error, setup))
+
+
+def _integer(value: Any, name: str) -> tuple[int, str | None]:
+    """A context field the listener set, as an int (numpy's integers too), or 0 and why
+    it is not one."""
+    if isinstance(value, bool):
+        return 0, f"{name}={value!r} is not an integer"
+    try:
+        return operator.index(value), None
+    except TypeError:
+        return 0, f"{name}={value!r} is not an integer"
+
 
 
 class _Worker:
@@ -212,14 +233,15 @@ class _Worker:
         _send(self.stdin, list(home.sys_path))
         _send_raw(self.stdin, listener_bytes)
         ready = readable(self.stdout, _START_TIMEOUT_S)
+        said: Any = None
         try:
-            if not ready or _recv(self.stdout) != "ready":
-                raise EOFError
-        except (EOFError, pickle.UnpicklingError) as e:
+            said = _recv(self.stdout) if ready else None
+        except (EOFError, pickle.UnpicklingError):
+            pass
+        if said != "ready":
             self.kill()
-            raise RuntimeError(
-                "listener worker did not start (the listener could not be loaded?); see its stderr"
-            ) from e
+            why = said[1] if isinstance(said, tuple) else "it ended or did not answer; see its stderr"
+            raise WorkerNotStarted(f"listener worker did not start: the listener cannot be loaded: {why}")
 
     def call(self, group: str, instance: str | None, ipc: Any, timeout_s: float) -> Reply | str:
         """The worker's reply to one chunk, or "poison" (it died) or "timeout" (it was killed)."""
@@ -324,7 +346,10 @@ def consume(
     process's); workers of another home are not reused."""
     home = home or Home.here()
     key = hashlib.sha256(listener_bytes).hexdigest() + home.digest()
-    worker = _take(key, listener_bytes, home)
+    try:
+        worker = _take(key, listener_bytes, home)
+    except WorkerNotStarted as e:  # not the messages' fault: nothing consumed, nothing retried
+        return [(0, messages.num_rows, Outcome(False, reason=FailReason.SETUP, error=str(e)))]
     spans: list[Span] = []
     try:
         for start in range(0, messages.num_rows, batch_size):
@@ -348,6 +373,10 @@ def consume(
                 else:
                     error = f"listener ended without an outcome ({result})"
                     spans.append((start + i, 1, Outcome(False, reason=FailReason(result), error=error)))
+    except WorkerNotStarted as e:  # a restart after a crash failed: the rest is not consumed
+        done = sum(n for _, n, _ in spans)
+        spans.append((done, messages.num_rows - done, Outcome(False, reason=FailReason.SETUP, error=str(e))))
+        return spans
     finally:
         _give_back(worker)
     return spans

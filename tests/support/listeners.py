@@ -98,6 +98,16 @@ class Recorder:
         context.ack_index = 0
         return ConsumeStatus.CONSUME_SUCCESS
 
+    def _ack_first_numpy(self, messages, context):
+        import numpy as np
+
+        context.ack_index = np.int64(0)  # what a columnar computation hands back
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    def _ack_first_float(self, messages, context):
+        context.ack_index = 0.0
+        return ConsumeStatus.CONSUME_SUCCESS
+
     def _none(self, messages, context):
         return None
 
