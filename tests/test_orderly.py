@@ -104,3 +104,55 @@ def test_a_queue_head_removed_by_retention_leaves_no_suspends_to_the_next(orderl
     assert (row["next_offset"], row["suspends"], row["suspend_until"]) == (1, 0, None), row
     broker.tick(later + 1)  # within the removed head's pause: not held by it
     assert [(c["body"], c["reconsume"]) for c in read_log(log)][-1] == ("m1", 0)
+
+
+def test_an_orderly_chunk_whose_worker_dies_is_tried_again_in_order(orderly, clock):
+    """A worker that dies on a chunk has its messages tried one at a time, to find the one
+    at fault; for an orderly queue that stops at the first that fails (no message reaches
+    the listener before the ones ahead of it succeeded), and the one before it that
+    succeeded alone stays consumed. The error is in the deliver row of job_runs."""
+    broker, group = orderly
+    log = group("exit_on_any", consume_message_batch_max_size=3, consume_timeout_ms=4000)
+    _send(broker, 0, ["ok0", "exit", "ok2"])
+    run = broker.tick(clock.now_ms()).job("deliver")
+    calls = [(c["body"], c["batch"]) for c in read_log(log)]
+    assert calls[:3] == [("ok0", 3), ("exit", 3), ("ok2", 3)]  # the chunk, then one at a time
+    assert ("ok0", 1) in calls and ("ok2", 1) not in calls, calls
+    assert run.result.consumed == 1 and run.result.suspended == 2  # "exit" and the one behind it
+    assert "group seq" in run.error and "listener ended without an outcome" in run.error
+
+
+def test_an_orderly_listener_that_raises_is_reported(orderly, clock):
+    """A suspended chunk's error reaches the tick's result and job_runs, as a concurrent
+    group's failures do (it was left out: a failing orderly listener was silent)."""
+    broker, group = orderly
+    group("raise")
+    _send(broker, 0, ["m0"])
+    run = broker.tick(clock.now_ms()).job("deliver")
+    assert run.result.suspended == 1 and "ValueError: cannot handle" in run.error
+    row = broker.sql("SELECT error FROM job_runs WHERE job = 'deliver'").collect()[0]
+    assert "group seq: 1 failed" in row["error"]
+
+
+def test_an_orderly_group_whose_listener_cannot_load_waits_and_dead_letters_nothing(
+    orderly, clock, tmp_path, monkeypatch
+):
+    """As a concurrent group's: nothing consumed, the queue held where it was, no suspend
+    counted (they had counted towards max_reconsume_times and dead-lettered the queue)."""
+    broker, _ = orderly
+    module = tmp_path / "vanishing_orderly.py"
+    module.write_text("def ok(messages, context):\n    return 'SUCCESS'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    broker.create_group(
+        "seq", "vanishing_orderly:ok", orderly=True, consume_from="FIRST_OFFSET", max_reconsume_times=1
+    )
+    broker.subscribe("seq", "orders")
+    _send(broker, 0, ["m0", "m1"])
+    module.unlink()
+    t = clock.now_ms()
+    for k in range(4):
+        result = broker.tick(t + k * 2_000)
+        d = result.delivered
+        assert d.setup_failed >= 1 and d.suspended == 0 and d.dead_lettered == 0
+        assert [g for g, _ in result.setup_errors] == ["seq"]
+    assert broker.sql("SELECT count(*) FROM commit_log WHERE topic LIKE '%\\%seq'").collect()[0][0] == 0

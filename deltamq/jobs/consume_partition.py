@@ -124,19 +124,26 @@ def in_order(table: pa.Table, orderly: frozenset[str]) -> pa.Table:
 
 def orderly_spans(call: Call, table: pa.Table, start: int, length: int, batch: int) -> list[Span]:
     """One orderly group's rows ``[start, start + length)``, queue by queue in chunks of
-    ``batch``: a chunk with a failure is suspended whole (RocketMQ), and the rest of its
-    queue is not delivered."""
+    ``batch``: a chunk with a failure is suspended whole (RocketMQ) from its first failed
+    message (messages before it succeeded alone, after their worker died: ``call`` tries
+    them one at a time, in order), and the rest of its queue is not delivered. A listener
+    that cannot be loaded suspends nothing: the queue is held (``SETUP``), as for any
+    group, and no suspend counts towards the dead-letter queue."""
     spans: list[Span] = []
     for q_start, q_len, _ in runs(table.slice(start, length), ["topic", "queue_id"]):
         q_start += start
         for lo in range(q_start, q_start + q_len, batch):
             n = min(batch, q_start + q_len - lo)
             got = call(lo, n, n)
-            failed = [o for _, _, o in got if not o.ok]
-            if not failed:
+            first = next((k for k, (_, _, o) in enumerate(got) if not o.ok), None)
+            if first is None:
                 spans += got
                 continue
-            spans.append((lo, n, Outcome(False, reason=FailReason.SUSPEND, error=failed[0].error)))
+            spans += got[:first]
+            at, _, o = got[first]
+            setup = any(f.reason == FailReason.SETUP for _, _, f in got[first:])
+            reason = FailReason.SETUP if setup else FailReason.SUSPEND
+            spans.append((at, lo + n - at, Outcome(False, reason=reason, error=o.error)))
             if lo + n < q_start + q_len:
                 spans.append(
                     (lo + n, q_start + q_len - lo - n, Outcome(False, reason=FailReason.NOT_DELIVERED))
@@ -230,6 +237,7 @@ def make_consumer(
                     tries,
                     instance=client or None,
                     home=home,
+                    in_order=group in orderly,
                 )
                 return [(lo + i, k, o) for i, k, o in spans]
 

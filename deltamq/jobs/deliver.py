@@ -579,12 +579,13 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
     failures: list[sendback.Failure] = []
     errors: list[tuple[str, str, str]] = []
     for o in [*consumed.failures, *to_dlq, *_poisoned(ctx, taken), *later]:
+        # a suspended orderly chunk's error too (a listener that cannot load is in setup_errors)
+        if o.error and len(errors) < 20 and o.reason not in (FailReason.LATER_COPY, FailReason.SETUP):
+            errors.append((o.group, o.delivered.msg_id, o.error))
         if o.reason in _HOLDING:
             continue
         g = o.group
         cfg = groups[g]
-        if o.error and len(errors) < 20 and o.reason != FailReason.LATER_COPY:
-            errors.append((g, o.delivered.msg_id, o.error))
         if cfg.mode == "BROADCASTING":  # logged and dropped, never retried (docs/behaviour.md §3)
             counted.append((g, "dropped", 1))
             log.warning("broadcast %s/%s dropped %s: %s", g, o.client, o.delivered.msg_id, o.error)

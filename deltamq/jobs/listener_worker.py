@@ -208,7 +208,6 @@ def _integer(value: Any, name: str) -> tuple[int, str | None]:
         return 0, f"{name}={value!r} is not an integer"
 
 
-
 class _Worker:
     """A listener worker: ``python -m deltamq.jobs.listener_worker`` on pipes (not
     multiprocessing, whose spawn re-imports the parent's main module)."""
@@ -339,11 +338,17 @@ def consume(
     poison_tries: int,
     instance: str | None = None,
     home: Home | None = None,
+    *,
+    in_order: bool = False,
 ) -> list[Span]:
     """Hand ``messages`` (a pyarrow Table of consume_queue + commit_log columns) to the
     listener in chunks of ``batch_size``; the outcomes as spans covering every message
-    once, in order. Workers run with ``home``'s environment and path (default: this
-    process's); workers of another home are not reused."""
+    once, in order. A chunk whose worker died or timed out is tried again a message at a
+    time (to find the message at fault); ``in_order`` (an orderly group) stops at the
+    first of those that fails: no message reaches the listener before the ones ahead of
+    it have succeeded, and the rest are ``NOT_DELIVERED``. Workers run with ``home``'s
+    environment and path (default: this process's); workers of another home are not
+    reused."""
     home = home or Home.here()
     key = hashlib.sha256(listener_bytes).hexdigest() + home.digest()
     try:
@@ -373,6 +378,11 @@ def consume(
                 else:
                     error = f"listener ended without an outcome ({result})"
                     spans.append((start + i, 1, Outcome(False, reason=FailReason(result), error=error)))
+                if in_order and not spans[-1][2].ok:
+                    left = messages.num_rows - (start + i + 1)
+                    if left:
+                        spans.append((start + i + 1, left, Outcome(False, reason=FailReason.NOT_DELIVERED)))
+                    return spans
     except WorkerNotStarted as e:  # a restart after a crash failed: the rest is not consumed
         done = sum(n for _, n, _ in spans)
         spans.append((done, messages.num_rows - done, Outcome(False, reason=FailReason.SETUP, error=str(e))))

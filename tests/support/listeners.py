@@ -121,6 +121,12 @@ class Recorder:
         context.delay_level_when_next_consume = int(messages[0].body)
         return ConsumeStatus.RECONSUME_LATER
 
+    def _exit_on_any(self, messages, context):
+        """Its worker dies on a batch holding a message whose body is ``exit``."""
+        if any(m.body == b"exit" for m in messages):
+            os._exit(3)
+        return ConsumeStatus.CONSUME_SUCCESS
+
     def _hostile(self, messages, context):
         body = messages[0].body
         if body == b"exit":
