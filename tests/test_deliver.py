@@ -468,3 +468,35 @@ def test_a_partition_is_handed_to_the_listener_as_it_arrives(tmp_path, monkeypat
             assert starts == calls
         counts = out.filter(pa.compute.equal(out.column("kind"), "count"))
         assert sum(counts.column("n").to_pylist()) == n
+
+
+def test_passes_that_fail_after_their_listeners_answered_dead_letter_nothing(
+    broker, clock, tmp_path, monkeypatch
+):
+    """A pass whose store fails after the listeners answered (sending back, moving the
+    offsets) is re-run; three of them in a row dead-lettered the queue's head as poison,
+    though its listener had consumed it each time. The runner that saw the error does not
+    count those attempts; the pass after the store is back delivers the rest."""
+    from deltamq import faults
+
+    broker.create_topic("orders", queues=1)
+    log = tmp_path / "calls.jsonl"
+    broker.create_group("g", Recorder(log), consume_from="FIRST_OFFSET")
+    broker.subscribe("g", "orders")
+    broker.producer("p").send_batch([Message("orders", f"m{i}") for i in range(3)])
+    point = faults.point
+
+    def store_down(name):
+        if name == "deliver.after_listener":
+            raise OSError("the store is unavailable")
+        point(name)
+
+    monkeypatch.setattr(faults, "point", store_down)
+    t = clock.now_ms()
+    for k in range(4):
+        with pytest.raises(OSError, match="unavailable"):
+            broker.tick(t + k * 1_000)
+    monkeypatch.setattr(faults, "point", point)
+    assert broker.tick(t + 5_000).delivered.consumed == 3
+    assert broker.sql("SELECT count(*) FROM commit_log WHERE topic = '%DLQ%g'").collect()[0][0] == 0
+    assert sorted({c["body"] for c in read_log(log)}) == ["m0", "m1", "m2"]

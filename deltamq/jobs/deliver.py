@@ -20,7 +20,9 @@ A kill before 4 redelivers the in-flight messages (at-least-once): the re-run ta
 same range with the recorded attempt time, so its sends-back have the same ids and are not
 stored twice. A listener that kills its worker or hangs is handled inside the call
 (``listener_worker``); should whole attempts keep ending without an outcome anyway, the
-queue's head message is dead-lettered (``poison``) after ``poison_tries`` of them.
+queue's head message is dead-lettered (``poison``) after ``poison_tries`` of them. An
+attempt that raised in this process after the outcomes were in (a store error in steps
+3-4) is not counted by the runner that saw it (:meth:`Memory.failed_pass`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import logging
 import os
 import pickle
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -49,7 +52,16 @@ from deltamq.jobs.deliver_result import DeliverResult
 from deltamq.jobs.listener_worker import Home
 from deltamq.tables.bodies import join_bodies, read_bodies
 from deltamq.tables.consume_queue import visible_heads
-from deltamq.tables.offsets import Carried, OffsetsMerge, QueueKey, carrying, forward, positions, source
+from deltamq.tables.offsets import (
+    Carried,
+    OffsetsMerge,
+    Position,
+    QueueKey,
+    carrying,
+    forward,
+    positions,
+    source,
+)
 from deltamq.tables.ranges import queue_ranges
 
 if TYPE_CHECKING:
@@ -72,10 +84,25 @@ class Memory:
 
     bytes_per_message: float | None = None
     seeded: bool = False
+    # per queue: (its offset, attempts there that failed with an error this process saw)
+    failed: dict[QueueKey, tuple[int, int]] = field(default_factory=dict)
 
     def learn(self, messages: int, body_bytes: int) -> None:
         if messages > 0:
             self.bytes_per_message = max(1.0, body_bytes / messages)
+
+    def failed_pass(self, takes: Iterable[QueueTake]) -> None:
+        """A pass raised after its listeners' outcomes were in: its attempts are excused."""
+        for t in takes:
+            key = QueueKey(t.group, t.client, t.topic, t.queue_id)
+            at, n = self.failed.get(key, (t.lo, 0))
+            self.failed[key] = (t.lo, (n if at == t.lo else 0) + 1)
+
+    def excused(self, offsets: Mapping[QueueKey, Position]) -> dict[QueueKey, int]:
+        """The failed attempts that still stand at each queue's offset."""
+        standing = {k: v for k, v in self.failed.items() if k in offsets and offsets[k].next_offset == v[0]}
+        self.failed = standing
+        return {k: n for k, (_, n) in self.failed.items()}
 
 
 def _parallelism(spark: SparkSession) -> int:
@@ -260,7 +287,7 @@ def run(
     pairs to take from (default: every queue). ``carried``: other jobs' progress rows
     written with the attempt record (left unwritten when the pass takes nothing);
     ``heads``: the index heads, when the caller has them (dispatch's pass just now)."""
-    work = plan(ctx, now, auto_budget(ctx, memory, now), only, heads)
+    work = plan(ctx, now, auto_budget(ctx, memory, now), only, heads, memory)
     if not work.takes:
         return DeliverResult(groups=len(work.groups), skipped_groups=work.skipped, sinks=work.sinks)
     # 1. record the attempt before any listener runs
@@ -277,13 +304,28 @@ def run(
         else:
             taken = take(ctx, views, work, now)
             consumed = consume(ctx, work, taken)
-        faults.point("deliver.after_listener")
         # 3. failures → retry / DLQ; 4. keys, then offsets past everything taken
-        decided = decide(ctx, work, taken, consumed, now)
-    write(ctx, work, consumed, decided, now, fence)
+        with _excused_on_error(memory, work.takes):
+            faults.point("deliver.after_listener")
+            decided = decide(ctx, work, taken, consumed, now)
+    with _excused_on_error(memory, work.takes):
+        write(ctx, work, consumed, decided, now, fence)
     if memory is not None:
         memory.learn(consumed.handed_over, consumed.body_bytes)
     return _result(work, taken, consumed, decided)
+
+
+@contextmanager
+def _excused_on_error(memory: Memory | None, takes: list[QueueTake]) -> Iterator[None]:
+    """An error raised here, once the listeners' outcomes are in, is this process's (a
+    store that failed, say), not a listener that never answered: the runner's memory
+    keeps the attempt from counting towards the poison rule."""
+    try:
+        yield
+    except Exception:
+        if memory is not None:
+            memory.failed_pass(takes)
+        raise
 
 
 def plan(
@@ -292,6 +334,7 @@ def plan(
     budget: int | None = None,
     only: Collection[tuple[str, int]] | None = None,
     heads: Mapping[tuple[str, int], int] | None = None,
+    memory: Memory | None = None,
 ) -> Pass:
     """The push groups, their listeners, and what each takes (:func:`plan_takes`;
     ``budget``: messages the automatic takes share, None while unknown; ``only``: the
@@ -310,7 +353,10 @@ def plan(
     if only is not None:
         visible = {q: h for q, h in visible.items() if q in only}
     offsets = positions(ctx.warehouse, sorted(groups))
-    takes = plan_takes(groups, ctx.catalog.subscriptions(), visible, offsets, now, auto_budget=budget)
+    excused = memory.excused(offsets) if memory is not None else None
+    takes = plan_takes(
+        groups, ctx.catalog.subscriptions(), visible, offsets, now, auto_budget=budget, excused=excused
+    )
     return Pass(groups, listeners, takes, visible, skipped, sinks)
 
 
@@ -330,7 +376,7 @@ def take(ctx: Context, views: Views, work: Pass, now: int) -> Taken:
                 t.lo,
                 t.hi,
                 list(t.tags) if t.tags is not None else None,
-                t.attempts >= POISON_TRIES,
+                t.poison,
                 t.suspends,
             )
             for t in takes
@@ -396,7 +442,7 @@ def _from_files(ctx: Context, work: Pass) -> tuple[Taken, Consumed] | None:
     (deliver_files); None when the pass is the engine's."""
     if not deliver_files.eligible(work.groups, work.takes, ctx.engine.mode == "embedded"):
         return None
-    table = deliver_files.taken_rows(ctx.warehouse, work.takes, POISON_TRIES)
+    table = deliver_files.taken_rows(ctx.warehouse, work.takes)
     if table is None:
         return None
     taken = _taken("", deliver_files.summary(table), table)

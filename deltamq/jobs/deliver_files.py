@@ -52,7 +52,7 @@ def eligible(groups: dict[str, GroupConfig], takes: Sequence[QueueTake], embedde
     )
 
 
-def taken_rows(wh: Snapshots, takes: Sequence[QueueTake], poison_tries: int) -> pa.Table | None:
+def taken_rows(wh: Snapshots, takes: Sequence[QueueTake]) -> pa.Table | None:
     """The index rows of every take, with ``consumer_group``, ``client_id``, ``matched``
     (its tag subscription), ``poison`` (a head whose attempts keep ending without an
     outcome), ``dup`` and ``later`` (False: no de-duplication here), ``suspends`` (the orderly head's
@@ -82,7 +82,7 @@ def taken_rows(wh: Snapshots, takes: Sequence[QueueTake], poison_tries: int) -> 
             "client_id": pa.array([t.client] * n, pa.string()),
             **{c: rows.column(c) for c in rows.column_names},
             "matched": matched,
-            "poison": pa.array([t.attempts >= poison_tries] * n, pa.bool_()),
+            "poison": pa.array([t.poison] * n, pa.bool_()),
             "dup": pa.array([False] * n, pa.bool_()),
             "later": pa.array([False] * n, pa.bool_()),
             "suspends": suspends,

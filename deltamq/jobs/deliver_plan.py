@@ -34,6 +34,7 @@ class QueueTake:
     sql92: str | None = None
     client: str = ""  # BROADCASTING: the instance; CLUSTERING: ''
     suspends: int = 0  # orderly: times the head message was suspended
+    poison: bool = False  # the head's attempts kept ending without an outcome: taken alone
 
 
 def plan_takes(
@@ -44,11 +45,14 @@ def plan_takes(
     now: int,
     poison_tries: int = POISON_TRIES,
     auto_budget: int | None = None,
+    excused: Mapping[QueueKey, int] | None = None,
 ) -> list[QueueTake]:
     """Pure: which offsets of which queues each group takes in this pass. A group with a
     ``pull_batch_size`` takes at most that many per queue; the others (0, the default)
     share ``auto_budget`` messages between their queues (:func:`size_takes`), or take
-    :data:`AUTO_FIRST_TAKE` per queue when it is None."""
+    :data:`AUTO_FIRST_TAKE` per queue when it is None. ``excused``: per queue, attempts at
+    its offset that this process saw fail with an error of its own (a store that failed,
+    say), not end without a word: they do not count towards ``poison_tries``."""
     takes: list[QueueTake] = []
     backlogs: list[int] = []
     auto: list[int] = []
@@ -72,7 +76,9 @@ def plan_takes(
             # same attempt time, so its sends-back get the same ids (already-stored ones are
             # skipped). Only a head that keeps ending attempts without an outcome is taken
             # alone, to be dead-lettered.
-            if attempts >= poison_tries:
+            key = QueueKey(g.consumer_group, client, topic, qid)
+            poison = attempts - (excused or {}).get(key, 0) >= poison_tries
+            if poison:
                 size = 1
             elif g.pull_batch_size:
                 size = g.pull_batch_size
@@ -93,6 +99,7 @@ def plan_takes(
                     sub.expression if sub.expr_type == "SQL92" else None,
                     client,
                     suspends if g.orderly else 0,
+                    poison,
                 )
             )
     if auto_budget is not None and auto:
