@@ -243,8 +243,9 @@ class Broker:
         if subscribers:
             raise InUse(
                 f"topic {name!r} has subscriptions that deleting it drops: {_not_consumed(subscribers)}; "
-                f"{sum(subscribers.values())} messages unconsumed in all. Unsubscribe first, "
-                "or delete with force=True (CLI: --force)"
+                f"{sum(subscribers.values())} messages unconsumed in all. Unsubscribe them first "
+                f"(unsubscribe(group, {name!r}); CLI: deltamq unsubscribe GROUP {name}), or delete with "
+                "force=True (CLI: --force)"
             )
         self.catalog.delete_topic(name)
 
@@ -338,6 +339,11 @@ class Broker:
         """Subscribe ``group`` to ``topic`` with a tag expression (``*`` or ``A || B``) or,
         ``type="SQL92"``, a predicate over the message's properties."""
         self.catalog.subscribe(group, topic, expression, type)
+
+    def unsubscribe(self, group: str, topic: str) -> None:
+        """Stop ``group`` consuming ``topic`` (RocketMQ's ``unsubscribe``). What it has not
+        consumed stays stored; its offsets stay too, so subscribing again goes on from them."""
+        self.catalog.unsubscribe(group, topic)
 
     def subscriptions(self, group: str | None = None) -> list[Subscription]:
         return self.catalog.subscriptions(group)

@@ -29,7 +29,15 @@ from deltamq.config import (
     MessageModel,
     Subscription,
 )
-from deltamq.constants import DLQ_PREFIX, MAX_QUEUES, Perm, dlq_topic, is_system_topic, retry_topic
+from deltamq.constants import (
+    DLQ_PREFIX,
+    MAX_QUEUES,
+    RETRY_PREFIX,
+    Perm,
+    dlq_topic,
+    is_system_topic,
+    retry_topic,
+)
 from deltamq.consumer import IN_PROCESS, resolve_listener
 from deltamq.errors import (
     AlreadyExists,
@@ -340,6 +348,26 @@ class Catalog(Topics):
             "ON t.consumer_group = s.consumer_group AND t.topic = s.topic "
             "WHEN MATCHED THEN UPDATE SET t.expr_type = s.expr_type, t.expression = s.expression "
             "WHEN NOT MATCHED THEN INSERT *",
+        )
+
+    def unsubscribe(self, group: str, topic: str) -> None:
+        """Remove ``group``'s subscription to ``topic``; its offsets stay (a later
+        subscription goes on from them, as in RocketMQ)."""
+        self.require_group(group)
+        if topic.startswith(RETRY_PREFIX):
+            raise SystemTopicError(
+                f"{topic!r} is group {group!r}'s own retry topic: it goes with the group (group delete)"
+            )
+        mine = [s.topic for s in self.subscriptions(group)]
+        if topic not in mine:
+            raise ConfigError(
+                f"group {group!r} does not subscribe to topic {topic!r}; it subscribes to "
+                f"{', '.join(repr(t) for t in mine) or 'nothing'}"
+            )
+        self._commit(
+            "subscription",
+            f"DELETE FROM {self.warehouse.ref('subscription')} "
+            f"WHERE consumer_group = {sql_str(group)} AND topic = {sql_str(topic)}",
         )
 
     def subscriptions(self, group: str | None = None) -> list[Subscription]:

@@ -8,7 +8,14 @@ from support.listeners import read_log
 
 from deltamq import Broker, ConsumeStatus, Message
 from deltamq.cli import main
-from deltamq.errors import InProcessListener, InUse, UnknownGroup, WarehouseNotFound
+from deltamq.errors import (
+    ConfigError,
+    InProcessListener,
+    InUse,
+    SystemTopicError,
+    UnknownGroup,
+    WarehouseNotFound,
+)
 from deltamq.orchestration.runs import Settings, run_job
 
 
@@ -73,7 +80,8 @@ def test_deleting_a_topic_with_subscribers_names_what_it_drops(warehouse_with, c
         broker.delete_topic("orders")
     loc = str(broker.warehouse.location)
     assert main(["topic", "delete", "orders", "--warehouse", loc]) == 2
-    assert "billing (3 not consumed)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "billing (3 not consumed)" in err and "deltamq unsubscribe GROUP orders" in err
     assert "orders" in broker.topics() and broker.subscriptions("billing")
     broker.delete_topic("spare")  # nobody subscribes: no questions
     assert main(["topic", "delete", "orders", "--force", "--warehouse", loc]) == 0
@@ -493,10 +501,36 @@ def test_dropping_queues_that_hold_unconsumed_messages_is_refused(warehouse_with
     broker.tick(clock.now_ms())
     loc = str(broker.warehouse.location)
     assert main(["topic", "update", "orders", "--queues", "1", "--warehouse", loc]) == 2
-    assert "billing (3 not consumed)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "billing (3 not consumed)" in err
     assert broker.topic_queues("orders") == 4
     broker.update_topic("orders", queues=2)  # queues 2 and 3 hold nothing
     assert broker.topic_queues("orders") == 2
     assert main(["topic", "update", "orders", "--queues", "1", "--force", "--warehouse", loc]) == 0
     [row] = broker.sql("SELECT queues FROM topic_config WHERE topic = 'orders'").collect()
     assert row["queues"] == 1
+
+
+def test_unsubscribing_stops_a_group_and_keeps_where_it_was(warehouse_with, clock, capsys):
+    """topic delete's refusal says to unsubscribe first: there is a way to (Python and CLI).
+    The group stops getting the topic; subscribing again goes on from its offsets."""
+    wh = warehouse_with("orders", queues=1, group="billing")
+    broker = wh.broker
+    p = broker.producer("shop")
+    p.send(Message("orders", b"before"))
+    t = clock.now_ms()
+    broker.tick(t)
+    with pytest.raises(ConfigError, match=r"does not subscribe to topic 'nope'.*'orders'"):
+        broker.unsubscribe("billing", "nope")
+    with pytest.raises(SystemTopicError, match="own retry topic"):
+        broker.unsubscribe("billing", "%RETRY%billing")
+    loc = str(broker.warehouse.location)
+    assert main(["unsubscribe", "billing", "orders", "--warehouse", loc]) == 0
+    assert "unsubscribed billing from orders" in capsys.readouterr().out
+    assert [s.topic for s in broker.subscriptions("billing")] == ["%RETRY%billing"]
+    p.send(Message("orders", b"while away"))
+    broker.tick(t + 1_000)
+    assert [c["body"] for c in read_log(wh.log)] == ["before"]
+    broker.subscribe("billing", "orders")
+    broker.tick(t + 2_000)
+    assert [c["body"] for c in read_log(wh.log)] == ["before", "while away"]

@@ -55,6 +55,7 @@ COMMANDS: dict[str, Handler] = {
     "topic": admin.topic,
     "group": admin.group,
     "subscribe": admin.subscribe,
+    "unsubscribe": admin.unsubscribe,
     "catalog": admin.catalog,
     "offsets": admin.offsets,
     "rebuild-index": admin.rebuild_index,

@@ -165,6 +165,15 @@ def subscribe(broker, args: argparse.Namespace) -> int:
     )
 
 
+def unsubscribe(broker, args: argparse.Namespace) -> int:
+    broker.unsubscribe(args.group, args.topic)
+    return emit(
+        args,
+        {"group": args.group, "topic": args.topic},
+        lambda: print(f"unsubscribed {args.group} from {args.topic}"),
+    )
+
+
 def offsets(broker, args: argparse.Namespace) -> int:
     to_time = now_arg(args.to_time, "--to-time")
     new = broker.reset_offsets(args.group, to_time)

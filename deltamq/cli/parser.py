@@ -289,6 +289,12 @@ def _admin_commands(sub, common: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--type", default="TAG", choices=["TAG", "SQL92"], help="what the expression is")
 
+    s = sub.add_parser(
+        "unsubscribe", parents=[common], help="stop a group consuming a topic (its offsets stay)"
+    )
+    s.add_argument("group", help="the consumer group")
+    s.add_argument("topic", help="the topic")
+
 
 def _send_command(sub, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("send", parents=[common], help="send messages (arguments or a JSON-lines file)")
