@@ -157,8 +157,15 @@ class Catalog(Topics):
         if create:
             existing = self._topic(name)
             if existing is not None:
-                if exist_ok:
+                stored = {"queues": existing[0], "perm": existing[1], "ordered": existing[2]}
+                changed = _changes(stored, {"queues": queues, "perm": perm, "ordered": ordered})
+                if exist_ok and not changed:
                     return
+                if exist_ok:  # not a silent no-op: the settings given are not the topic's
+                    raise AlreadyExists(
+                        f"topic {name!r} already exists with other settings ({changed}); exist_ok takes "
+                        "it only as it is: change it with update_topic (CLI: deltamq topic update)"
+                    )
                 raise AlreadyExists(f"topic {name!r} already exists ({existing[0]} queues, {existing[1]})")
         now = self.clock.now_ms()
         self._commit(
@@ -253,10 +260,22 @@ class Catalog(Topics):
                 f"group {name!r} is the sink into {existing.sink_table}; a push listener needs a group "
                 "of its own (create one with another name)"
             )
+        registered = self.listeners.get(name)
         cfg = replace(cfg, dedup_key=dedup_key, listener=listener_path(self.listeners, name, listener))
         if existing is not None:
-            if exist_ok:
+            changed = _changes(_settings(existing), _settings(cfg))
+            if exist_ok and not changed:
                 return
+            if registered is None:  # a callable given with settings refused stays unregistered
+                self.listeners.pop(name, None)
+            else:
+                self.listeners[name] = registered
+            if exist_ok:  # not a silent no-op: the settings given are not the group's
+                raise AlreadyExists(
+                    f"consumer group {name!r} already exists with other settings ({changed}); exist_ok "
+                    "takes it only as it is. To change them, delete it and create it again "
+                    "(delete_group(force=True), CLI: group delete --force; its offsets and dedup keys go)"
+                )
             raise AlreadyExists(f"consumer group {name!r} already exists")
         inst = "CAST(NULL AS ARRAY<STRING>)"
         if cfg.instances:
@@ -519,6 +538,37 @@ def new_group_config(
     if max_reconsume_times is None:
         max_reconsume_times = -1 if orderly else 16
     return GroupConfig(name, mode=mode, orderly=orderly, max_reconsume_times=max_reconsume_times, **settings)
+
+
+_SETTINGS = (
+    "mode",
+    "orderly",
+    "max_reconsume_times",
+    "pull_batch_size",
+    "consume_batch_size",
+    "consume_from",
+    "consume_timestamp",
+    "consume_timeout_ms",
+    "dedup_key",
+    "listener",
+    "retry_policy",
+    "instances",
+    "invisible_time_ms",
+    "dedup_window_ms",
+)
+"""What ``create_group`` sets (a sink is set by ``sink_to_table``, the creation time by the store)."""
+
+
+def _settings(cfg: GroupConfig) -> dict[str, Any]:
+    out = {k: getattr(cfg, k) for k in _SETTINGS}
+    out["retry_policy"] = json.dumps(dict(cfg.retry_policy), sort_keys=True) if cfg.retry_policy else None
+    out["instances"] = tuple(cfg.instances or ())
+    return out
+
+
+def _changes(stored: dict[str, Any], given: dict[str, Any]) -> str:
+    """The settings ``given`` that differ from those ``stored``, in words ('' for none)."""
+    return ", ".join(f"{k}: {stored[k]!r} stored, {v!r} given" for k, v in given.items() if stored[k] != v)
 
 
 def listener_path(

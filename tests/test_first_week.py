@@ -4,7 +4,7 @@ on the code before it (issue "Week one")."""
 from __future__ import annotations
 
 import pytest
-from support.listeners import read_log
+from support.listeners import consume_all, read_log
 
 from deltamq import Broker, ConsumeStatus, Message
 from deltamq.cli import main
@@ -534,3 +534,25 @@ def test_unsubscribing_stops_a_group_and_keeps_where_it_was(warehouse_with, cloc
     broker.subscribe("billing", "orders")
     broker.tick(t + 2_000)
     assert [c["body"] for c in read_log(wh.log)] == ["before", "while away"]
+
+
+def test_exist_ok_takes_a_topic_or_group_only_as_it_is(broker, tmp_path):
+    """exist_ok=True with other settings than those stored kept the stored ones and said
+    nothing (a sample run again with max_reconsume_times changed changed nothing): it is
+    refused, naming each difference and how to make the change. The same settings again
+    are still fine, and a refused callable is not registered."""
+    from deltamq.errors import AlreadyExists
+
+    broker.create_topic("jobs", queues=8)
+    broker.create_topic("jobs", queues=8, exist_ok=True)
+    with pytest.raises(AlreadyExists, match=r"queues: 8 stored, 3 given.*update_topic"):
+        broker.create_topic("jobs", queues=3, exist_ok=True)
+    assert broker.topics()["jobs"]["queues"] == 8
+    broker.create_group("flaky", "support.listeners:always_fail", max_reconsume_times=2)
+    broker.create_group("flaky", "support.listeners:always_fail", max_reconsume_times=2, exist_ok=True)
+    with pytest.raises(AlreadyExists, match=r"max_reconsume_times: 2 stored, 7 given.*group delete --force"):
+        broker.create_group("flaky", "support.listeners:always_fail", max_reconsume_times=7, exist_ok=True)
+    with pytest.raises(AlreadyExists, match=r"listener: 'support.listeners:always_fail' stored"):
+        broker.create_group("flaky", consume_all, max_reconsume_times=2, exist_ok=True)
+    assert "flaky" not in broker.catalog.listeners
+    assert broker.groups()["flaky"].max_reconsume_times == 2
