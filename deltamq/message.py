@@ -377,6 +377,12 @@ def timer_due_ms(message: Message, props: Mapping[str, str], now_ms: int, horizo
             return None  # no delay: a plain message
         due = now_ms + ms
     elif message.deliver_at is not None:
+        if isinstance(message.deliver_at, datetime) and message.deliver_at.tzinfo is None:
+            # datetime.now() is naive and local: taken as UTC it was hours early or late
+            raise InvalidTimer(
+                f"deliver_at={message.deliver_at!r} has no time zone; give an aware datetime, "
+                "e.g. datetime.now(timezone.utc) + timedelta(minutes=5), or epoch milliseconds"
+            )
         try:
             due = to_ms(message.deliver_at)
         except TypeError as e:

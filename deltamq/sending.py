@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -247,13 +248,14 @@ class BaseProducer:
         validate_optional_text(m.keys, "keys")
         validate_flag(m.flag)
         validate_born_ts(m.born_ts, now)
+        if level > 0 and (m.deliver_at is not None or (m.delay is not None and m.delay != timedelta(0))):
+            # deltamq's own timer arguments, as the CLI's options, exclude a level (checked
+            # before the time itself: the conflict is the error); a TIMER_DELIVER_MS property
+            # beside DELAY is routed as a timer (§2's order)
+            given = "deliver_at" if m.deliver_at is not None else "delay"
+            raise InvalidTimer(f"{m!r} has both delay_level={level} and {given}; give one of them")
         due = timer_due_ms(m, props, now, self.ctx.config.timer_horizon_ms)
         if due is not None:
-            if level > 0 and (m.deliver_at is not None or m.delay is not None):
-                # deltamq's own timer arguments, as the CLI's options, exclude a level; a
-                # TIMER_DELIVER_MS property beside DELAY is routed as a timer (§2's order)
-                given = "deliver_at" if m.deliver_at is not None else "delay"
-                raise InvalidTimer(f"{m!r} has both delay_level={level} and {given}; give one of them")
             props[Prop.TIMER_DELIVER_MS] = str(due)
         return m, body, props, level
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import datetime
 
 import pytest
 from conftest import table_versions
@@ -84,6 +85,20 @@ BAD_MESSAGES = [
     ),
     pytest.param(
         Message("orders", b"x", born_ts="today"), InvalidMessage, "epoch milliseconds", id="born-type"
+    ),
+    # datetime.now() is naive local time: taken as UTC it fired hours early or late
+    pytest.param(
+        Message("orders", b"x", deliver_at=datetime(2026, 1, 1, 9, 30)),
+        InvalidTimer,
+        "no time zone",
+        id="naive",
+    ),
+    # the conflict is the error, not the time (a timer in 1970 was reported as in the past)
+    pytest.param(
+        Message("orders", b"x", delay_level=3, deliver_at=1),
+        InvalidTimer,
+        "both delay_level=3",
+        id="level-and-at",
     ),
 ]
 
