@@ -714,6 +714,11 @@ _CAUSES: tuple[tuple[str, str], ...] = (
         "no credentials (none configured, and no instance metadata service answered)",
     ),
     (
+        r"URL scheme is not allowed",
+        "the client refused a plain-HTTP endpoint before sending anything (set AWS_ALLOW_HTTP=true "
+        "for an http:// endpoint, as docs/storage.md says)",
+    ),
+    (
         r"NoSuchBucket|bucket does not exist|ContainerNotFound|container does not exist",
         "the bucket does not exist",
     ),

@@ -467,6 +467,25 @@ def test_an_s3_warehouse_without_credentials_is_one_line_of_error(tmp_path):
     assert "WARN" in loud.stderr  # what the default leaves out
 
 
+def test_a_plain_http_endpoint_without_allow_http_names_the_setting(tmp_path):
+    """An http:// endpoint (MinIO, an emulator) without AWS_ALLOW_HTTP is refused by the
+    client itself, before any request: the error said "the store refused the request"."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env |= {
+        "AWS_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",  # never reached
+    }
+    command = [sys.executable, "-c", "from deltamq.cli import main; raise SystemExit(main())", "status"]
+    done = subprocess.run(command + ["-w", "s3://b/wh"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "set AWS_ALLOW_HTTP=true" in done.stderr, done.stderr
+
+
 def by_key_or_id(df):
     """A sink transform: the business key, or the message id for a message without one."""
     from pyspark.sql import functions as F
