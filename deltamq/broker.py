@@ -328,8 +328,9 @@ class Broker:
         if any(held.values()):
             raise InUse(
                 f"consumer group {name!r} still has {held['unconsumed']} messages not consumed "
-                f"({held['in_flight']} of them pulled and not acked) and {held['in_retry']} "
-                "retries waiting, which deleting it drops; consume them, or delete with "
+                f"({held['retried']} of them retries due again in its retry topic, "
+                f"{held['in_flight']} pulled and not acked) and {held['in_retry']} retries waiting "
+                "for their delay level, which deleting it drops; consume them, or delete with "
                 "force=True (CLI: --force)"
             )
         self.catalog.delete_group(name)

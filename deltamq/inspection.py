@@ -80,14 +80,16 @@ def topic_subscribers(ctx: Context, topic: str, from_queue: int = 0) -> dict[str
 
 def group_holdings(ctx: Context, group: str) -> dict[str, int]:
     """What deleting ``group`` would drop: ``unconsumed`` (its lag over every topic it
-    subscribes to, its promoted retries included), ``in_retry`` (its retries still waiting
-    in a delay level) and ``in_flight`` (pulled, not yet acked)."""
+    subscribes to, its promoted retries included: ``retried`` of them), ``in_retry`` (its
+    retries still waiting in a delay level) and ``in_flight`` (pulled, not yet acked)."""
     wh = ctx.warehouse
     retries = RETRY_PREFIX + group
     topics = {s.topic for s in ctx.catalog.subscriptions(group)}
     dispatched = load_dispatch_state(wh)
     heads = {k: v for k, v in dispatched.heads.items() if k[0] in topics}
-    unconsumed = sum(x["lag"] for x in _lag(ctx, heads) if x["group"] == group)
+    lags = [x for x in _lag(ctx, heads) if x["group"] == group]
+    unconsumed = sum(x["lag"] for x in lags)
+    retried = sum(x["lag"] for x in lags if x["topic"] == retries)  # due again, in its retry topic
     # stored but not indexed yet (a retry written by the last tick's deliver, say)
     added = _undispatched(wh, dispatched.version)
     new_retries = 0
@@ -106,7 +108,7 @@ def group_holdings(ctx: Context, group: str) -> dict[str, int]:
     timers = (state.timer_watermark, state.timer_next_offset)
     in_retry = new_retries + consume_queue.held_for(wh, state.level_offsets, wh.levels(), timers, retries)
     in_flight = deliveries.in_flight(wh, group)
-    return {"unconsumed": unconsumed, "in_retry": in_retry, "in_flight": in_flight}
+    return {"unconsumed": unconsumed, "retried": retried, "in_retry": in_retry, "in_flight": in_flight}
 
 
 # --- the warehouse at a glance ----------------------------------------------------------------

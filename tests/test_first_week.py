@@ -101,12 +101,19 @@ def test_deleting_a_group_with_messages_in_retry_or_in_flight_is_refused(warehou
     pulled = broker.pull_consumer("puller", "c1").pull(10)
     assert len(pulled) == 1
     with pytest.raises(
-        InUse, match=r"'puller' still has 1 messages not consumed \(1 of them pulled and not acked"
+        InUse, match=r"'puller' still has 1 messages not consumed \(0 of them .*, 1 pulled and not acked"
     ):
         broker.delete_group("puller")
     loc = str(broker.warehouse.location)
     assert main(["group", "delete", "failing", "--warehouse", loc]) == 2
-    assert "1 retries waiting" in capsys.readouterr().err
+    assert "1 retries waiting for their delay level" in capsys.readouterr().err
+    # once due again, a retry is a message not consumed in the group's retry topic, and said so
+    broker.pull_consumer("puller", "c1").nack([m.receipt_handle for m in pulled], delay_level=1)
+    broker.tick(clock.now_ms() + 2_000)  # the retry is promoted (level 1: 1 s), not pulled yet
+    with pytest.raises(
+        InUse, match=r"'puller' still has 1 messages not consumed \(1 of them retries due again"
+    ):
+        broker.delete_group("puller")
     broker.delete_group("idle")  # passed over (filtered out) everything: deleted
     broker.delete_group("failing", force=True)
     assert set(broker.groups()) == {"puller"}
