@@ -336,10 +336,16 @@ class Broker:
         self.catalog.delete_group(name)
 
     # --- subscriptions --------------------------------------------------------------------
-    def subscribe(self, group: str, topic: str, expression: str = "*", type: str = "TAG") -> None:
+    def subscribe(
+        self, group: str, topic: str, expression: str = "*", type: str = "TAG"
+    ) -> Subscription | None:
         """Subscribe ``group`` to ``topic`` with a tag expression (``*`` or ``A || B``) or,
-        ``type="SQL92"``, a predicate over the message's properties."""
+        ``type="SQL92"``, a predicate over the message's properties. A group has one
+        subscription per topic, as in RocketMQ: subscribing again replaces it; returns the
+        subscription replaced (None: there was none)."""
+        before = [s for s in self.catalog.subscriptions(group) if s.topic == topic]
         self.catalog.subscribe(group, topic, expression, type)
+        return before[0] if before else None
 
     def unsubscribe(self, group: str, topic: str) -> None:
         """Stop ``group`` consuming ``topic`` (RocketMQ's ``unsubscribe``). What it has not

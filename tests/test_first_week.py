@@ -557,9 +557,12 @@ def test_unsubscribing_stops_a_group_and_keeps_where_it_was(warehouse_with, cloc
     p.send(Message("orders", b"while away"))
     broker.tick(t + 1_000)
     assert [c["body"] for c in read_log(wh.log)] == ["before"]
-    broker.subscribe("billing", "orders")
+    assert broker.subscribe("billing", "orders") is None  # nothing to replace
     broker.tick(t + 2_000)
     assert [c["body"] for c in read_log(wh.log)] == ["before", "while away"]
+    # subscribing again replaces the subscription (one per topic, as in RocketMQ), and says so
+    assert main(["subscribe", "billing", "orders", "paid", "--warehouse", loc]) == 0
+    assert "(TAG paid); it replaces TAG *" in capsys.readouterr().out
 
 
 def test_exist_ok_takes_a_topic_or_group_only_as_it_is(broker, tmp_path):

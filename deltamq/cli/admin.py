@@ -157,11 +157,18 @@ def catalog(broker, args: argparse.Namespace) -> int:
 
 
 def subscribe(broker, args: argparse.Namespace) -> int:
-    broker.subscribe(args.group, args.topic, args.expression, args.type)
+    old = broker.subscribe(args.group, args.topic, args.expression, args.type)
+    replaced = f"; it replaces {old.expr_type} {old.expression}" if old is not None else ""
     return emit(
         args,
-        {"group": args.group, "topic": args.topic, "type": args.type, "expression": args.expression},
-        lambda: print(f"subscribed {args.group} to {args.topic} ({args.type} {args.expression})"),
+        {
+            "group": args.group,
+            "topic": args.topic,
+            "type": args.type,
+            "expression": args.expression,
+            "replaced": None if old is None else {"type": old.expr_type, "expression": old.expression},
+        },
+        lambda: print(f"subscribed {args.group} to {args.topic} ({args.type} {args.expression}){replaced}"),
     )
 
 
