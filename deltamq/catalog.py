@@ -263,20 +263,8 @@ class Catalog(Topics):
         registered = self.listeners.get(name)
         cfg = replace(cfg, dedup_key=dedup_key, listener=listener_path(self.listeners, name, listener))
         if existing is not None:
-            changed = _changes(_settings(existing), _settings(cfg))
-            if exist_ok and not changed:
-                return
-            if registered is None:  # a callable given with settings refused stays unregistered
-                self.listeners.pop(name, None)
-            else:
-                self.listeners[name] = registered
-            if exist_ok:  # not a silent no-op: the settings given are not the group's
-                raise AlreadyExists(
-                    f"consumer group {name!r} already exists with other settings ({changed}); exist_ok "
-                    "takes it only as it is. To change them, delete it and create it again "
-                    "(delete_group(force=True), CLI: group delete --force; its offsets and dedup keys go)"
-                )
-            raise AlreadyExists(f"consumer group {name!r} already exists")
+            self._take_existing(existing, cfg, registered, exist_ok)
+            return
         inst = "CAST(NULL AS ARRAY<STRING>)"
         if cfg.instances:
             inst = "array(" + ", ".join(sql_str(i) for i in cfg.instances) + ")"
@@ -314,6 +302,28 @@ class Catalog(Topics):
             if left:
                 self._init_offsets(cfg, retry_topic(name), left)
             self._subscribe(name, retry_topic(name), "*", "TAG")
+
+    def _take_existing(
+        self, existing: GroupConfig, cfg: GroupConfig, registered: Callable[..., Any] | None, exist_ok: bool
+    ) -> None:
+        """``create_group`` of a group that exists: with ``exist_ok`` and the same settings,
+        nothing to do; else AlreadyExists (naming the settings that differ), and a callable
+        given for it is not registered."""
+        name = existing.consumer_group
+        changed = _changes(_settings(existing), _settings(cfg))
+        if exist_ok and not changed:
+            return
+        if registered is None:
+            self.listeners.pop(name, None)
+        else:
+            self.listeners[name] = registered
+        if exist_ok:  # not a silent no-op: the settings given are not the group's
+            raise AlreadyExists(
+                f"consumer group {name!r} already exists with other settings ({changed}); exist_ok "
+                "takes it only as it is. To change them, delete it and create it again "
+                "(delete_group(force=True), CLI: group delete --force; its offsets and dedup keys go)"
+            )
+        raise AlreadyExists(f"consumer group {name!r} already exists")
 
     def delete_group(self, name: str) -> None:
         """Delete every row of group ``name``: its consumed dedup keys and its pull clients'

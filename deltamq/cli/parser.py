@@ -281,6 +281,10 @@ def _admin_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument("action", choices=["register"], help="register them")
     s.add_argument("--database", default="deltamq", help="the database to register them in (default deltamq)")
 
+    _subscription_commands(sub, common)
+
+
+def _subscription_commands(sub, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("subscribe", parents=[common], help="subscribe a group to a topic")
     s.add_argument("group", help="the consumer group")
     s.add_argument("topic", help="the topic")
