@@ -336,26 +336,22 @@ def test_plan_classes_applies_the_rules_in_order(spark):
 
     now = 10_000_000
     imm = {Prop.CHECK_IMMUNITY_TIME_IN_SECONDS: "3600"}
-    from deltamq import ids
-
-    own = ids.engine_batch_id(now, ids.KIND_TXN_HALF)  # the batch of this pass's own copies
     rows = [
-        # offset, msg id, properties, born, store, batch
-        (0, "A", {Prop.TRAN_ID: "A"}, now - 60_000, now - 60_000, 1),  # settled by an op record
-        (1, "B", {Prop.TRANSACTION_CHECK_TIMES: "15"}, now - 60_000, now - 1, 1),  # checked 15 times
-        (2, "C", {}, now - 72 * 3_600_000 - 1, now - 1, 1),  # born > 72 h ago
-        (3, "D", imm, now - 7_000, now - 7_000, 1),  # own immunity, younger: put back
-        (4, "E", {}, now - 7_000, now - 7_000, 1),  # old enough: checked
-        (5, "F", {Prop.TRAN_ID: "X", Prop.CHECK_IMMUNITY_TIME_IN_SECONDS: "bad"}, now - 7_000, now - 1, 1),
-        (6, "G", {}, now + 5_000, now - 1, 1),  # born in the future (producer clock ahead): checked
-        (7, "I", {}, now - 60_000, now + 600_000, 1),  # stored by a clock 10 min ahead: checked
-        (8, "H", {}, now - 100, now - 100, 1),  # younger than 6 s, no immunity: stop
-        (9, "J", {}, now - 7_000, now, own),  # its own copy (a resumed pass): stop
+        # offset, msg id, properties, born, store
+        (0, "A", {Prop.TRAN_ID: "A"}, now - 60_000, now - 60_000),  # settled by an op record
+        (1, "B", {Prop.TRANSACTION_CHECK_TIMES: "15"}, now - 60_000, now - 1),  # checked 15 times
+        (2, "C", {}, now - 72 * 3_600_000 - 1, now - 1),  # born > 72 h ago
+        (3, "D", imm, now - 7_000, now - 7_000),  # own immunity, younger: put back
+        (4, "E", {}, now - 7_000, now - 7_000),  # old enough: checked
+        (5, "F", {Prop.TRAN_ID: "X", Prop.CHECK_IMMUNITY_TIME_IN_SECONDS: "bad"}, now - 7_000, now - 1),
+        (6, "G", {}, now + 5_000, now - 1),  # born in the future (producer clock ahead): checked
+        (7, "H", {}, now - 100, now - 100),  # younger than 6 s, no immunity: stop
+        (8, "I", {}, now - 1, now + 1),  # stored after the pass began: stop
+        (9, "J", {}, now - 7_000, now),  # stored at the pass's now (its own copy, resumed): stop
     ]
     half = spark.createDataFrame(
         rows,
-        "queue_offset bigint, msg_id string, properties map<string,string>, born_ts bigint, store_ts bigint, "
-        "cl_batch_id bigint",
+        "queue_offset bigint, msg_id string, properties map<string,string>, born_ts bigint, store_ts bigint",
     )
     ops = spark.createDataFrame([("A",), ("Z",)], "tran_id string")
     out = {
@@ -372,8 +368,8 @@ def test_plan_classes_applies_the_rules_in_order(spark):
         "E": ("check", "E", 0),
         "F": ("check", "X", 0),  # unparsable immunity = the timeout (RocketMQ's getImmunityTime)
         "G": ("check", "G", 0),
-        "I": ("check", "I", 0),
         "H": ("stop", "H", 0),
+        "I": ("stop", "I", 0),
         "J": ("stop", "J", 0),
     }
 
@@ -522,27 +518,6 @@ def test_a_rollback_stored_by_a_producer_whose_clock_is_behind_still_wins(setup,
     broker.tick(clock.now_ms() + 2)
     assert consumed(log) == []
     assert dispatch.details.get("duplicate_commits") == 1, dispatch.details
-
-
-def test_a_half_stored_by_a_clock_ahead_does_not_hold_up_the_halves_behind_it(setup, clock):
-    """A store time comes from the producer's clock: a half stored 10 minutes ahead of the
-    runner's clock once stopped every pass at it, so the halves behind it went unchecked
-    for those 10 minutes."""
-    broker, log = setup
-    checks = Checks(default=TxState.COMMIT)
-    t = clock.now_ms()
-    clock.set(t + 10 * MINUTE)  # one producer instance's clock
-    broker.producer("shop", check_listener=checks).send_in_transaction(
-        Message("orders", b"ahead"), lambda m, a: TxState.UNKNOWN
-    )
-    clock.set(t)
-    behind = broker.producer("shop", check_listener=checks).send_in_transaction(
-        Message("orders", b"on time"), lambda m, a: TxState.UNKNOWN
-    )
-    broker.tick(t + MINUTE)
-    assert checks.count(behind.handle.tran_id) == 1
-    broker.tick(t + MINUTE + 1)
-    assert consumed(log) == ["ahead", "on time"]  # born in the future: checked, as RocketMQ does
 
 
 def test_status_counts_a_transaction_between_its_check_and_the_next_dispatch(setup, clock):
