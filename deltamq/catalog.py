@@ -122,8 +122,11 @@ class Catalog(Topics):
         exist_ok: bool = False,
     ) -> None:
         validate_topic_name(name)
+        given = queues
         queues = self.config.default_queues if queues is None else queues
-        self._upsert_topic(name, queues, perm, ordered, create=True, exist_ok=exist_ok)
+        self._upsert_topic(
+            name, queues, perm, ordered, create=True, exist_ok=exist_ok, queues_given=given is not None
+        )
 
     def update_topic(
         self, name: str, *, queues: int | None = None, perm: str | None = None, ordered: bool | None = None
@@ -146,7 +149,15 @@ class Catalog(Topics):
             self._upsert_topic(name, queues, "RW", False, create=True, exist_ok=True)
 
     def _upsert_topic(
-        self, name: str, queues: int, perm: str, ordered: bool, *, create: bool, exist_ok: bool = False
+        self,
+        name: str,
+        queues: int,
+        perm: str,
+        ordered: bool,
+        *,
+        create: bool,
+        exist_ok: bool = False,
+        queues_given: bool = True,
     ) -> None:
         if isinstance(queues, bool) or not isinstance(queues, int) or not 1 <= queues <= MAX_QUEUES:
             raise ConfigError(f"queues={queues!r} is not allowed; a topic has 1..{MAX_QUEUES} queues")
@@ -158,7 +169,11 @@ class Catalog(Topics):
             existing = self._topic(name)
             if existing is not None:
                 stored = {"queues": existing[0], "perm": existing[1], "ordered": existing[2]}
-                changed = _changes(stored, {"queues": queues, "perm": perm, "ordered": ordered})
+                # a default the caller did not choose (the queue count, RW, unordered) is not a setting
+                given: dict[str, Any] = {"queues": queues} if queues_given else {}
+                given |= {"perm": perm} if perm != Perm.RW.value else {}
+                given |= {"ordered": ordered} if ordered else {}
+                changed = _changes(stored, given)
                 if exist_ok and not changed:
                     return
                 if exist_ok:  # not a silent no-op: the settings given are not the topic's
@@ -310,7 +325,10 @@ class Catalog(Topics):
         nothing to do; else AlreadyExists (naming the settings that differ), and a callable
         given for it is not registered."""
         name = existing.consumer_group
-        changed = _changes(_settings(existing), _settings(cfg))
+        given = _settings(cfg)
+        if cfg.listener is None:  # none given: the stored one stands (a pull group has none either)
+            given.pop("listener")
+        changed = _changes(_settings(existing), given)
         if exist_ok and not changed:
             return
         if registered is None:

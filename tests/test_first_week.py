@@ -585,3 +585,17 @@ def test_exist_ok_takes_a_topic_or_group_only_as_it_is(broker, tmp_path):
         broker.create_group("flaky", consume_all, max_reconsume_times=2, exist_ok=True)
     assert "flaky" not in broker.catalog.listeners
     assert broker.groups()["flaky"].max_reconsume_times == 2
+
+
+def test_exist_ok_compares_only_what_the_caller_gave(broker):
+    """A default the caller did not choose is not a setting: a topic made with 8 queues,
+    or made read-only by update_topic, is taken by create_topic(name, exist_ok=True), and
+    a group by create_group(name, exist_ok=True) without its listener."""
+    broker.create_topic("jobs", queues=8)
+    broker.create_topic("jobs", exist_ok=True)
+    broker.update_topic("jobs", perm="R")
+    broker.create_topic("jobs", queues=8, exist_ok=True)
+    broker.create_group("b", "support.listeners:always_fail", mode="BROADCASTING", instances=["a"])
+    broker.create_group("b", mode="BROADCASTING", instances=["a"], exist_ok=True)
+    broker.create_group("c", "support.listeners:always_fail")
+    broker.create_group("c", exist_ok=True)
