@@ -193,7 +193,10 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
         level, bad_level = _integer(ctx.delay_level_when_next_consume, "delay_level_when_next_consume")
         unreadable = bad or (None if ok else bad_level)
         if unreadable:  # a reply it cannot read: nothing counts as consumed
-            ok, ack, level, error = False, -1, 0, unreadable[:MAX_ERROR_CHARS]
+            # (a listener that raised keeps its own error: that is what went wrong first)
+            failed_first = not ok and error is not None
+            ok, ack, level = False, -1, 0
+            error = error if failed_first else unreadable[:MAX_ERROR_CHARS]
         _send(proto_out, (ok, max(-1, min(ack, n - 1)), level, error, setup))
 
 
