@@ -368,6 +368,19 @@ def test_an_ack_index_is_read_as_an_integer_or_not_at_all(
         assert "ack_index=0.0 is not an integer" in result.error
 
 
+def test_a_delay_level_that_is_no_integer_keeps_the_failure_and_says_why(ready, clock, tmp_path):
+    """A failed call's ``delay_level_when_next_consume`` that is no integer counts as 0 (the
+    usual back-off, level 3 for a first retry); the error keeps the failure and adds why."""
+    ready.create_group("g", Recorder(tmp_path / "calls.jsonl", "bad_level"), consume_from="FIRST_OFFSET")
+    ready.subscribe("g", "orders")
+    ready.producer("p").send(Message("orders", "m0"))
+    run = ready.tick(clock.now_ms()).job("deliver")
+    assert run.result.retried == 1
+    assert "delay_level_when_next_consume='3' is not an integer" in run.error
+    [row] = ready.sql("SELECT properties FROM commit_log WHERE topic = '%RETRY%g'").collect()
+    assert row["properties"][Prop.DELAY] == "3"
+
+
 def test_hostile_listener_is_isolated_within_a_batch(ready, clock, tmp_path):
     log = tmp_path / "calls.jsonl"
     # 4 s: with 700 ms, and later with 1.5 s, a worker's exit was once taken for a time-out

@@ -189,26 +189,26 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
         ok = isinstance(status, str) and status in SUCCESS_STATUSES
         if not ok and error is None:
             error = failed_status_text(status)[:MAX_ERROR_CHARS]
-        ack, bad = _integer(ctx.ack_index, "ack_index")
+        # an unreadable field reads as 0: a success whose ack_index cannot be read counts
+        # nothing as consumed; a failure keeps its own error, with the level's problem after it
+        ack, bad_ack = _integer(ctx.ack_index, "ack_index")
         level, bad_level = _integer(ctx.delay_level_when_next_consume, "delay_level_when_next_consume")
-        unreadable = bad or (None if ok else bad_level)
-        if unreadable:  # a reply it cannot read: nothing counts as consumed
-            # (a listener that raised keeps its own error: that is what went wrong first)
-            failed_first = not ok and error is not None
-            ok, ack, level = False, -1, 0
-            error = error if failed_first else unreadable[:MAX_ERROR_CHARS]
+        if ok and bad_ack:
+            ok, ack, error = False, -1, bad_ack[:MAX_ERROR_CHARS]
+        elif not ok and bad_level:
+            error = f"{error}; {bad_level}"[:MAX_ERROR_CHARS]
         _send(proto_out, (ok, max(-1, min(ack, n - 1)), level, error, setup))
 
 
 def _integer(value: Any, name: str) -> tuple[int, str | None]:
     """A context field the listener set, as an int (numpy's integers too), or 0 and why
     it is not one."""
-    if isinstance(value, bool):
-        return 0, f"{name}={value!r} is not an integer"
-    try:
-        return operator.index(value), None
-    except TypeError:
-        return 0, f"{name}={value!r} is not an integer"
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value), None
+        except TypeError:
+            pass
+    return 0, f"{name}={value!r} is not an integer"
 
 
 class _Worker:

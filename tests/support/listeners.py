@@ -104,6 +104,10 @@ class Recorder:
         context.ack_index = np.int64(0)  # what a columnar computation hands back
         return ConsumeStatus.CONSUME_SUCCESS
 
+    def _bad_level(self, messages, context):
+        context.delay_level_when_next_consume = "3"  # a string: not a level
+        return ConsumeStatus.RECONSUME_LATER
+
     def _ack_first_float(self, messages, context):
         context.ack_index = 0.0
         return ConsumeStatus.CONSUME_SUCCESS
