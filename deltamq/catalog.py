@@ -52,7 +52,7 @@ from deltamq.message import validate_group_name, validate_topic_name
 from deltamq.sending import Topics
 from deltamq.tables import consume_queue
 from deltamq.tables.consume_queue import visible_heads
-from deltamq.tables.offsets import OffsetsMerge, advance_offsets, fresh_head, group_has_offsets, source
+from deltamq.tables.offsets import OffsetsMerge, clients_with_offsets, fresh_head, source, start_positions
 from deltamq.tables.sqltext import sql_bool, sql_int, sql_long, sql_str
 from deltamq.transactions import CheckConfig, validate_table_check
 
@@ -450,16 +450,18 @@ class Catalog(Topics):
         (docs/behaviour.md §3): at ``starts``, or where its ``consume_from`` says. Queues
         that appear later start at 0 (no row); retry queues start at 0, or past the retries
         a deleted group of the same name left."""
-        if group_has_offsets(self.warehouse, cfg.name, topic):
+        placed = clients_with_offsets(self.warehouse, cfg.name, topic)
+        # a BROADCASTING instance left unplaced (by a release that placed them one commit
+        # each, killed between two) starts where the setting says, not at offset 0
+        missing = [c for c in cfg.clients if c not in placed]
+        if not missing:
             return
         if starts is None:
             starts = self._start_offsets(topic, cfg.consume_from, cfg.consume_timestamp)
-        rows = [(topic, q, o, None) for q, o in sorted(starts.items())]
-        now = self.clock.now_ms()
-        for client in cfg.clients if rows else []:
-            self._commit_attempt(
-                partial(advance_offsets, self.warehouse, cfg.name, rows, now, client_id=client), "offsets"
-            )
+        self._commit_attempt(
+            partial(start_positions, self.warehouse, cfg.name, missing, topic, starts, self.clock.now_ms()),
+            "offsets",
+        )
 
     def offsets_at(self, group: str, to_time: int) -> dict[tuple[str, int], int]:
         """Per queue of every topic ``group`` subscribes: the offset of the first message
@@ -479,10 +481,12 @@ class Catalog(Topics):
         return new
 
     def set_offsets(self, group: str, new: dict[tuple[str, int], int]) -> None:
-        """Move the group's offsets to ``new``, back or forward (an offset reset)."""
+        """Move the group's offsets to ``new``, back or forward (an offset reset): a
+        BROADCASTING group's, each of its instances'."""
         merge = OffsetsMerge(("next_offset",), self.clock.now_ms())
-        for (t, q), o in sorted(new.items()):
-            merge.add(group, t, q, next_offset=o)
+        for client in self.require_group(group).clients:
+            for (t, q), o in sorted(new.items()):
+                merge.add(group, t, q, client, next_offset=o)
         update = {
             "next_offset": source("next_offset"),
             # a pull group's hand-out position starts at the new offset too (it is

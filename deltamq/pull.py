@@ -197,10 +197,12 @@ class PullConsumer:
         self.store.heartbeat(self.group, self.client_id, now)
         self._seen = now
 
-    def close(self) -> None:
+    def close(self, now: int | None = None) -> None:
         """Leave the group now (instead of after the client timeout), giving back the
-        offsets reserved and not handed out, so the queues can change hands at once."""
-        now = self.store.clock.now_ms()
+        offsets reserved and not handed out, so the queues can change hands at once. The
+        lock rows given back carry ``now`` (the clock's by default) as their last access,
+        as a pull's do."""
+        now = self._now(now)
         self.flush()
         if any(h.reserved > h.position for h in self._held.values()):
 

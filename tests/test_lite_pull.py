@@ -340,3 +340,18 @@ def test_lock_rows_are_added_by_a_conditional_append_and_a_racing_client_adds_no
     assert len(a.pull(100)) == 20
     a.close()
     b.close()
+
+
+def test_close_stamps_the_given_back_lock_rows_with_its_now(pulled, clock):
+    """``close(now)`` gives back what a client reserved at the time it is told, as a pull
+    stamps its lock rows: with pulls run ahead of the clock (``now`` given), the store's
+    clock would move each row's last access back."""
+    ahead = clock.now_ms() + 600_000
+    client = _lite(pulled, clock, "a")
+    got = client.pull(2, now=ahead)  # reserves ahead of what it hands out
+    assert len(got) == 2
+    reserved = {q: e for q, e in client.store.read_locks("workers").items() if e and e.owner == "a"}
+    assert any(e.delivered_offset is not None and e.delivered_offset > 2 for e in reserved.values())
+    client.close(now=ahead + 5)
+    back = {q: e for q, e in client.store.read_locks("workers").items() if e and e.owner == "a"}
+    assert back and {e.last_access_ts for q, e in back.items() if e != reserved[q]} == {ahead + 5}

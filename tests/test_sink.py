@@ -9,6 +9,7 @@ from support.listeners import order_rows, order_rows_without_guard
 
 from deltamq import Message
 from deltamq.errors import ConfigError, ListenerUnavailable
+from deltamq.jobs import retain
 from deltamq.jobs.sink import SinkError
 
 
@@ -206,3 +207,25 @@ def test_a_sink_table_whose_column_types_do_not_take_the_output_is_refused_when_
     lake.producer("p").send(Message("orders", b"7", keys="o1"))
     lake.tick()
     assert _table(sink) == {"o1": 7}
+
+
+def test_a_group_whose_pull_client_died_can_become_a_sink_and_retention_forgets_that_client(
+    lake, clock, tmp_path
+):
+    """A pull client that never closed stays in ``clients``: a live one keeps a sink out of
+    its group; past the client timeout it has left, the group may become a sink, and the
+    next retention pass removes its row."""
+    lake.create_group("pulled", consume_from="FIRST_OFFSET")
+    lake.subscribe("pulled", "orders")
+    consumer = lake.pull_consumer("pulled", "c1")
+    consumer.heartbeat(clock.now_ms())  # then dies without close()
+    table = str(tmp_path / "t")
+    with pytest.raises(ConfigError, match=r"live pull clients \(c1\)"):
+        lake.sink_to_table("pulled", table, ["msg_id"])
+    clock.advance(ms=lake.config.client_timeout_ms + 1)
+    lake.sink_to_table("pulled", table, ["msg_id"])
+    clients = "SELECT count(*) AS n FROM clients WHERE consumer_group = 'pulled'"
+    assert lake.sql(clients).collect()[0]["n"] == 1
+    run = retain.run(lake.context, clock.now_ms(), force=True)
+    assert run.pruned["clients"] == 1
+    assert lake.sql(clients).collect()[0]["n"] == 0

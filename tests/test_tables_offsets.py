@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from deltamq import Message
 from deltamq.constants import DISPATCH_GROUP, PROMOTE_GROUP
-from deltamq.tables.offsets import START, Position, QueueKey, group_has_offsets, positions, progress
+from deltamq.tables.offsets import START, Position, QueueKey, clients_with_offsets, positions, progress
 
 
 def test_positions_and_progress_are_typed_and_kept_apart(broker, clock, warehouse_with):
@@ -19,7 +19,9 @@ def test_positions_and_progress_are_typed_and_kept_apart(broker, clock, warehous
     assert positions(wh, []) == {} and positions(wh, ["nobody"]) == {}
     assert not any(k.group.startswith("%") for k in positions(wh))  # job rows are not positions
     assert START.next_offset == 0 and START.suspend_until is None
-    assert group_has_offsets(wh, "billing", "orders") and not group_has_offsets(wh, "billing", "other")
+    assert clients_with_offsets(wh, "billing", "orders") == {""} and not clients_with_offsets(
+        wh, "billing", "other"
+    )
     rows = progress(wh, {DISPATCH_GROUP: ("", "orders"), PROMOTE_GROUP: None})
     heads = {(r.topic, r.queue_id): r.next_offset for r in rows[DISPATCH_GROUP]}
     assert heads[("orders", 0)] == 2 and heads[("orders", 1)] == 2

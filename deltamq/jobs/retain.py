@@ -313,6 +313,9 @@ def _prune_bookkeeping(ctx: Context, now: int) -> dict[str, int]:
     conds = {
         "job_runs": f"run_date < DATE'{cut}'",
         "dq_results": f"run_ts < {sql_long(now - cfg.dq_reserved_time_ms)}",
+        # pull clients that died without close(): silent past the client timeout, they hold
+        # no queue any more (docs/behaviour.md §6); one that comes back is seen again
+        "clients": f"last_seen_ts < {sql_long(now - cfg.client_timeout_ms)}",
     }
     # tables the engine never commits to (OUTSIDE_THE_ENGINE) are pruned by delta-rs
     by_delta_rs = {"job_runs": f"run_date < '{cut}'"}

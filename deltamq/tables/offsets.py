@@ -307,14 +307,30 @@ def earliest_resume_query(wh: Warehouse, after: int) -> str:
     return f"SELECT min(suspend_until) AS d FROM {wh.ref('offsets')} WHERE suspend_until > {sql_long(after)}"
 
 
-def group_has_offsets(wh: Warehouse, group: str, topic: str) -> bool:
-    """Whether ``group`` has any position on ``topic`` yet."""
-    return bool(
-        wh.engine.rows(
-            f"SELECT 1 FROM {wh.ref('offsets')} "
-            f"WHERE consumer_group = {sql_str(group)} AND topic = {sql_str(topic)} LIMIT 1"
-        )
+def clients_with_offsets(wh: Warehouse, group: str, topic: str) -> set[str]:
+    """Whose positions ``group`` has on ``topic`` yet: ``{""}`` for a group's own, a
+    BROADCASTING group's instances by name; empty before it first subscribes."""
+    rows = wh.engine.rows(
+        f"SELECT DISTINCT client_id FROM {wh.ref('offsets')} "
+        f"WHERE consumer_group = {sql_str(group)} AND topic = {sql_str(topic)}"
     )
+    return {r["client_id"] or "" for r in rows}
+
+
+def start_positions(
+    wh: Warehouse, group: str, clients: Sequence[str], topic: str, starts: Mapping[int, int], now: int
+) -> None:
+    """Place each of ``clients`` of ``group`` at ``starts`` (queue → offset) on ``topic`` in
+    one ``MERGE``, so one commit: a kill leaves every instance placed or none. An offset
+    already stored only moves forward."""
+    merge = OffsetsMerge(("next_offset",), now)
+    for client in clients:
+        for q, o in sorted(starts.items()):
+            merge.add(group, topic, q, client, next_offset=o)
+    if merge.rows:
+        merge.execute(
+            wh, {"next_offset": forward_unless_null("next_offset")}, {"next_offset": source("next_offset")}
+        )
 
 
 @dataclass(frozen=True)
