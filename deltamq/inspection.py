@@ -215,10 +215,7 @@ def _group_summaries(ctx: Context, lag: list[dict[str, Any]]) -> list[dict[str, 
     or ``no listener stored``: a pull group nobody has pulled from yet), the topics it
     subscribed to (its own
     ``%RETRY%`` topic, which it always reads, not listed) and its lag (retries included)."""
-    pulling = {
-        r["g"]
-        for r in ctx.engine.rows(f"SELECT DISTINCT consumer_group AS g FROM {ctx.warehouse.ref('clients')}")
-    }
+    pulling = deliveries.pulled_groups(ctx.warehouse)
     topics: dict[str, list[str]] = {}
     for sub in ctx.catalog.subscriptions():
         if sub.topic != RETRY_PREFIX + sub.consumer_group:  # every group reads its own retries

@@ -30,7 +30,7 @@ from deltamq.clock import ms_to_iso
 from deltamq.constants import DLQ_PREFIX, JOB_STEPS, RETRY_PREFIX, is_system_topic
 from deltamq.inspection import group_lag, transactions
 from deltamq.jobs.deliver_result import BACKLOG_KEY
-from deltamq.tables import consume_queue
+from deltamq.tables import consume_queue, deliveries
 from deltamq.tables.consume_queue import load_dispatch_state
 from deltamq.tables.ranges import queue_ranges
 from deltamq.tables.sqltext import sql_in, sql_long, sql_str
@@ -69,10 +69,7 @@ def collect(
     }
     state = load_dispatch_state(ctx.warehouse)
     groups = ctx.catalog.groups()
-    pulling = {
-        r["g"]
-        for r in ctx.engine.rows(f"SELECT DISTINCT consumer_group AS g FROM {ctx.warehouse.ref('clients')}")
-    }
+    pulling = deliveries.pulled_groups(ctx.warehouse)
     kinds = {g: _kind(cfg, g in ctx.catalog.listeners, g in pulling) for g, cfg in groups.items()}
     subscriptions = ctx.catalog.subscriptions()
     hi = until if until is not None else max([now + 1, *(t + 1 for t in times)])

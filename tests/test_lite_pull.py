@@ -355,3 +355,17 @@ def test_close_stamps_the_given_back_lock_rows_with_its_now(pulled, clock):
     client.close(now=ahead + 5)
     back = {q: e for q, e in client.store.read_locks("workers").items() if e and e.owner == "a"}
     assert back and {e.last_access_ts for q, e in back.items() if e != reserved[q]} == {ahead + 5}
+
+
+def test_a_pull_group_stays_a_pull_group_once_its_clients_left(pulled, clock):
+    """Status calls a group pull clients have pulled from "pull", also once every client
+    left and retention removed their ``clients`` rows (its lock rows stay)."""
+    from deltamq.jobs import retain
+
+    client = _lite(pulled, clock, "a")
+    assert client.pull(3)
+    client.close()
+    retain.run(pulled.context, clock.now_ms() + pulled.config.client_timeout_ms + 1, force=True)
+    assert pulled.sql("SELECT count(*) AS n FROM clients").collect()[0]["n"] == 0
+    kinds = {g["group"]: g["kind"] for g in pulled.status()["groups"]}
+    assert kinds["workers"] == "pull"

@@ -65,6 +65,16 @@ def read_locks(wh: Warehouse, group: str) -> dict[Queue, LockEntry | None]:
     return lock_entries(rows)
 
 
+def pulled_groups(wh: Warehouse) -> set[str]:
+    """The groups pull clients have pulled from: those with a client row, or with lock
+    rows (which stay when every client has left and retention removed their rows)."""
+    rows = wh.engine.rows(
+        f"SELECT consumer_group AS g FROM {wh.ref('clients')} "
+        f"UNION SELECT consumer_group AS g FROM {wh.ref('queue_lock')}"
+    )
+    return {r["g"] for r in rows}
+
+
 def _lock_scope(group: str, queues: Iterable[Queue]) -> str:
     """The target rows a lock ``MERGE`` may touch, as literals on the partition columns:
     Apache Spark's Delta checks a commit for conflicts against the partitions its
