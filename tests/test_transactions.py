@@ -348,6 +348,9 @@ def test_plan_classes_applies_the_rules_in_order(spark):
         (7, "H", {}, now - 100, now - 100),  # younger than 6 s, no immunity: stop
         (8, "I", {}, now - 1, now + 1),  # stored after the pass began: stop
         (9, "J", {}, now - 7_000, now),  # stored at the pass's now (its own copy, resumed): stop
+        (10, "K", {}, now + 600_000, now + 600_000),  # a producer clock 10 min ahead: checked
+        (11, "L", {}, now + 3_000, now + 3_000),  # 3 s ahead, under the timeout: stop
+        (12, "M", imm, now + 600_000, now + 600_000),  # 10 min ahead, own immunity: put back
     ]
     half = spark.createDataFrame(
         rows,
@@ -371,6 +374,9 @@ def test_plan_classes_applies_the_rules_in_order(spark):
         "H": ("stop", "H", 0),
         "I": ("stop", "I", 0),
         "J": ("stop", "J", 0),
+        "K": ("check", "K", 0),
+        "L": ("stop", "L", 0),
+        "M": ("putback", "M", 0),
     }
 
 
@@ -518,6 +524,28 @@ def test_a_rollback_stored_by_a_producer_whose_clock_is_behind_still_wins(setup,
     broker.tick(clock.now_ms() + 2)
     assert consumed(log) == []
     assert dispatch.details.get("duplicate_commits") == 1, dispatch.details
+
+
+def test_a_half_stored_by_a_clock_ahead_does_not_hold_up_the_halves_behind_it(setup, clock):
+    """A store time comes from the producer's clock: a half stored 10 minutes ahead of the
+    runner's clock once stopped every pass at it, so the halves behind it went unchecked
+    for those 10 minutes. Ahead by more than the transaction timeout it is not waited for,
+    and is checked by its (negative) age, as RocketMQ does."""
+    broker, log = setup
+    checks = Checks(default=TxState.COMMIT)
+    t = clock.now_ms()
+    clock.set(t + 10 * MINUTE)  # one producer instance's clock
+    broker.producer("shop", check_listener=checks).send_in_transaction(
+        Message("orders", b"ahead"), lambda m, a: TxState.UNKNOWN
+    )
+    clock.set(t)
+    behind = broker.producer("shop", check_listener=checks).send_in_transaction(
+        Message("orders", b"on time"), lambda m, a: TxState.UNKNOWN
+    )
+    broker.tick(t + MINUTE)
+    assert checks.count(behind.handle.tran_id) == 1
+    broker.tick(t + MINUTE + 1)
+    assert consumed(log) == ["ahead", "on time"]
 
 
 def test_status_counts_a_transaction_between_its_check_and_the_next_dispatch(setup, clock):

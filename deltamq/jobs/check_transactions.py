@@ -9,7 +9,8 @@ pass began. Each entry is, in this order of rules:
 2. *discarded* — ``TRANSACTION_CHECK_TIMES`` ≥ ``transaction_check_max`` or born more
    than ``file_reserved_time_ms`` ago: copied to ``TRANS_CHECK_MAX_TIME_TOPIC``, never
    checked again;
-3. *stop* — stored after the pass began, or without its own
+3. *stop* — stored after the pass began (by less than ``transaction_timeout_ms``: a
+   producer clock further ahead is not waited for), or without its own
    ``CHECK_IMMUNITY_TIME_IN_SECONDS`` and younger (``now − born_ts``) than
    ``transaction_timeout_ms``: the walk ends here (later entries are younger still);
 4. *put back* — younger than its own immunity: written again at the end of the half
@@ -180,8 +181,10 @@ def plan_classes(
         F.when(F.col("op_tran_id").isNotNull(), "settled")
         .when((F.col("times") >= check_max) | (age > retention_ms), "discard")
         # stored at the pass's now or later: after it began (a pass resumed after a kill
-        # meets the copies it wrote itself, stored at exactly its now)
-        .when(F.col("store_ts") >= F.lit(now), "stop")
+        # meets the copies it wrote itself, stored at exactly its now). A store time is the
+        # producer's clock: one ahead by the timeout or more is not waited for (it would
+        # hold up every entry behind it as long as the clock is ahead); its age decides
+        .when((F.col("store_ts") >= F.lit(now)) & (F.col("store_ts") < F.lit(now + timeout_ms)), "stop")
         # a negative age (producer clock ahead) is checked, as RocketMQ does
         .when(immunity_raw.isNull() & (age >= 0) & (age < timeout_ms), "stop")
         .when(immunity_raw.isNotNull() & (age < immunity_ms), "putback")
