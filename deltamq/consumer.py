@@ -21,6 +21,9 @@ answers.
 from __future__ import annotations
 
 import importlib
+import os
+import socket
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -128,6 +131,16 @@ registered it (a lambda, a nested function, a function of ``__main__``): the gro
 push group everywhere, and a process that does not have the callable says so."""
 
 
+def _where() -> str:
+    """Which process an import ran in: on a Spark Connect server or a cluster's executors
+    it is theirs, not the driver's, whose ``PYTHONPATH`` must reach the module."""
+    return (
+        f"This import ran in process {os.getpid()} on host {socket.gethostname()!r} "
+        f"({sys.executable}); when the tick runs on a Spark Connect server or a cluster, that is "
+        "the server's or an executor's Python, whose environment must have the module."
+    )
+
+
 def resolve_listener(path: str, what: str = "listener") -> Listener:
     """Import ``package.module:function`` (the form stored in ``group_config``)."""
     if path.startswith(IN_PROCESS):
@@ -147,7 +160,7 @@ def resolve_listener(path: str, what: str = "listener") -> Listener:
     except (ImportError, AttributeError) as e:
         raise ListenerUnavailable(
             f"{what} {path!r} cannot be imported: {e}; the module must be importable where the "
-            "jobs run (install it, or add its folder to PYTHONPATH)"
+            f"jobs run (install it, or add its folder to PYTHONPATH). {_where()}"
         ) from e
     if not callable(obj):
         raise ListenerUnavailable(f"{what} {path!r} is {type(obj).__name__}, not a callable")

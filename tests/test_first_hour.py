@@ -26,6 +26,9 @@ def test_a_listener_path_that_cannot_be_imported_is_refused_when_named(broker, t
         broker.create_group("g", "nosuch_mod:fn")
     with pytest.raises(ListenerUnavailable, match=r"'support.listeners:no_such_function' cannot be imported"):
         broker.create_group("g", "support.listeners:no_such_function")
+    where = rf"ran in process {os.getpid()} on host .*Spark Connect server"
+    with pytest.raises(ListenerUnavailable, match=where):
+        broker.create_group("g", "nosuch_mod:fn")  # where to fix it: the process that imported
     with pytest.raises(ListenerUnavailable, match=r"check listener 'nosuch_mod:check'"):
         broker.producer("shop", check_listener="nosuch_mod:check")
     assert "g" not in broker.groups() and "shop" not in broker.check_configs()
