@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import json
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -52,7 +52,14 @@ from deltamq.message import validate_group_name, validate_topic_name
 from deltamq.sending import Topics
 from deltamq.tables import consume_queue
 from deltamq.tables.consume_queue import visible_heads
-from deltamq.tables.offsets import OffsetsMerge, clients_with_offsets, fresh_head, source, start_positions
+from deltamq.tables.offsets import (
+    OffsetsMerge,
+    clients_with_offsets,
+    forget_clients,
+    fresh_head,
+    source,
+    start_positions,
+)
 from deltamq.tables.sqltext import sql_bool, sql_int, sql_long, sql_str
 from deltamq.transactions import CheckConfig, validate_table_check
 
@@ -318,6 +325,59 @@ class Catalog(Topics):
                 self._init_offsets(cfg, retry_topic(name), left)
             self._subscribe(name, retry_topic(name), "*", "TAG")
 
+    def update_group(
+        self, name: str, settings: Mapping[str, Any], listener: Callable[..., Any] | str | None = None
+    ) -> dict[str, tuple[Any, Any]]:
+        """Change settings of an existing group in place, its offsets kept (RocketMQ's
+        ``updateSubGroup``). ``settings``: any of :data:`UPDATABLE`; ``listener``, a push
+        group's new listener. Returns ``{setting: (old, new)}`` of what changed. A
+        BROADCASTING instance added starts where ``consume_from`` says on every topic the
+        group subscribes; one removed loses its offsets."""
+        existing = self.require_group(name)
+        fixed = sorted(set(settings) - set(UPDATABLE))
+        if fixed:
+            raise ConfigError(
+                f"group {name!r}: {', '.join(fixed)} cannot be changed in place (a group's mode, "
+                "ordering, de-duplication key and start are part of what its offsets mean); "
+                f"these can: listener, {', '.join(UPDATABLE)}. To change the others, delete the group and "
+                "create it again (its offsets and dedup keys go)"
+            )
+        registry: Registry = {}
+        path = existing.listener
+        if listener is not None:
+            self._check_listener_change(existing)
+            path = listener_path(registry, name, listener)
+        new = replace(existing, **settings, listener=path)  # validated (ConfigError)
+        changed = {
+            k: (v, _settings(new)[k]) for k, v in _settings(existing).items() if v != _settings(new)[k]
+        }
+        if listener is not None and not changed.get("listener"):
+            changed["listener"] = (existing.listener, path)  # the same path: the callable is new
+        added = [i for i in new.instances if i not in existing.instances]
+        for sub in self.subscriptions(name) if added else []:
+            self._init_offsets(new, sub.topic)  # offsets first: a row of no instance is read by none
+        if changed:
+            self._commit("group_config", _update_statement(self.warehouse.ref("group_config"), name, new))
+        gone = [i for i in existing.instances if i not in new.instances]
+        if gone:
+            self._commit_attempt(partial(forget_clients, self.warehouse, name, gone), "offsets")
+        self.listeners.update(registry)
+        return changed
+
+    def _check_listener_change(self, existing: GroupConfig) -> None:
+        """A new listener replaces a push group's; a sink's or a pull group's is refused."""
+        name = existing.consumer_group
+        if existing.sink_table:
+            raise ConfigError(
+                f"group {name!r} is the sink into {existing.sink_table}; a sink has no listener"
+            )
+        if not existing.listener and name not in self.listeners:
+            raise ConfigError(
+                f"group {name!r} has no listener stored: it is a pull group (its clients consume it) "
+                "or a push group whose callable was registered in another process only. A pull "
+                "group cannot become a push group in place; create a push group of its own"
+            )
+
     def _take_existing(
         self, existing: GroupConfig, cfg: GroupConfig, registered: Callable[..., Any] | None, exist_ok: bool
     ) -> None:
@@ -338,8 +398,10 @@ class Catalog(Topics):
         if exist_ok:  # not a silent no-op: the settings given are not the group's
             raise AlreadyExists(
                 f"consumer group {name!r} already exists with other settings ({changed}); exist_ok "
-                "takes it only as it is. To change them, delete it and create it again "
-                "(delete_group(force=True), CLI: group delete --force; its offsets and dedup keys go)"
+                "takes it only as it is. To change them: update_group (CLI: group update), its "
+                "offsets kept; for the mode, ordering, dedup_key or consume_from, delete it and create "
+                "it again (delete_group(force=True), CLI: group delete --force; its offsets and dedup "
+                "keys go)"
             )
         raise AlreadyExists(f"consumer group {name!r} already exists")
 
@@ -589,6 +651,42 @@ _SETTINGS = (
     "dedup_window_ms",
 )
 """What ``create_group`` sets (a sink is set by ``sink_to_table``, the creation time by the store)."""
+
+
+UPDATABLE = (
+    "max_reconsume_times",
+    "pull_batch_size",
+    "consume_batch_size",
+    "consume_timeout_ms",
+    "retry_policy",
+    "instances",
+    "invisible_time_ms",
+    "dedup_window_ms",
+)
+"""What ``update_group`` changes in place, beside a push group's listener (an argument of
+its own)."""
+
+
+def _update_statement(ref: str, name: str, cfg: GroupConfig) -> str:
+    """The ``UPDATE`` of group ``name``'s row to ``cfg``'s updatable settings."""
+    policy = json.dumps(dict(cfg.retry_policy)) if cfg.retry_policy else None
+    inst = "CAST(NULL AS ARRAY<STRING>)"
+    if cfg.instances:
+        inst = "array(" + ", ".join(sql_str(i) for i in cfg.instances) + ")"
+    sets = {
+        "listener": sql_str(cfg.listener),
+        "max_reconsume_times": sql_int(cfg.max_reconsume_times),
+        "pull_batch_size": sql_int(cfg.pull_batch_size),
+        "consume_batch_size": sql_int(cfg.consume_batch_size),
+        "consume_timeout_ms": sql_long(cfg.consume_timeout_ms),
+        "retry_policy": sql_str(policy),
+        "instances": inst,
+        "invisible_time_ms": sql_long(cfg.invisible_time_ms),
+        "dedup_window_ms": sql_long(cfg.dedup_window_ms),
+    }
+    assert set(sets) == {"listener", *UPDATABLE}
+    assignments = ", ".join(f"{k} = {v}" for k, v in sets.items())
+    return f"UPDATE {ref} SET {assignments} WHERE consumer_group = {sql_str(name)}"
 
 
 def _settings(cfg: GroupConfig) -> dict[str, Any]:

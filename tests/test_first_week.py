@@ -579,7 +579,8 @@ def test_exist_ok_takes_a_topic_or_group_only_as_it_is(broker, tmp_path):
     assert broker.topics()["jobs"]["queues"] == 8
     broker.create_group("flaky", "support.listeners:always_fail", max_reconsume_times=2)
     broker.create_group("flaky", "support.listeners:always_fail", max_reconsume_times=2, exist_ok=True)
-    with pytest.raises(AlreadyExists, match=r"max_reconsume_times: 2 stored, 7 given.*group delete --force"):
+    differ = r"max_reconsume_times: 2 stored, 7 given.*update_group.*delete --force"
+    with pytest.raises(AlreadyExists, match=differ):
         broker.create_group("flaky", "support.listeners:always_fail", max_reconsume_times=7, exist_ok=True)
     with pytest.raises(AlreadyExists, match=r"listener: 'support.listeners:always_fail' stored"):
         broker.create_group("flaky", consume_all, max_reconsume_times=2, exist_ok=True)
@@ -599,3 +600,73 @@ def test_exist_ok_compares_only_what_the_caller_gave(broker):
     broker.create_group("b", mode="BROADCASTING", instances=["a"], exist_ok=True)
     broker.create_group("c", "support.listeners:always_fail")
     broker.create_group("c", exist_ok=True)
+
+
+def test_a_group_is_updated_in_place_and_keeps_its_offsets(warehouse_with, clock, tmp_path, capsys):
+    """Changing a setting meant delete and create, losing the offsets (exist_ok names the
+    difference and now points here). update_group changes it in place (RocketMQ's
+    updateSubGroup): what changed is returned, the offsets stay, and the next tick uses it."""
+    from support.listeners import Recorder
+
+    wh = warehouse_with("orders", queues=1, group="billing")
+    broker = wh.broker
+    p = broker.producer("shop")
+    p.send(Message("orders", b"one"))
+    t = clock.now_ms()
+    broker.tick(t)
+    offsets = "SELECT next_offset FROM offsets WHERE consumer_group = 'billing' AND topic = 'orders'"
+    assert broker.sql(offsets).collect()[0]["next_offset"] == 1
+    other = tmp_path / "other.jsonl"
+    changed = broker.update_group("billing", Recorder(other), max_reconsume_times=2)
+    assert changed["max_reconsume_times"] == (16, 2) and set(changed) == {"max_reconsume_times", "listener"}
+    assert broker.groups()["billing"].max_reconsume_times == 2
+    assert broker.sql(offsets).collect()[0]["next_offset"] == 1  # kept
+    p.send(Message("orders", b"two"))
+    broker.tick(t + 1_000)
+    assert [c["body"] for c in read_log(wh.log)] == ["one"]
+    assert [c["body"] for c in read_log(other)] == ["two"]
+    assert broker.update_group("billing", max_reconsume_times=2) == {}  # the stored value: no change
+    # what cannot change in place, and bad values, are refused before anything is written
+    with pytest.raises(ConfigError, match=r"orderly cannot be changed in place.*delete the group"):
+        broker.catalog.update_group("billing", {"orderly": True})
+    with pytest.raises(ConfigError, match=r"max_reconsume_times=-5 is not allowed"):
+        broker.update_group("billing", max_reconsume_times=-5)
+    with pytest.raises(ConfigError, match="needs what to change"):
+        broker.update_group("billing")
+    with pytest.raises(ConfigError, match="are for BROADCASTING groups"):
+        broker.update_group("billing", instances=["a"])
+    broker.create_group("pulled")
+    with pytest.raises(ConfigError, match="pull group cannot become a push group in place"):
+        broker.update_group("pulled", "support.listeners:consume_all")
+    assert broker.groups()["billing"].max_reconsume_times == 2 and broker.groups()["pulled"].listener is None
+    # the CLI
+    loc = str(broker.warehouse.location)
+    assert main(["group", "update", "billing", "--max-reconsume-times", "5", "--warehouse", loc]) == 0
+    assert "billing: max_reconsume_times 2 -> 5" in capsys.readouterr().out
+    assert main(["group", "update", "billing", "--mode", "BROADCASTING", "--warehouse", loc]) == 2
+    assert "group update takes no --mode" in capsys.readouterr().err
+    assert main(["group", "delete", "billing", "--max-reconsume-times", "5", "--warehouse", loc]) == 2
+
+
+def test_a_broadcasting_group_gains_and_loses_instances_in_place(warehouse_with, clock, tmp_path):
+    """An instance added starts where consume_from says (LAST_OFFSET: the head, not offset
+    0); one removed stops receiving and its offsets go."""
+    from support.listeners import Recorder
+
+    wh = warehouse_with("news", queues=1)
+    broker = wh.broker
+    log = tmp_path / "b.jsonl"
+    broker.create_group("fanout", Recorder(log), mode="BROADCASTING", instances=["a", "b"])
+    broker.subscribe("fanout", "news")
+    p = broker.producer("p")
+    p.send(Message("news", b"old"))
+    t = clock.now_ms()
+    broker.tick(t)
+    changed = broker.update_group("fanout", instances=["b", "c"])
+    assert changed == {"instances": (("a", "b"), ("b", "c"))}
+    rows = broker.sql("SELECT client_id, next_offset FROM offsets WHERE consumer_group = 'fanout'").collect()
+    assert {r["client_id"]: r["next_offset"] for r in rows} == {"b": 1, "c": 1}
+    p.send(Message("news", b"new"))
+    broker.tick(t + 1_000)
+    calls = sorted((c["instance"], c["body"]) for c in read_log(log))
+    assert calls == [("a", "old"), ("b", "new"), ("b", "old"), ("c", "new")]

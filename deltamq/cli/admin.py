@@ -71,20 +71,26 @@ def topic(broker, args: argparse.Namespace) -> int:
     return emit(args, {"topic": args.name, "done": done}, lambda: print(f"topic {done}: {args.name}"))
 
 
-_GROUP_CREATE_ONLY = {
+_GROUP_UPDATE = {
     "listener": ("--listener", None),
+    "max_reconsume_times": ("--max-reconsume-times", None),
+    "instances": ("--instances", None),
+}
+_GROUP_CREATE_ONLY = {
     "mode": ("--mode", "CLUSTERING"),
     "orderly": ("--orderly", False),
-    "max_reconsume_times": ("--max-reconsume-times", None),
     "consume_from": ("--consume-from", "LAST_OFFSET"),
     "consume_timestamp": ("--consume-timestamp", None),
-    "instances": ("--instances", None),
 }
 
 
 def group(broker, args: argparse.Namespace) -> int:
     if args.action != "create":
         refuse_unused(args, f"group {args.action}", _GROUP_CREATE_ONLY)
+    if args.action not in ("create", "update"):
+        refuse_unused(args, f"group {args.action}", _GROUP_UPDATE)
+    if args.action == "update":
+        return _group_update(broker, args)
     if args.action == "list":
         if args.name:
             raise UsageError(f"group list takes no group name (got {args.name!r}); it lists every group")
@@ -129,12 +135,41 @@ def group(broker, args: argparse.Namespace) -> int:
             max_reconsume_times=args.max_reconsume_times,
             consume_from=args.consume_from,
             consume_timestamp=now_arg(args.consume_timestamp, "--consume-timestamp"),
-            instances=[i.strip() for i in args.instances.split(",") if i.strip()] if args.instances else None,
+            instances=_instances(args),
         )
     else:
         broker.delete_group(args.name, force=args.force)
     done = f"{args.action}d"
     return emit(args, {"group": args.name, "done": done}, lambda: print(f"group {done}: {args.name}"))
+
+
+def _instances(args: argparse.Namespace) -> list[str] | None:
+    return [i.strip() for i in args.instances.split(",") if i.strip()] if args.instances else None
+
+
+def _group_update(broker, args: argparse.Namespace) -> int:
+    if not args.name:
+        raise UsageError("group update needs a group name")
+    if args.listener is None and args.max_reconsume_times is None and args.instances is None:
+        raise UsageError(
+            "group update needs what to change: --listener, --max-reconsume-times or --instances"
+        )
+    changed = broker.update_group(
+        args.name, args.listener, max_reconsume_times=args.max_reconsume_times, instances=_instances(args)
+    )
+    shown = {k: {"old": _plain(old), "new": _plain(new)} for k, (old, new) in changed.items()}
+
+    def render() -> None:
+        if not changed:
+            print(f"group {args.name}: nothing to change, the settings given are the stored ones")
+        for k, v in shown.items():
+            print(f"group {args.name}: {k} {v['old']} -> {v['new']}")
+
+    return emit(args, {"group": args.name, "done": "updated", "changed": shown}, render)
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
 
 
 def catalog(broker, args: argparse.Namespace) -> int:

@@ -232,8 +232,8 @@ def _admin_commands(sub, common: argparse.ArgumentParser) -> None:
         "with messages not consumed in those dropped",
     )
 
-    s = sub.add_parser("group", parents=[common], help="consumer group create | delete | list")
-    s.add_argument("action", choices=["create", "delete", "list"], help="what to do")
+    s = sub.add_parser("group", parents=[common], help="consumer group create | update | delete | list")
+    s.add_argument("action", choices=["create", "update", "delete", "list"], help="what to do")
     s.add_argument("name", nargs="?", help="the consumer group (all but list)")
     s.add_argument(
         "--force",
@@ -242,7 +242,8 @@ def _admin_commands(sub, common: argparse.ArgumentParser) -> None:
     )
     s.add_argument(
         "--listener",
-        help="a push group's listener, import path package.module:function (none: a pull group)",
+        help="a push group's listener, import path package.module:function (none: a pull group; "
+        "update: the push group's new listener)",
     )
     s.add_argument(
         "--mode",
@@ -270,7 +271,8 @@ def _admin_commands(sub, common: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--instances",
         metavar="NAME,NAME",
-        help="BROADCASTING push group: the instances that each get every message (comma-separated)",
+        help="BROADCASTING push group: the instances that each get every message (comma-separated; "
+        "update: the new list, an added instance starting where --consume-from said)",
     )
 
     s = sub.add_parser(

@@ -333,6 +333,14 @@ def start_positions(
         )
 
 
+def forget_clients(wh: Warehouse, group: str, clients: Sequence[str]) -> None:
+    """Delete the positions of ``clients`` of ``group`` (BROADCASTING instances removed)."""
+    wh.engine.execute(
+        f"DELETE FROM {wh.ref('offsets')} WHERE consumer_group = {sql_str(group)} "
+        f"AND client_id IN ({', '.join(sql_str(c) for c in clients)})"
+    )
+
+
 @dataclass(frozen=True)
 class Progress:
     """A job's progress row (groups named ``%...%``, client ""): per queue its next
