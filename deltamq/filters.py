@@ -76,6 +76,13 @@ def validate_expression(expression: str, expr_type: str = "TAG") -> str:
         raise FilterSyntaxError(
             f"{e}. It reads as an SQL92 filter: subscribe with type='SQL92' (CLI: --type SQL92)"
         ) from None
+    quoted = [t for t in tags or () if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\""]
+    if quoted:
+        raise FilterSyntaxError(
+            f"tag {quoted[0]!r} in expression {expression!r} is quoted: the quotes would be part "
+            f"of the tag; write {quoted[0][1:-1]!r} (quotes a shell needs go around the whole "
+            "expression only)"
+        )
     return "*" if tags is None else " || ".join(tags)
 
 

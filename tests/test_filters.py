@@ -135,3 +135,15 @@ def test_sql92_subscription_end_to_end(broker, clock, tmp_path):
     assert (result.consumed, result.filtered) == (1, 3)
     subs = {s.topic: s for s in broker.subscriptions("big")}
     assert subs["orders"].expr_type == "SQL92"
+
+
+@pytest.mark.unit
+def test_a_tag_quoted_twice_is_refused_at_subscribe_time():
+    """``deltamq subscribe g t "'*'"`` subscribed to a tag named ``'*'`` (with its quotes),
+    which matched nothing; a quoted tag is refused, naming the unquoted one."""
+    from deltamq.filters import validate_expression
+
+    for expression, tag in (("'*'", "*"), ('"paid"', "paid"), ("'a' || b", "a")):
+        with pytest.raises(FilterSyntaxError, match=f"is quoted.*write {tag!r}"):
+            validate_expression(expression)
+    assert validate_expression("it's || b") == "it's || b"  # a quote inside a tag is its own
