@@ -156,3 +156,18 @@ def test_an_orderly_group_whose_listener_cannot_load_waits_and_dead_letters_noth
         assert d.setup_failed >= 1 and d.suspended == 0 and d.dead_lettered == 0
         assert [g for g, _ in result.setup_errors] == ["seq"]
     assert broker.sql("SELECT count(*) FROM commit_log WHERE topic LIKE '%\\%seq'").collect()[0][0] == 0
+
+
+def test_an_orderly_success_short_of_the_chunk_consumes_its_prefix_and_suspends_after_it(orderly, clock):
+    """``ack_index`` 0 on an orderly chunk of three: the first is consumed, the queue
+    suspends at the second (docs/behaviour.md §4), which comes back after the pause with
+    the third behind it."""
+    broker, group = orderly
+    log = group("ack_first", consume_message_batch_max_size=3)
+    _send(broker, 0, ["m0", "m1", "m2"])
+    t = clock.now_ms()
+    result = broker.tick(t).job("deliver").result
+    assert (result.consumed, result.suspended) == (1, 2)
+    broker.tick(t + 2_000)
+    calls = [(c["body"], c["reconsume"]) for c in read_log(log)]
+    assert calls == [("m0", 0), ("m1", 0), ("m2", 0), ("m1", 1), ("m2", 0)]
