@@ -355,12 +355,17 @@ class Catalog(Topics):
             changed["listener"] = (existing.listener, path)  # the same path: the callable is new
         added = [i for i in new.instances if i not in existing.instances]
         for sub in self.subscriptions(name) if added else []:
-            self._init_offsets(new, sub.topic)  # offsets first: a row of no instance is read by none
+            # offsets first (a row of no instance is read by none), of the added ones only: an
+            # instance with no row yet reads from 0, and must not be moved past what it missed
+            self._init_offsets(new, sub.topic, only=added)
         if changed:
             self._commit("group_config", _update_statement(self.warehouse.ref("group_config"), name, new))
-        gone = [i for i in existing.instances if i not in new.instances]
-        if gone:
-            self._commit_attempt(partial(forget_clients, self.warehouse, name, gone), "offsets")
+        if new.mode == "BROADCASTING" and "instances" in settings:
+            # every row of an instance the group no longer has, also one a killed earlier
+            # update left behind
+            self._commit_attempt(partial(forget_clients, self.warehouse, name, new.instances), "offsets")
+        if listener is not None:
+            self.listeners.pop(name, None)  # a new import path replaces a callable registered here
         self.listeners.update(registry)
         return changed
 
@@ -507,7 +512,13 @@ class Catalog(Topics):
         firsts = {q: lo for (_, q), lo in stored.items()}
         return {q: firsts.get(q, head) for q, head in heads.items()}
 
-    def _init_offsets(self, cfg: GroupConfig, topic: str, starts: dict[int, int] | None = None) -> None:
+    def _init_offsets(
+        self,
+        cfg: GroupConfig,
+        topic: str,
+        starts: dict[int, int] | None = None,
+        only: Sequence[str] | None = None,
+    ) -> None:
         """Decide where a group starts on a topic, once, when it first subscribes
         (docs/behaviour.md §3): at ``starts``, or where its ``consume_from`` says. Queues
         that appear later start at 0 (no row); retry queues start at 0, or past the retries
@@ -515,7 +526,7 @@ class Catalog(Topics):
         placed = clients_with_offsets(self.warehouse, cfg.name, topic)
         # a BROADCASTING instance left unplaced (by a release that placed them one commit
         # each, killed between two) starts where the setting says, not at offset 0
-        missing = [c for c in cfg.clients if c not in placed]
+        missing = [c for c in (cfg.clients if only is None else only) if c not in placed]
         if not missing:
             return
         if starts is None:

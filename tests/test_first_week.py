@@ -626,6 +626,11 @@ def test_a_group_is_updated_in_place_and_keeps_its_offsets(warehouse_with, clock
     assert [c["body"] for c in read_log(wh.log)] == ["one"]
     assert [c["body"] for c in read_log(other)] == ["two"]
     assert broker.update_group("billing", max_reconsume_times=2) == {}  # the stored value: no change
+    # an import path replaces the callable registered in this process
+    broker.update_group("billing", "support.listeners:consume_all")
+    p.send(Message("orders", b"three"))
+    broker.tick(t + 2_000)
+    assert [c["body"] for c in read_log(other)] == ["two"]
     # what cannot change in place, and bad values, are refused before anything is written
     with pytest.raises(ConfigError, match=r"orderly cannot be changed in place.*delete the group"):
         broker.catalog.update_group("billing", {"orderly": True})
@@ -670,3 +675,23 @@ def test_a_broadcasting_group_gains_and_loses_instances_in_place(warehouse_with,
     broker.tick(t + 1_000)
     calls = sorted((c["instance"], c["body"]) for c in read_log(log))
     assert calls == [("a", "old"), ("b", "new"), ("b", "old"), ("c", "new")]
+
+
+def test_adding_an_instance_leaves_the_others_where_they_are(warehouse_with, clock, tmp_path):
+    """Instances with no offset row yet (the topic was empty when the group subscribed)
+    read from 0; adding an instance placed them all at the head, so they missed what was
+    dispatched before (a review's repro). Only the added instance is placed now."""
+    from support.listeners import Recorder
+
+    from deltamq.jobs import dispatch
+
+    broker = warehouse_with("news", queues=1).broker
+    log = tmp_path / "b.jsonl"
+    broker.create_group("fanout", Recorder(log), mode="BROADCASTING", instances=["a", "b"])
+    broker.subscribe("fanout", "news")  # empty: no rows
+    broker.producer("p").send_batch([Message("news", f"m{i}") for i in range(3)])
+    dispatch.run(broker.context, clock.now_ms())
+    broker.update_group("fanout", instances=["a", "b", "c"])
+    broker.tick(clock.now_ms() + 1_000)
+    got = sorted((c["instance"], c["body"]) for c in read_log(log))
+    assert got == sorted((i, f"m{n}") for i in ("a", "b") for n in range(3))

@@ -333,11 +333,11 @@ def start_positions(
         )
 
 
-def forget_clients(wh: Warehouse, group: str, clients: Sequence[str]) -> None:
-    """Delete the positions of ``clients`` of ``group`` (BROADCASTING instances removed)."""
+def forget_clients(wh: Warehouse, group: str, keep: Sequence[str]) -> None:
+    """Delete the positions of every instance of BROADCASTING ``group`` not in ``keep``."""
     wh.engine.execute(
         f"DELETE FROM {wh.ref('offsets')} WHERE consumer_group = {sql_str(group)} "
-        f"AND client_id IN ({', '.join(sql_str(c) for c in clients)})"
+        f"AND client_id NOT IN ({', '.join(sql_str(c) for c in keep)})"
     )
 
 
