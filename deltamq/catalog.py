@@ -49,6 +49,7 @@ from deltamq.errors import (
 )
 from deltamq.filters import validate_expression
 from deltamq.message import validate_group_name, validate_topic_name
+from deltamq.schemas import GROUP_CONFIG
 from deltamq.sending import Topics
 from deltamq.tables import consume_queue
 from deltamq.tables.consume_queue import visible_heads
@@ -287,27 +288,18 @@ class Catalog(Topics):
         if existing is not None:
             self._take_existing(existing, cfg, registered, exist_ok)
             return
-        inst = "CAST(NULL AS ARRAY<STRING>)"
-        if cfg.instances:
-            inst = "array(" + ", ".join(sql_str(i) for i in cfg.instances) + ")"
-        policy = json.dumps(dict(cfg.retry_policy)) if cfg.retry_policy else None
+        row = {
+            "consumer_group": sql_str(name),
+            **_group_values(cfg),
+            "created_ts": sql_long(self.clock.now_ms()),
+            "sink_table": "CAST(NULL AS STRING)",
+            "sink_key_columns": "CAST(NULL AS ARRAY<STRING>)",
+            "sink_transform": "CAST(NULL AS STRING)",
+        }
+        select = ", ".join(f"{row[f.name]} AS {f.name}" for f in GROUP_CONFIG.fields)
         self._commit(
             "group_config",
-            f"MERGE INTO {self.warehouse.ref('group_config')} t USING (SELECT "
-            f"{sql_str(name)} AS consumer_group, {sql_str(cfg.mode)} AS mode, "
-            f"{sql_bool(cfg.orderly)} AS orderly, "
-            f"{sql_int(cfg.max_reconsume_times)} AS max_reconsume_times, "
-            f"{sql_int(cfg.pull_batch_size)} AS pull_batch_size, "
-            f"{sql_int(cfg.consume_batch_size)} AS consume_batch_size, "
-            f"{sql_str(cfg.consume_from)} AS consume_from, "
-            f"{sql_long(cfg.consume_timestamp)} AS consume_timestamp, "
-            f"{sql_long(cfg.consume_timeout_ms)} AS consume_timeout_ms, "
-            f"{sql_str(cfg.dedup_key)} AS dedup_key, "
-            f"{sql_str(cfg.listener)} AS listener, {sql_str(policy)} AS retry_policy, "
-            f"{sql_long(self.clock.now_ms())} AS created_ts, {inst} AS instances, "
-            f"{sql_long(cfg.invisible_time_ms)} AS invisible_time_ms, "
-            f"{sql_long(cfg.dedup_window_ms)} AS dedup_window_ms, CAST(NULL AS STRING) AS sink_table, "
-            "CAST(NULL AS ARRAY<STRING>) AS sink_key_columns, CAST(NULL AS STRING) AS sink_transform) s "
+            f"MERGE INTO {self.warehouse.ref('group_config')} t USING (SELECT {select}) s "
             "ON t.consumer_group = s.consumer_group WHEN NOT MATCHED THEN INSERT *",
         )
         if cfg.mode == "CLUSTERING":
@@ -348,9 +340,8 @@ class Catalog(Topics):
             self._check_listener_change(existing)
             path = listener_path(registry, name, listener)
         new = replace(existing, **settings, listener=path)  # validated (ConfigError)
-        changed = {
-            k: (v, _settings(new)[k]) for k, v in _settings(existing).items() if v != _settings(new)[k]
-        }
+        after = _settings(new)
+        changed = {k: (v, after[k]) for k, v in _settings(existing).items() if v != after[k]}
         if listener is not None and not changed.get("listener"):
             changed["listener"] = (existing.listener, path)  # the same path: the callable is new
         added = [i for i in new.instances if i not in existing.instances]
@@ -359,7 +350,11 @@ class Catalog(Topics):
             # instance with no row yet reads from 0, and must not be moved past what it missed
             self._init_offsets(new, sub.topic, only=added)
         if changed:
-            self._commit("group_config", _update_statement(self.warehouse.ref("group_config"), name, new))
+            # only the changed columns: a concurrent update of other settings is kept
+            values = _group_values(new)
+            sets = ", ".join(f"{k} = {values[k]}" for k in changed)
+            ref, where = self.warehouse.ref("group_config"), f"consumer_group = {sql_str(name)}"
+            self._commit("group_config", f"UPDATE {ref} SET {sets} WHERE {where}")
         if new.mode == "BROADCASTING" and "instances" in settings:
             # every row of an instance the group no longer has, also one a killed earlier
             # update left behind
@@ -678,26 +673,28 @@ UPDATABLE = (
 its own)."""
 
 
-def _update_statement(ref: str, name: str, cfg: GroupConfig) -> str:
-    """The ``UPDATE`` of group ``name``'s row to ``cfg``'s updatable settings."""
+def _group_values(cfg: GroupConfig) -> dict[str, str]:
+    """SQL literals of a group's settings as ``group_config`` stores them, by column."""
     policy = json.dumps(dict(cfg.retry_policy)) if cfg.retry_policy else None
     inst = "CAST(NULL AS ARRAY<STRING>)"
     if cfg.instances:
         inst = "array(" + ", ".join(sql_str(i) for i in cfg.instances) + ")"
-    sets = {
-        "listener": sql_str(cfg.listener),
+    return {
+        "mode": sql_str(cfg.mode),
+        "orderly": sql_bool(cfg.orderly),
         "max_reconsume_times": sql_int(cfg.max_reconsume_times),
         "pull_batch_size": sql_int(cfg.pull_batch_size),
         "consume_batch_size": sql_int(cfg.consume_batch_size),
+        "consume_from": sql_str(cfg.consume_from),
+        "consume_timestamp": sql_long(cfg.consume_timestamp),
         "consume_timeout_ms": sql_long(cfg.consume_timeout_ms),
+        "dedup_key": sql_str(cfg.dedup_key),
+        "listener": sql_str(cfg.listener),
         "retry_policy": sql_str(policy),
         "instances": inst,
         "invisible_time_ms": sql_long(cfg.invisible_time_ms),
         "dedup_window_ms": sql_long(cfg.dedup_window_ms),
     }
-    assert set(sets) == {"listener", *UPDATABLE}
-    assignments = ", ".join(f"{k} = {v}" for k, v in sets.items())
-    return f"UPDATE {ref} SET {assignments} WHERE consumer_group = {sql_str(name)}"
 
 
 def _settings(cfg: GroupConfig) -> dict[str, Any]:

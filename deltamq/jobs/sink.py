@@ -44,7 +44,6 @@ from deltamq.tables.bodies import join_bodies, read_bodies
 from deltamq.tables.consume_queue import visible_heads
 from deltamq.tables.offsets import advance_offsets, positions
 from deltamq.tables.ranges import queue_ranges
-from deltamq.tables.sqltext import sql_long, sql_str
 
 if TYPE_CHECKING:
     from deltamq.context import Context
@@ -160,15 +159,10 @@ def check_group(ctx: Context, group: str) -> GroupConfig:
             f"group {group!r} has a push listener; a sink needs a group of its own (create one without "
             "a listener)"
         )
+    from deltamq.pull_engine import live_clients
+
     # a client silent past the client timeout has left (docs/behaviour.md §6)
-    since = ctx.clock.now_ms() - ctx.config.client_timeout_ms
-    live = [
-        r["client_id"]
-        for r in ctx.engine.rows(
-            f"SELECT client_id FROM {ctx.warehouse.ref('clients')} WHERE consumer_group = {sql_str(group)} "
-            f"AND last_seen_ts >= {sql_long(since)} ORDER BY client_id"
-        )
-    ]
+    live = live_clients(ctx, group, ctx.clock.now_ms() - ctx.config.client_timeout_ms)
     if live:
         raise ConfigError(
             f"group {group!r} has live pull clients ({', '.join(live)}); a sink needs a group of its own "
