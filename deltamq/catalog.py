@@ -56,8 +56,10 @@ from deltamq.tables.consume_queue import visible_heads
 from deltamq.tables.offsets import (
     OffsetsMerge,
     clients_with_offsets,
+    drop_positions,
     forget_clients,
     fresh_head,
+    holds_positions,
     source,
     start_positions,
 )
@@ -297,6 +299,11 @@ class Catalog(Topics):
             "sink_transform": "CAST(NULL AS STRING)",
         }
         select = ", ".join(f"{row[f.name]} AS {f.name}" for f in GROUP_CONFIG.fields)
+        if holds_positions(self.warehouse, name):
+            # positions under a name no group has: a deliver, retention or fold pass that
+            # read the deleted group's settings and committed after the delete. The new
+            # group starts where its consume_from says, not where those left off
+            self._commit_attempt(partial(drop_positions, self.warehouse, name), "offsets")
         self._commit(
             "group_config",
             f"MERGE INTO {self.warehouse.ref('group_config')} t USING (SELECT {select}) s "
@@ -345,6 +352,11 @@ class Catalog(Topics):
         if listener is not None and not changed.get("listener"):
             changed["listener"] = (existing.listener, path)  # the same path: the callable is new
         added = [i for i in new.instances if i not in existing.instances]
+        if added and holds_positions(self.warehouse, name, added):
+            # an added instance starts afresh: rows of an earlier instance of the name (a
+            # pass that read the settings before its removal may have written some back)
+            # are not its positions
+            self._commit_attempt(partial(drop_positions, self.warehouse, name, added), "offsets")
         for sub in self.subscriptions(name) if added else []:
             # offsets first (a row of no instance is read by none), of the added ones only: an
             # instance with no row yet reads from 0, and must not be moved past what it missed

@@ -677,6 +677,51 @@ def test_a_broadcasting_group_gains_and_loses_instances_in_place(warehouse_with,
     assert calls == [("a", "old"), ("b", "new"), ("b", "old"), ("c", "new")]
 
 
+def _late_pass_row(broker, group: str, topic: str, client: str, at: int) -> None:
+    """What a deliver pass that read the settings before a group's delete (or an
+    instance's removal) commits after it: its attempt record inserts the row again."""
+    from functools import partial
+
+    from deltamq.tables.offsets import OffsetsMerge, source
+
+    merge = OffsetsMerge(("next_offset", "attempts"), broker.clock.now_ms())
+    merge.add(group, topic, 0, client, next_offset=at, attempts=1)
+    rules = {"next_offset": source("next_offset"), "attempts": source("attempts")}
+    broker.context.commit(partial(merge.execute, broker.warehouse, rules, rules), what="offsets")
+
+
+def test_a_group_created_again_starts_afresh_over_rows_a_late_pass_left(warehouse_with, clock, tmp_path):
+    """A pass that read a group's settings before its delete can write an offsets row back
+    after it. The group created again under the name read that row as its position (it
+    re-consumed from there instead of starting where consume_from says); the row goes now,
+    and so does an added instance's."""
+    from support.listeners import Recorder
+
+    broker = warehouse_with("orders", queues=1).broker
+    log = tmp_path / "g.jsonl"
+    broker.create_group("billing", Recorder(log))
+    broker.subscribe("billing", "orders")
+    p = broker.producer("p")
+    p.send_batch([Message("orders", f"m{i}") for i in range(3)])
+    broker.tick(clock.now_ms())
+    broker.delete_group("billing")
+    _late_pass_row(broker, "billing", "orders", "", 1)
+    broker.create_group("billing", Recorder(log))  # LAST_OFFSET: from the head
+    broker.subscribe("billing", "orders")
+    p.send(Message("orders", b"new"))
+    broker.tick(clock.now_ms() + 1_000)
+    assert [c["body"] for c in read_log(log)] == ["m0", "m1", "m2", "new"]
+    # an instance removed, a late pass writing its row back, the instance added again
+    blog = tmp_path / "b.jsonl"
+    broker.create_group("fanout", Recorder(blog), mode="BROADCASTING", instances=["a", "b"])
+    broker.subscribe("fanout", "orders")
+    broker.update_group("fanout", instances=["a"])
+    _late_pass_row(broker, "fanout", "orders", "b", 0)
+    broker.update_group("fanout", instances=["a", "b"])
+    rows = broker.sql("SELECT client_id, next_offset FROM offsets WHERE consumer_group = 'fanout'").collect()
+    assert {r["client_id"]: r["next_offset"] for r in rows} == {"a": 4, "b": 4}
+
+
 def test_adding_an_instance_leaves_the_others_where_they_are(warehouse_with, clock, tmp_path):
     """Instances with no offset row yet (the topic was empty when the group subscribed)
     read from 0; adding an instance placed them all at the head, so they missed what was

@@ -341,6 +341,29 @@ def forget_clients(wh: Warehouse, group: str, keep: Sequence[str]) -> None:
     )
 
 
+def drop_positions(wh: Warehouse, group: str, clients: Sequence[str] | None = None) -> None:
+    """Delete ``group``'s positions: those of ``clients`` (BROADCASTING instances), or
+    every row of the group for None."""
+    where = f"consumer_group = {sql_str(group)}"
+    if clients is not None:
+        where += f" AND client_id IN ({', '.join(sql_str(c) for c in clients)})"
+    wh.engine.execute(f"DELETE FROM {wh.ref('offsets')} WHERE {where}")
+
+
+def holds_positions(wh: Warehouse, group: str, clients: Sequence[str] | None = None) -> bool:
+    """Whether ``offsets`` has a row of ``group`` (of one of ``clients``, if given)."""
+    found = file_reads.all_rows(wh, "offsets", ("consumer_group", "client_id"))
+    if found is not None:
+        held = {r["client_id"] or "" for r in found if r["consumer_group"] == group}
+    else:
+        where = f"consumer_group = {sql_str(group)}"
+        held = {
+            r["client_id"] or ""
+            for r in wh.engine.rows(f"SELECT client_id FROM {wh.ref('offsets')} WHERE {where}")
+        }
+    return bool(held if clients is None else held & set(clients))
+
+
 @dataclass(frozen=True)
 class Progress:
     """A job's progress row (groups named ``%...%``, client ""): per queue its next
