@@ -163,6 +163,7 @@ class FailReason(StrEnum):
     NOT_DELIVERED = "not_delivered"  # orderly: behind a suspended chunk in its queue
     ORDERLY_MAX = "orderly_max"  # orderly: suspended max_reconsume_times already
     LATER_COPY = "later_copy"  # de-duplication: a later copy of a key taken in the same pass
+    DEFERRED = "deferred"  # not handed over: its listener timed out earlier in the pass
 
 
 class DlqReason(StrEnum):

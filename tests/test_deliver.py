@@ -181,13 +181,34 @@ def test_decide_matches_rocketmq_rules():
     assert decide(reconsume_times=16, requested_level=0, reason=None, **kw).dlq_reason == "max_reconsume"
     assert decide(reconsume_times=0, requested_level=7, reason=None, **kw).level == 7
     assert decide(reconsume_times=0, requested_level=-1, reason=None, **kw).dlq_reason == "negative_level"
+    # a timeout is retried like a failure (RocketMQ sends back what ran past consumeTimeout);
+    # at the maximum its dead letter says how the last try ended
+    assert decide(reconsume_times=0, requested_level=0, reason=FailReason.TIMEOUT, **kw).level == 3
     assert (
-        decide(reconsume_times=0, requested_level=0, reason=FailReason.TIMEOUT, **kw).dlq_reason == "timeout"
+        decide(reconsume_times=16, requested_level=0, reason=FailReason.TIMEOUT, **kw).dlq_reason == "timeout"
     )
+    # what a timed-out listener left untried goes back at level 1 and is never dead-lettered
+    deferred = decide(reconsume_times=16, requested_level=0, reason=FailReason.DEFERRED, **kw)
+    assert (deferred.target, deferred.level) == ("retry", 1)
     policy = {**kw, "retry_policy": {"base_ms": 100, "cap_ms": 250}}
     assert decide(reconsume_times=2, requested_level=0, reason=None, **policy).timer_ms == 1250
     unlimited = {**kw, "max_reconsume": -1}
     assert decide(reconsume_times=99, requested_level=0, reason=None, **unlimited).level == 18
+
+
+@pytest.mark.unit
+def test_what_a_timed_out_listener_left_holds_its_queue_above_what_was_handled():
+    """A concurrent group's queue is spread over partitions: one partition's listener may
+    time out while another handled later offsets of the same queue. Holding below those
+    would hand them out again; the deferred ones below go the send-back way instead."""
+    from deltamq.jobs.deliver_plan import held_from
+
+    seen = {"q": range(10)}
+    # 5-7 and 9 deferred, 8 handled by another partition: hold from 9, send back 5-7
+    assert held_from({"q": {5, 6, 7, 9}}, seen) == {"q": 9}
+    assert held_from({"q": {5, 6, 7, 8, 9}}, seen) == {"q": 5}  # the usual case: a tail
+    assert held_from({"q": {3}}, seen) == {}  # all below handled ones: nothing held
+    assert held_from({"q": {4}}, {}) == {"q": 4}
 
 
 @pytest.mark.plan

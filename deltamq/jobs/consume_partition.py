@@ -128,7 +128,9 @@ def orderly_spans(call: Call, table: pa.Table, start: int, length: int, batch: i
     message (messages before it succeeded alone, after their worker died: ``call`` tries
     them one at a time, in order), and the rest of its queue is not delivered. A listener
     that cannot be loaded suspends nothing: the queue is held (``SETUP``), as for any
-    group, and no suspend counts towards the dead-letter queue."""
+    group, and no suspend counts towards the dead-letter queue; nor does a queue whose
+    chunk was not handed over (``NOT_DELIVERED``: the listener timed out on an earlier
+    queue of the partition)."""
     spans: list[Span] = []
     for q_start, q_len, _ in runs(table.slice(start, length), ["topic", "queue_id"]):
         q_start += start
@@ -141,6 +143,9 @@ def orderly_spans(call: Call, table: pa.Table, start: int, length: int, batch: i
                 continue
             spans += got[:first]
             at, _, o = got[first]
+            if o.reason == FailReason.NOT_DELIVERED:  # not handed over (a timeout before): held
+                spans.append((at, q_start + q_len - at, o))
+                break
             setup = any(f.reason == FailReason.SETUP for _, _, f in got[first:])
             reason = FailReason.SETUP if setup else FailReason.SUSPEND
             spans.append((at, lo + n - at, Outcome(False, reason=reason, error=o.error)))
@@ -174,6 +179,23 @@ def outputs(
     return out
 
 
+def until_timeout(call: Call, stopped: set[tuple[str, str]], key: tuple[str, str], in_order: bool) -> Call:
+    """``call`` until one of its calls for ``key`` (group, instance) times out; after that
+    the partition's further rows of ``key`` are not handed over (``DEFERRED``, or
+    ``NOT_DELIVERED`` in order): one timeout per partition, not one per call."""
+
+    def guarded(lo: int, n: int, size: int) -> list[Span]:
+        if key in stopped:
+            rest = FailReason.NOT_DELIVERED if in_order else FailReason.DEFERRED
+            return [(lo, n, Outcome(False, reason=rest))]
+        spans = call(lo, n, size)
+        if any(o.reason == FailReason.TIMEOUT for _, _, o in spans):
+            stopped.add(key)
+        return spans
+
+    return guarded
+
+
 def make_consumer(
     listeners: dict[str, bytes],
     batch: dict[str, int],
@@ -195,8 +217,9 @@ def make_consumer(
     def consume_partition(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pieces = _whole(batches) if orderly else _streamed(batches)
         out: list[pa.Table] = []
+        stopped: set[tuple[str, str]] = set()  # (group, instance) whose listener timed out
         for piece in pieces:
-            out += _deliver(piece)
+            out += _deliver(piece, stopped)
         if out:
             yield from pa.concat_tables(out).to_batches()
 
@@ -217,7 +240,7 @@ def make_consumer(
         if held:
             yield pa.Table.from_batches(held)
 
-    def _deliver(table: pa.Table) -> list[pa.Table]:
+    def _deliver(table: pa.Table, stopped: set[tuple[str, str]]) -> list[pa.Table]:
         from deltamq.jobs.listener_worker import consume
 
         if table.num_rows == 0:
@@ -241,10 +264,12 @@ def make_consumer(
                 )
                 return [(lo + i, k, o) for i, k, o in spans]
 
+            guarded = until_timeout(call, stopped, (group, client), group in orderly)
+
             if group in orderly:
-                spans = orderly_spans(call, table, start, length, batch[group])
+                spans = orderly_spans(guarded, table, start, length, batch[group])
             else:
-                spans = call(start, length, batch[group])
+                spans = guarded(start, length, batch[group])
             out += outputs(table, messages, spans, start, length)
         return out
 

@@ -38,8 +38,6 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import functions as F
 
 from deltamq import dedup, faults
@@ -47,6 +45,18 @@ from deltamq.constants import FailReason
 from deltamq.consumer import ImportPathListener, is_columnar, resolve_listener
 from deltamq.filters import compile_sql92, tags_match
 from deltamq.jobs import consume_partition, deliver_files, sendback
+from deltamq.jobs.deliver_outcomes import (
+    Consumed,
+    Counts,
+    Failed,
+    Taken,
+    counts_of,
+    deferred,
+    later_copies,
+    outcomes,
+    poisoned,
+    taken_of,
+)
 from deltamq.jobs.deliver_plan import POISON_TRIES, QueueTake, plan_takes
 from deltamq.jobs.deliver_result import DeliverResult
 from deltamq.jobs.listener_worker import Home
@@ -181,81 +191,6 @@ class Pass:
         return {(t.group, t.client, t.topic, t.queue_id): t.attempt_ts for t in self.takes}
 
 
-Counts = Mapping[str, Mapping[str, int]]
-"""Per group, messages per outcome (``consumed``, ``filtered``, ``retried``, ...)."""
-
-
-def _counts(pairs: Iterable[tuple[str, str, int]]) -> dict[str, dict[str, int]]:
-    """(group, outcome, n) triples summed into :data:`Counts`."""
-    out: dict[str, dict[str, int]] = {}
-    for group, outcome, n in pairs:
-        by = out.setdefault(group, {})
-        by[outcome] = by.get(outcome, 0) + n
-    return out
-
-
-@dataclass(frozen=True)
-class Taken:
-    """The take, filtered: its rows in the temp view ``view`` (of the pass's scope),
-    summarised per group, outcome class and body batch; what the take itself counted
-    (``filtered``, ``deduplicated``)."""
-
-    view: str
-    summary: tuple[Any, ...]
-    deliverable: tuple[Any, ...]  # summary rows of messages the listeners get
-    counts: Counts
-    table: pa.Table | None = None  # the rows themselves, when read from the files (no view)
-
-    @property
-    def rows(self) -> int:
-        return sum(r["n"] for r in self.summary)
-
-
-@dataclass(frozen=True)
-class Failed:
-    """A message a pass did not consume: its delivery and how it failed (``reason`` None:
-    the listener answered RECONSUME_LATER, asking for ``level``)."""
-
-    group: str
-    client: str
-    delivered: sendback.Delivered
-    level: int
-    reason: FailReason | None
-    error: str | None
-
-    @classmethod
-    def of(cls, row: Any, reason: FailReason | None = None) -> Failed:
-        """From an output or index row (``consumer_group``, ``client_id``, the delivery
-        columns; ``level``, ``reason``, ``error`` where it has them)."""
-        fields = row.asDict() if hasattr(row, "asDict") else dict(row)
-        given = fields.get("reason")
-        return cls(
-            fields["consumer_group"],
-            fields["client_id"] or "",
-            sendback.Delivered.of(fields),
-            fields.get("level") or 0,
-            reason if reason is not None else (FailReason(given) if given else None),
-            fields.get("error"),
-        )
-
-    @property
-    def queue(self) -> QueueKey:
-        return QueueKey(self.group, self.client, self.delivered.topic, self.delivered.queue_id)
-
-
-@dataclass(frozen=True)
-class Consumed:
-    """The listeners' outcomes, materialised once: failures (one each), the keys of the
-    messages consumed by de-duplicating groups, and messages consumed per group."""
-
-    failures: tuple[Failed, ...] = ()
-    keys: tuple[tuple[str, str, str], ...] = ()
-    handed_over: int = 0  # messages the listeners were given
-    body_bytes: int = 0  # their bodies' bytes
-    consumed: Mapping[str, int] = field(default_factory=dict)  # per group
-
-
-# (next offset, suspends, suspended until) a queue moves to instead of past its take
 Held = tuple[int, int, int | None]
 
 
@@ -415,26 +350,7 @@ def take(ctx: Context, views: Views, work: Pass, now: int) -> Taken:
         "SELECT consumer_group, matched, poison, dup, later, cl_date, cl_batch_id, count(*) AS n "
         f"FROM {view} GROUP BY consumer_group, matched, poison, dup, later, cl_date, cl_batch_id"
     )
-    return _taken(view, summary)
-
-
-def _taken(view: str, summary: list[Any], table: pa.Table | None = None) -> Taken:
-    """A :class:`Taken` from the take's summary rows (group, matched, poison, dup, body
-    batch, ``n``): what goes to the listeners and what the take itself counted."""
-    counted = []
-    deliverable = []
-    for r in summary:
-        if not r["matched"]:
-            counted.append((r["consumer_group"], "filtered", r["n"]))
-        elif r["poison"]:
-            pass
-        elif r["dup"]:
-            counted.append((r["consumer_group"], "deduplicated", r["n"]))
-        elif r["later"]:
-            counted.append((r["consumer_group"], "later_copies", r["n"]))
-        else:
-            deliverable.append(r)
-    return Taken(view, tuple(summary), tuple(deliverable), _counts(counted), table)
+    return taken_of(view, summary)
 
 
 def _from_files(ctx: Context, work: Pass) -> tuple[Taken, Consumed] | None:
@@ -445,13 +361,13 @@ def _from_files(ctx: Context, work: Pass) -> tuple[Taken, Consumed] | None:
     table = deliver_files.taken_rows(ctx.warehouse, work.takes)
     if table is None:
         return None
-    taken = _taken("", deliver_files.summary(table), table)
+    taken = taken_of("", deliver_files.summary(table), table)
     if not taken.deliverable:
         return taken, Consumed()
     rows = deliver_files.consume(ctx.warehouse, table, _consumer(ctx, work, None), os.cpu_count() or 1)
     if rows is None:
         return None
-    return taken, _outcomes(rows, sum(r["n"] for r in taken.deliverable))
+    return taken, outcomes(rows, sum(r["n"] for r in taken.deliverable))
 
 
 def consume(ctx: Context, work: Pass, taken: Taken) -> Consumed:
@@ -494,7 +410,7 @@ def consume(ctx: Context, work: Pass, taken: Taken) -> Consumed:
         # for them the shuffle of every body costs more than uneven partitions do
         # (consume of 1M x 1 KiB: 1.3 s without it, 1.8-1.9 s with it).
         msgs = msgs.repartition(_parallelism(spark))
-    return _outcomes(msgs.mapInArrow(consumer, consume_partition.OUT_SCHEMA).collect(), n_deliverable)
+    return outcomes(msgs.mapInArrow(consumer, consume_partition.OUT_SCHEMA).collect(), n_deliverable)
 
 
 def _consumer(ctx: Context, work: Pass, home: Home | None) -> Any:
@@ -511,67 +427,37 @@ def _consumer(ctx: Context, work: Pass, home: Home | None) -> Any:
     )
 
 
-def _outcomes(rows: Iterable[Any], n_deliverable: int) -> Consumed:
-    """The partition function's output rows summed up: failures, keys, counts; every
-    deliverable message must have its outcome."""
-    failures: list[Failed] = []
-    keys: list[tuple[str, str, str]] = []
-    by_group: dict[str, int] = {}
-    consumed = body_bytes = 0
-    for r in rows:
-        if r["kind"] == "fail":
-            failures.append(Failed.of(r))
-        elif r["kind"] == "key":
-            keys.append((r["consumer_group"], r["dkey"], r["msg_id"]))
-        else:
-            consumed += r["n"]
-            body_bytes += r["nbytes"] or 0
-            by_group[r["consumer_group"]] = by_group.get(r["consumer_group"], 0) + r["n"]
-    if consumed + len(failures) != n_deliverable:
-        raise RuntimeError(
-            f"deliver: {n_deliverable} messages taken but {consumed + len(failures)} outcomes; "
-            "bodies missing?"
-        )
-    return Consumed(tuple(failures), tuple(keys), n_deliverable, body_bytes, by_group)
-
-
-_FAILED_COLUMNS = (
-    "consumer_group, client_id, topic, queue_id, queue_offset, msg_id, cl_date, "
-    "cl_batch_id, cl_batch_pos, reconsume_times"
-)
-"""The taken rows' columns a :class:`Failed` is made of, when the take sends rows back."""
-
-
-def _poisoned(ctx: Context, taken: Taken) -> list[Failed]:
-    """Matched messages of heads whose attempts kept ending without an outcome."""
-    if not any(r["matched"] and r["poison"] for r in taken.summary):
-        return []
-    error = f"{POISON_TRIES} delivery attempts ended without an outcome"
-    if taken.table is not None:
-        rows = taken.table.filter(pc.field("poison") & pc.field("matched"))
-        found = rows.select(_FAILED_COLUMNS.split(", ")).to_pylist()
-    else:
-        found = ctx.engine.rows(f"SELECT {_FAILED_COLUMNS} FROM {taken.view} WHERE poison AND matched")
-    return [replace(Failed.of(r, FailReason.POISON), error=error) for r in found]
-
-
-def _later_copies(ctx: Context, taken: Taken) -> list[Failed]:
-    """Later copies of a de-duplication key taken in this pass (``dedup.later_copies``):
-    sent back, to be checked against the first copy's outcome when they come again."""
-    if not any(r["later"] for r in taken.summary):
-        return []
-    found = ctx.engine.rows(f"SELECT {_FAILED_COLUMNS}, dkey FROM {taken.view} WHERE later")
-    return [
-        replace(
-            Failed.of(r, FailReason.LATER_COPY),
-            error=f"a copy of key {r['dkey']!r} was taken in the same pass; checked again after it",
-        )
-        for r in found
-    ]
-
-
-# failures that hold their queue instead of going the send-back way
 _HOLDING = (FailReason.SUSPEND, FailReason.NOT_DELIVERED, FailReason.SETUP)
+
+
+def _suspend(
+    work: Pass,
+    takes: Mapping[QueueKey, QueueTake],
+    failures: Iterable[Failed],
+    positions: dict[QueueKey, Held],
+    counted: list[tuple[str, str, int]],
+    until: int,
+) -> list[Failed]:
+    """Orderly queues with a suspended chunk: each waits at the chunk's head until
+    ``until`` (``positions``), or, suspended ``max_reconsume_times`` already, the chunk is
+    returned to be dead-lettered and the queue moves past it."""
+    suspended: dict[QueueKey, list[Failed]] = defaultdict(list)
+    for o in failures:
+        if o.reason == FailReason.SUSPEND:
+            suspended[o.queue].append(o)
+    to_dlq: list[Failed] = []
+    for qkey, chunk in suspended.items():
+        t = takes[qkey]
+        chunk.sort(key=lambda o: o.delivered.queue_offset)
+        first = chunk[0].delivered.queue_offset
+        reconsumed = t.suspends if first == t.lo else 0
+        if 0 <= work.groups[qkey.group].max_reconsume_times <= reconsumed:
+            to_dlq += [replace(o, reason=FailReason.ORDERLY_MAX) for o in chunk]
+            positions[qkey] = (chunk[-1].delivered.queue_offset + 1, 0, None)
+        else:
+            counted.append((qkey.group, "suspended", len(chunk)))
+            positions[qkey] = (first, reconsumed + 1, until)
+    return to_dlq
 
 
 def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int) -> Decided:
@@ -582,10 +468,6 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
     counted: list[tuple[str, str, int]] = []
     positions: dict[QueueKey, Held] = {}
     takes_by_queue = {QueueKey(t.group, t.client, t.topic, t.queue_id): t for t in work.takes}
-    suspended: dict[QueueKey, list[Failed]] = defaultdict(list)
-    for o in consumed.failures:
-        if o.reason == FailReason.SUSPEND:
-            suspended[o.queue].append(o)
     # a listener that cannot be loaded consumed nothing: its queues stay where they were
     # (no retry, no dead letter; the tick says so) until the listener is fixed
     setup_errors: dict[str, str] = {}
@@ -600,31 +482,29 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
             hold(o)
             counted.append((o.group, "setup_failed", 1))
             setup_errors.setdefault(o.group, o.error or "")
+    # not handed over (a suspended queue's position comes below), or left by a listener
+    # that timed out: held, or sent back untried below messages the pass handled
+    retried = {g for g, cfg in groups.items() if cfg.mode == "CLUSTERING"}
+    held, untried = deferred(ctx, taken, consumed.failures, retried)
+    for o in [*held, *(o for o in consumed.failures if o.reason == FailReason.NOT_DELIVERED)]:
+        hold(o)
     # a later copy of a key waits for the first one's outcome; a group that consumed
     # nothing (its listener cannot load) has none yet: the copy holds its queue as well
     later: list[Failed] = []
-    for o in _later_copies(ctx, taken):
+    for o in later_copies(ctx, taken):
         if o.group in setup_errors:
             hold(o)
         else:
             later.append(o)
-    to_dlq: list[Failed] = []
-    for qkey, chunk in suspended.items():
-        t = takes_by_queue[qkey]
-        chunk.sort(key=lambda o: o.delivered.queue_offset)
-        first = chunk[0].delivered.queue_offset
-        reconsumed = t.suspends if first == t.lo else 0
-        if 0 <= groups[qkey.group].max_reconsume_times <= reconsumed:
-            to_dlq += [replace(o, reason=FailReason.ORDERLY_MAX) for o in chunk]
-            positions[qkey] = (chunk[-1].delivered.queue_offset + 1, 0, None)
-        else:
-            counted.append((qkey.group, "suspended", len(chunk)))
-            positions[qkey] = (first, reconsumed + 1, now + ctx.config.orderly_suspend_ms)
+    to_dlq = _suspend(
+        work, takes_by_queue, consumed.failures, positions, counted, now + ctx.config.orderly_suspend_ms
+    )
     attempt_ts = work.attempt_ts
     max_level = ctx.catalog.max_delay_level()
     failures: list[sendback.Failure] = []
     errors: list[tuple[str, str, str]] = []
-    for o in [*consumed.failures, *to_dlq, *_poisoned(ctx, taken), *later]:
+    handed = [o for o in consumed.failures if o.reason != FailReason.DEFERRED]
+    for o in [*handed, *untried, *to_dlq, *poisoned(ctx, taken), *later]:
         # a suspended orderly chunk's error too (a listener that cannot load is in setup_errors)
         if o.error and len(errors) < 20 and o.reason not in (FailReason.LATER_COPY, FailReason.SETUP):
             errors.append((o.group, o.delivered.msg_id, o.error))
@@ -645,12 +525,12 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
             max_level=max_level,
             error=o.error,
         )
-        if o.reason != FailReason.LATER_COPY:  # counted by the take
+        if o.reason not in (FailReason.LATER_COPY, FailReason.DEFERRED):  # not failures
             counted.append((g, "retried" if d.target == "retry" else "dead_lettered", 1))
-        if o.reason in (FailReason.POISON, FailReason.TIMEOUT):
+        if o.reason == FailReason.POISON or (o.reason == FailReason.TIMEOUT and d.target == "dlq"):
             counted.append((g, "poison", 1))
         failures.append(d)
-    return Decided(tuple(failures), positions, tuple(errors), setup_errors, _counts(counted))
+    return Decided(tuple(failures), positions, tuple(errors), setup_errors, counts_of(counted))
 
 
 def write(
@@ -679,7 +559,7 @@ def write(
 
 
 def _result(work: Pass, taken: Taken, consumed: Consumed, decided: Decided) -> DeliverResult:
-    by_group = _counts(
+    by_group = counts_of(
         [
             (g, k, n)
             for counts in (taken.counts, decided.counts)

@@ -3,15 +3,17 @@ groups' offsets (pure: no reads, no writes); deltamq/jobs/deliver.py runs the pa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from deltamq.filters import parse_tag_expression
 from deltamq.tables.offsets import START, Position, QueueKey
 
 if TYPE_CHECKING:
     from deltamq.config import GroupConfig, Subscription
+
+K = TypeVar("K", bound=Hashable)
 
 POISON_TRIES = 3
 """Attempts without an outcome after which a queue's head is taken alone, to be
@@ -120,3 +122,18 @@ def size_takes(backlogs: list[int], budget: int) -> list[int]:
         sizes[i] = max(1, min(backlogs[i], share))
         left = max(0, left - sizes[i])
     return sizes
+
+
+def held_from(deferred: Mapping[K, Collection[int]], seen: Mapping[K, Iterable[int]]) -> dict[K, int]:
+    """Pure: per queue with ``deferred`` offsets (not handed over: a listener timed out),
+    the offset it holds from — the lowest deferred offset above every other offset the
+    pass handled there (``seen``: every offset it matched, deferred ones included). A
+    queue whose deferred offsets all lie below a handled one is absent: holding there
+    would hand the handled ones out again, so those go the send-back way instead."""
+    out: dict[K, int] = {}
+    for q, d in deferred.items():
+        top = max((x for x in seen.get(q, ()) if x not in d), default=-1)
+        above = [x for x in d if x > top]
+        if above:
+            out[q] = min(above)
+    return out

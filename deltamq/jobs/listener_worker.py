@@ -346,12 +346,15 @@ def consume(
 ) -> list[Span]:
     """Hand ``messages`` (a pyarrow Table of consume_queue + commit_log columns) to the
     listener in chunks of ``batch_size``; the outcomes as spans covering every message
-    once, in order. A chunk whose worker died or timed out is tried again a message at a
-    time (to find the message at fault); ``in_order`` (an orderly group) stops at the
-    first of those that fails: no message reaches the listener before the ones ahead of
-    it have succeeded, and the rest are ``NOT_DELIVERED``. Workers run with ``home``'s
-    environment and path (default: this process's); workers of another home are not
-    reused."""
+    once, in order. A chunk whose worker died is tried again a message at a time (to find
+    the message at fault); ``in_order`` (an orderly group) stops at the first of those
+    that fails: no message reaches the listener before the ones ahead of it have
+    succeeded, and the rest are ``NOT_DELIVERED``. A call that runs past ``timeout_s``
+    ends the call: its messages fail with ``TIMEOUT`` (as a RocketMQ consumer sends back
+    what it consumed too long) and the rest are ``DEFERRED`` (``NOT_DELIVERED`` in order),
+    so a listener that hangs on everything (a dependency down) costs one timeout per
+    call, not one per message. Workers run with ``home``'s environment and path (default:
+    this process's); workers of another home are not reused."""
     home = home or Home.here()
     key = hashlib.sha256(listener_bytes).hexdigest() + home.digest()
     try:
@@ -366,6 +369,8 @@ def consume(
             if isinstance(reply, tuple):
                 spans.extend(_apply(reply, start, chunk.num_rows))
                 continue
+            if reply == FailReason.TIMEOUT:  # the worker was stopped; given back, it is dropped
+                return spans + _timed_out(start, chunk.num_rows, messages.num_rows, in_order)
             worker = _take(key, listener_bytes, home)
             tries_left = poison_tries - 1  # the chunk's call was the first try of each message
             for i in range(chunk.num_rows):
@@ -373,11 +378,13 @@ def consume(
                 result: Reply | str = reply
                 for _ in range(tries_left):
                     result = worker.call(group, instance, one, timeout_s)
-                    if isinstance(result, tuple):
+                    if isinstance(result, tuple) or result == FailReason.TIMEOUT:
                         break
                     worker = _take(key, listener_bytes, home)
                 if isinstance(result, tuple):
                     spans.extend(_apply(result, start + i, 1))
+                elif result == FailReason.TIMEOUT:
+                    return spans + _timed_out(start + i, 1, messages.num_rows, in_order)
                 else:
                     error = f"listener ended without an outcome ({result})"
                     spans.append((start + i, 1, Outcome(False, reason=FailReason(result), error=error)))
@@ -392,6 +399,17 @@ def consume(
         return spans
     finally:
         _give_back(worker)
+    return spans
+
+
+def _timed_out(start: int, n: int, total: int, in_order: bool) -> list[Span]:
+    """``n`` messages from ``start`` ran past the consume timeout; the rest of the call's
+    ``total`` are not handed over."""
+    error = "the listener ran past the consume timeout (consume_timeout_ms) and was stopped"
+    spans: list[Span] = [(start, n, Outcome(False, reason=FailReason.TIMEOUT, error=error))]
+    if start + n < total:
+        rest = FailReason.NOT_DELIVERED if in_order else FailReason.DEFERRED
+        spans.append((start + n, total - start - n, Outcome(False, reason=rest)))
     return spans
 
 

@@ -163,22 +163,27 @@ def decide(
     retry_policy: Mapping[str, Any] | None,
     attempt_ts: int,
 ) -> Decision:
-    """Where one failed message goes (pure): poison, a timeout or an orderly queue's last
-    suspend go to the DLQ; a negative level, too; past ``max_reconsume`` retries, too;
-    otherwise a retry, at the requested level, by the retry policy, or at 3 + retries. A
-    later copy of a de-duplication key (``LATER_COPY``) always goes back at level 1."""
-    if reason in (FailReason.POISON, FailReason.TIMEOUT, FailReason.ORDERLY_MAX):
+    """Where one failed message goes (pure): poison or an orderly queue's last suspend go
+    to the DLQ; a negative level, too; past ``max_reconsume`` retries, too (a timeout is
+    retried like any failure); otherwise a retry, at the requested level, by the retry
+    policy, or at 3 + retries. A later copy of a de-duplication key (``LATER_COPY``) and a
+    message a timed-out listener left untried (``DEFERRED``) go back at level 1, never
+    dead-lettered for it."""
+    if reason in (FailReason.POISON, FailReason.ORDERLY_MAX):
         return Decision("dlq", dlq_reason=DlqReason(reason))
-    if reason == FailReason.LATER_COPY:
-        # not a failure: checked again once the first copy's outcome is known, soon, and
-        # never dead-lettered for it (a duplicate is not a message that failed)
+    if reason in (FailReason.LATER_COPY, FailReason.DEFERRED):
+        # not a failure: checked again once the first copy's outcome is known (or tried
+        # at all), soon, and never dead-lettered for it
         if max_level >= 1:
             return Decision("retry", level=1)
         return Decision("retry", timer_ms=attempt_ts + LATER_COPY_DELAY_MS)
     if requested_level < 0:
         return Decision("dlq", dlq_reason=DlqReason.NEGATIVE_LEVEL)
     if max_reconsume >= 0 and reconsume_times >= max_reconsume:
-        return Decision("dlq", dlq_reason=DlqReason.MAX_RECONSUME)
+        # a timeout is retried like a failure (RocketMQ sends back what ran past its
+        # consume timeout); at the maximum the reason says how the last try ended
+        last = DlqReason.TIMEOUT if reason == FailReason.TIMEOUT else DlqReason.MAX_RECONSUME
+        return Decision("dlq", dlq_reason=last)
     if retry_policy is not None and requested_level == 0:
         return Decision("retry", timer_ms=attempt_ts + retry_delay_ms(retry_policy, reconsume_times))
     level = requested_level if requested_level > 0 else 3 + reconsume_times
