@@ -28,7 +28,6 @@ not, and the caller writes with delta-rs instead.
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import logging
 import time
@@ -339,26 +338,32 @@ class BlindAppender:
 
     def _write_file(self, state: _State, part: pa.Table, values: dict[str, str | None]) -> dict[str, Any]:
         data = part.select(state.schema.names).cast(state.schema)
-        buf = io.BytesIO()
         grouped = [c for c in self.group_by if c in state.schema.names]
+        runs: list[tuple[int, int]] | None = None
         if grouped and data.num_rows >= GROUPED_FROM:
-            data = data.take(pc.sort_indices(data, [(c, "ascending") for c in grouped]))
-            with pq.ParquetWriter(buf, data.schema, compression="snappy") as writer:
-                for lo, hi in _runs(data, grouped, GROUP_MIN_ROWS, GROUP_ROWS):
+            order = pc.sort_indices(data, [(c, "ascending") for c in grouped])
+            if not _in_order(order):  # rows a producer built in order are not copied again
+                data = data.take(order)
+            runs = _runs(data, grouped, GROUP_MIN_ROWS, GROUP_ROWS)
+
+        def write(sink: Any) -> None:
+            if runs is None:
+                pq.write_table(data, sink, compression="snappy")
+                return
+            with pq.ParquetWriter(sink, data.schema, compression="snappy") as writer:
+                for lo, hi in runs:
                     writer.write_table(data.slice(lo, hi - lo), row_group_size=hi - lo)
-        else:
-            pq.write_table(data, buf, compression="snappy")
-        body = buf.getvalue()
+
         # the folder as Hive names it (special characters as %XX), and the log's path a
         # URI of it (percent-encoded once more), as Delta-Spark writes them
         folder = "/".join(f"{_hive(k)}={_hive(_path_value(v))}" for k, v in values.items())
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         rel = f"{folder}/{name}" if folder else name
-        self.storage.put(f"{self.uri}/{rel}", body)
+        size = self.storage.put(f"{self.uri}/{rel}", write)
         return {
             "path": quote(rel, safe="/=:@!$&'()*+,;"),  # a URI path: RFC 3986's pchar kept
             "partitionValues": values,
-            "size": len(body),
+            "size": size,
             "modificationTime": int(time.time() * 1000),
             "dataChange": True,
             "stats": json.dumps(_stats(data), separators=(",", ":")),
@@ -447,6 +452,11 @@ _HIVE_ESCAPED = frozenset("\"#%'*/:=?\\{[]^\x7f")
 
 def _path_value(v: str | None) -> str:
     return "__HIVE_DEFAULT_PARTITION__" if v is None else v
+
+
+def _in_order(order: pa.Array) -> bool:
+    """Whether sort indices are 0, 1, 2, …: the rows were in order already."""
+    return bool(np.array_equal(order.to_numpy(), np.arange(len(order))))
 
 
 def _runs(data: pa.Table, columns: list[str], least: int, most: int) -> list[tuple[int, int]]:

@@ -35,6 +35,7 @@ no or rejected credentials, access denied, an unreachable endpoint): :class:`Sto
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import re
@@ -417,20 +418,27 @@ class Storage:
             raise
 
     # --- writing files (blind appends without an engine: deltamq.delta_append) ----------
-    def put(self, path: str, data: bytes) -> None:
-        """Write ``data`` to ``path`` whole (a new file under a fresh name, or the same bytes
-        again: tried again after a transient fault)."""
+    def put(self, path: str, data: bytes | Callable[[Any], None]) -> int:
+        """Write a new file at ``path`` whole: ``data``, or what ``data(sink)`` writes to a
+        local path (a temporary file then renamed: large files are not held in memory) or a
+        buffer (object stores). Returns its size; a failed write leaves nothing there."""
         if self.is_local:
             try:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                os.replace(_beside(path, data), path)
-                return
+                size = os.path.getsize(tmp := _beside(path, data))
+                os.replace(tmp, path)
+                return size
             except OSError as e:
                 raise self.error("write", path, e) from e
+        if callable(data):
+            buf = io.BytesIO()
+            data(buf)
+            data = buf.getvalue()
         import obstore
 
-        store = self._object_store()
-        self._retrying("write", path, lambda: obstore.put(store, self._key(path), data))
+        store, body = self._object_store(), data
+        self._retrying("write", path, lambda: obstore.put(store, self._key(path), body))
+        return len(body)
 
     def put_if_absent(self, path: str, data: bytes) -> bool:
         """Create ``path`` holding ``data`` unless it exists: True when this call created
@@ -662,14 +670,18 @@ def is_transient(error: BaseException) -> bool:
     return False
 
 
-def _beside(path: str, data: bytes) -> str:
-    """``data`` written to a new temporary file next to ``path`` (same directory, so it
-    can be renamed or linked into place); its name. A write that fails leaves none."""
+def _beside(path: str, data: bytes | Callable[[str], None]) -> str:
+    """``data`` (or what ``data(name)`` writes) in a new temporary file next to ``path``
+    (same directory, so it can be renamed or linked into place); its name. A write that
+    fails leaves none."""
     tmp = f"{path}.{os.getpid()}.{random.getrandbits(48):x}.tmp"
     try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-    except OSError:
+        if callable(data):
+            data(tmp)
+        else:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+    except BaseException:  # an encoder's error too: no temporary file left behind
         if os.path.exists(tmp):
             os.remove(tmp)
         raise

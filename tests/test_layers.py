@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "deltamq.consumer",
             "deltamq.filters",
             "deltamq.sending",
+            "deltamq.sending_arrow",
             "deltamq.rebalance",
             "deltamq.pull_log",
             "deltamq.demo_listeners",

@@ -1,0 +1,108 @@
+"""``send_arrow``: a table of messages stored in one commit, checked and built a column at
+a time, on the Spark-free producer and the broker's; the same rows a send of ``Message``
+objects stores, and nothing stored when a row breaks a rule."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from conftest import table_versions
+from support.listeners import Recorder, read_log
+
+from deltamq import Message
+from deltamq.errors import BodyTooLarge, InvalidMessage, TopicNotWritable, UnknownTopic
+from deltamq.ids import msg_ids
+from deltamq.lite import Producer
+from deltamq.sending import queue_for_key
+from deltamq.sending_arrow import msg_id_array
+
+
+@pytest.mark.unit
+def test_msg_ids_built_with_numpy_are_the_ids_of_every_send():
+    for batch, n in [(0, 0), (1, 1), (0x0123456789ABCDEF, 17), (7 << 40, 70_000)]:
+        assert msg_id_array(batch, n).to_pylist() == msg_ids(batch, n)
+
+
+def test_a_table_of_messages_is_stored_delivered_and_answered_in_order(broker, clock, tmp_path):
+    broker.create_topic("orders", queues=4)
+    broker.create_topic("audit", queues=2)
+    log = tmp_path / "calls.jsonl"
+    broker.create_group("g", Recorder(log), consume_from="FIRST_OFFSET")
+    broker.subscribe("g", "orders")
+    broker.subscribe("g", "audit")
+    table = pa.table(
+        {
+            "topic": ["orders"] * 8 + ["audit"] * 2,
+            "body": [f"m{i}" for i in range(10)],  # strings are stored UTF-8 encoded
+            "tags": ["A", None] * 5,
+            "keys": [f"k{i}" for i in range(10)],
+        }
+    )
+    sent = Producer(broker.warehouse.location, "bulk").send_arrow(table)
+    assert sent.column_names == ["msg_id", "topic", "queue_id"]
+    assert sent["topic"].to_pylist() == table["topic"].to_pylist()
+    # each topic's rows in equal runs of consecutive rows, one run per queue
+    queues = sent["queue_id"].to_pylist()
+    runs = [queues[i : i + 2] for i in range(0, 8, 2)]
+    assert all(a == b for a, b in runs) and sorted(r[0] for r in runs) == [0, 1, 2, 3]
+    assert sorted(queues[8:]) == [0, 1]
+    broker.tick(clock.now_ms())
+    calls = {c["id"]: c for c in read_log(log)}
+    assert set(calls) == set(sent["msg_id"].to_pylist())
+    stored = {
+        r["msg_id"]: r for r in broker.sql("SELECT msg_id, tags, keys, queue_id FROM consume_queue").collect()
+    }
+    for i, mid in enumerate(sent["msg_id"].to_pylist()):
+        c, r = calls[mid], stored[mid]
+        assert (c["topic"], c["body"], c["queue_id"]) == (table["topic"][i].as_py(), f"m{i}", queues[i])
+        assert (r["tags"], r["keys"], r["queue_id"]) == (table["tags"][i].as_py(), f"k{i}", queues[i])
+
+
+def test_queue_keys_and_queue_ids_pick_the_queues_a_send_of_messages_would(broker, clock):
+    broker.create_topic("orders", queues=4)
+    p = broker.producer("bulk")
+    keys = ["alice", "bob", "carol", "alice"]
+    sent = p.send_arrow(
+        pa.table({"topic": ["orders"] * 4, "body": [b"x"] * 4, "user": keys}), queue_key="user"
+    )
+    assert sent["queue_id"].to_pylist() == [queue_for_key(k, 4) for k in keys]
+    one = p.send_results([Message("orders", b"y")], queue_keys=["bob"])[0]
+    assert one.queue_id == queue_for_key("bob", 4)
+    chosen = p.send_arrow(pa.table({"topic": ["orders"] * 3, "body": [b"z"] * 3, "queue_id": [3, 0, 3]}))
+    assert chosen["queue_id"].to_pylist() == [3, 0, 3]
+
+
+BAD = [
+    (
+        lambda: {"topic": ["orders"], "body": [b"x"], "delay_level": [2]},
+        InvalidMessage,
+        r"\['delay_level'\] are not",
+    ),
+    (lambda: {"body": [b"x"]}, InvalidMessage, "needs a 'topic' column"),
+    (lambda: {"topic": ["orders", "orders"], "body": [b"x", None]}, InvalidMessage, "row 1 has no body"),
+    (lambda: {"topic": ["orders"], "body": [1]}, InvalidMessage, "column 'body' is int64"),
+    (lambda: {"topic": ["orders", "nope"], "body": [b"x", b"y"]}, UnknownTopic, "'nope' does not exist"),
+    (lambda: {"topic": ["readonly"], "body": [b"x"]}, TopicNotWritable, "perm R"),
+    (
+        lambda: {"topic": ["orders"] * 2, "body": [b"x", b"y"], "queue_id": [0, 4]},
+        InvalidMessage,
+        "row 1 asks for queue 4",
+    ),
+    (lambda: {"topic": ["orders"], "body": [b"x"], "flag": [1 << 40]}, InvalidMessage, "column 'flag'"),
+]
+
+
+@pytest.mark.parametrize("columns, error, text", BAD, ids=[b[2][:20] for b in BAD])
+def test_a_table_with_a_bad_row_is_refused_whole_naming_it(broker, tmp_path, columns, error, text):
+    broker.create_topic("orders", queues=4)
+    broker.create_topic("readonly", perm="R")
+    p = Producer(tmp_path / "wh", "bulk")
+    before = table_versions(tmp_path / "wh")
+    with pytest.raises(error, match=text):
+        p.send_arrow(pa.table(columns()))
+    with pytest.raises(BodyTooLarge, match="row 1's body is"):
+        big = b"x" * (broker.config.max_body_bytes + 1)
+        p.send_arrow(pa.table({"topic": ["orders"] * 2, "body": [b"x", big]}))
+    with pytest.raises(InvalidMessage, match="pyarrow Table or RecordBatch, got dict"):
+        p.send_arrow(columns())
+    assert table_versions(tmp_path / "wh") == before
