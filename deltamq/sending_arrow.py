@@ -29,11 +29,11 @@ class ArrowBatch:
     """A checked table of messages: its columns as stored, one topic name per row."""
 
     topic: pa.Array
-    body: pa.Array
-    tags: pa.Array
-    keys: pa.Array
-    flag: pa.Array
-    queue_id: pa.Array | None  # given by the caller, checked against the topics' queues
+    body: pa.ChunkedArray
+    tags: pa.ChunkedArray
+    keys: pa.ChunkedArray
+    flag: pa.ChunkedArray
+    queue_id: pa.Array | None  # given by the caller (ids, or keys), checked against the topics' queues
 
 
 def check(table: object, queue_key: str | None, max_body_bytes: int) -> ArrowBatch:
@@ -60,7 +60,7 @@ def check(table: object, queue_key: str | None, max_body_bytes: int) -> ArrowBat
     if queue_key is not None and "queue_id" in table.column_names:
         raise InvalidMessage("send_arrow: give queue_id or queue_key, not both")
     n = table.num_rows
-    topic = _typed(table, "topic", _TEXT, nulls=False).cast(pa.string())
+    topic = _typed(table, "topic", _TEXT, nulls=False).cast(pa.string()).combine_chunks()
     body = _typed(table, "body", _BINARY, nulls=False).cast(pa.binary())
     sizes = pc.binary_length(body)
     if n and pc.max(sizes).as_py() > max_body_bytes:
@@ -74,18 +74,18 @@ def check(table: object, queue_key: str | None, max_body_bytes: int) -> ArrowBat
     queue_id: pa.Array | None = None
     if "queue_id" in table.column_names:
         queue_id = _typed(table, "queue_id", (pa.int8(), pa.int16(), pa.int32(), pa.int64()), nulls=False)
-        queue_id = queue_id.cast(pa.int32())
+        queue_id = queue_id.cast(pa.int32()).combine_chunks()
     if queue_key is not None:  # strings: each row's queue comes from its key (queues_of)
-        queue_id = _typed(table, queue_key, _TEXT, nulls=True).cast(pa.string())
+        queue_id = _typed(table, queue_key, _TEXT, nulls=True).cast(pa.string()).combine_chunks()
     return ArrowBatch(topic, body, tags, keys, flag.fill_null(0), queue_id)
 
 
-def _column(table: pa.Table, name: str) -> pa.Array:
-    col = table.column(name)
-    return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+def _column(table: pa.Table, name: str) -> pa.ChunkedArray:
+    """A column as given: not combined into one array (a copy of every body)."""
+    return table.column(name)
 
 
-def _typed(table: pa.Table, name: str, types: tuple[pa.DataType, ...], *, nulls: bool) -> pa.Array:
+def _typed(table: pa.Table, name: str, types: tuple[pa.DataType, ...], *, nulls: bool) -> pa.ChunkedArray:
     col = _column(table, name)
     if col.type not in types:
         raise InvalidMessage(
@@ -99,9 +99,9 @@ def _typed(table: pa.Table, name: str, types: tuple[pa.DataType, ...], *, nulls:
 
 def _optional(
     table: pa.Table, name: str, types: tuple[pa.DataType, ...], to: pa.DataType, n: int
-) -> pa.Array:
+) -> pa.ChunkedArray:
     if name not in table.column_names:
-        return pa.nulls(n, to)
+        return pa.chunked_array([pa.nulls(n, to)])
     try:
         return _typed(table, name, types, nulls=True).cast(to)
     except pa.ArrowInvalid as e:  # a flag beyond 32 bits
@@ -130,8 +130,7 @@ def queues_of(
         rows = np.nonzero(codes == code)[0]
         queues = topics[topic]
         if given is None:
-            start = next_start(topic, queues, len(rows))
-            out[rows] = (start + np.arange(len(rows)) * queues // max(len(rows), 1)) % queues
+            out[rows] = _runs_of(len(rows), queues, next_start(topic, queues, len(rows)))
             continue
         if keyed:
             keys = given.take(rows).to_pylist()
@@ -148,6 +147,16 @@ def queues_of(
             )
         out[rows] = picked
     return pa.array(out, pa.int32())
+
+
+def _runs_of(m: int, queues: int, start: int) -> np.ndarray:
+    """``m`` rows over ``queues`` queues in runs of consecutive rows, in queue order (a
+    file's rows need no sort to be grouped by queue): each queue gets ``m // queues``, and
+    the remainder goes one each to the queues from ``start`` on (the round-robin)."""
+    base, extra = divmod(m, queues)
+    sizes = np.full(queues, base)
+    sizes[(start + np.arange(extra)) % queues] += 1
+    return np.repeat(np.arange(queues, dtype=np.int32), sizes)
 
 
 def rows(

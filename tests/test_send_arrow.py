@@ -23,6 +23,32 @@ def test_msg_ids_built_with_numpy_are_the_ids_of_every_send():
         assert msg_id_array(batch, n).to_pylist() == msg_ids(batch, n)
 
 
+@pytest.mark.unit
+def test_rows_go_to_the_queues_in_runs_in_queue_order_the_remainder_round_robin():
+    from deltamq.sending_arrow import _runs_of
+
+    assert _runs_of(10, 4, start=1).tolist() == [0, 0, 1, 1, 1, 2, 2, 2, 3, 3]
+    assert _runs_of(10, 4, start=3).tolist() == [0, 0, 0, 1, 1, 2, 2, 3, 3, 3]
+    assert _runs_of(1, 4, start=2).tolist() == [2]
+
+
+def test_single_messages_move_round_robin_and_chunked_tables_are_sent_as_given(broker):
+    broker.create_topic("orders", queues=4)
+    p = broker.producer("bulk")
+    one = [
+        p.send_arrow(pa.table({"topic": ["orders"], "body": [b"x"]}))["queue_id"][0].as_py() for _ in range(4)
+    ]
+    assert sorted(one) == [0, 1, 2, 3]
+    chunks = [
+        pa.record_batch({"topic": ["orders"] * 3, "body": [f"{c}{i}".encode() for i in range(3)]})
+        for c in "ab"
+    ]
+    sent = p.send_arrow(pa.Table.from_batches(chunks))
+    bodies = broker.sql("SELECT msg_id, CAST(body AS STRING) AS b FROM commit_log").collect()
+    by_id = {r["msg_id"]: r["b"] for r in bodies}
+    assert [by_id[m] for m in sent["msg_id"].to_pylist()] == ["a0", "a1", "a2", "b0", "b1", "b2"]
+
+
 def test_a_table_of_messages_is_stored_delivered_and_answered_in_order(broker, clock, tmp_path):
     broker.create_topic("orders", queues=4)
     broker.create_topic("audit", queues=2)
