@@ -30,6 +30,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from deltamq import Broker, FakeClock
 
 HERE = Path(__file__).parent
@@ -76,8 +78,9 @@ def _group(b: Broker, listener: str = LISTENER) -> None:
     b.subscribe("g", "bench")
 
 
-def bulk(root: Path, n: int, listener: str = LISTENER) -> dict:
-    """One ``send_dataframe`` of ``n`` rows, then ticks until all are consumed."""
+def bulk(root: Path, n: int, listener: str = LISTENER, send: str = "dataframe") -> dict:
+    """One ``send_dataframe`` (or ``send_arrow``: ``send``) of ``n`` rows, then ticks until
+    all are consumed."""
     wh = root / "loop-bulk"
     shutil.rmtree(wh, ignore_errors=True)
     staging = root / f"loop-staging-{n}"
@@ -87,8 +90,13 @@ def bulk(root: Path, n: int, listener: str = LISTENER) -> dict:
     if not staging.exists():
         b.spark.range(n).selectExpr("'bench' AS topic", f"{body_expr()} AS body").write.parquet(str(staging))
     b.tick(clock.now_ms())  # the runner's first tick (leases, catalog) is not the work's
+    table = pq.read_table(str(staging)) if send == "arrow" else None  # in memory, as the floor's
     t0 = time.perf_counter()
-    b.producer("bench").send_dataframe(b.spark.read.parquet(str(staging)))
+    if table is not None:
+        b.producer("bench").send_arrow(table)
+        del table
+    else:
+        b.producer("bench").send_dataframe(b.spark.read.parquet(str(staging)))
     sent_s = time.perf_counter() - t0
     consumed, ticks = 0, []
     while consumed < n and len(ticks) < 100:
@@ -105,6 +113,7 @@ def bulk(root: Path, n: int, listener: str = LISTENER) -> dict:
     return {
         "messages": n,
         "listener": listener,
+        "send": send,
         "send_s": round(sent_s, 2),
         "ticks": ticks,
         "tick_count": len(ticks),
