@@ -436,6 +436,7 @@ def test_a_listener_that_hangs_on_everything_costs_one_timeout_a_pass(ready, clo
     result = ready.tick(t).job("deliver").result
     assert time.monotonic() - started < 1.5 * 3  # one timeout (and a pass around it)
     assert (result.consumed, result.retried, result.dead_lettered) == (0, 4, 0)
+    assert (result.taken, result.handed_over) == (40, 4)  # the rest never reached the listener
     rows = ready.sql("SELECT next_offset FROM offsets WHERE consumer_group = 'g' AND topic = 'orders'")
     assert [r["next_offset"] for r in rows.collect()] == [4]  # the other 36 wait, not retried
     assert len(read_log(log)) == 4  # one call of 4, logged a message each

@@ -139,7 +139,8 @@ def outcomes(rows: Iterable[Any], n_deliverable: int) -> Consumed:
             f"deliver: {n_deliverable} messages taken but {consumed + len(failures)} outcomes; "
             "bodies missing?"
         )
-    return Consumed(tuple(failures), tuple(keys), n_deliverable, body_bytes, by_group)
+    left = sum(1 for f in failures if f.reason == FailReason.DEFERRED)  # never handed over
+    return Consumed(tuple(failures), tuple(keys), n_deliverable - left, body_bytes, by_group)
 
 
 _FAILED_COLUMNS = (
