@@ -28,6 +28,7 @@ not, and the caller writes with delta-rs instead.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import logging
 import time
@@ -103,6 +104,10 @@ GROUP_MIN_ROWS = 1024
 """A row group written by ``group_by`` takes the next value's rows too while it holds
 fewer than this many (a send over thousands of queues writes groups of several queues,
 not thousands of tiny groups)."""
+STREAM_FROM = 16 << 20
+"""Rows of at least this many bytes in memory are written through a temporary file (a
+1 GB Parquet file built in a buffer cost its copy and a 2.5 s write); smaller ones from
+a buffer, one write (0.15-0.2 ms less per small file than pyarrow's writes to a path)."""
 
 
 class BlindAppender:
@@ -359,7 +364,12 @@ class BlindAppender:
         folder = "/".join(f"{_hive(k)}={_hive(_path_value(v))}" for k, v in values.items())
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         rel = f"{folder}/{name}" if folder else name
-        size = self.storage.put(f"{self.uri}/{rel}", write)
+        if data.nbytes < STREAM_FROM:  # a small file: one write from memory is cheaper
+            buf = io.BytesIO()
+            write(buf)
+            size = self.storage.put(f"{self.uri}/{rel}", buf.getvalue())
+        else:
+            size = self.storage.put(f"{self.uri}/{rel}", write)
         return {
             "path": quote(rel, safe="/=:@!$&'()*+,;"),  # a URI path: RFC 3986's pchar kept
             "partitionValues": values,
