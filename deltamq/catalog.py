@@ -304,6 +304,8 @@ class Catalog(Topics):
             # read the deleted group's settings and committed after the delete. The new
             # group starts where its consume_from says, not where those left off
             self._commit_attempt(partial(drop_positions, self.warehouse, name), "offsets")
+        if cfg.dedup_key:  # likewise keys such a pass recorded: they would skip new messages
+            self._commit_attempt(partial(dedup.forget, self.warehouse, name), "consumed_keys")
         self._commit(
             "group_config",
             f"MERGE INTO {self.warehouse.ref('group_config')} t USING (SELECT {select}) s "

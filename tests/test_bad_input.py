@@ -414,11 +414,12 @@ def test_hostile_listener_is_isolated_within_a_batch(ready, clock, tmp_path):
 
 
 @pytest.mark.parametrize("expression", ["*", "a IS NULL"], ids=["files", "engine"])
-def test_a_listener_that_hangs_on_everything_costs_one_timeout_a_pass(ready, clock, tmp_path, expression):
+def test_a_listener_that_hangs_on_everything_costs_two_timeouts_a_pass(ready, clock, tmp_path, expression):
     """A dependency that is down makes every call hang. Each timed-out chunk used to be
     tried again a message at a time, each try a full timeout (a pass of 40 messages:
-    hours at the default 15 min). Now a pass stops its calls at the first timeout: the
-    chunk is retried later, the rest of the queue waits where it is, nothing is lost."""
+    hours at the default 15 min). Now a pass stops its calls at the first message that
+    times out alone: that one is retried later, the rest of the queue waits where it is,
+    nothing is lost and nothing else is counted as a retry."""
     log = tmp_path / "calls.jsonl"
     ready.create_group(
         "g",
@@ -434,12 +435,36 @@ def test_a_listener_that_hangs_on_everything_costs_one_timeout_a_pass(ready, clo
     t = clock.now_ms()
     started = time.monotonic()
     result = ready.tick(t).job("deliver").result
-    assert time.monotonic() - started < 1.5 * 3  # one timeout (and a pass around it)
-    assert (result.consumed, result.retried, result.dead_lettered) == (0, 4, 0)
-    assert (result.taken, result.handed_over) == (40, 4)  # the rest never reached the listener
+    assert time.monotonic() - started < 1.5 * 4  # the chunk's timeout and its first message's
+    assert (result.consumed, result.retried, result.dead_lettered) == (0, 1, 0)
+    assert (result.taken, result.handed_over) == (40, 1)  # the rest is not done with yet
     rows = ready.sql("SELECT next_offset FROM offsets WHERE consumer_group = 'g' AND topic = 'orders'")
-    assert [r["next_offset"] for r in rows.collect()] == [4]  # the other 36 wait, not retried
-    assert len(read_log(log)) == 4  # one call of 4, logged a message each
+    assert [r["next_offset"] for r in rows.collect()] == [1]  # the other 39 wait, not retried
+    assert len(read_log(log)) == 4 + 1  # the chunk's call, then its first message alone
+
+
+def test_a_hanging_message_does_not_take_its_chunk_with_it(ready, clock, tmp_path):
+    """A chunk that times out is tried a message at a time up to the first that times out
+    alone (a review found the whole chunk retried together, timing out together, and
+    dead-lettered together). The ones after it wait for the next pass and are consumed."""
+    log = tmp_path / "calls.jsonl"
+    ready.create_group(
+        "g",
+        Recorder(log, "hostile"),
+        consume_from="FIRST_OFFSET",
+        consume_timeout_ms=1500,
+        consume_message_batch_max_size=4,
+        max_reconsume_times=1,
+    )
+    ready.subscribe("g", "orders")
+    bodies = ["sleep", "ok1", "ok2", "ok3"]  # the listener hangs on a chunk led by "sleep"
+    ready.producer("p").send_batch([Message("orders", b) for b in bodies], queue_keys=["k"] * 4)
+    t = clock.now_ms()
+    first = ready.tick(t).job("deliver").result
+    assert (first.consumed, first.retried) == (0, 1)
+    assert ready.tick(t + 1).job("deliver").result.consumed == 3
+    retried = ready.sql("SELECT CAST(body AS STRING) AS b FROM commit_log WHERE topic = '%RETRY%g'").collect()
+    assert [r["b"] for r in retried] == ["sleep"]
 
 
 @pytest.mark.parametrize("answer", [RuntimeError("db down"), "MAYBE"])

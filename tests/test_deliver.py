@@ -217,8 +217,27 @@ def test_plan_sendback_builds_retry_and_dead_letter_rows(spark):
 
     failures = spark.createDataFrame(
         [
-            ("g", "orders", 1, 7, "M1", 10, 0, None, 5000, "retry", 4, None, None, 16, "boom"),
-            ("g", "%RETRY%g", 0, 3, "M2", 11, 0, None, 5000, "dlq", None, None, "max_reconsume", 16, None),
+            ("g", "orders", 1, 7, "M1", 10, 0, None, 5000, "retry", 4, None, None, 16, "boom", False),
+            (
+                "g",
+                "%RETRY%g",
+                0,
+                3,
+                "M2",
+                11,
+                0,
+                None,
+                5000,
+                "dlq",
+                None,
+                None,
+                "max_reconsume",
+                16,
+                None,
+                False,
+            ),
+            # sent back untried (its listener timed out on an earlier message): the count stays
+            ("g", "orders", 2, 9, "M1", 10, 0, None, 5000, "retry", 1, None, None, 16, None, True),
         ],
         FAILURE_SCHEMA,
     )
@@ -249,7 +268,10 @@ def test_plan_sendback_builds_retry_and_dead_letter_rows(spark):
         "properties map<string,string>, born_ts bigint, reconsume_times int, sys_flag int, "
         "producer_group string",
     )
-    rows = {r["topic"]: r for r in plan_sendback(failures, bodies).collect()}
+    planned = plan_sendback(failures, bodies).collect()
+    untried = [r for r in planned if r["properties"].get("DELAY") == "1"]
+    assert [(r["reconsume_times"], r["properties"]["RECONSUME_TIME"]) for r in untried] == [(0, "0")]
+    rows = {r["topic"]: r for r in planned if r not in untried}
     retry, dead = rows["%RETRY%g"], rows["%DLQ%g"]
     assert retry["properties"]["DELAY"] == "4" and retry["properties"]["RETRY_TOPIC"] == "orders"
     assert retry["properties"]["ORIGIN_MESSAGE_ID"] == "U1" and retry["reconsume_times"] == 1

@@ -722,6 +722,29 @@ def test_a_group_created_again_starts_afresh_over_rows_a_late_pass_left(warehous
     assert {r["client_id"]: r["next_offset"] for r in rows} == {"a": 4, "b": 4}
 
 
+def test_a_dedup_group_created_again_ignores_keys_a_late_pass_recorded(warehouse_with, clock, tmp_path):
+    """A late pass of a deleted de-duplicating group can record its consumed keys after
+    the delete (a review's repro); the group created again under the name skipped a new
+    message carrying such a key. Its leftover keys go when it is created."""
+    from support.listeners import Recorder
+
+    from deltamq import dedup
+
+    broker = warehouse_with("orders", queues=1).broker
+    log = tmp_path / "d.jsonl"
+    broker.create_group("billing", Recorder(log), consume_from="FIRST_OFFSET", dedup_key="KEYS")
+    broker.subscribe("billing", "orders")
+    broker.delete_group("billing")
+    dedup.record(
+        broker.warehouse, [("billing", "order-1", "X")], clock.now_ms(), policy=broker.config.commit_policy
+    )
+    broker.create_group("billing", Recorder(log), consume_from="FIRST_OFFSET", dedup_key="KEYS")
+    broker.subscribe("billing", "orders")
+    broker.producer("p").send(Message("orders", b"new", keys="order-1"))
+    result = broker.tick(clock.now_ms()).job("deliver").result
+    assert (result.consumed, result.deduplicated) == (1, 0)
+
+
 def test_adding_an_instance_leaves_the_others_where_they_are(warehouse_with, clock, tmp_path):
     """Instances with no offset row yet (the topic was empty when the group subscribed)
     read from 0; adding an instance placed them all at the head, so they missed what was

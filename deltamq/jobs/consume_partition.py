@@ -174,8 +174,14 @@ def outputs(
                 out.append(out_rows(keyed, "key"))
         else:
             out.append(out_rows(rows, "fail", o))
-    body_bytes = pc.sum(pc.binary_length(messages.column("body").slice(start, length))).as_py()
-    out.append(out_rows(table.slice(start, 1), "count", n=consumed, nbytes=body_bytes or 0))
+    unseen = (FailReason.DEFERRED, FailReason.NOT_DELIVERED)  # never handed over
+    body = messages.column("body")
+    body_bytes = sum(
+        pc.sum(pc.binary_length(body.slice(lo, n))).as_py() or 0
+        for lo, n, o in spans
+        if o.reason not in unseen
+    )
+    out.append(out_rows(table.slice(start, 1), "count", n=consumed, nbytes=body_bytes))
     return out
 
 

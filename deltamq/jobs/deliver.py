@@ -484,8 +484,7 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
             setup_errors.setdefault(o.group, o.error or "")
     # not handed over (a suspended queue's position comes below), or left by a listener
     # that timed out: held, or sent back untried below messages the pass handled
-    retried = {g for g, cfg in groups.items() if cfg.mode == "CLUSTERING"}
-    held, untried = deferred(ctx, taken, consumed.failures, retried)
+    held, untried = deferred(ctx, taken, consumed.failures)
     for o in [*held, *(o for o in consumed.failures if o.reason == FailReason.NOT_DELIVERED)]:
         hold(o)
     # a later copy of a key waits for the first one's outcome; a group that consumed
@@ -525,7 +524,9 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
             max_level=max_level,
             error=o.error,
         )
-        if o.reason not in (FailReason.LATER_COPY, FailReason.DEFERRED):  # not failures
+        if o.reason == FailReason.DEFERRED:  # not a failure: sent back before any try
+            counted.append((g, "sent_back_untried", 1))
+        elif o.reason != FailReason.LATER_COPY:  # counted by the take
             counted.append((g, "retried" if d.target == "retry" else "dead_lettered", 1))
         if o.reason == FailReason.POISON or (o.reason == FailReason.TIMEOUT and d.target == "dlq"):
             counted.append((g, "poison", 1))

@@ -7,7 +7,7 @@ timed-out listener left)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -93,7 +93,7 @@ class Consumed:
 
     failures: tuple[Failed, ...] = ()
     keys: tuple[tuple[str, str, str], ...] = ()
-    handed_over: int = 0  # messages the listeners were given
+    handed_over: int = 0  # messages the listeners dealt with (not what a timeout left)
     body_bytes: int = 0  # their bodies' bytes
     consumed: Mapping[str, int] = field(default_factory=dict)  # per group
 
@@ -139,7 +139,8 @@ def outcomes(rows: Iterable[Any], n_deliverable: int) -> Consumed:
             f"deliver: {n_deliverable} messages taken but {consumed + len(failures)} outcomes; "
             "bodies missing?"
         )
-    left = sum(1 for f in failures if f.reason == FailReason.DEFERRED)  # never handed over
+    unseen = (FailReason.DEFERRED, FailReason.NOT_DELIVERED)
+    left = sum(1 for f in failures if f.reason in unseen)  # never handed over
     return Consumed(tuple(failures), tuple(keys), n_deliverable - left, body_bytes, by_group)
 
 
@@ -169,14 +170,12 @@ def _taken_rows(
     return ctx.engine.rows(f"SELECT {columns} FROM {taken.view} WHERE {sql}")
 
 
-def deferred(
-    ctx: Context, taken: Taken, failures: Iterable[Failed], retried: Collection[str]
-) -> tuple[list[Failed], list[Failed]]:
-    """The messages a timed-out listener left (``DEFERRED``), as (held, sent back untried):
-    a queue holds from its first deferred message above every other one the pass matched
-    there (a concurrent group's queue spreads over partitions); those below go the
-    send-back way, since later ones of the queue were handled — in the groups that retry
-    (``retried``): a BROADCASTING instance has no send-back, and holds all of them."""
+def deferred(ctx: Context, taken: Taken, failures: Iterable[Failed]) -> tuple[list[Failed], list[Failed]]:
+    """The messages a timed-out listener left (``DEFERRED``), as (held, left below): a
+    queue holds from its first deferred message above every other one the pass matched
+    there (a concurrent group's queue spreads over partitions); holding lower would hand
+    the handled ones out again, so those below go the send-back way (a BROADCASTING
+    instance's are logged and dropped, as its failures are)."""
     by_queue: dict[QueueKey, list[Failed]] = defaultdict(list)
     for o in failures:
         if o.reason == FailReason.DEFERRED:
@@ -201,10 +200,7 @@ def deferred(
         )
     holds = held_from({q: {o.delivered.queue_offset for o in v} for q, v in by_queue.items()}, seen)
     held = [
-        o
-        for v in by_queue.values()
-        for o in v
-        if o.delivered.queue_offset >= holds.get(o.queue, 1 << 62) or o.group not in retried
+        o for v in by_queue.values() for o in v if o.delivered.queue_offset >= holds.get(o.queue, 1 << 62)
     ]
     ids = {id(o) for o in held}
     return held, [o for v in by_queue.values() for o in v if id(o) not in ids]

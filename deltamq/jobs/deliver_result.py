@@ -14,7 +14,9 @@ the pass began (``backlog`` is their total)."""
 @dataclass(frozen=True, kw_only=True)
 class DeliverResult:
     taken: int = 0
-    handed_over: int = 0  # messages given to the listeners (taken less filtered, duplicate, poison)
+    # messages the listeners dealt with: taken less filtered, duplicate, poison, and what a
+    # timed-out listener left for the next pass
+    handed_over: int = 0
     body_bytes: int = 0  # their bodies' bytes (sizes the automatic takes: Memory)
     consumed: int = 0
     filtered: int = 0

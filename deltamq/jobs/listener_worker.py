@@ -7,9 +7,10 @@ calls and ticks, replaced when it dies): a worker that dies mid-call ends the ca
 no outcome ("poison"), one that exceeds the consume timeout is killed ("timeout").
 
 A chunk that ends without an outcome is split into single messages and each is tried
-alone, up to ``poison_tries`` times in all; a message that still ends without an outcome
-gets the outcome ``poison`` or ``timeout`` (the caller dead-letters it), so one bad
-message never stalls its group.
+alone, up to ``poison_tries`` times in all; a message whose worker still dies gets the
+outcome ``poison`` (the caller dead-letters it), so one bad message never stalls its
+group. A message that runs past the timeout alone gets ``timeout`` (retried like a
+failure) and ends the call: the rest wait for the next pass (``consume``).
 
 Messages travel to the worker as one Arrow IPC stream per chunk (no per-message
 pickling), and the worker builds the ``StoredMessage`` objects the listener sees; the
@@ -349,11 +350,12 @@ def consume(
     once, in order. A chunk whose worker died is tried again a message at a time (to find
     the message at fault); ``in_order`` (an orderly group) stops at the first of those
     that fails: no message reaches the listener before the ones ahead of it have
-    succeeded, and the rest are ``NOT_DELIVERED``. A call that runs past ``timeout_s``
-    ends the call: its messages fail with ``TIMEOUT`` (as a RocketMQ consumer sends back
-    what it consumed too long) and the rest are ``DEFERRED`` (``NOT_DELIVERED`` in order),
-    so a listener that hangs on everything (a dependency down) costs one timeout per
-    call, not one per message. Workers run with ``home``'s environment and path (default:
+    succeeded, and the rest are ``NOT_DELIVERED``. A chunk that runs past ``timeout_s``
+    is tried a message at a time too, up to the first message that runs past it alone:
+    that one fails with ``TIMEOUT`` (retried, as a RocketMQ consumer sends back what it
+    consumed too long) and the rest of the call is ``DEFERRED`` (``NOT_DELIVERED`` in
+    order), so a listener that hangs on everything (a dependency down) costs two
+    timeouts per call, not two per message. Workers run with ``home``'s environment and path (default:
     this process's); workers of another home are not reused."""
     home = home or Home.here()
     key = hashlib.sha256(listener_bytes).hexdigest() + home.digest()
@@ -369,8 +371,10 @@ def consume(
             if isinstance(reply, tuple):
                 spans.extend(_apply(reply, start, chunk.num_rows))
                 continue
-            if reply == FailReason.TIMEOUT:  # the worker was stopped; given back, it is dropped
-                return spans + _timed_out(start, chunk.num_rows, messages.num_rows, in_order)
+            if reply == FailReason.TIMEOUT and chunk.num_rows == 1:  # the worker was stopped
+                return spans + _timed_out(start, 1, messages.num_rows, in_order)
+            # a chunk of several that died or timed out: its messages one at a time, so one
+            # that hangs does not take the others with it (up to the first that times out alone)
             worker = _take(key, listener_bytes, home)
             tries_left = poison_tries - 1  # the chunk's call was the first try of each message
             for i in range(chunk.num_rows):

@@ -4,10 +4,11 @@ RocketMQ's ``sendMessageBack`` (docs/behaviour.md §3): a failed message becomes
 group's retry topic (queue 0) with ``reconsume_times + 1``, ``RETRY_TOPIC`` = its
 original topic (set once), ``ORIGIN_MESSAGE_ID`` = the first message's id, and delay
 level ``delay_level_when_next_consume`` if > 0 else ``3 + reconsume_times``; a retry
-policy replaces the levels with absolute timers. With ``reconsume_times >=
-max_reconsume_times``, a level < 0, or no outcome at all (poison / timeout), it goes to
-``%DLQ%<group>`` instead, with ``DLQ_REASON``, and is never delivered again unless an
-operator resends it.
+policy replaces the levels with absolute timers (a timeout is retried the same way).
+With ``reconsume_times >= max_reconsume_times``, a level < 0, or no outcome at all
+(poison), it goes to ``%DLQ%<group>`` instead, with ``DLQ_REASON``, and is never
+delivered again unless an operator resends it. A message sent back untried (``DEFERRED``:
+its listener timed out earlier in the pass) keeps its ``reconsume_times``.
 
 Ids are derived from the failed delivery: store time = the delivery attempt's ``now``
 (recorded before the listener was called, so a re-run after a kill gets the same one),
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 FAILURE_SCHEMA = (
     "consumer_group string, topic string, queue_id int, queue_offset bigint, msg_id string, "
     "cl_batch_id bigint, cl_batch_pos bigint, cl_date date, attempt_ts bigint, target string, "
-    "level int, timer_ms bigint, dlq_reason string, max_reconsume int, error string"
+    "level int, timer_ms bigint, dlq_reason string, max_reconsume int, error string, untried boolean"
 )
 # Rewritten below (system values are recomputed from the original properties).
 _REMOVED = (
@@ -105,6 +106,7 @@ class Failure(NamedTuple):
     dlq_reason: DlqReason | None
     max_reconsume: int
     error: str | None
+    untried: bool = False  # never handed to the listener: its copy keeps the retry count
 
 
 def failure(
@@ -146,6 +148,7 @@ def failure(
         d.dlq_reason,
         cfg.max_reconsume_times,
         error,
+        reason == FailReason.DEFERRED,
     )
 
 
@@ -217,7 +220,7 @@ def plan_sendback(failures: DataFrame, bodies: DataFrame) -> DataFrame:
     props = F.col("orig_props")
     empty = F.create_map().cast("map<string,string>")
     kept = F.map_filter(F.coalesce(props, empty), lambda k, v: ~k.isin(*_REMOVED))
-    new_reconsume = F.col("orig_reconsume") + 1
+    new_reconsume = F.col("orig_reconsume") + F.when(F.col("untried"), F.lit(0)).otherwise(F.lit(1))
     system = F.create_map(
         F.lit(Prop.RETRY_TOPIC),
         F.coalesce(props.getItem(Prop.RETRY_TOPIC), F.col("topic")),
