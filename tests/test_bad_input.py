@@ -413,13 +413,9 @@ def test_hostile_listener_is_isolated_within_a_batch(ready, clock, tmp_path):
     assert retry["b"] == "sleep"
 
 
-@pytest.mark.parametrize("expression", ["*", "a IS NULL"], ids=["files", "engine"])
-def test_a_listener_that_hangs_on_everything_costs_two_timeouts_a_pass(ready, clock, tmp_path, expression):
-    """A dependency that is down makes every call hang. Each timed-out chunk used to be
-    tried again a message at a time, each try a full timeout (a pass of 40 messages:
-    hours at the default 15 min). Now a pass stops its calls at the first message that
-    times out alone: that one is retried later, the rest of the queue waits where it is,
-    nothing is lost and nothing else is counted as a retry."""
+def _hanging_group(ready, tmp_path, **options):
+    """Group "g" whose listener hangs on a chunk led by a "sleep" body: chunks of 4, a
+    1.5 s consume timeout; returns its call log."""
     log = tmp_path / "calls.jsonl"
     ready.create_group(
         "g",
@@ -427,7 +423,19 @@ def test_a_listener_that_hangs_on_everything_costs_two_timeouts_a_pass(ready, cl
         consume_from="FIRST_OFFSET",
         consume_timeout_ms=1500,
         consume_message_batch_max_size=4,
+        **options,
     )
+    return log
+
+
+@pytest.mark.parametrize("expression", ["*", "a IS NULL"], ids=["files", "engine"])
+def test_a_listener_that_hangs_on_everything_costs_two_timeouts_a_pass(ready, clock, tmp_path, expression):
+    """A dependency that is down makes every call hang. Each timed-out chunk used to be
+    tried again a message at a time, each try a full timeout (a pass of 40 messages:
+    hours at the default 15 min). Now a pass stops its calls at the first message that
+    times out alone: that one is retried later, the rest of the queue waits where it is,
+    nothing is lost and nothing else is counted as a retry."""
+    log = _hanging_group(ready, tmp_path)
     # a SQL92 subscription takes the pass through the engine (a small pass of tag
     # subscriptions is delivered from the files)
     ready.subscribe("g", "orders", expression, "TAG" if expression == "*" else "SQL92")
@@ -447,15 +455,7 @@ def test_a_hanging_message_does_not_take_its_chunk_with_it(ready, clock, tmp_pat
     """A chunk that times out is tried a message at a time up to the first that times out
     alone (a review found the whole chunk retried together, timing out together, and
     dead-lettered together). The ones after it wait for the next pass and are consumed."""
-    log = tmp_path / "calls.jsonl"
-    ready.create_group(
-        "g",
-        Recorder(log, "hostile"),
-        consume_from="FIRST_OFFSET",
-        consume_timeout_ms=1500,
-        consume_message_batch_max_size=4,
-        max_reconsume_times=1,
-    )
+    log = _hanging_group(ready, tmp_path, max_reconsume_times=1)
     ready.subscribe("g", "orders")
     bodies = ["sleep", "ok1", "ok2", "ok3"]  # the listener hangs on a chunk led by "sleep"
     ready.producer("p").send_batch([Message("orders", b) for b in bodies], queue_keys=["k"] * 4)
