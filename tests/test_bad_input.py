@@ -455,7 +455,7 @@ def test_a_hanging_message_does_not_take_its_chunk_with_it(ready, clock, tmp_pat
     """A chunk that times out is tried a message at a time up to the first that times out
     alone (a review found the whole chunk retried together, timing out together, and
     dead-lettered together). The ones after it wait for the next pass and are consumed."""
-    log = _hanging_group(ready, tmp_path, max_reconsume_times=1)
+    _hanging_group(ready, tmp_path, max_reconsume_times=1)
     ready.subscribe("g", "orders")
     bodies = ["sleep", "ok1", "ok2", "ok3"]  # the listener hangs on a chunk led by "sleep"
     ready.producer("p").send_batch([Message("orders", b) for b in bodies], queue_keys=["k"] * 4)
