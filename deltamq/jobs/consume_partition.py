@@ -188,7 +188,7 @@ def outputs(
 def until_timeout(call: Call, stopped: set[tuple[str, str]], key: tuple[str, str], in_order: bool) -> Call:
     """``call`` until one of its calls for ``key`` (group, instance) times out; after that
     the partition's further rows of ``key`` are not handed over (``DEFERRED``, or
-    ``NOT_DELIVERED`` in order): one timeout per partition, not one per call."""
+    ``NOT_DELIVERED`` in order): the timeouts of one call per partition, not of every call."""
 
     def guarded(lo: int, n: int, size: int) -> list[Span]:
         if key in stopped:
