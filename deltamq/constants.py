@@ -166,6 +166,10 @@ class FailReason(StrEnum):
     DEFERRED = "deferred"  # not handed over: its listener timed out earlier in the pass
 
 
+NOT_HANDED_OVER = (FailReason.DEFERRED, FailReason.NOT_DELIVERED)
+"""Reasons of messages that never reached the listener in a pass (they wait for the next)."""
+
+
 class DlqReason(StrEnum):
     """Why a message went to its group's ``%DLQ%`` topic (its ``DLQ_REASON`` property)."""
 

@@ -210,11 +210,21 @@ class BaseProducer:
 
     # --- helpers -------------------------------------------------------------------------
     def _next_queue(self, topic: str, queues: int) -> int:
+        return self._run_start(topic, queues, 1) % queues
+
+    def _run_start(self, topic: str, queues: int, rows: int) -> int:
+        """The queue a run of ``rows`` messages starts at: the topic's round-robin, moved
+        on by ``rows``."""
         start = self._rr.get(topic)
         if start is None:
             start = random.randrange(queues)
-        self._rr[topic] = (start + 1) % queues
-        return start % queues
+        self._rr[topic] = (start + rows) % queues
+        return start
+
+    def _topic_queues(self, topic: str) -> int:
+        """The queues of ``topic``, checked to exist and be writable."""
+        self.ctx.validate_writable_topic(topic)
+        return self.ctx.topic_queues(topic)
 
     def _prepare(
         self, m: Message, now: int, topics: dict[str, int] | None = None
@@ -223,10 +233,10 @@ class BaseProducer:
         (each topic is checked once per batch)."""
         if not isinstance(m, Message):
             raise InvalidMessage(f"expected a deltamq.Message, got {type(m).__name__}: {m!r}")
-        if topics is None or m.topic not in topics:
+        if topics is None:
             self.ctx.validate_writable_topic(m.topic)
-            if topics is not None:
-                topics[m.topic] = self.ctx.topic_queues(m.topic)
+        elif m.topic not in topics:
+            topics[m.topic] = self._topic_queues(m.topic)
         if (
             type(m.body) is bytes
             and m.properties is None
@@ -337,19 +347,6 @@ class BaseProducer:
             if rows.num_rows:
                 self.ctx.append_commit_log(rows, what="send")
         return pa.table({"msg_id": mids, "topic": batch.topic, "queue_id": qids})
-
-    def _topic_queues(self, topic: str) -> int:
-        self.ctx.validate_writable_topic(topic)
-        return self.ctx.topic_queues(topic)
-
-    def _run_start(self, topic: str, queues: int, rows: int) -> int:
-        """The queue a run of ``rows`` messages starts at: the topic's round-robin, moved
-        on by ``rows``."""
-        start = self._rr.get(topic)
-        if start is None:
-            start = random.randrange(queues)
-        self._rr[topic] = (start + rows) % queues
-        return start
 
     def _store(
         self,
@@ -465,10 +462,7 @@ class BaseProducer:
         if len(topics) != 1:
             return [self._next_queue(t, topics[t]) for t in names]
         ((topic, queues),) = topics.items()
-        start = self._rr.get(topic)
-        if start is None:
-            start = random.randrange(queues)
-        self._rr[topic] = (start + len(names)) % queues
+        start = self._run_start(topic, queues, len(names))
         return [(start + i) % queues for i in range(len(names))]
 
     def _queue_id(self, m: Message, queues: int, key: str | None, selector: Selector | None, arg: Any) -> int:

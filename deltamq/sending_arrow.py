@@ -21,6 +21,7 @@ from deltamq.errors import BodyTooLarge, InvalidMessage
 ALLOWED = ("topic", "body", "tags", "keys", "flag", "queue_id")
 """The columns ``send_arrow`` takes (``topic`` and ``body`` required)."""
 _TEXT = (pa.string(), pa.large_string())
+_INTS = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
 _BINARY = (pa.binary(), pa.large_binary(), *_TEXT)
 
 
@@ -70,10 +71,10 @@ def check(table: object, queue_key: str | None, max_body_bytes: int) -> ArrowBat
             "are allowed"
         )
     tags, keys = (_optional(table, c, _TEXT, pa.string(), n) for c in ("tags", "keys"))
-    flag = _optional(table, "flag", (pa.int8(), pa.int16(), pa.int32(), pa.int64()), pa.int32(), n)
+    flag = _optional(table, "flag", _INTS, pa.int32(), n)
     queue_id: pa.Array | None = None
     if "queue_id" in table.column_names:
-        queue_id = _typed(table, "queue_id", (pa.int8(), pa.int16(), pa.int32(), pa.int64()), nulls=False)
+        queue_id = _typed(table, "queue_id", _INTS, nulls=False)
         queue_id = queue_id.cast(pa.int32()).combine_chunks()
     if queue_key is not None:  # strings: each row's queue comes from its key (queues_of)
         queue_id = _typed(table, queue_key, _TEXT, nulls=True).cast(pa.string()).combine_chunks()
@@ -166,7 +167,7 @@ def rows(
     ids (row ``pos`` gets ``msg_id(batch, pos)``, as every send does)."""
     n = len(batch.topic)
     batch_id = ids.new_batch_id(now)
-    mids = msg_id_array(batch_id, n)
+    mids = ids.msg_id_array(batch_id, n)
     properties = pa.MapArray.from_arrays(
         pa.array(np.arange(n + 1, dtype=np.int32)), pa.repeat(pa.scalar(Prop.UNIQ_KEY), n), mids
     )
@@ -193,21 +194,3 @@ def rows(
         "store_date": const(ids.store_date(now), pa.date32()),
     }
     return pa.table(columns, schema=schema), mids
-
-
-_HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
-
-
-def msg_id_array(batch_id: int, n: int) -> pa.Array:
-    """:func:`deltamq.ids.msg_ids` as an Arrow string array, built with numpy (the same
-    text: 16 hex digits of the batch, 8 of the position)."""
-    width = 24
-    if width * (n + 1) >= 1 << 31:  # beyond 32-bit string offsets
-        return pa.array(ids.msg_ids(batch_id, n), pa.string())
-    chars = np.empty((n, width), dtype=np.uint8)
-    chars[:, :16] = np.frombuffer(f"{batch_id:016X}".encode(), dtype=np.uint8)
-    pos = np.arange(n, dtype=np.uint64)
-    for i in range(8):
-        chars[:, 16 + i] = _HEX[(pos >> np.uint64(4 * (7 - i))) & np.uint64(0xF)]
-    offsets = pa.py_buffer(np.arange(0, width * (n + 1), width, dtype=np.int32).tobytes())
-    return pa.StringArray.from_buffers(n, offsets, pa.py_buffer(chars.tobytes()))

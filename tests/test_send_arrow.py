@@ -11,10 +11,9 @@ from support.listeners import Recorder, read_log
 
 from deltamq import Message
 from deltamq.errors import BodyTooLarge, InvalidMessage, TopicNotWritable, UnknownTopic
-from deltamq.ids import msg_ids
+from deltamq.ids import msg_id_array, msg_ids
 from deltamq.lite import Producer
 from deltamq.sending import queue_for_key
-from deltamq.sending_arrow import msg_id_array
 
 
 @pytest.mark.unit

@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from deltamq.constants import FailReason
+from deltamq.constants import NOT_HANDED_OVER, FailReason
 from deltamq.consumer import COLUMNAR_COLUMNS
 from deltamq.jobs.listener_worker import Home, Outcome, Span
 
@@ -174,12 +174,11 @@ def outputs(
                 out.append(out_rows(keyed, "key"))
         else:
             out.append(out_rows(rows, "fail", o))
-    unseen = (FailReason.DEFERRED, FailReason.NOT_DELIVERED)  # never handed over
     body = messages.column("body")
     body_bytes = sum(
         pc.sum(pc.binary_length(body.slice(lo, n))).as_py() or 0
         for lo, n, o in spans
-        if o.reason not in unseen
+        if o.reason not in NOT_HANDED_OVER
     )
     out.append(out_rows(table.slice(start, 1), "count", n=consumed, nbytes=body_bytes))
     return out

@@ -191,6 +191,7 @@ class Pass:
         return {(t.group, t.client, t.topic, t.queue_id): t.attempt_ts for t in self.takes}
 
 
+# (next offset, suspends, suspended until) a queue moves to instead of past its take
 Held = tuple[int, int, int | None]
 
 
@@ -427,6 +428,7 @@ def _consumer(ctx: Context, work: Pass, home: Home | None) -> Any:
     )
 
 
+# failures that hold their queue instead of going the send-back way
 _HOLDING = (FailReason.SUSPEND, FailReason.NOT_DELIVERED, FailReason.SETUP)
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from deltamq.constants import FailReason
+from deltamq.constants import NOT_HANDED_OVER, FailReason
 from deltamq.jobs import sendback
 from deltamq.jobs.deliver_plan import POISON_TRIES, held_from
 from deltamq.tables.offsets import QueueKey
@@ -98,7 +98,6 @@ class Consumed:
     consumed: Mapping[str, int] = field(default_factory=dict)  # per group
 
 
-# (next offset, suspends, suspended until) a queue moves to instead of past its take
 def taken_of(view: str, summary: list[Any], table: pa.Table | None = None) -> Taken:
     """A :class:`Taken` from the take's summary rows (group, matched, poison, dup, body
     batch, ``n``): what goes to the listeners and what the take itself counted."""
@@ -139,8 +138,7 @@ def outcomes(rows: Iterable[Any], n_deliverable: int) -> Consumed:
             f"deliver: {n_deliverable} messages taken but {consumed + len(failures)} outcomes; "
             "bodies missing?"
         )
-    unseen = (FailReason.DEFERRED, FailReason.NOT_DELIVERED)
-    left = sum(1 for f in failures if f.reason in unseen)  # never handed over
+    left = sum(1 for f in failures if f.reason in NOT_HANDED_OVER)
     return Consumed(tuple(failures), tuple(keys), n_deliverable - left, body_bytes, by_group)
 
 
@@ -199,11 +197,12 @@ def deferred(ctx: Context, taken: Taken, failures: Iterable[Failed]) -> tuple[li
             r["queue_offset"]
         )
     holds = held_from({q: {o.delivered.queue_offset for o in v} for q, v in by_queue.items()}, seen)
-    held = [
-        o for v in by_queue.values() for o in v if o.delivered.queue_offset >= holds.get(o.queue, 1 << 62)
-    ]
-    ids = {id(o) for o in held}
-    return held, [o for v in by_queue.values() for o in v if id(o) not in ids]
+    held: list[Failed] = []
+    below: list[Failed] = []
+    for q, v in by_queue.items():
+        for o in v:
+            (held if q in holds and o.delivered.queue_offset >= holds[q] else below).append(o)
+    return held, below
 
 
 def later_copies(ctx: Context, taken: Taken) -> list[Failed]:
@@ -219,6 +218,3 @@ def later_copies(ctx: Context, taken: Taken) -> list[Failed]:
         )
         for r in found
     ]
-
-
-# failures that hold their queue instead of going the send-back way

@@ -355,8 +355,8 @@ def consume(
     that one fails with ``TIMEOUT`` (retried, as a RocketMQ consumer sends back what it
     consumed too long) and the rest of the call is ``DEFERRED`` (``NOT_DELIVERED`` in
     order), so a listener that hangs on everything (a dependency down) costs two
-    timeouts per call, not two per message. Workers run with ``home``'s environment and path (default:
-    this process's); workers of another home are not reused."""
+    timeouts per call, not two per message. Workers run with ``home``'s environment and
+    path (default: this process's); workers of another home are not reused."""
     home = home or Home.here()
     key = hashlib.sha256(listener_bytes).hexdigest() + home.digest()
     try:
