@@ -8,7 +8,6 @@ short-lived cache of ``topic_config``. Imports nothing from PySpark.
 
 from __future__ import annotations
 
-import logging
 import random
 import threading
 import time
@@ -21,7 +20,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from deltamq import ids
+from deltamq import ids, sending_arrow
 from deltamq.clock import Clock
 from deltamq.config import BrokerConfig
 from deltamq.constants import Perm, Prop, SysFlag, is_system_topic
@@ -38,8 +37,7 @@ from deltamq.message import (
     validate_properties,
     validate_topic_name,
 )
-
-log = logging.getLogger(__name__)
+from deltamq.sending_arrow import warn_clamped
 
 Selector = Callable[[int, Message, Any], int]
 """RocketMQ's MessageQueueSelector: (queue count, message, arg) -> queue id."""
@@ -332,18 +330,19 @@ class BaseProducer:
         ``msg_id, topic, queue_id`` per row, in the table's order.
 
         Columns: ``topic``, ``body`` (binary or string) and optionally ``tags``, ``keys``,
-        ``flag``, ``queue_id``; ``queue_key`` names a column whose equal values land in one
-        queue (the queue ``send(queue_key=...)`` picks). Otherwise each topic's rows go to
-        its queues in equal runs of consecutive rows. Nothing is stored unless every row
-        is valid. Properties, delays and timers: :meth:`send_batch`."""
-        from deltamq import sending_arrow
-
-        batch = sending_arrow.check(table, queue_key, self.ctx.config.max_body_bytes)
+        ``flag``, ``queue_id``, ``properties`` (map<string, string>), ``delay_level``,
+        ``deliver_at_ms`` (a timer, epoch ms); ``queue_key`` names a column whose equal
+        values land in one queue (the queue ``send(queue_key=...)`` picks). Otherwise each
+        topic's rows go to its queues in equal runs of consecutive rows. Nothing is stored
+        unless every row is valid."""
+        config = self.ctx.config
+        now = self.ctx.clock.now_ms()
+        batch = sending_arrow.check(table, queue_key, config.max_body_bytes, now, config.timer_horizon_ms)
         with self._named_faults():
-            now = self.ctx.clock.now_ms()
             topics = {t: self._topic_queues(t) for t in pc.unique(batch.topic).to_pylist()}
             qids = sending_arrow.queues_of(batch, topics, self._run_start, queue_for_key)
-            rows, mids = sending_arrow.rows(batch, qids, COMMIT_LOG_ARROW, now, self.group)
+            max_level = self.ctx.max_delay_level()
+            rows, mids = sending_arrow.rows(batch, qids, COMMIT_LOG_ARROW, now, self.group, max_level)
             if rows.num_rows:
                 self.ctx.append_commit_log(rows, what="send")
         return pa.table({"msg_id": mids, "topic": batch.topic, "queue_id": qids})
@@ -413,14 +412,7 @@ class BaseProducer:
                 for pos, m in enumerate(messages)
             ]
         levels = [min(level, max_level) if level > 0 else 0 for _, _, _, level in prepared]
-        above = sorted({level for _, _, _, level in prepared if level > max_level})
-        if above:  # as RocketMQ does, stored at the highest level; said, not silent
-            log.warning(
-                "delay_level %s above the warehouse's highest level %d: stored at level %d",
-                ", ".join(map(str, above)),
-                max_level,
-                max_level,
-            )
+        warn_clamped((level for _, _, _, level in prepared if level > max_level), max_level)
         if not transactional and not any(props or level for _, _, props, level in prepared):
             offsets = pa.array(range(n + 1), pa.int32())
             names = pa.repeat(pa.scalar(Prop.UNIQ_KEY), n)

@@ -7,7 +7,8 @@ Parquet file does (bench/README.md). Imports nothing from PySpark.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,13 +17,21 @@ import pyarrow.compute as pc
 
 from deltamq import ids
 from deltamq.constants import Prop, SysFlag
-from deltamq.errors import BodyTooLarge, InvalidMessage
+from deltamq.errors import BodyTooLarge, InvalidDelayLevel, InvalidMessage, InvalidProperties, InvalidTimer
+from deltamq.message import check_timer_horizon
 
-ALLOWED = ("topic", "body", "tags", "keys", "flag", "queue_id")
+log = logging.getLogger(__name__)
+
+ALLOWED = ("topic", "body", "tags", "keys", "flag", "queue_id", "properties", "delay_level", "deliver_at_ms")
 """The columns ``send_arrow`` takes (``topic`` and ``body`` required)."""
 _TEXT = (pa.string(), pa.large_string())
 _INTS = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
 _BINARY = (pa.binary(), pa.large_binary(), *_TEXT)
+_PROPERTIES = pa.map_(pa.string(), pa.string())
+_ENTRIES = pa.list_(pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.string())]))
+_TIMER_TEXT = "^[0-9]{1,18}$"
+_SET_BY_THE_SEND = (Prop.UNIQ_KEY, Prop.TIMER_DELIVER_MS)
+"""Property names whose given values the send replaces (the id; the timer, normalised)."""
 
 
 @dataclass(frozen=True)
@@ -35,11 +44,15 @@ class ArrowBatch:
     keys: pa.ChunkedArray
     flag: pa.ChunkedArray
     queue_id: pa.Array | None  # given by the caller (ids, or keys), checked against the topics' queues
+    properties: pa.MapArray | None = None  # the caller's, checked (null: none)
+    delay_level: np.ndarray | None = None  # as asked (0: none), clamped when stored
+    due: pa.Array | None = None  # a timer's due time, epoch ms (deliver_at_ms or TIMER_DELIVER_MS)
 
 
-def check(table: object, queue_key: str | None, max_body_bytes: int) -> ArrowBatch:
-    """``table``'s messages checked (InvalidMessage or BodyTooLarge naming the row and
-    the rule); nothing is stored before every row passed."""
+def check(table: object, queue_key: str | None, max_body_bytes: int, now: int, horizon_ms: int) -> ArrowBatch:
+    """``table``'s messages checked (InvalidMessage or one of its kinds, naming the row and
+    the rule; timers against ``now`` ± ``horizon_ms``); nothing is stored before every row
+    passed."""
     if isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
     if not isinstance(table, pa.Table):
@@ -51,7 +64,7 @@ def check(table: object, queue_key: str | None, max_body_bytes: int) -> ArrowBat
     if extra:
         raise InvalidMessage(
             f"send_arrow: column(s) {extra} are not message fields; allowed: {', '.join(ALLOWED)} "
-            "(and the queue_key column). Properties, delays and timers: send_batch or send_dataframe"
+            "(and the queue_key column)"
         )
     for required in ("topic", "body"):
         if required not in table.column_names:
@@ -78,7 +91,128 @@ def check(table: object, queue_key: str | None, max_body_bytes: int) -> ArrowBat
         queue_id = queue_id.cast(pa.int32()).combine_chunks()
     if queue_key is not None:  # strings: each row's queue comes from its key (queues_of)
         queue_id = _typed(table, queue_key, _TEXT, nulls=True).cast(pa.string()).combine_chunks()
-    return ArrowBatch(topic, body, tags, keys, flag.fill_null(0), queue_id)
+    properties = _properties(table) if "properties" in table.column_names else None
+    level = _levels(table) if "delay_level" in table.column_names else None
+    due = _due(table, properties, level, now, horizon_ms)
+    return ArrowBatch(topic, body, tags, keys, flag.fill_null(0), queue_id, properties, level, due)
+
+
+def _properties(table: pa.Table) -> pa.MapArray:
+    """The ``properties`` column (string to string maps) checked as a send checks a
+    message's: names non-empty, values not null, no ``DELAY`` (the delay level's)."""
+    col = _column(table, "properties")
+    if not (pa.types.is_map(col.type) and col.type.key_type in _TEXT and col.type.item_type in _TEXT):
+        raise InvalidProperties(
+            f"send_arrow: column 'properties' is {col.type}; allowed: map<string, string>"
+        )
+    props = col.cast(_PROPERTIES).combine_chunks()
+    entries, parent = _entries(props)
+    names, values = entries.field("key"), entries.field("value")
+
+    def first(mask: pa.Array) -> tuple[int, str] | None:
+        if not pc.any(mask).as_py():
+            return None
+        i = pc.index(mask, True).as_py()
+        return int(parent[i]), names[i].as_py()
+
+    if (bad := first(pc.equal(pc.binary_length(names), 0))) is not None:
+        raise InvalidProperties(
+            f"send_arrow: row {bad[0]} has a property named '': names are non-empty strings"
+        )
+    if (bad := first(pc.is_null(values))) is not None:
+        raise InvalidProperties(
+            f"send_arrow: row {bad[0]}'s property {bad[1]!r} is null; values must be strings"
+        )
+    if (bad := first(pc.equal(names, Prop.DELAY))) is not None:
+        raise InvalidProperties(
+            f"send_arrow: row {bad[0]} has property {Prop.DELAY!r}, the delay level's, set by the broker: "
+            "give a delay_level column instead"
+        )
+    return props
+
+
+def _entries(props: pa.MapArray) -> tuple[pa.StructArray, np.ndarray]:
+    """The (key, value) entries of every row's map, and the row of each (through a list
+    of structs: pyarrow's list kernels take no map, and a map's keys ignore a slice)."""
+    entries = props.cast(_ENTRIES)
+    parent = pc.list_parent_indices(entries).to_numpy(zero_copy_only=False)
+    return pc.list_flatten(entries), parent
+
+
+def _levels(table: pa.Table) -> np.ndarray:
+    """The ``delay_level`` column (integers ≥ 0; null: none)."""
+    level = _typed(table, "delay_level", _INTS, nulls=True).cast(pa.int64()).fill_null(0)
+    arr = level.to_numpy()
+    negative = np.nonzero(arr < 0)[0]
+    if len(negative):
+        row = int(negative[0])
+        raise InvalidDelayLevel(
+            f"send_arrow: row {row} has delay_level {int(arr[row])}, negative; allowed: 0 (no delay) or a "
+            "level of the warehouse's schedule_levels"
+        )
+    return arr
+
+
+def _due(
+    table: pa.Table, props: pa.MapArray | None, level: np.ndarray | None, now: int, horizon_ms: int
+) -> pa.Array | None:
+    """Each row's timer (epoch ms, null for none): ``deliver_at_ms`` or a
+    ``TIMER_DELIVER_MS`` property, one of the two, within the horizon; a ``deliver_at_ms``
+    beside a delay level is refused (as ``deliver_at`` is), a property beside it is the
+    timer (docs/behaviour.md §2)."""
+    n = table.num_rows
+    given = None
+    if "deliver_at_ms" in table.column_names:
+        given = _typed(table, "deliver_at_ms", _INTS, nulls=True).cast(pa.int64()).combine_chunks()
+        if level is not None:
+            both = np.nonzero((level > 0) & ~given.is_null().to_numpy(zero_copy_only=False))[0]
+            if len(both):
+                raise InvalidTimer(
+                    f"send_arrow: row {int(both[0])} has both delay_level={int(level[both[0]])} and "
+                    "deliver_at_ms; give one of them"
+                )
+    from_props = None
+    if props is not None:
+        entries, parent = _entries(props)
+        timer = pc.equal(entries.field("key"), Prop.TIMER_DELIVER_MS).to_numpy(zero_copy_only=False)
+        if timer.any():
+            rows, raw = parent[timer], entries.field("value").filter(pa.array(timer))
+            ok = pc.match_substring_regex(raw, _TIMER_TEXT).to_numpy(zero_copy_only=False)
+            if not ok.all():
+                i = int(np.nonzero(~ok)[0][0])
+                raise InvalidTimer(
+                    f"send_arrow: row {int(rows[i])}'s {Prop.TIMER_DELIVER_MS}={raw[i].as_py()!r} is not an "
+                    "absolute time in epoch milliseconds"
+                )
+            values = np.full(n, -1, dtype=np.int64)
+            values[rows] = pc.cast(raw, pa.int64()).to_numpy()
+            mask = np.ones(n, dtype=bool)
+            mask[rows] = False
+            from_props = pa.array(values, pa.int64(), mask=mask)
+    if given is not None and from_props is not None:
+        both = pc.and_(given.is_valid(), from_props.is_valid())
+        if pc.any(both).as_py():
+            row = pc.index(both, True).as_py()
+            raise InvalidTimer(
+                f"send_arrow: row {row} has both deliver_at_ms and a {Prop.TIMER_DELIVER_MS} property; "
+                "a message takes one of them"
+            )
+    due = (
+        pc.coalesce(given, from_props)
+        if given is not None and from_props is not None
+        else given or from_props
+    )
+    if due is None or due.null_count == n:
+        return None
+    out = (pc.greater(due, now + horizon_ms), pc.less(due, now - horizon_ms))
+    for beyond in out:
+        if pc.any(beyond).as_py():
+            row = pc.index(beyond, True).as_py()
+            try:
+                check_timer_horizon(due[row].as_py(), now, horizon_ms)
+            except InvalidTimer as e:
+                raise InvalidTimer(f"send_arrow: row {row}: {e}") from e
+    return due
 
 
 def _column(table: pa.Table, name: str) -> pa.ChunkedArray:
@@ -161,16 +295,14 @@ def _runs_of(m: int, queues: int, start: int) -> np.ndarray:
 
 
 def rows(
-    batch: ArrowBatch, queue_ids: pa.Array, schema: pa.Schema, now: int, producer_group: str
+    batch: ArrowBatch, queue_ids: pa.Array, schema: pa.Schema, now: int, producer_group: str, max_level: int
 ) -> tuple[pa.Table, pa.Array]:
     """The commit_log rows of ``batch`` under one fresh producer batch id, and their msg
     ids (row ``pos`` gets ``msg_id(batch, pos)``, as every send does)."""
     n = len(batch.topic)
     batch_id = ids.new_batch_id(now)
     mids = ids.msg_id_array(batch_id, n)
-    properties = pa.MapArray.from_arrays(
-        pa.array(np.arange(n + 1, dtype=np.int32)), pa.repeat(pa.scalar(Prop.UNIQ_KEY), n), mids
-    )
+    properties = stored_properties(batch, mids, max_level)
 
     def const(value: object, typ: pa.DataType) -> pa.Array:
         return pa.repeat(pa.scalar(value, typ), n)
@@ -194,3 +326,57 @@ def rows(
         "store_date": const(ids.store_date(now), pa.date32()),
     }
     return pa.table(columns, schema=schema), mids
+
+
+def warn_clamped(above: Iterable[int], max_level: int) -> None:
+    """Levels asked ``above`` the warehouse's highest are stored at it, as RocketMQ's
+    store does: said, not silent."""
+    levels = sorted(set(above))
+    if levels:
+        log.warning(
+            "delay_level %s above the warehouse's highest level %d: stored at level %d",
+            ", ".join(map(str, levels)),
+            max_level,
+            max_level,
+        )
+
+
+def stored_properties(batch: ArrowBatch, mids: pa.Array, max_level: int) -> pa.MapArray:
+    """Each row's stored properties: the caller's (but the names the send sets), then
+    ``UNIQ_KEY`` (the msg id), ``DELAY`` (the level clamped to ``max_level``) and
+    ``TIMER_DELIVER_MS`` (the due time) — what a send of the same ``Message`` stores.
+    Built from whole columns: the entries of every row gathered and put in row order."""
+    n = len(mids)
+    row = np.arange(n, dtype=np.int64)
+    if batch.properties is None and batch.delay_level is None and batch.due is None:
+        offsets = pa.array(np.arange(n + 1, dtype=np.int32))
+        return pa.MapArray.from_arrays(offsets, pa.repeat(pa.scalar(Prop.UNIQ_KEY), n), mids)
+    names: list[pa.Array] = [pa.repeat(pa.scalar(Prop.UNIQ_KEY), n)]
+    values: list[pa.Array] = [mids]
+    parents = [row]
+    if batch.properties is not None:
+        entries, parent = _entries(batch.properties)
+        keep = pc.invert(pc.is_in(entries.field("key"), pa.array(_SET_BY_THE_SEND)))
+        names.insert(0, entries.field("key").filter(keep))
+        values.insert(0, entries.field("value").filter(keep))
+        parents.insert(0, parent[keep.to_numpy(zero_copy_only=False)])
+    if batch.delay_level is not None and (batch.delay_level > 0).any():
+        delayed = batch.delay_level > 0
+        warn_clamped(np.unique(batch.delay_level[batch.delay_level > max_level]).tolist(), max_level)
+        names.append(pa.repeat(pa.scalar(Prop.DELAY), int(delayed.sum())))
+        values.append(pc.cast(pa.array(np.minimum(batch.delay_level[delayed], max_level)), pa.string()))
+        parents.append(row[delayed])
+    if batch.due is not None:
+        timed = batch.due.is_valid().to_numpy(zero_copy_only=False)
+        names.append(pa.repeat(pa.scalar(Prop.TIMER_DELIVER_MS), int(timed.sum())))
+        values.append(pc.cast(batch.due.filter(pa.array(timed)), pa.string()))
+        parents.append(row[timed])
+    parent = np.concatenate(parents)
+    order = pa.array(np.argsort(parent, kind="stable"))
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(np.bincount(parent, minlength=n), out=offsets[1:])
+    return pa.MapArray.from_arrays(
+        pa.array(offsets),
+        pa.concat_arrays([a.cast(pa.string()) for a in names]).take(order),
+        pa.concat_arrays([a.cast(pa.string()) for a in values]).take(order),
+    )

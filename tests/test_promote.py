@@ -217,6 +217,35 @@ def test_dataframe_timers_and_levels(orders, clock):
     assert sorted(_visible(orders)) == ["a", "b", "c"]
 
 
+def test_arrow_timers_and_levels(orders, clock):
+    import pyarrow as pa
+
+    t0 = clock.now_ms()
+    table = pa.table(
+        {
+            "topic": ["orders"] * 4,
+            "body": ["a", "b", "c", "d"],
+            "deliver_at_ms": [t0 + 2500, None, None, None],
+            "delay_level": [None, 2, None, 0],
+            "properties": pa.array(
+                [None, None, [("TIMER_DELIVER_MS", str(t0 + 1500))], [("trace", "t-4")]],
+                pa.map_(pa.string(), pa.string()),
+            ),
+        }
+    )
+    orders.producer("p").send_arrow(table)
+    orders.tick(t0)
+    assert _visible(orders) == ["d"]
+    orders.tick(t0 + 1499)
+    assert _visible(orders) == ["d"]
+    orders.tick(t0 + 2500)
+    assert sorted(_visible(orders)) == ["a", "c", "d"]
+    orders.tick(t0 + 4999)
+    assert "b" not in _visible(orders)
+    orders.tick(t0 + 5000)
+    assert sorted(_visible(orders)) == ["a", "b", "c", "d"]
+
+
 def test_idle_promote_commits_nothing(orders, clock, tmp_path):
     orders.producer("p").send_batch(
         [Message("orders", b"x", delay_level=18), Message("orders", b"t", delay=timedelta(days=3))]

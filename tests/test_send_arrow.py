@@ -10,7 +10,15 @@ from conftest import table_versions
 from support.listeners import Recorder, read_log
 
 from deltamq import Message
-from deltamq.errors import BodyTooLarge, InvalidMessage, TopicNotWritable, UnknownTopic
+from deltamq.errors import (
+    BodyTooLarge,
+    InvalidDelayLevel,
+    InvalidMessage,
+    InvalidProperties,
+    InvalidTimer,
+    TopicNotWritable,
+    UnknownTopic,
+)
 from deltamq.ids import msg_id_array, msg_ids
 from deltamq.lite import Producer
 from deltamq.sending import queue_for_key
@@ -97,11 +105,105 @@ def test_queue_keys_and_queue_ids_pick_the_queues_a_send_of_messages_would(broke
     assert chosen["queue_id"].to_pylist() == [3, 0, 3]
 
 
+def test_properties_delays_and_timers_are_stored_as_a_send_of_messages_stores_them(broker, clock):
+    broker.create_topic("orders", queues=2)
+    p = broker.producer("bulk")
+    now = clock.now_ms()
+    rows = [  # (properties, delay_level, deliver_at_ms)
+        ({"trace": "t1", "UNIQ_KEY": "mine"}, 0, None),
+        (None, 2, None),
+        ({"x": "y"}, 0, now + 60_000),
+        ({"TIMER_DELIVER_MS": str(now + 5_000)}, 0, None),
+        (None, 99, None),  # above the highest level: stored at it, as RocketMQ does
+        ({"TIMER_DELIVER_MS": str(now + 7_000), "a": ""}, 1, None),  # a timer beside a level
+        ({}, 0, None),
+    ]
+    messages = [
+        Message("orders", f"m{i}", properties=props, delay_level=level, deliver_at=at)
+        for i, (props, level, at) in enumerate(rows)
+    ]
+    by_batch = p.send_batch(messages)
+    table = pa.table(
+        {
+            "topic": ["orders"] * len(rows),
+            "body": [f"m{i}" for i in range(len(rows))],
+            "properties": _props([props for props, _, _ in rows]),
+            "delay_level": [level for _, level, _ in rows],
+            "deliver_at_ms": pa.array([at for _, _, at in rows], pa.int64()),
+        }
+    )
+    by_arrow = p.send_arrow(table)["msg_id"].to_pylist()
+    stored = {
+        r["msg_id"]: r["properties"]
+        for r in broker.sql("SELECT msg_id, properties FROM commit_log").collect()
+    }
+    for a, b in zip(by_batch, by_arrow, strict=True):
+        assert stored[a]["UNIQ_KEY"] == a and stored[b]["UNIQ_KEY"] == b
+        assert {k: v for k, v in stored[b].items() if k != "UNIQ_KEY"} == {
+            k: v for k, v in stored[a].items() if k != "UNIQ_KEY"
+        }
+    assert stored[by_arrow[4]]["DELAY"] == str(broker.catalog.max_delay_level())
+    assert stored[by_arrow[2]]["TIMER_DELIVER_MS"] == str(now + 60_000)
+
+
+NOW = 1_800_000_000_000  # the clock fixture's start is earlier: only used beside a bad row
+DAY = 86_400_000
+
+
+def _two() -> dict:
+    return {"topic": ["orders", "orders"], "body": [b"x", b"y"]}
+
+
+def _props(rows: list) -> pa.Array:
+    return pa.array([None if r is None else list(r.items()) for r in rows], pa.map_(pa.string(), pa.string()))
+
+
 BAD = [
     (
-        lambda: {"topic": ["orders"], "body": [b"x"], "delay_level": [2]},
+        lambda: {"topic": ["orders"], "body": [b"x"], "born_ts": [2]},
         InvalidMessage,
-        r"\['delay_level'\] are not",
+        r"\['born_ts'\] are not",
+    ),
+    (lambda: {**_two(), "delay_level": [0, -1]}, InvalidDelayLevel, "row 1 has delay_level -1"),
+    (
+        lambda: {**_two(), "properties": _props([None, {"DELAY": "2"}])},
+        InvalidProperties,
+        "row 1 has property 'DELAY'",
+    ),
+    (
+        lambda: {**_two(), "properties": _props([{"a": "b"}, {"a": None}])},
+        InvalidProperties,
+        "row 1's property 'a' is null",
+    ),
+    (
+        lambda: {**_two(), "properties": _props([{}, {"": "b"}])},
+        InvalidProperties,
+        "row 1 has a property named ''",
+    ),
+    (lambda: {**_two(), "properties": [1, 2]}, InvalidProperties, "column 'properties' is int64"),
+    (
+        lambda: {**_two(), "properties": _props([None, {"TIMER_DELIVER_MS": "soon"}])},
+        InvalidTimer,
+        "row 1's TIMER_DELIVER_MS='soon'",
+    ),
+    (
+        lambda: {**_two(), "delay_level": [0, 3], "deliver_at_ms": [None, NOW]},
+        InvalidTimer,
+        "row 1 has both delay_level=3 and deliver_at_ms",
+    ),
+    (
+        lambda: {
+            **_two(),
+            "deliver_at_ms": [NOW, NOW],
+            "properties": _props([None, {"TIMER_DELIVER_MS": "5"}]),
+        },
+        InvalidTimer,
+        "row 1 has both deliver_at_ms and a TIMER_DELIVER_MS",
+    ),
+    (
+        lambda: {**_two(), "deliver_at_ms": [None, NOW + 400 * DAY]},
+        InvalidTimer,
+        "row 1: timer due at .* days ahead",
     ),
     (lambda: {"body": [b"x"]}, InvalidMessage, "needs a 'topic' column"),
     (lambda: {"topic": ["orders", "orders"], "body": [b"x", None]}, InvalidMessage, "row 1 has no body"),
