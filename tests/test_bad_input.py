@@ -267,7 +267,7 @@ def test_timers_in_the_past_and_beyond_the_horizon(ready, clock, tmp_path, timer
 
 @pytest.mark.parametrize("level", [19, 2**70])
 def test_huge_delay_levels_clamp_to_the_highest(ready, clock, level, caplog):
-    with caplog.at_level("WARNING", logger="deltamq.sending"):
+    with caplog.at_level("WARNING", logger="deltamq"):
         mid = ready.producer("p").send(Message("orders", b"x", delay_level=level))
     assert f"delay_level {level} above the warehouse's highest level 18: stored at level 18" in caplog.text
     row = ready.sql(f"SELECT properties['DELAY'] AS d FROM commit_log WHERE msg_id = '{mid}'").collect()[0]

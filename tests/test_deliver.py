@@ -211,6 +211,79 @@ def test_what_a_timed_out_listener_left_holds_its_queue_above_what_was_handled()
     assert held_from({"q": {4}}, {}) == {"q": 4}
 
 
+def _taken(broker, path: str):
+    """A take of offsets 0-9 of one queue, from the files (a table) or through the engine
+    (a view), and what a partition whose listener timed out reports of it."""
+    import datetime
+
+    import pyarrow as pa
+
+    from deltamq.jobs.deliver_outcomes import taken_of
+
+    rows = pa.table(
+        {
+            "consumer_group": ["g"] * 10,
+            "client_id": [None] * 10,
+            "topic": ["orders"] * 10,
+            "queue_id": pa.array([1] * 10, pa.int32()),
+            "queue_offset": pa.array(range(10), pa.int64()),
+            "msg_id": [f"M{i}" for i in range(10)],
+            "cl_date": [datetime.date(2026, 1, 1)] * 10,
+            "cl_batch_id": pa.array([7] * 10, pa.int64()),
+            "cl_batch_pos": pa.array(range(10), pa.int64()),
+            "reconsume_times": pa.array([2] * 10, pa.int32()),
+            "matched": [True] * 10,
+        }
+    )
+    if path == "files":
+        return taken_of("", [], rows)
+    broker.engine.spark.createDataFrame(rows.to_pandas()).createOrReplaceTempView("taken_test")
+    return taken_of("taken_test", [])
+
+
+@pytest.mark.parametrize("path", ["files", "engine"])
+def test_what_a_timed_out_listener_left_is_held_or_sent_back_from_offsets_alone(broker, path):
+    """A partition reports what its timed-out listener left as offsets per queue (a
+    hanging listener leaves whole partitions: a row per message came back before). The
+    tail is held without reading a row; deferred messages below one another partition
+    handled are read back whole, and only they, to be sent back untried."""
+    from deltamq.jobs.deliver_outcomes import deferred, outcomes
+    from deltamq.tables.offsets import QueueKey
+
+    q = QueueKey("g", "", "orders", 1)
+    report = [
+        {
+            "kind": "deferred",
+            "consumer_group": "g",
+            "client_id": None,
+            "topic": "orders",
+            "queue_id": 1,
+            "offsets": [5, 6, 7],
+        },
+        {
+            "kind": "deferred",
+            "consumer_group": "g",
+            "client_id": None,
+            "topic": "orders",
+            "queue_id": 1,
+            "offsets": [9],
+        },
+        {"kind": "count", "consumer_group": "g", "n": 6, "nbytes": 60},
+    ]
+    consumed = outcomes(report, 10)
+    assert consumed.deferred == {q: (5, 6, 7, 9)} and consumed.handed_over == 6 and not consumed.failures
+    holds, sent = deferred(broker.context, _taken(broker, path), consumed.deferred)
+    assert holds == {q: 9}  # 8 was handled by another partition
+    assert sorted((f.delivered.queue_offset, f.delivered.msg_id, f.reason) for f in sent) == [
+        (5, "M5", FailReason.DEFERRED),
+        (6, "M6", FailReason.DEFERRED),
+        (7, "M7", FailReason.DEFERRED),
+    ]
+    assert all(f.delivered.reconsume_times == 2 for f in sent)
+    holds, sent = deferred(broker.context, _taken(broker, path), {q: (4, 5, 6, 7, 8, 9)})
+    assert (holds, sent) == ({q: 4}, [])  # the usual tail: held, nothing read back
+
+
 @pytest.mark.plan
 def test_plan_sendback_builds_retry_and_dead_letter_rows(spark):
     from deltamq.jobs.sendback import FAILURE_SCHEMA, plan_sendback

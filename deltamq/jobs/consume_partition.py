@@ -5,8 +5,10 @@ Per consumer group and instance in a partition, the rows are handed to the group
 listener in chunks (``listener_worker.consume``: an isolated worker process per call).
 What comes back is small: a row per message that was not consumed ("fail": its outcome
 and what the send-back needs), a row per consumed message whose group de-duplicates
-("key"), and one row per group and instance with the number consumed ("count"). A pass
-that consumes everything returns a handful of rows, whatever its size.
+("key"), one row per group and instance with the number consumed ("count"), and one row
+per queue with the offsets a timed-out listener left untried ("deferred"). A pass that
+consumes everything returns a handful of rows, whatever its size, and so does one whose
+listener hangs.
 
 Orderly groups' partitions hold whole queues (deliver partitions the input by queue)
 and are called queue by queue in offset order; the first failing chunk suspends, and
@@ -44,6 +46,7 @@ OUT_ARROW = pa.schema(
         ("error", pa.string()),
         ("n", pa.int64()),
         ("nbytes", pa.int64()),
+        ("offsets", pa.list_(pa.int64())),  # a "deferred" row's queue offsets
     ]
 )
 _DDL_TYPES = {
@@ -52,6 +55,7 @@ _DDL_TYPES = {
     pa.int64(): "bigint",
     pa.date32(): "date",
     pa.bool_(): "boolean",
+    pa.list_(pa.int64()): "array<bigint>",
 }
 OUT_SCHEMA = ", ".join(f"{f.name} {_DDL_TYPES[f.type]}" for f in OUT_ARROW)
 """The engine's schema of the output (DDL), derived from :data:`OUT_ARROW`."""
@@ -80,11 +84,34 @@ def out_rows(
         "error": pa.array([outcome.error if outcome else None] * k, pa.string()),
         "n": pa.array([n] * k, pa.int64()),
         "nbytes": pa.array([nbytes] * k, pa.int64()),
+        "offsets": pa.nulls(k, pa.list_(pa.int64())),
     }
     arrays = [
         const[f.name] if f.name in const else rows.column(f.name).combine_chunks().cast(f.type)
         for f in OUT_ARROW
     ]
+    return pa.Table.from_arrays(arrays, schema=OUT_ARROW)
+
+
+def deferred_rows(rows: pa.Table) -> pa.Table:
+    """Output rows for ``rows`` a timed-out listener left untried: one per queue, with its
+    lowest offset, how many, and the offsets (not a row per message: a hanging listener
+    leaves the whole rest of a partition)."""
+    keys = ["consumer_group", "client_id", "topic", "queue_id"]
+    grouped = rows.group_by(keys, use_threads=False).aggregate(
+        [("queue_offset", "min"), ("queue_offset", "count"), ("queue_offset", "list")]
+    )
+    k = grouped.num_rows
+    given = {
+        **{c: grouped.column(c) for c in keys},
+        "kind": pa.repeat(pa.scalar("deferred"), k),
+        "queue_offset": grouped.column("queue_offset_min"),
+        "reason": pa.repeat(pa.scalar(FailReason.DEFERRED.value), k),
+        "ok": pa.repeat(pa.scalar(False), k),
+        "n": grouped.column("queue_offset_count"),
+        "offsets": grouped.column("queue_offset_list"),
+    }
+    arrays = [given[f.name].cast(f.type) if f.name in given else pa.nulls(k, f.type) for f in OUT_ARROW]
     return pa.Table.from_arrays(arrays, schema=OUT_ARROW)
 
 
@@ -172,6 +199,8 @@ def outputs(
             keyed = rows.filter(pc.is_valid(rows.column("dkey")))
             if keyed.num_rows:
                 out.append(out_rows(keyed, "key"))
+        elif o.reason == FailReason.DEFERRED:
+            out.append(deferred_rows(rows))
         else:
             out.append(out_rows(rows, "fail", o))
     body = messages.column("body")

@@ -474,10 +474,12 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
     # (no retry, no dead letter; the tick says so) until the listener is fixed
     setup_errors: dict[str, str] = {}
 
-    def hold(o: Failed) -> None:  # its queue stays at this message (or an earlier one held)
-        offset = o.delivered.queue_offset
-        held = min(positions.get(o.queue, (offset, 0, None))[0], offset)
-        positions[o.queue] = (held, takes_by_queue[o.queue].suspends, None)
+    def hold_at(q: QueueKey, offset: int) -> None:  # the queue stays here (or at an earlier one held)
+        held = min(positions.get(q, (offset, 0, None))[0], offset)
+        positions[q] = (held, takes_by_queue[q].suspends, None)
+
+    def hold(o: Failed) -> None:
+        hold_at(o.queue, o.delivered.queue_offset)
 
     for o in consumed.failures:
         if o.reason == FailReason.SETUP:
@@ -486,9 +488,12 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
             setup_errors.setdefault(o.group, o.error or "")
     # not handed over (a suspended queue's position comes below), or left by a listener
     # that timed out: held, or sent back untried below messages the pass handled
-    held, untried = deferred(ctx, taken, consumed.failures)
-    for o in [*held, *(o for o in consumed.failures if o.reason == FailReason.NOT_DELIVERED)]:
-        hold(o)
+    holds, untried = deferred(ctx, taken, consumed.deferred)
+    for q, offset in holds.items():
+        hold_at(q, offset)
+    for o in consumed.failures:
+        if o.reason == FailReason.NOT_DELIVERED:
+            hold(o)
     # a later copy of a key waits for the first one's outcome; a group that consumed
     # nothing (its listener cannot load) has none yet: the copy holds its queue as well
     later: list[Failed] = []
@@ -504,8 +509,7 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
     max_level = ctx.catalog.max_delay_level()
     failures: list[sendback.Failure] = []
     errors: list[tuple[str, str, str]] = []
-    handed = [o for o in consumed.failures if o.reason != FailReason.DEFERRED]
-    for o in [*handed, *untried, *to_dlq, *poisoned(ctx, taken), *later]:
+    for o in [*consumed.failures, *untried, *to_dlq, *poisoned(ctx, taken), *later]:
         # a suspended orderly chunk's error too (a listener that cannot load is in setup_errors)
         if o.error and len(errors) < 20 and o.reason not in (FailReason.LATER_COPY, FailReason.SETUP):
             errors.append((o.group, o.delivered.msg_id, o.error))

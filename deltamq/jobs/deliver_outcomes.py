@@ -7,7 +7,7 @@ timed-out listener left)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +96,8 @@ class Consumed:
     handed_over: int = 0  # messages the listeners dealt with (not what a timeout left)
     body_bytes: int = 0  # their bodies' bytes
     consumed: Mapping[str, int] = field(default_factory=dict)  # per group
+    deferred: Mapping[QueueKey, tuple[int, ...]] = field(default_factory=dict)
+    """Per queue, the offsets a timed-out listener left untried (``DEFERRED``)."""
 
 
 def taken_of(view: str, summary: list[Any], table: pa.Table | None = None) -> Taken:
@@ -123,23 +125,35 @@ def outcomes(rows: Iterable[Any], n_deliverable: int) -> Consumed:
     failures: list[Failed] = []
     keys: list[tuple[str, str, str]] = []
     by_group: dict[str, int] = {}
-    consumed = body_bytes = 0
+    deferred: dict[QueueKey, list[int]] = defaultdict(list)
+    consumed = body_bytes = untried = 0
     for r in rows:
         if r["kind"] == "fail":
             failures.append(Failed.of(r))
         elif r["kind"] == "key":
             keys.append((r["consumer_group"], r["dkey"], r["msg_id"]))
+        elif r["kind"] == "deferred":
+            q = QueueKey(r["consumer_group"], r["client_id"] or "", r["topic"], r["queue_id"])
+            deferred[q] += r["offsets"]
+            untried += len(r["offsets"])
         else:
             consumed += r["n"]
             body_bytes += r["nbytes"] or 0
             by_group[r["consumer_group"]] = by_group.get(r["consumer_group"], 0) + r["n"]
-    if consumed + len(failures) != n_deliverable:
+    if consumed + len(failures) + untried != n_deliverable:
         raise RuntimeError(
-            f"deliver: {n_deliverable} messages taken but {consumed + len(failures)} outcomes; "
+            f"deliver: {n_deliverable} messages taken but {consumed + len(failures) + untried} outcomes; "
             "bodies missing?"
         )
-    left = sum(1 for f in failures if f.reason in NOT_HANDED_OVER)
-    return Consumed(tuple(failures), tuple(keys), n_deliverable - left, body_bytes, by_group)
+    left = untried + sum(1 for f in failures if f.reason in NOT_HANDED_OVER)
+    return Consumed(
+        tuple(failures),
+        tuple(keys),
+        n_deliverable - left,
+        body_bytes,
+        by_group,
+        {q: tuple(v) for q, v in deferred.items()},
+    )
 
 
 _FAILED_COLUMNS = (
@@ -168,41 +182,82 @@ def _taken_rows(
     return ctx.engine.rows(f"SELECT {columns} FROM {taken.view} WHERE {sql}")
 
 
-def deferred(ctx: Context, taken: Taken, failures: Iterable[Failed]) -> tuple[list[Failed], list[Failed]]:
-    """The messages a timed-out listener left (``DEFERRED``), as (held, left below): a
-    queue holds from its first deferred message above every other one the pass matched
-    there (a concurrent group's queue spreads over partitions); holding lower would hand
-    the handled ones out again, so those below go the send-back way (a BROADCASTING
-    instance's are logged and dropped, as its failures are)."""
-    by_queue: dict[QueueKey, list[Failed]] = defaultdict(list)
-    for o in failures:
-        if o.reason == FailReason.DEFERRED:
-            by_queue[o.queue].append(o)
-    if not by_queue:
-        return [], []
+def deferred(
+    ctx: Context, taken: Taken, left: Mapping[QueueKey, Collection[int]]
+) -> tuple[dict[QueueKey, int], list[Failed]]:
+    """What a timed-out listener ``left`` untried (``DEFERRED``, per queue), as (the
+    offset each queue holds from, the messages sent back): a queue holds from its first
+    deferred message above every other one the pass matched there (a concurrent group's
+    queue spreads over partitions); holding lower would hand the handled ones out again,
+    so those below go the send-back way (a BROADCASTING instance's are logged and
+    dropped, as its failures are). The usual case, a queue whose matched messages from
+    its lowest deferred one on were all deferred, is told by a count; only the others'
+    offsets are read, and only the messages sent back are read whole."""
+    if not left:
+        return {}, []
+    sets = {q: set(v) for q, v in left.items()}
+    counts = _matched_from(ctx, taken, sets)
+    holds = {q: min(v) for q, v in sets.items() if counts.get(q, 0) == len(v)}
+    mixed = {q: v for q, v in sets.items() if q not in holds}
+    if not mixed:
+        return holds, []
     seen: dict[QueueKey, list[int]] = defaultdict(list)
-    lows = {q: min(o.delivered.queue_offset for o in v) for q, v in by_queue.items()}
-    above = " OR ".join(  # only rows above a queue's lowest deferred one matter
-        f"(topic = {sql_str(q.topic)} AND queue_id = {int(q.queue_id)} AND queue_offset > {int(lo)})"
-        for q, lo in lows.items()
-    )
     for r in _taken_rows(
         ctx,
         taken,
         pc.field("matched"),
-        f"matched AND ({above})",
+        f"matched AND ({_from_sql(mixed)})",
         "consumer_group, client_id, topic, queue_id, queue_offset",
     ):
-        seen[QueueKey(r["consumer_group"], r["client_id"] or "", r["topic"], r["queue_id"])].append(
-            r["queue_offset"]
-        )
-    holds = held_from({q: {o.delivered.queue_offset for o in v} for q, v in by_queue.items()}, seen)
-    held: list[Failed] = []
-    below: list[Failed] = []
-    for q, v in by_queue.items():
-        for o in v:
-            (held if q in holds and o.delivered.queue_offset >= holds[q] else below).append(o)
-    return held, below
+        seen[_queue_of(r)].append(r["queue_offset"])
+    holds |= held_from(mixed, seen)
+    below = {q: {o for o in v if q not in holds or o < holds[q]} for q, v in mixed.items()}
+    below = {q: v for q, v in below.items() if v}
+    if not below:
+        return holds, []
+    sent = [
+        Failed.of(r, FailReason.DEFERRED)
+        for r in _taken_rows(ctx, taken, pc.field("matched"), f"matched AND ({_from_sql(below)})")
+        if r["queue_offset"] in below.get(_queue_of(r), ())
+    ]
+    return holds, sent
+
+
+def _matched_from(
+    ctx: Context, taken: Taken, offsets: Mapping[QueueKey, Collection[int]]
+) -> dict[QueueKey, int]:
+    """Per queue, the matched rows of the take from the lowest of its ``offsets`` on."""
+    if taken.table is not None:
+        lows = {q: min(v) for q, v in offsets.items()}
+        out: dict[QueueKey, int] = defaultdict(int)
+        for r in (
+            taken.table.filter(pc.field("matched"))
+            .select(["consumer_group", "client_id", "topic", "queue_id", "queue_offset"])
+            .to_pylist()
+        ):
+            q = _queue_of(r)
+            if q in lows and r["queue_offset"] >= lows[q]:
+                out[q] += 1
+        return out
+    rows = ctx.engine.rows(
+        f"SELECT consumer_group, client_id, topic, queue_id, count(*) AS n FROM {taken.view} "
+        f"WHERE matched AND ({_from_sql(offsets)}) GROUP BY consumer_group, client_id, topic, queue_id"
+    )
+    return {_queue_of(r): r["n"] for r in rows}
+
+
+def _queue_of(row: Any) -> QueueKey:
+    return QueueKey(row["consumer_group"], row["client_id"] or "", row["topic"], row["queue_id"])
+
+
+def _from_sql(offsets: Mapping[QueueKey, Collection[int]]) -> str:
+    """Rows of these queues from each one's lowest offset given, as SQL over the take."""
+    return " OR ".join(
+        f"(consumer_group = {sql_str(q.group)} AND coalesce(client_id, '') = {sql_str(q.client)} "
+        f"AND topic = {sql_str(q.topic)} AND queue_id = {int(q.queue_id)} "
+        f"AND queue_offset >= {int(min(v))})"
+        for q, v in offsets.items()
+    )
 
 
 def later_copies(ctx: Context, taken: Taken) -> list[Failed]:
