@@ -37,3 +37,8 @@ def record_due(messages, context):
 def ok_columnar(batch, context):
     """The trivial listener, columnar: gets each chunk as one pyarrow RecordBatch."""
     return ConsumeStatus.CONSUME_SUCCESS
+
+
+def hang(messages, context):
+    """A dependency that is down: every call hangs (past any consume timeout)."""
+    time.sleep(3600)

@@ -241,6 +241,15 @@ class Catalog(Topics):
     def group(self, name: str) -> GroupConfig | None:
         return self.groups().get(name)
 
+    def changed(self, groups: Mapping[str, GroupConfig]) -> set[str]:
+        """The names in ``groups`` (settings read earlier) deleted since, or deleted and
+        created again (another ``created_ts``): a pass that read them must not write
+        their positions, keys or send-backs (docs/behaviour.md §3)."""
+        if not groups:
+            return set()
+        now = self.groups()
+        return {g for g, cfg in groups.items() if g not in now or now[g].created_ts != cfg.created_ts}
+
     def require_group(self, name: str, hint: str = "") -> GroupConfig:
         cfg = self.group(validate_group_name(name))
         if cfg is None:

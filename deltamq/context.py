@@ -8,7 +8,7 @@ call back into the facade above them. It is also what a producer sends through
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -23,6 +23,9 @@ from deltamq.tables.warehouse import Warehouse
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
+
+    from deltamq.config import GroupConfig
+    from deltamq.tables.offsets import OffsetsMerge
 
 R = TypeVar("R")
 
@@ -66,6 +69,22 @@ class Context:
         """``attempt`` committed by the engine, retried on conflicts as this context's
         configuration says (``commit_retries``, ``commit_backoff_ms``)."""
         return self.warehouse.commit(attempt, what=what, policy=self.config.commit_policy)
+
+    def commit_offsets(
+        self,
+        merge: OffsetsMerge,
+        groups: Mapping[str, GroupConfig],
+        update: Mapping[str, str],
+        insert: Mapping[str, str] | None,
+    ) -> None:
+        """``merge`` committed less the rows of the ``groups`` (as the pass read them)
+        deleted or created again since: checked in each attempt, so a group deleted and
+        created again while the pass ran keeps the positions it starts from."""
+
+        def attempt() -> None:
+            merge.without(self.catalog.changed(groups)).execute(self.warehouse, update, insert)
+
+        self.commit(attempt, what="offsets")
 
     # --- what a producer sends through (deltamq.sending.Target) ------------------------------
     def validate_writable_topic(self, topic: Any) -> str:

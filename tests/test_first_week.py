@@ -763,3 +763,39 @@ def test_adding_an_instance_leaves_the_others_where_they_are(warehouse_with, clo
     broker.tick(clock.now_ms() + 1_000)
     got = sorted((c["instance"], c["body"]) for c in read_log(log))
     assert got == sorted((i, f"m{n}") for i in ("a", "b") for n in range(3))
+
+
+def test_a_pass_across_a_group_deleted_and_created_again_writes_nothing_of_the_old_one(
+    warehouse_with, clock, tmp_path, monkeypatch
+):
+    """A deliver pass read group "billing", its listener ran, and meanwhile the group was
+    deleted and created again (FIRST_OFFSET). The pass then moved the new group's
+    position to where the old one had got to, so the new group never saw those
+    messages; it also sent the old group's failures into the new group's retry topic.
+    Now the pass writes nothing of a group whose settings changed under it."""
+    from support.listeners import Recorder
+
+    from deltamq.jobs import deliver
+
+    broker = warehouse_with("orders", queues=1).broker
+    old, new = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
+    broker.create_group("billing", Recorder(old, "fail"), consume_from="FIRST_OFFSET")
+    broker.subscribe("billing", "orders")
+    broker.producer("p").send_batch([Message("orders", f"m{i}") for i in range(4)])
+    decide = deliver.decide
+
+    def meanwhile(*args, **kwargs):  # after the listener's calls, before the pass writes
+        broker.delete_group("billing", force=True)
+        clock.advance(seconds=1)  # the new group is told apart by its creation time
+        broker.create_group("billing", Recorder(new), consume_from="FIRST_OFFSET")
+        broker.subscribe("billing", "orders")
+        return decide(*args, **kwargs)
+
+    monkeypatch.setattr(deliver, "decide", meanwhile)
+    broker.tick(clock.now_ms())
+    assert len(read_log(old)) == 4
+    monkeypatch.setattr(deliver, "decide", decide)
+    broker.tick(clock.now_ms() + 1_000)
+    assert sorted(c["body"] for c in read_log(new)) == ["m0", "m1", "m2", "m3"]  # from the first
+    retried = broker.sql("SELECT count(*) AS n FROM commit_log WHERE topic = '%RETRY%billing'").collect()
+    assert retried[0]["n"] == 0

@@ -785,3 +785,34 @@ def test_a_scan_whose_next_pull_fails_hands_out_what_it_has(warehouse_with, cloc
     client.ack([m.receipt_handle for m in got], now=clock.now_ms())
     rest = client.pull(100, now=clock.now_ms())
     assert bodies(rest) == [f"m{i}" for i in range(9, 40, 2)]
+
+
+def test_a_fold_across_a_group_deleted_and_created_again_leaves_the_new_group_at_its_start(
+    pulled, clock, monkeypatch
+):
+    """The tick's fold read a pull group's acks, and before it wrote the acknowledged
+    offsets the group was deleted and created again (FIRST_OFFSET): the fold put the new
+    group where the old one had acked to, so the new group's clients got nothing. Now the
+    fold writes positions only for groups as they were before it read the log."""
+    from deltamq.jobs import pull_expiry
+
+    broker = pulled
+    t = clock.now_ms()
+    a = broker.pull_consumer("workers", "a")
+    got = a.pull(20, t)
+    assert len(got) == 20 and a.ack([m.receipt_handle for m in got], t) == 20
+    a.close(t)
+    read_positions = pull_expiry.deliveries.read_positions
+
+    def meanwhile(*args, **kwargs):  # the fold has read the log: the group goes and comes back
+        monkeypatch.setattr(pull_expiry.deliveries, "read_positions", read_positions)
+        broker.delete_group("workers", force=True)
+        clock.advance(seconds=1)
+        broker.create_group("workers", consume_from="FIRST_OFFSET")
+        broker.subscribe("workers", "orders")
+        return read_positions(*args, **kwargs)
+
+    monkeypatch.setattr(pull_expiry.deliveries, "read_positions", meanwhile)
+    broker.tick(t + 1)
+    fresh = broker.pull_consumer("workers", "b").pull(50, clock.now_ms())
+    assert sorted(bodies(fresh)) == sorted(f"q{q}m{i}" for q in range(4) for i in range(5))

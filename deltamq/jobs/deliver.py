@@ -548,20 +548,28 @@ def write(
     now: int,
     fence: Callable[[], None] | None,
 ) -> None:
-    """Sends-back first, then the consumed keys, then the offsets (the attempt cleared)."""
-    if decided.failures:
-        sendback.store(ctx, decided.failures, fence)
+    """Sends-back first, then the consumed keys, then the offsets (the attempt cleared);
+    nothing of a group deleted (or deleted and created again) while its listeners ran."""
+    gone = ctx.catalog.changed(work.groups)
+    if gone:
+        log.warning(
+            "deliver: group(s) %s deleted during the pass: their outcomes are not written", sorted(gone)
+        )
+    failures = [f for f in decided.failures if f.consumer_group not in gone]
+    if failures:
+        sendback.store(ctx, failures, fence)
     faults.point("deliver.after_sendback_commit")
     # keys of what was consumed, before the offsets move (a re-run skips them)
-    if consumed.keys:
+    keys = [k for k in consumed.keys if k[0] not in gone]
+    if keys:
         if fence:
             fence()
-        dedup.record(ctx.warehouse, consumed.keys, now, policy=ctx.config.commit_policy)
+        dedup.record(ctx.warehouse, keys, now, policy=ctx.config.commit_policy)
         dedup.prune(ctx.warehouse, work.groups, now, policy=ctx.config.commit_policy)
     faults.point("deliver.after_keys_commit")
     if fence:  # a runner fenced while its listeners ran moves no offset
         fence()
-    _advance(ctx, work.takes, now, decided.positions)
+    _advance(ctx, work, now, decided.positions)
     faults.point("deliver.after_offsets_commit")
 
 
@@ -642,11 +650,11 @@ def _record_attempts(ctx: Context, takes: list[QueueTake], now: int, carried: Ca
         pending.landed()
 
 
-def _advance(ctx: Context, takes: list[QueueTake], now: int, positions: Mapping[QueueKey, Held]) -> None:
+def _advance(ctx: Context, work: Pass, now: int, positions: Mapping[QueueKey, Held]) -> None:
     """Offsets past everything taken (or, for a suspended orderly queue, to its head with
     the suspend count and time); the attempt is cleared."""
     merge = OffsetsMerge(("next_offset", "suspends", "suspend_until"), now)
-    for t in takes:
+    for t in work.takes:
         nxt, suspends, until = positions.get(
             QueueKey(t.group, t.client, t.topic, t.queue_id), (t.hi, 0, None)
         )
@@ -660,4 +668,4 @@ def _advance(ctx: Context, takes: list[QueueTake], now: int, positions: Mapping[
         "attempts": "0",
         "attempt_ts": "CAST(NULL AS BIGINT)",
     }
-    ctx.commit(partial(merge.execute, ctx.warehouse, update, None), what="offsets")
+    ctx.commit_offsets(merge, work.groups, update, None)

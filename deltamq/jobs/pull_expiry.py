@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -25,17 +25,25 @@ from deltamq.tables.offsets import OffsetsMerge, forward, source
 from deltamq.tables.sqltext import sql_long, sql_str
 
 if TYPE_CHECKING:
+    from deltamq.config import GroupConfig
     from deltamq.context import Context
 
 log = logging.getLogger(__name__)
 
 
-def fold(ctx: Context, now: int, logs: dict[tuple[str, str, int], deliveries.QueueLog] | None = None) -> int:
+def fold(
+    ctx: Context,
+    now: int,
+    logs: dict[tuple[str, str, int], deliveries.QueueLog] | None = None,
+    groups: Mapping[str, GroupConfig] | None = None,
+) -> int:
     """Fold the deliveries log into ``offsets`` (next and delivered offsets; a takeover's
     restart included), then delete the rows below each queue's acknowledged offset (all
     ended). Returns the rows' queues folded. A delete that meets a concurrent append is
     left to the next fold."""
-    logs = deliveries.summary(ctx.warehouse) if logs is None else logs
+    if logs is None or groups is None:  # the groups before the log (see expire)
+        groups = ctx.catalog.groups()
+        logs = deliveries.summary(ctx.warehouse)
     if not logs:
         return 0
     stored = deliveries.read_positions(ctx.warehouse, {g for g, _, _ in logs})
@@ -65,8 +73,9 @@ def fold(ctx: Context, now: int, logs: dict[tuple[str, str, int], deliveries.Que
         "ELSE greatest(coalesce(t.delivered_offset, 0), s.delivered_offset) END",
     }
     insert = {"next_offset": source("next_offset"), "delivered_offset": source("delivered_offset")}
+    merge = merge.without({g for g, _, _ in logs} - set(groups))  # rows a deleted group left
     if merge.rows:
-        ctx.commit(partial(merge.execute, ctx.warehouse, update, insert), what="offsets")
+        ctx.commit_offsets(merge, groups, update, insert)
     faults.point("pull_expiry.after_offsets_commit")
     if drops:
         statement = f"DELETE FROM {ctx.warehouse.ref('deliveries')} WHERE {' OR '.join(drops)}"
@@ -148,6 +157,10 @@ def expire(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -
     logs = deliveries.summary(ctx.warehouse)
     if not logs:
         return Expiry()
+    # the groups, then the log again: the fold writes positions only for groups as they
+    # were before its rows were read (one deleted and created again since keeps its own)
+    groups = ctx.catalog.groups()
+    logs = deliveries.summary(ctx.warehouse)
     n = gone = 0
     if any(s.due is not None and s.due <= now for s in logs.values()):
         requested = deliveries.nack_requests(ctx.warehouse)
@@ -172,5 +185,5 @@ def expire(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -
             logs = deliveries.summary(ctx.warehouse)
     if fence:
         fence()
-    fold(ctx, now, logs)
+    fold(ctx, now, logs, groups)
     return Expiry(n, gone)

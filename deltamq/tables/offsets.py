@@ -9,8 +9,8 @@ that only ever move forward.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
@@ -101,6 +101,13 @@ class OffsetsMerge:
         cells += [_RENDER[types[c]](values[c]) for c in self.columns]
         self.rows.append("(" + ", ".join(cells) + ")")
         self.values.append((group, client_id, topic, int(queue_id), *(values[c] for c in self.columns)))
+
+    def without(self, groups: Collection[str]) -> OffsetsMerge:
+        """This MERGE less the rows of ``groups``."""
+        if not groups:
+            return self
+        kept = [i for i, v in enumerate(self.values) if v[0] not in groups]
+        return replace(self, rows=[self.rows[i] for i in kept], values=[self.values[i] for i in kept])
 
     def _rules(
         self, update: Mapping[str, str], insert: Mapping[str, str] | None
