@@ -19,6 +19,8 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import pyarrow.compute as pc
+
 from deltamq import dedup, file_reads
 from deltamq.clock import Clock
 from deltamq.config import (
@@ -315,6 +317,9 @@ class Catalog(Topics):
             self._commit_attempt(partial(drop_positions, self.warehouse, name), "offsets")
         if cfg.dedup_key:  # likewise keys such a pass recorded: they would skip new messages
             self._commit_attempt(partial(dedup.forget, self.warehouse, name), "consumed_keys")
+        for table in ("deliveries", "queue_lock", "clients"):  # a pull client's, appended late
+            if self._holds_rows(table, name):  # the new group's log would read them as its own
+                self._drop_rows(table, name)
         self._commit(
             "group_config",
             f"MERGE INTO {self.warehouse.ref('group_config')} t USING (SELECT {select}) s "
@@ -435,10 +440,27 @@ class Catalog(Topics):
         half-way leaves the group there, to be deleted again)."""
         self.require_group(name)
         for table in GROUP_TABLES:
-            self._commit(
-                table, f"DELETE FROM {self.warehouse.ref(table)} WHERE consumer_group = {sql_str(name)}"
-            )
+            self._drop_rows(table, name)
         self.listeners.pop(name, None)
+
+    def _drop_rows(self, table: str, group: str) -> None:
+        self._commit(
+            table, f"DELETE FROM {self.warehouse.ref(table)} WHERE consumer_group = {sql_str(group)}"
+        )
+
+    def _holds_rows(self, table: str, group: str) -> bool:
+        """Whether ``table`` has a row of ``group`` (from the files its statistics allow)."""
+        found = file_reads.rows(
+            self.warehouse,
+            table,
+            ["consumer_group"],
+            pc.field("consumer_group") == group,
+            keep=lambda f: f.overlaps("consumer_group", group, group),
+        )
+        if found is not None:
+            return found.num_rows > 0
+        where = f"consumer_group = {sql_str(group)}"
+        return bool(self.engine.rows(f"SELECT 1 FROM {self.warehouse.ref(table)} WHERE {where} LIMIT 1"))
 
     def set_sink(self, group: str, table: str, keys: Sequence[str], transform_path: str | None) -> None:
         """Store a group's exactly-once sink (validated by :mod:`deltamq.jobs.sink`)."""

@@ -389,7 +389,7 @@ def timer_due_ms(message: Message, props: Mapping[str, str], now_ms: int, horizo
             raise InvalidTimer(f"deliver_at {message.deliver_at!r}: {e}") from e
     else:
         raw = props[Prop.TIMER_DELIVER_MS]
-        if not raw.isdigit() or len(raw) > 18:
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
             raise InvalidTimer(
                 f"{Prop.TIMER_DELIVER_MS}={raw!r} is not an absolute time in epoch milliseconds"
             )

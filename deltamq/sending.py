@@ -8,6 +8,7 @@ short-lived cache of ``topic_config``. Imports nothing from PySpark.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -38,6 +39,8 @@ from deltamq.message import (
     validate_topic_name,
 )
 from deltamq.sending_arrow import warn_clamped
+
+log = logging.getLogger(__name__)
 
 Selector = Callable[[int, Message, Any], int]
 """RocketMQ's MessageQueueSelector: (queue count, message, arg) -> queue id."""
@@ -412,7 +415,7 @@ class BaseProducer:
                 for pos, m in enumerate(messages)
             ]
         levels = [min(level, max_level) if level > 0 else 0 for _, _, _, level in prepared]
-        warn_clamped((level for _, _, _, level in prepared if level > max_level), max_level)
+        warn_clamped((level for _, _, _, level in prepared if level > max_level), max_level, log)
         if not transactional and not any(props or level for _, _, props, level in prepared):
             offsets = pa.array(range(n + 1), pa.int32())
             names = pa.repeat(pa.scalar(Prop.UNIQ_KEY), n)

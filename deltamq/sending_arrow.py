@@ -123,6 +123,13 @@ def _properties(table: pa.Table) -> pa.MapArray:
         raise InvalidProperties(
             f"send_arrow: row {bad[0]}'s property {bad[1]!r} is null; values must be strings"
         )
+    pairs = pa.table({"row": parent, "name": names})
+    twice = pairs.group_by(["row", "name"], use_threads=False).aggregate([("name", "count")])
+    twice = twice.filter(pc.field("name_count") > 1)
+    if twice.num_rows:  # a mapping holds a name once (readers of the stored map disagree)
+        row = pc.min(twice.column("row")).as_py()
+        name = twice.filter(pc.field("row") == row).column("name")[0].as_py()
+        raise InvalidProperties(f"send_arrow: row {row} has property {name!r} twice; names are unique")
     if (bad := first(pc.equal(names, Prop.DELAY))) is not None:
         raise InvalidProperties(
             f"send_arrow: row {bad[0]} has property {Prop.DELAY!r}, the delay level's, set by the broker: "
@@ -135,7 +142,10 @@ def _entries(props: pa.MapArray) -> tuple[pa.StructArray, np.ndarray]:
     """The (key, value) entries of every row's map, and the row of each (through a list
     of structs: pyarrow's list kernels take no map, and a map's keys ignore a slice)."""
     entries = props.cast(_ENTRIES)
-    parent = pc.list_parent_indices(entries).to_numpy(zero_copy_only=False)
+    # the rows from the lengths, as list_flatten sees them: a null row may keep entries
+    # under it, which list_flatten leaves out and list_parent_indices would count
+    lengths = pc.list_value_length(entries).fill_null(0).to_numpy(zero_copy_only=False)
+    parent = np.repeat(np.arange(len(entries), dtype=np.int64), lengths)
     return pc.list_flatten(entries), parent
 
 
@@ -328,12 +338,12 @@ def rows(
     return pa.table(columns, schema=schema), mids
 
 
-def warn_clamped(above: Iterable[int], max_level: int) -> None:
+def warn_clamped(above: Iterable[int], max_level: int, logger: logging.Logger = log) -> None:
     """Levels asked ``above`` the warehouse's highest are stored at it, as RocketMQ's
-    store does: said, not silent."""
+    store does: said, not silent (by ``logger``: the sending module's)."""
     levels = sorted(set(above))
     if levels:
-        log.warning(
+        logger.warning(
             "delay_level %s above the warehouse's highest level %d: stored at level %d",
             ", ".join(map(str, levels)),
             max_level,

@@ -240,6 +240,9 @@ TIMER_CASES = [
     pytest.param(366 * 24 * HOUR, "horizon allows", None, id="ahead-366d"),
     pytest.param("soon", "not an absolute time", None, id="garbage"),
     pytest.param("1e3", "not an absolute time", None, id="float-text"),
+    # digits of other scripts: int() reads some ("١٢"), not others ("²": a ValueError)
+    pytest.param("\u0661\u0667\u0666\u0667", "not an absolute time", None, id="arabic-digits"),
+    pytest.param("\u00b2", "not an absolute time", None, id="superscript"),
 ]
 
 
@@ -267,7 +270,7 @@ def test_timers_in_the_past_and_beyond_the_horizon(ready, clock, tmp_path, timer
 
 @pytest.mark.parametrize("level", [19, 2**70])
 def test_huge_delay_levels_clamp_to_the_highest(ready, clock, level, caplog):
-    with caplog.at_level("WARNING", logger="deltamq"):
+    with caplog.at_level("WARNING", logger="deltamq.sending"):
         mid = ready.producer("p").send(Message("orders", b"x", delay_level=level))
     assert f"delay_level {level} above the warehouse's highest level 18: stored at level 18" in caplog.text
     row = ready.sql(f"SELECT properties['DELAY'] AS d FROM commit_log WHERE msg_id = '{mid}'").collect()[0]

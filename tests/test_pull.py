@@ -816,3 +816,27 @@ def test_a_fold_across_a_group_deleted_and_created_again_leaves_the_new_group_at
     broker.tick(t + 1)
     fresh = broker.pull_consumer("workers", "b").pull(50, clock.now_ms())
     assert sorted(bodies(fresh)) == sorted(f"q{q}m{i}" for q in range(4) for i in range(5))
+
+
+def test_a_group_created_again_ignores_the_pull_log_a_late_client_left(pulled, clock, tmp_path):
+    """A pull client of a deleted group can append its handouts and write its locks after
+    the delete (it reads the group again only every few seconds). The group created
+    again under the name read those lock rows as its own: the queues stayed the old
+    client's while its handouts were in flight, and the new clients got nothing. Such
+    rows go when it is created."""
+    broker = pulled
+    t = clock.now_ms()
+    got = broker.pull_consumer("workers", "a").pull(20, t)
+    assert len(got) == 20
+    tables = ("deliveries", "queue_lock")
+    for t in tables:
+        broker.sql(f"SELECT * FROM {t}").write.parquet(str(tmp_path / t))
+    broker.delete_group("workers", force=True)
+    for t in tables:  # written back as the late client would
+        late = broker.engine.spark.read.parquet(str(tmp_path / t))
+        late.write.format("delta").mode("append").save(broker.warehouse.uri(t))
+    clock.advance(seconds=1)
+    broker.create_group("workers", consume_from="FIRST_OFFSET")
+    broker.subscribe("workers", "orders")
+    fresh = broker.pull_consumer("workers", "b").pull(50, clock.now_ms())
+    assert sorted(bodies(fresh)) == sorted(f"q{q}m{i}" for q in range(4) for i in range(5))
