@@ -19,8 +19,6 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import pyarrow.compute as pc
-
 from deltamq import dedup, file_reads
 from deltamq.clock import Clock
 from deltamq.config import (
@@ -41,6 +39,7 @@ from deltamq.constants import (
     retry_topic,
 )
 from deltamq.consumer import IN_PROCESS, resolve_listener
+from deltamq.dedup import forget as forget_keys
 from deltamq.errors import (
     AlreadyExists,
     ConfigError,
@@ -110,6 +109,7 @@ class Catalog(Topics):
         self.check_listeners: Registry = registered.check_listeners if registered else {}  # by producer group
         self.sink_transforms: Registry = registered.sink_transforms if registered else {}
         self._max_level: int | None = None
+        self._deleted: dict[str, int] = registered._deleted if registered else {}  # created_ts
 
     def _commit(self, table: str, statement: str) -> None:
         self._commit_attempt(partial(self.engine.execute, statement), table)
@@ -304,22 +304,15 @@ class Catalog(Topics):
         row = {
             "consumer_group": sql_str(name),
             **_group_values(cfg),
-            "created_ts": sql_long(self.clock.now_ms()),
+            # after the deleted one's (within a millisecond, as by a fake clock): the
+            # creation time tells a pass's groups from ones created again (changed)
+            "created_ts": sql_long(max(self.clock.now_ms(), self._deleted.get(name, -1) + 1)),
             "sink_table": "CAST(NULL AS STRING)",
             "sink_key_columns": "CAST(NULL AS ARRAY<STRING>)",
             "sink_transform": "CAST(NULL AS STRING)",
         }
         select = ", ".join(f"{row[f.name]} AS {f.name}" for f in GROUP_CONFIG.fields)
-        if holds_positions(self.warehouse, name):
-            # positions under a name no group has: a deliver, retention or fold pass that
-            # read the deleted group's settings and committed after the delete. The new
-            # group starts where its consume_from says, not where those left off
-            self._commit_attempt(partial(drop_positions, self.warehouse, name), "offsets")
-        if cfg.dedup_key:  # likewise keys such a pass recorded: they would skip new messages
-            self._commit_attempt(partial(dedup.forget, self.warehouse, name), "consumed_keys")
-        for table in ("deliveries", "queue_lock", "clients"):  # a pull client's, appended late
-            if self._holds_rows(table, name):  # the new group's log would read them as its own
-                self._drop_rows(table, name)
+        self._drop_leftovers(name, bool(cfg.dedup_key))
         self._commit(
             "group_config",
             f"MERGE INTO {self.warehouse.ref('group_config')} t USING (SELECT {select}) s "
@@ -438,10 +431,23 @@ class Catalog(Topics):
         log, locks and registrations first (a group created again under the name starts
         afresh, from its ``consume_from``), its configuration last (a delete that stops
         half-way leaves the group there, to be deleted again)."""
-        self.require_group(name)
+        self._deleted[name] = self.require_group(name).created_ts or 0
         for table in GROUP_TABLES:
             self._drop_rows(table, name)
         self.listeners.pop(name, None)
+
+    def _drop_leftovers(self, name: str, dedup: bool) -> None:
+        """Rows under a name no group has, written after its delete, before a group of the
+        name is created (docs/behaviour.md §3)."""
+        if holds_positions(self.warehouse, name):
+            # a deliver, retention or fold pass that read the deleted group's settings and
+            # committed after the delete: the new group starts where its consume_from says
+            self._commit_attempt(partial(drop_positions, self.warehouse, name), "offsets")
+        if dedup:  # likewise keys such a pass recorded: they would skip new messages
+            self._commit_attempt(partial(forget_keys, self.warehouse, name), "consumed_keys")
+        for table in ("deliveries", "queue_lock", "clients"):  # a pull client's, appended late
+            if self._holds_rows(table, name):  # the new group's log would read them as its own
+                self._drop_rows(table, name)
 
     def _drop_rows(self, table: str, group: str) -> None:
         self._commit(
@@ -449,16 +455,10 @@ class Catalog(Topics):
         )
 
     def _holds_rows(self, table: str, group: str) -> bool:
-        """Whether ``table`` has a row of ``group`` (from the files its statistics allow)."""
-        found = file_reads.rows(
-            self.warehouse,
-            table,
-            ["consumer_group"],
-            pc.field("consumer_group") == group,
-            keep=lambda f: f.overlaps("consumer_group", group, group),
-        )
+        """Whether ``table`` has a row of ``group``."""
+        found = file_reads.holds(self.warehouse, table, "consumer_group", group)
         if found is not None:
-            return found.num_rows > 0
+            return found
         where = f"consumer_group = {sql_str(group)}"
         return bool(self.engine.rows(f"SELECT 1 FROM {self.warehouse.ref(table)} WHERE {where} LIMIT 1"))
 

@@ -59,6 +59,14 @@ def rows(
     return snap.read(snap.files(keep) if keep else snap.files(), list(columns), where)
 
 
+def holds(wh: Snapshots, table: str, column: str, value: Any) -> bool | None:
+    """Whether a row of ``table`` has ``column`` = ``value`` (the files its statistics
+    allow read, that column only)."""
+    keep: Callable[[DataFile], bool] = lambda f: f.overlaps(column, value, value)  # noqa: E731
+    found = rows(wh, table, [column], pc.field(column) == value, keep)
+    return None if found is None else found.num_rows > 0
+
+
 def all_rows(wh: Snapshots, table: str, columns: Sequence[str] | None = None) -> list[dict[str, Any]] | None:
     """Every row of a small table (``columns`` only; all by default) as dicts, from its
     kept snapshot: the control tables a tick reads (group and subscription settings,

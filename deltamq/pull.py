@@ -154,11 +154,12 @@ class PullConsumer:
         self._topology: tuple[int, list[Queue], list[Subscription]] | None = None  # (read at, queues, subs)
         self._released_checked: int | None = None  # when an idle pull last read the lock rows
 
-    def _pullable(self, missing: str, hint: str) -> GroupConfig:
+    def _pullable(self, missing: str, hint: str, created_ts: int | None = None) -> GroupConfig:
         """The group's configuration, read now; UnknownGroup or ConfigError when pull
-        clients cannot consume it (gone, BROADCASTING, a push listener's or a sink's)."""
+        clients cannot consume it (gone, or created again since ``created_ts``: its log and
+        locks are the new group's; BROADCASTING, a push listener's or a sink's)."""
         cfg = self.store.group(self.group)
-        if cfg is None:
+        if cfg is None or (created_ts is not None and cfg.created_ts != created_ts):
             known = ", ".join(self.store.group_names()) or "none"
             raise UnknownGroup(f"consumer group {self.group!r} {missing} (groups: {known}); {hint}")
         if cfg.mode != "CLUSTERING":
@@ -231,7 +232,8 @@ class PullConsumer:
         since, stops this client (UnknownGroup, ConfigError) instead of taking its
         messages."""
         if self._topology is None or self._due(now, self._topology[0], self.config.client_timeout_ms):
-            self._cfg = self._pullable("was deleted since this client was created", "stop this client")
+            gone = "was deleted (or deleted and created again) since this client was created"
+            self._cfg = self._pullable(gone, "stop this client", self._cfg.created_ts)
             subs = self.store.subscriptions(self.group)
             self._topology = (now, group_queues(subs, self.store.topic_queues), subs)
         return self._topology[1]

@@ -765,8 +765,9 @@ def test_adding_an_instance_leaves_the_others_where_they_are(warehouse_with, clo
     assert got == sorted((i, f"m{n}") for i in ("a", "b") for n in range(3))
 
 
+@pytest.mark.parametrize("later_ms", [0, 1_000], ids=["same-ms", "a-second-later"])
 def test_a_pass_across_a_group_deleted_and_created_again_writes_nothing_of_the_old_one(
-    warehouse_with, clock, tmp_path, monkeypatch
+    warehouse_with, clock, tmp_path, monkeypatch, later_ms
 ):
     """A deliver pass read group "billing", its listener ran, and meanwhile the group was
     deleted and created again (FIRST_OFFSET). The pass then moved the new group's
@@ -786,7 +787,7 @@ def test_a_pass_across_a_group_deleted_and_created_again_writes_nothing_of_the_o
 
     def meanwhile(*args, **kwargs):  # after the listener's calls, before the pass writes
         broker.delete_group("billing", force=True)
-        clock.advance(seconds=1)  # the new group is told apart by its creation time
+        clock.advance(ms=later_ms)  # the new group is told apart by its creation time
         broker.create_group("billing", Recorder(new), consume_from="FIRST_OFFSET")
         broker.subscribe("billing", "orders")
         return decide(*args, **kwargs)

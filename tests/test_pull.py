@@ -475,7 +475,7 @@ def test_a_client_stops_when_its_group_becomes_a_sink_or_is_deleted(pulled, cloc
     client.ack([m.receipt_handle for m in got], now=t)
     broker.delete_group("later", force=True)
     later = t + broker.config.client_timeout_ms  # the client reads its group again
-    with pytest.raises(UnknownGroup, match=r"'later' was deleted since this client was created"):
+    with pytest.raises(UnknownGroup, match=r"'later' was deleted .* since this client was created"):
         client.pull(5, now=later)
 
 
@@ -839,4 +839,61 @@ def test_a_group_created_again_ignores_the_pull_log_a_late_client_left(pulled, c
     broker.create_group("workers", consume_from="FIRST_OFFSET")
     broker.subscribe("workers", "orders")
     fresh = broker.pull_consumer("workers", "b").pull(50, clock.now_ms())
+    assert sorted(bodies(fresh)) == sorted(f"q{q}m{i}" for q in range(4) for i in range(5))
+
+
+def test_a_fold_across_a_group_created_again_keeps_the_new_groups_log(pulled, clock, monkeypatch):
+    """The group is deleted and created again while a fold runs, and the new group's
+    client pulls and acks everything before the fold deletes the log rows below the
+    old group's acknowledged offsets. That delete took the new group's acks with them,
+    before any fold had written them: its messages were handed out again (a review's
+    repro). The fold now leaves the rows of a group changed since it read the log."""
+    from deltamq.jobs import pull_expiry
+
+    broker = pulled
+    t = clock.now_ms()
+    a = broker.pull_consumer("workers", "a")
+    got = a.pull(20, t)
+    assert a.ack([m.receipt_handle for m in got], t) == 20
+    a.close(t)
+    read_positions = pull_expiry.deliveries.read_positions
+
+    def meanwhile(*args, **kwargs):
+        monkeypatch.setattr(pull_expiry.deliveries, "read_positions", read_positions)
+        broker.delete_group("workers", force=True)
+        clock.advance(seconds=1)
+        broker.create_group("workers", consume_from="FIRST_OFFSET")
+        broker.subscribe("workers", "orders")
+        b = broker.pull_consumer("workers", "b")
+        again = b.pull(50, clock.now_ms())
+        assert len(again) == 20 and b.ack([m.receipt_handle for m in again], clock.now_ms()) == 20
+        b.close(clock.now_ms())
+        return read_positions(*args, **kwargs)
+
+    monkeypatch.setattr(pull_expiry.deliveries, "read_positions", meanwhile)
+    broker.tick(t + 1)
+    broker.tick(t + 2_000)
+    broker.tick(t + 600_000)  # past every invisible time
+    assert broker.pull_consumer("workers", "e").pull(50, t + 600_001) == []
+
+
+def test_a_client_of_a_group_created_again_stops_instead_of_acking_into_the_new_one(pulled, clock):
+    """A client still running when its group is deleted and created again saw a group
+    by that name and went on: its acks became the new group's, which then skipped those
+    messages (a review's repro). It reads the group again as before, and stops when the
+    group there is not the one it joined."""
+    from deltamq.errors import UnknownGroup
+
+    broker = pulled
+    t = clock.now_ms()
+    a = broker.pull_consumer("workers", "a")
+    got = a.pull(20, t)
+    broker.delete_group("workers", force=True)
+    clock.advance(seconds=1)
+    broker.create_group("workers", consume_from="FIRST_OFFSET")
+    broker.subscribe("workers", "orders")
+    later = t + broker.config.client_timeout_ms  # when the client reads its group again
+    with pytest.raises(UnknownGroup, match="deleted and created again"):
+        a.ack([m.receipt_handle for m in got], later)
+    fresh = broker.pull_consumer("workers", "b").pull(50, later)
     assert sorted(bodies(fresh)) == sorted(f"q{q}m{i}" for q in range(4) for i in range(5))

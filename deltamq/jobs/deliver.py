@@ -35,7 +35,6 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import functions as F
@@ -229,7 +228,7 @@ def run(
     # 1. record the attempt before any listener runs
     if fence:
         fence()
-    _record_attempts(ctx, work.takes, now, carried)
+    _record_attempts(ctx, work, now, carried)
     faults.point("deliver.after_attempt_commit")
     # 2. take, filter, call the listeners; outcomes materialised once: from the tables'
     # files for a small pass (deliver_files), else through the engine
@@ -615,7 +614,7 @@ def _result(work: Pass, taken: Taken, consumed: Consumed, decided: Decided) -> D
     )
 
 
-def _record_attempts(ctx: Context, takes: list[QueueTake], now: int, carried: Carried | None = None) -> None:
+def _record_attempts(ctx: Context, work: Pass, now: int, carried: Carried | None = None) -> None:
     """Mark the attempt in flight on every queue taken (``attempts`` + 1, its ``attempt_ts``).
     The count written is the one read when the take was planned, plus one: a commit re-run
     after its answer was lost (it landed) writes the same count again, never one more.
@@ -624,7 +623,7 @@ def _record_attempts(ctx: Context, takes: list[QueueTake], now: int, carried: Ca
     columns = ("next_offset", "attempts", "attempt_ts") + (("progress_version", "carried") if pending else ())
     merge = OffsetsMerge(columns, now, extra={"carried": "boolean"} if pending else {})
     more = {"progress_version": None, "carried": False} if pending else {}
-    for t in takes:
+    for t in work.takes:
         merge.add(
             t.group,
             t.topic,
@@ -645,7 +644,7 @@ def _record_attempts(ctx: Context, takes: list[QueueTake], now: int, carried: Ca
         pending.add_to(merge)
         update = carrying(update)
         insert["progress_version"] = source("progress_version")
-    ctx.commit(partial(merge.execute, ctx.warehouse, update, insert), what="offsets")
+    ctx.commit_offsets(merge, work.groups, update, insert)
     if pending is not None:
         pending.landed()
 

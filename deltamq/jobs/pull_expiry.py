@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -44,11 +45,14 @@ def fold(
     if logs is None or groups is None:  # the groups before the log (see expire)
         groups = ctx.catalog.groups()
         logs = deliveries.summary(ctx.warehouse)
+    # rows of a group deleted (or created again) since its settings were read: not its own
+    stale = ctx.catalog.changed(groups) | ({g for g, _, _ in logs} - set(groups))
+    logs = {k: v for k, v in logs.items() if k[0] not in stale}
     if not logs:
         return 0
     stored = deliveries.read_positions(ctx.warehouse, {g for g, _, _ in logs})
     merge = OffsetsMerge(("next_offset", "delivered_offset", "restart"), now, extra={"restart": "boolean"})
-    drops = []
+    drops: dict[str, list[str]] = defaultdict(list)
     for (group, t, q), s in sorted(logs.items()):
         old = stored.get((group, t, q))
         acked, delivered = deliveries.position(s, old)
@@ -66,19 +70,20 @@ def fold(
             # owner's rows after it say where the queue restarted)
             keep = f" AND delivered_ts < {sql_long(s.taken_ts)}"
         at = f"consumer_group = {sql_str(group)} AND topic = {sql_str(t)} AND queue_id = {int(q)}"
-        drops.append(f"({at} AND queue_offset < {sql_long(acked)}{keep})")
+        drops[group].append(f"({at} AND queue_offset < {sql_long(acked)}{keep})")
     update = {
         "next_offset": forward("next_offset"),
         "delivered_offset": "CASE WHEN s.restart THEN s.delivered_offset "
         "ELSE greatest(coalesce(t.delivered_offset, 0), s.delivered_offset) END",
     }
     insert = {"next_offset": source("next_offset"), "delivered_offset": source("delivered_offset")}
-    merge = merge.without({g for g, _, _ in logs} - set(groups))  # rows a deleted group left
     if merge.rows:
         ctx.commit_offsets(merge, groups, update, insert)
     faults.point("pull_expiry.after_offsets_commit")
-    if drops:
-        statement = f"DELETE FROM {ctx.warehouse.ref('deliveries')} WHERE {' OR '.join(drops)}"
+    stale = ctx.catalog.changed(groups) if drops else set()  # its rows are the new group's now
+    kept = [d for g, ds in drops.items() if g not in stale for d in ds]
+    if kept:
+        statement = f"DELETE FROM {ctx.warehouse.ref('deliveries')} WHERE {' OR '.join(kept)}"
         for pause in (0.02, 0.05, 0.1, 0.0):  # clients keep appending: a few tries, then the next fold
             try:
                 ctx.engine.execute(statement)
@@ -90,17 +95,28 @@ def fold(
     return len(logs)
 
 
-def send_back(ctx: Context, rows: list[dict[str, Any]], level: int, why: str) -> int:
+def send_back(
+    ctx: Context,
+    rows: list[dict[str, Any]],
+    level: int,
+    why: str,
+    groups: Mapping[str, GroupConfig] | None = None,
+) -> int:
     """Failed pull deliveries (nacked or expired) → the retry / DLQ path, ids derived from
     the delivery (its time and queue position), already-stored ones skipped. Returns how
     many could not be sent back because retention removed the message while it was in
-    flight (each logged as a warning, naming its group and queue position)."""
+    flight (each logged as a warning, naming its group and queue position). ``groups``:
+    the settings as read before ``rows`` were (rows of a group deleted or created again
+    since are not its own: left out); None reads them now."""
+    if groups is not None:
+        stale = ctx.catalog.changed(groups)
+        rows = [r for r in rows if r["consumer_group"] in groups and r["consumer_group"] not in stale]
     if not rows:
         return 0
     from deltamq.jobs import sendback
 
     wh = ctx.warehouse
-    groups = ctx.catalog.groups()
+    groups = ctx.catalog.groups() if groups is None else groups
     max_level = ctx.catalog.max_delay_level()
     pred = deliveries.at_offsets(rows)
     index = {
@@ -168,16 +184,18 @@ def expire(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -
         if requested:
             due = due | F.col("receipt_handle").isin(sorted(requested))
         rows = deliveries.open_rows(ctx.warehouse, F.lit(True), due)
+        stale = ctx.catalog.changed(groups) if rows else set()
+        rows = [r for r in rows if r[0] in groups and r[0] not in stale]  # LOG_COLUMNS: group first
         if rows:
             if fence:
                 fence()
             nacked = [r for r in rows if r[6] in requested]
             expired = [r for r in rows if r[6] not in requested]
             expiring = [deliveries.as_dict(r) for r in expired]
-            gone = send_back(ctx, expiring, 0, "not acked within the invisible time")
+            gone = send_back(ctx, expiring, 0, "not acked within the invisible time", groups)
             for level in sorted({requested[r[6]] for r in nacked}):
                 same = [deliveries.as_dict(r) for r in nacked if requested[r[6]] == level]
-                gone += send_back(ctx, same, level, "nack")
+                gone += send_back(ctx, same, level, "nack", groups)
             faults.point("pull_expiry.after_sendback_commit")
             ends = [ended(r, EXPIRED) for r in expired] + [ended(r, NACKED) for r in nacked]
             ctx.commit(partial(deliveries.append, ctx.warehouse, ends), what="deliveries")
