@@ -28,6 +28,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--root", default="/tmp/deltamq-bench-hang")
+    ap.add_argument("--orderly", action="store_true", help="an orderly group (the rest waits in order)")
     args = ap.parse_args()
     wh = Path(args.root) / f"wh-{args.messages}"
     shutil.rmtree(wh, ignore_errors=True)
@@ -40,6 +41,7 @@ def main() -> None:
         consume_from="FIRST_OFFSET",
         consume_timeout_ms=1000,
         consume_message_batch_max_size=32,
+        orderly=args.orderly,
     )
     b.subscribe("g", "orders", "a IS NULL", "SQL92")  # a SQL92 filter: the engine's pass
     n = args.messages
@@ -54,6 +56,7 @@ def main() -> None:
         "bench": "hang",
         "at": datetime.now(UTC).isoformat(),
         "messages": n,
+        "orderly": args.orderly,
         "taken": r.taken,
         "handed_over": r.handed_over,
         "retried": r.retried,

@@ -454,6 +454,26 @@ def test_a_listener_that_hangs_on_everything_costs_two_timeouts_a_pass(ready, cl
     assert len(read_log(log)) == 4 + 1  # the chunk's call, then its first message alone
 
 
+def test_an_orderly_queue_behind_a_hanging_chunk_waits_and_the_others_go_on(ready, clock, tmp_path):
+    """An orderly group whose listener hangs on one queue: that chunk is suspended, the
+    rest of its queue waits behind it (reported as one row per queue, not per message),
+    and another queue is consumed. Nothing moves past what was not consumed."""
+    from deltamq.sending import queue_for_key
+
+    _hanging_group(ready, tmp_path, orderly=True)
+    ready.subscribe("g", "orders")
+    p = ready.producer("p")
+    p.send_batch([Message("orders", "sleep") for _ in range(40)], queue_keys=["k"] * 40)
+    p.send_batch([Message("orders", "ok") for _ in range(8)], queue_keys=["other"] * 8)
+    result = ready.tick(clock.now_ms()).job("deliver").result
+    assert (result.taken, result.consumed, result.suspended, result.retried) == (48, 8, 4, 0)
+    rows = ready.sql(
+        "SELECT queue_id, next_offset, suspends FROM offsets WHERE consumer_group = 'g'"
+    ).collect()
+    at = {r["queue_id"]: (r["next_offset"], r["suspends"]) for r in rows}
+    assert at[queue_for_key("k", 4)] == (0, 1) and at[queue_for_key("other", 4)] == (8, 0)
+
+
 def test_a_hanging_message_does_not_take_its_chunk_with_it(ready, clock, tmp_path):
     """A chunk that times out is tried a message at a time up to the first that times out
     alone (a review found the whole chunk retried together, timing out together, and

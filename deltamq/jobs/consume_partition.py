@@ -6,7 +6,7 @@ listener in chunks (``listener_worker.consume``: an isolated worker process per 
 What comes back is small: a row per message that was not consumed ("fail": its outcome
 and what the send-back needs), a row per consumed message whose group de-duplicates
 ("key"), one row per group and instance with the number consumed ("count"), and one row
-per queue with the offsets a timed-out listener left untried ("deferred"). A pass that
+per queue with the offsets a listener left untried ("deferred", "held"). A pass that
 consumes everything returns a handful of rows, whatever its size, and so does one whose
 listener hangs.
 
@@ -93,23 +93,26 @@ def out_rows(
     return pa.Table.from_arrays(arrays, schema=OUT_ARROW)
 
 
-def deferred_rows(rows: pa.Table) -> pa.Table:
-    """Output rows for ``rows`` a timed-out listener left untried: one per queue, with its
-    lowest offset, how many, and the offsets (not a row per message: a hanging listener
-    leaves the whole rest of a partition)."""
+def deferred_rows(rows: pa.Table, reason: FailReason = FailReason.DEFERRED) -> pa.Table:
+    """Output rows for ``rows`` a listener left untried (``DEFERRED``: it timed out; or,
+    ``NOT_DELIVERED``, behind an orderly queue's stop): one per queue, with its lowest
+    offset, how many, and for ``DEFERRED`` the offsets (kind "deferred"; "held" for the
+    others, which only hold their queue). Not a row per message: a hanging listener
+    leaves the whole rest of a partition."""
     keys = ["consumer_group", "client_id", "topic", "queue_id"]
+    listed = reason == FailReason.DEFERRED
     grouped = rows.group_by(keys, use_threads=False).aggregate(
-        [("queue_offset", "min"), ("queue_offset", "count"), ("queue_offset", "list")]
+        [("queue_offset", "min"), ("queue_offset", "count")] + ([("queue_offset", "list")] if listed else [])
     )
     k = grouped.num_rows
     given = {
         **{c: grouped.column(c) for c in keys},
-        "kind": pa.repeat(pa.scalar("deferred"), k),
+        "kind": pa.repeat(pa.scalar("deferred" if listed else "held"), k),
         "queue_offset": grouped.column("queue_offset_min"),
-        "reason": pa.repeat(pa.scalar(FailReason.DEFERRED.value), k),
+        "reason": pa.repeat(pa.scalar(reason.value), k),
         "ok": pa.repeat(pa.scalar(False), k),
         "n": grouped.column("queue_offset_count"),
-        "offsets": grouped.column("queue_offset_list"),
+        **({"offsets": grouped.column("queue_offset_list")} if listed else {}),
     }
     arrays = [given[f.name].cast(f.type) if f.name in given else pa.nulls(k, f.type) for f in OUT_ARROW]
     return pa.Table.from_arrays(arrays, schema=OUT_ARROW)
@@ -199,8 +202,8 @@ def outputs(
             keyed = rows.filter(pc.is_valid(rows.column("dkey")))
             if keyed.num_rows:
                 out.append(out_rows(keyed, "key"))
-        elif o.reason == FailReason.DEFERRED:
-            out.append(deferred_rows(rows))
+        elif o.reason in NOT_HANDED_OVER:
+            out.append(deferred_rows(rows, o.reason))
         else:
             out.append(out_rows(rows, "fail", o))
     body = messages.column("body")

@@ -490,9 +490,8 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
     holds, untried = deferred(ctx, taken, consumed.deferred)
     for q, offset in holds.items():
         hold_at(q, offset)
-    for o in consumed.failures:
-        if o.reason == FailReason.NOT_DELIVERED:
-            hold(o)
+    for q, offset in consumed.held.items():  # behind an orderly queue's stop
+        hold_at(q, offset)
     # a later copy of a key waits for the first one's outcome; a group that consumed
     # nothing (its listener cannot load) has none yet: the copy holds its queue as well
     later: list[Failed] = []

@@ -98,6 +98,8 @@ class Consumed:
     consumed: Mapping[str, int] = field(default_factory=dict)  # per group
     deferred: Mapping[QueueKey, tuple[int, ...]] = field(default_factory=dict)
     """Per queue, the offsets a timed-out listener left untried (``DEFERRED``)."""
+    held: Mapping[QueueKey, int] = field(default_factory=dict)
+    """Per orderly queue, its lowest offset not handed over (``NOT_DELIVERED``)."""
 
 
 def taken_of(view: str, summary: list[Any], table: pa.Table | None = None) -> Taken:
@@ -126,6 +128,7 @@ def outcomes(rows: Iterable[Any], n_deliverable: int) -> Consumed:
     keys: list[tuple[str, str, str]] = []
     by_group: dict[str, int] = {}
     deferred: dict[QueueKey, list[int]] = defaultdict(list)
+    held: dict[QueueKey, int] = {}
     consumed = body_bytes = untried = 0
     for r in rows:
         if r["kind"] == "fail":
@@ -133,9 +136,12 @@ def outcomes(rows: Iterable[Any], n_deliverable: int) -> Consumed:
         elif r["kind"] == "key":
             keys.append((r["consumer_group"], r["dkey"], r["msg_id"]))
         elif r["kind"] == "deferred":
-            q = QueueKey(r["consumer_group"], r["client_id"] or "", r["topic"], r["queue_id"])
-            deferred[q] += r["offsets"]
+            deferred[_queue_of(r)] += r["offsets"]
             untried += len(r["offsets"])
+        elif r["kind"] == "held":
+            q = _queue_of(r)
+            held[q] = min(held.get(q, r["queue_offset"]), r["queue_offset"])
+            untried += r["n"]
         else:
             consumed += r["n"]
             body_bytes += r["nbytes"] or 0
@@ -153,6 +159,7 @@ def outcomes(rows: Iterable[Any], n_deliverable: int) -> Consumed:
         body_bytes,
         by_group,
         {q: tuple(v) for q, v in deferred.items()},
+        held,
     )
 
 
