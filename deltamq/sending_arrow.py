@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 ALLOWED = ("topic", "body", "tags", "keys", "flag", "queue_id", "properties", "delay_level", "deliver_at_ms")
 """The columns ``send_arrow`` takes (``topic`` and ``body`` required)."""
 _TEXT = (pa.string(), pa.large_string())
-_INTS = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
+_INTS = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64())
 _BINARY = (pa.binary(), pa.large_binary(), *_TEXT)
 _PROPERTIES = pa.map_(pa.string(), pa.string())
 _ENTRIES = pa.list_(pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.string())]))
@@ -87,8 +87,7 @@ def check(table: object, queue_key: str | None, max_body_bytes: int, now: int, h
     flag = _optional(table, "flag", _INTS, pa.int32(), n)
     queue_id: pa.Array | None = None
     if "queue_id" in table.column_names:
-        queue_id = _typed(table, "queue_id", _INTS, nulls=False)
-        queue_id = queue_id.cast(pa.int32()).combine_chunks()
+        queue_id = _int(_typed(table, "queue_id", _INTS, nulls=False), "queue_id", pa.int32())
     if queue_key is not None:  # strings: each row's queue comes from its key (queues_of)
         queue_id = _typed(table, queue_key, _TEXT, nulls=True).cast(pa.string()).combine_chunks()
     properties = _properties(table) if "properties" in table.column_names else None
@@ -151,7 +150,7 @@ def _entries(props: pa.MapArray) -> tuple[pa.StructArray, np.ndarray]:
 
 def _levels(table: pa.Table) -> np.ndarray:
     """The ``delay_level`` column (integers ≥ 0; null: none)."""
-    level = _typed(table, "delay_level", _INTS, nulls=True).cast(pa.int64()).fill_null(0)
+    level = _int(_typed(table, "delay_level", _INTS, nulls=True), "delay_level", pa.int64()).fill_null(0)
     arr = level.to_numpy()
     negative = np.nonzero(arr < 0)[0]
     if len(negative):
@@ -173,7 +172,7 @@ def _due(
     n = table.num_rows
     given = None
     if "deliver_at_ms" in table.column_names:
-        given = _typed(table, "deliver_at_ms", _INTS, nulls=True).cast(pa.int64()).combine_chunks()
+        given = _int(_typed(table, "deliver_at_ms", _INTS, nulls=True), "deliver_at_ms", pa.int64())
         if level is not None:
             both = np.nonzero((level > 0) & ~given.is_null().to_numpy(zero_copy_only=False))[0]
             if len(both):
@@ -240,6 +239,14 @@ def _typed(table: pa.Table, name: str, types: tuple[pa.DataType, ...], *, nulls:
         row = pc.index(pc.is_null(col), True).as_py()
         raise InvalidMessage(f"send_arrow: row {row} has no {name} (null); every message needs one")
     return col
+
+
+def _int(col: pa.ChunkedArray, name: str, to: pa.DataType) -> pa.Array:
+    """An integer column as ``to`` (a value beyond it named: InvalidMessage)."""
+    try:
+        return col.cast(to).combine_chunks()
+    except pa.ArrowInvalid as e:
+        raise InvalidMessage(f"send_arrow: column {name!r} holds a value beyond {to}: {e}") from e
 
 
 def _optional(

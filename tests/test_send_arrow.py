@@ -146,6 +146,29 @@ def test_properties_delays_and_timers_are_stored_as_a_send_of_messages_stores_th
     assert stored[by_arrow[2]]["TIMER_DELIVER_MS"] == str(now + 60_000)
 
 
+def test_unsigned_columns_are_taken_as_their_values(broker, clock):
+    """Levels, timers and queue ids come from NumPy and pandas as unsigned integers too."""
+    broker.create_topic("orders", queues=2)
+    t = clock.now_ms() + 5_000
+    table = pa.table(
+        {
+            "topic": ["orders"] * 2,
+            "body": [b"a", b"b"],
+            "queue_id": pa.array([1, 0], pa.uint16()),
+            "delay_level": pa.array([2, 0], pa.uint8()),
+            "deliver_at_ms": pa.array([None, t], pa.uint64()),
+        }
+    )
+    sent = broker.producer("p").send_arrow(table)
+    assert sent["queue_id"].to_pylist() == [1, 0]
+    stored = {
+        r["msg_id"]: r["properties"]
+        for r in broker.sql("SELECT msg_id, properties FROM commit_log").collect()
+    }
+    first, second = (stored[m] for m in sent["msg_id"].to_pylist())
+    assert first["DELAY"] == "2" and second["TIMER_DELIVER_MS"] == str(t)
+
+
 def test_a_null_row_keeps_no_properties_of_what_lies_under_it(broker, clock):
     """Arrow lets a null map row keep entries in the array; they are not the row's. The
     rows' entries were matched by pyarrow's parent indices, which count them, so a table
@@ -190,6 +213,11 @@ BAD = [
         r"\['born_ts'\] are not",
     ),
     (lambda: {**_two(), "delay_level": [0, -1]}, InvalidDelayLevel, "row 1 has delay_level -1"),
+    (
+        lambda: {**_two(), "queue_id": pa.array([0, 2**40], pa.uint64())},
+        InvalidMessage,
+        "column 'queue_id' holds a value beyond int32",
+    ),
     (
         lambda: {**_two(), "properties": _props([None, {"DELAY": "2"}])},
         InvalidProperties,
