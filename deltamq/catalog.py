@@ -39,7 +39,6 @@ from deltamq.constants import (
     retry_topic,
 )
 from deltamq.consumer import IN_PROCESS, resolve_listener
-from deltamq.dedup import forget as forget_keys
 from deltamq.errors import (
     AlreadyExists,
     ConfigError,
@@ -312,7 +311,7 @@ class Catalog(Topics):
             "sink_transform": "CAST(NULL AS STRING)",
         }
         select = ", ".join(f"{row[f.name]} AS {f.name}" for f in GROUP_CONFIG.fields)
-        self._drop_leftovers(name, bool(cfg.dedup_key))
+        self._drop_leftovers(name)
         self._commit(
             "group_config",
             f"MERGE INTO {self.warehouse.ref('group_config')} t USING (SELECT {select}) s "
@@ -436,17 +435,14 @@ class Catalog(Topics):
             self._drop_rows(table, name)
         self.listeners.pop(name, None)
 
-    def _drop_leftovers(self, name: str, dedup: bool) -> None:
-        """Rows under a name no group has, written after its delete, before a group of the
-        name is created (docs/behaviour.md §3)."""
-        if holds_positions(self.warehouse, name):
-            # a deliver, retention or fold pass that read the deleted group's settings and
-            # committed after the delete: the new group starts where its consume_from says
-            self._commit_attempt(partial(drop_positions, self.warehouse, name), "offsets")
-        if dedup:  # likewise keys such a pass recorded: they would skip new messages
-            self._commit_attempt(partial(forget_keys, self.warehouse, name), "consumed_keys")
-        for table in ("deliveries", "queue_lock", "clients"):  # a pull client's, appended late
-            if self._holds_rows(table, name):  # the new group's log would read them as its own
+    def _drop_leftovers(self, name: str) -> None:
+        """Rows under a name no group has, written after its delete by a deliver,
+        retention or fold pass or a pull client that read the deleted group (positions,
+        consumed keys, a pull client's log, locks and registration): dropped before a group
+        of the name is created, which starts where its consume_from says, skips no message
+        by an old key, and is not kept out by an old lock (docs/behaviour.md §3)."""
+        for table in GROUP_TABLES:
+            if table not in ("subscription", "group_config") and self._holds_rows(table, name):
                 self._drop_rows(table, name)
 
     def _drop_rows(self, table: str, group: str) -> None:

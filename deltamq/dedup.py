@@ -173,12 +173,5 @@ def prune(
     return n
 
 
-def forget(wh: Warehouse, group: str) -> None:
-    """Delete every key recorded under ``group`` (the caller commits): a group created
-    again under a deleted one's name must not skip messages by keys a pass of the old
-    group recorded after the delete."""
-    wh.engine.execute(f"DELETE FROM {wh.ref('consumed_keys')} WHERE consumer_group = {sql_str(group)}")
-
-
 def _window(cfg: GroupConfig) -> int:
     return int(cfg.dedup_window_ms or DEFAULT_WINDOW_MS)
