@@ -427,8 +427,9 @@ def _consumer(ctx: Context, work: Pass, home: Home | None) -> Any:
     )
 
 
-# failures that hold their queue instead of going the send-back way
-_HOLDING = (FailReason.SUSPEND, FailReason.NOT_DELIVERED, FailReason.SETUP)
+# failures that hold their queue instead of going the send-back way (what was not handed
+# over holds it too, reported apart: Consumed.held)
+_HOLDING = (FailReason.SUSPEND, FailReason.SETUP)
 
 
 def _suspend(

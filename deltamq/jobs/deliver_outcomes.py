@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from deltamq.constants import NOT_HANDED_OVER, FailReason
+from deltamq.constants import FailReason
 from deltamq.jobs import sendback
 from deltamq.jobs.deliver_plan import POISON_TRIES, held_from
 from deltamq.tables.offsets import QueueKey
@@ -151,11 +151,10 @@ def outcomes(rows: Iterable[Any], n_deliverable: int) -> Consumed:
             f"deliver: {n_deliverable} messages taken but {consumed + len(failures) + untried} outcomes; "
             "bodies missing?"
         )
-    left = untried + sum(1 for f in failures if f.reason in NOT_HANDED_OVER)
     return Consumed(
         tuple(failures),
         tuple(keys),
-        n_deliverable - left,
+        n_deliverable - untried,  # what never reached a listener comes as "deferred" / "held"
         body_bytes,
         by_group,
         {q: tuple(v) for q, v in deferred.items()},
