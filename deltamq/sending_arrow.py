@@ -35,6 +35,15 @@ _SET_BY_THE_SEND = (Prop.UNIQ_KEY, Prop.TIMER_DELIVER_MS)
 
 
 @dataclass(frozen=True)
+class Entries:
+    """The checked (name, value) entries of every row's properties, and each one's row."""
+
+    names: pa.Array
+    values: pa.Array
+    row: np.ndarray
+
+
+@dataclass(frozen=True)
 class ArrowBatch:
     """A checked table of messages: its columns as stored, one topic name per row."""
 
@@ -44,7 +53,7 @@ class ArrowBatch:
     keys: pa.ChunkedArray
     flag: pa.ChunkedArray
     queue_id: pa.Array | None  # given by the caller (ids, or keys), checked against the topics' queues
-    properties: pa.MapArray | None = None  # the caller's, checked (null: none)
+    properties: Entries | None = None  # the caller's, checked
     delay_level: np.ndarray | None = None  # as asked (0: none), clamped when stored
     due: pa.Array | None = None  # a timer's due time, epoch ms (deliver_at_ms or TIMER_DELIVER_MS)
 
@@ -96,7 +105,7 @@ def check(table: object, queue_key: str | None, max_body_bytes: int, now: int, h
     return ArrowBatch(topic, body, tags, keys, flag.fill_null(0), queue_id, properties, level, due)
 
 
-def _properties(table: pa.Table) -> pa.MapArray:
+def _properties(table: pa.Table) -> Entries:
     """The ``properties`` column (string to string maps) checked as a send checks a
     message's: names non-empty, values not null, no ``DELAY`` (the delay level's)."""
     col = _column(table, "properties")
@@ -122,7 +131,8 @@ def _properties(table: pa.Table) -> pa.MapArray:
         raise InvalidProperties(
             f"send_arrow: row {bad[0]}'s property {bad[1]!r} is null; values must be strings"
         )
-    pairs = pa.table({"row": parent, "name": names})
+    several = np.bincount(parent)[parent] > 1 if len(parent) else np.zeros(0, dtype=bool)
+    pairs = pa.table({"row": parent[several], "name": names.filter(pa.array(several))})
     twice = pairs.group_by(["row", "name"], use_threads=False).aggregate([("name", "count")])
     twice = twice.filter(pc.field("name_count") > 1)
     if twice.num_rows:  # a mapping holds a name once (readers of the stored map disagree)
@@ -134,7 +144,7 @@ def _properties(table: pa.Table) -> pa.MapArray:
             f"send_arrow: row {bad[0]} has property {Prop.DELAY!r}, the delay level's, set by the broker: "
             "give a delay_level column instead"
         )
-    return props
+    return Entries(names, values, parent)
 
 
 def _entries(props: pa.MapArray) -> tuple[pa.StructArray, np.ndarray]:
@@ -163,7 +173,7 @@ def _levels(table: pa.Table) -> np.ndarray:
 
 
 def _due(
-    table: pa.Table, props: pa.MapArray | None, level: np.ndarray | None, now: int, horizon_ms: int
+    table: pa.Table, props: Entries | None, level: np.ndarray | None, now: int, horizon_ms: int
 ) -> pa.Array | None:
     """Each row's timer (epoch ms, null for none): ``deliver_at_ms`` or a
     ``TIMER_DELIVER_MS`` property, one of the two, within the horizon; a ``deliver_at_ms``
@@ -182,10 +192,9 @@ def _due(
                 )
     from_props = None
     if props is not None:
-        entries, parent = _entries(props)
-        timer = pc.equal(entries.field("key"), Prop.TIMER_DELIVER_MS).to_numpy(zero_copy_only=False)
+        timer = pc.equal(props.names, Prop.TIMER_DELIVER_MS).to_numpy(zero_copy_only=False)
         if timer.any():
-            rows, raw = parent[timer], entries.field("value").filter(pa.array(timer))
+            rows, raw = props.row[timer], props.values.filter(pa.array(timer))
             ok = pc.match_substring_regex(raw, _TIMER_TEXT).to_numpy(zero_copy_only=False)
             if not ok.all():
                 i = int(np.nonzero(~ok)[0][0])
@@ -198,6 +207,7 @@ def _due(
             mask = np.ones(n, dtype=bool)
             mask[rows] = False
             from_props = pa.array(values, pa.int64(), mask=mask)
+    due = given if from_props is None else from_props
     if given is not None and from_props is not None:
         both = pc.and_(given.is_valid(), from_props.is_valid())
         if pc.any(both).as_py():
@@ -206,11 +216,7 @@ def _due(
                 f"send_arrow: row {row} has both deliver_at_ms and a {Prop.TIMER_DELIVER_MS} property; "
                 "a message takes one of them"
             )
-    due = (
-        pc.coalesce(given, from_props)
-        if given is not None and from_props is not None
-        else given or from_props
-    )
+        due = pc.coalesce(given, from_props)
     if due is None or due.null_count == n:
         return None
     out = (pc.greater(due, now + horizon_ms), pc.less(due, now - horizon_ms))
@@ -372,11 +378,11 @@ def stored_properties(batch: ArrowBatch, mids: pa.Array, max_level: int) -> pa.M
     values: list[pa.Array] = [mids]
     parents = [row]
     if batch.properties is not None:
-        entries, parent = _entries(batch.properties)
-        keep = pc.invert(pc.is_in(entries.field("key"), pa.array(_SET_BY_THE_SEND)))
-        names.insert(0, entries.field("key").filter(keep))
-        values.insert(0, entries.field("value").filter(keep))
-        parents.insert(0, parent[keep.to_numpy(zero_copy_only=False)])
+        given = batch.properties
+        keep = pc.invert(pc.is_in(given.names, pa.array(_SET_BY_THE_SEND)))
+        names.insert(0, given.names.filter(keep))
+        values.insert(0, given.values.filter(keep))
+        parents.insert(0, given.row[keep.to_numpy(zero_copy_only=False)])
     if batch.delay_level is not None and (batch.delay_level > 0).any():
         delayed = batch.delay_level > 0
         warn_clamped(np.unique(batch.delay_level[batch.delay_level > max_level]).tolist(), max_level)
