@@ -45,9 +45,8 @@ def fold(
     if logs is None or groups is None:  # the groups before the log (see expire)
         groups = ctx.catalog.groups()
         logs = deliveries.summary(ctx.warehouse)
-    # rows of a group deleted (or created again) since its settings were read: not its own
-    stale = ctx.catalog.changed(groups) | ({g for g, _, _ in logs} - set(groups))
-    logs = {k: v for k, v in logs.items() if k[0] not in stale}
+    current = _current(ctx, groups)  # a deleted group's rows are not a new one's of the name
+    logs = {k: v for k, v in logs.items() if k[0] in current}
     if not logs:
         return 0
     stored = deliveries.read_positions(ctx.warehouse, {g for g, _, _ in logs})
@@ -80,8 +79,8 @@ def fold(
     if merge.rows:
         ctx.commit_offsets(merge, groups, update, insert)
     faults.point("pull_expiry.after_offsets_commit")
-    stale = ctx.catalog.changed(groups) if drops else set()  # its rows are the new group's now
-    kept = [d for g, ds in drops.items() if g not in stale for d in ds]
+    current = _current(ctx, groups) if drops else set()  # a group created again meanwhile:
+    kept = [d for g, ds in drops.items() if g in current for d in ds]  # its rows are its own
     if kept:
         statement = f"DELETE FROM {ctx.warehouse.ref('deliveries')} WHERE {' OR '.join(kept)}"
         for pause in (0.02, 0.05, 0.1, 0.0):  # clients keep appending: a few tries, then the next fold
@@ -95,6 +94,12 @@ def fold(
     return len(logs)
 
 
+def _current(ctx: Context, groups: Mapping[str, GroupConfig]) -> set[str]:
+    """The names in ``groups`` (settings read before the log) still as read: a group
+    deleted since, or deleted and created again, leaves rows that are not its own."""
+    return set(groups) - ctx.catalog.changed(groups)
+
+
 def send_back(
     ctx: Context,
     rows: list[dict[str, Any]],
@@ -106,11 +111,8 @@ def send_back(
     the delivery (its time and queue position), already-stored ones skipped. Returns how
     many could not be sent back because retention removed the message while it was in
     flight (each logged as a warning, naming its group and queue position). ``groups``:
-    the settings as read before ``rows`` were (rows of a group deleted or created again
-    since are not its own: left out); None reads them now."""
-    if groups is not None:
-        stale = ctx.catalog.changed(groups)
-        rows = [r for r in rows if r["consumer_group"] in groups and r["consumer_group"] not in stale]
+    the settings as read before ``rows`` were, holding every row's group (None: read
+    now)."""
     if not rows:
         return 0
     from deltamq.jobs import sendback
@@ -184,8 +186,8 @@ def expire(ctx: Context, now: int, *, fence: Callable[[], None] | None = None) -
         if requested:
             due = due | F.col("receipt_handle").isin(sorted(requested))
         rows = deliveries.open_rows(ctx.warehouse, F.lit(True), due)
-        stale = ctx.catalog.changed(groups) if rows else set()
-        rows = [r for r in rows if r[0] in groups and r[0] not in stale]  # LOG_COLUMNS: group first
+        current = _current(ctx, groups) if rows else set()
+        rows = [r for r in rows if r[0] in current]  # LOG_COLUMNS: the group first
         if rows:
             if fence:
                 fence()
