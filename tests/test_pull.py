@@ -787,6 +787,16 @@ def test_a_scan_whose_next_pull_fails_hands_out_what_it_has(warehouse_with, cloc
     assert bodies(rest) == [f"m{i}" for i in range(9, 40, 2)]
 
 
+def _created_again(broker, clock, *, deleted: bool = False) -> None:
+    """Group "workers" deleted (unless ``deleted`` already) and, a second later, created
+    again from the first offset of "orders"."""
+    if not deleted:
+        broker.delete_group("workers", force=True)
+    clock.advance(seconds=1)
+    broker.create_group("workers", consume_from="FIRST_OFFSET")
+    broker.subscribe("workers", "orders")
+
+
 def test_a_fold_across_a_group_deleted_and_created_again_leaves_the_new_group_at_its_start(
     pulled, clock, monkeypatch
 ):
@@ -806,10 +816,7 @@ def test_a_fold_across_a_group_deleted_and_created_again_leaves_the_new_group_at
 
     def meanwhile(*args, **kwargs):  # the fold has read the log: the group goes and comes back
         monkeypatch.setattr(pull_expiry.deliveries, "read_positions", read_positions)
-        broker.delete_group("workers", force=True)
-        clock.advance(seconds=1)
-        broker.create_group("workers", consume_from="FIRST_OFFSET")
-        broker.subscribe("workers", "orders")
+        _created_again(broker, clock)
         return read_positions(*args, **kwargs)
 
     monkeypatch.setattr(pull_expiry.deliveries, "read_positions", meanwhile)
@@ -835,9 +842,7 @@ def test_a_group_created_again_ignores_the_pull_log_a_late_client_left(pulled, c
     for t in tables:  # written back as the late client would
         late = broker.engine.spark.read.parquet(str(tmp_path / t))
         late.write.format("delta").mode("append").save(broker.warehouse.uri(t))
-    clock.advance(seconds=1)
-    broker.create_group("workers", consume_from="FIRST_OFFSET")
-    broker.subscribe("workers", "orders")
+    _created_again(broker, clock, deleted=True)
     fresh = broker.pull_consumer("workers", "b").pull(50, clock.now_ms())
     assert sorted(bodies(fresh)) == sorted(f"q{q}m{i}" for q in range(4) for i in range(5))
 
@@ -860,10 +865,7 @@ def test_a_fold_across_a_group_created_again_keeps_the_new_groups_log(pulled, cl
 
     def meanwhile(*args, **kwargs):
         monkeypatch.setattr(pull_expiry.deliveries, "read_positions", read_positions)
-        broker.delete_group("workers", force=True)
-        clock.advance(seconds=1)
-        broker.create_group("workers", consume_from="FIRST_OFFSET")
-        broker.subscribe("workers", "orders")
+        _created_again(broker, clock)
         b = broker.pull_consumer("workers", "b")
         again = b.pull(50, clock.now_ms())
         assert len(again) == 20 and b.ack([m.receipt_handle for m in again], clock.now_ms()) == 20
@@ -888,10 +890,7 @@ def test_a_client_of_a_group_created_again_stops_instead_of_acking_into_the_new_
     t = clock.now_ms()
     a = broker.pull_consumer("workers", "a")
     got = a.pull(20, t)
-    broker.delete_group("workers", force=True)
-    clock.advance(seconds=1)
-    broker.create_group("workers", consume_from="FIRST_OFFSET")
-    broker.subscribe("workers", "orders")
+    _created_again(broker, clock)
     later = t + broker.config.client_timeout_ms  # when the client reads its group again
     with pytest.raises(UnknownGroup, match="deleted and created again"):
         a.ack([m.receipt_handle for m in got], later)
