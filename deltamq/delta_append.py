@@ -95,6 +95,10 @@ class _State:
     append_only: bool = False  # delta.appendOnly: files are never removed
 
 
+ORDERED_BY_TAG = "deltamq.orderedBy"
+"""The ``add`` action's tag (Delta's per-file metadata) naming the ``group_by`` columns a
+file's rows are ordered by, when they are: a reader may plan on that order (dispatch
+indexes such files without re-ordering them, deltamq/tables/index_files.py)."""
 GROUPED_FROM = 4096
 """A file of at least this many rows is written in row groups by the appender's
 ``group_by`` columns (smaller files are decoded whole cheaply)."""
@@ -377,6 +381,7 @@ class BlindAppender:
             "modificationTime": int(time.time() * 1000),
             "dataChange": True,
             "stats": json.dumps(_stats(data), separators=(",", ":")),
+            **({"tags": {ORDERED_BY_TAG: ",".join(grouped)}} if runs is not None else {}),
         }
 
     def _entry(

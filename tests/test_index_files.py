@@ -8,8 +8,9 @@ import pytest
 
 from deltamq import faults, ids
 from deltamq.constants import TRANS_CHECK_MAX_TIME_TOPIC, Prop, SysFlag
-from deltamq.delta_append import VersionTaken
+from deltamq.delta_append import ORDERED_BY_TAG, VersionTaken
 from deltamq.engine import is_commit_conflict
+from deltamq.message import Message
 from deltamq.sending import rows_to_arrow
 from deltamq.tables import commit_log, consume_queue, deltalog, index_files
 
@@ -216,3 +217,75 @@ def test_tags_hash_is_sparks_xxhash64(orders):
         )
     ]
     assert got == want + [None]
+
+
+def test_offsets_follow_queue_then_commit_batch_and_position_whatever_order_rows_arrive_in():
+    """``_with_offsets`` on rows in the files' order (the fast path, a stable sort by queue)
+    and on rows whose commits, batches or positions arrive out of order within a queue
+    (the full sort): every row gets its queue's head plus its rank in (version, batch,
+    position) order, as the engine's window numbers them."""
+    import random
+
+    import pyarrow as pa
+
+    rng = random.Random(7)
+    rows = [
+        {
+            "topic": t,
+            "queue_id": q,
+            "cl_version": v,
+            "cl_batch_id": b,
+            "cl_batch_pos": p,
+            "msg_id": f"{t}{q}{v}{b}{p}",
+        }
+        for t in ("b", "a", "日本")
+        for q in (0, 3)
+        for v in (5, 6)
+        for b in (1, 2)
+        for p in (0, 7, 9)
+    ]
+    heads = {("a", 3): 100, ("日本", 0): 7}
+
+    def expected(given):
+        ordered = sorted(
+            given,
+            key=lambda r: (
+                r["topic"].encode(),
+                r["queue_id"],
+                r["cl_version"],
+                r["cl_batch_id"],
+                r["cl_batch_pos"],
+            ),
+        )
+        out, seen = [], {}
+        for r in ordered:
+            queue = (r["topic"], r["queue_id"])
+            out.append((r["msg_id"], heads.get(queue, 0) + seen.get(queue, 0)))
+            seen[queue] = seen.get(queue, 0) + 1
+        return out
+
+    in_order = sorted(rows, key=lambda r: (r["topic"].encode(), r["queue_id"]))
+    for given in (rows, in_order, rng.sample(rows, len(rows))):
+        got = index_files._with_offsets(pa.Table.from_pylist(given), heads)
+        assert list(
+            zip(got.column("msg_id").to_pylist(), got.column("queue_offset").to_pylist(), strict=True)
+        ) == (expected(given))
+
+
+def test_a_producers_file_ordered_by_queue_is_tagged_and_indexed_here_in_larger_passes(orders):
+    """deltamq's own writer tags a file whose rows it ordered by queue; a pass of such files
+    is indexed from the files up to ``MAX_ORDERED_ROWS``, others up to ``MAX_ROWS``."""
+    import pyarrow as pa
+
+    p = orders.producer("p")
+    p.send_arrow(pa.table({"topic": ["orders"] * 5000, "body": [b"x"] * 5000}))
+    p.send_batch([Message("orders", b"y")])
+    wh = orders.context.warehouse
+    commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), -1, 100)
+    big, small = (next(c for c in commits if c.files and c.files[0].num_records == n) for n in (5000, 1))
+    assert big.files[0].tags == {ORDERED_BY_TAG: "topic,queue_id"}
+    assert small.files[0].tags is None  # too small to be grouped: written in the send's order
+    many = [big] * (index_files.MAX_ROWS // 5000 + 1)  # above MAX_ROWS, within MAX_ORDERED_ROWS
+    assert index_files.fits([big]) and index_files.fits([small]) and index_files.fits(many)
+    assert not index_files.fits([*many, small])
+    assert not index_files.fits([big] * (index_files.MAX_ORDERED_ROWS // 5000 + 1))

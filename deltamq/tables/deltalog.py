@@ -30,6 +30,7 @@ class AddedFile:
     min_values: dict[str, Any]
     max_values: dict[str, Any]
     size: int | None = None  # bytes, as the log recorded it
+    tags: dict[str, str] | None = None  # the add action's per-file metadata
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,7 @@ def read_commit(storage: Storage, table_path: str, version: int) -> Commit:
                     min_values=stats.get("minValues") or {},
                     max_values=stats.get("maxValues") or {},
                     size=add.get("size"),
+                    tags=add.get("tags") or None,
                 )
             )
     if removes:
