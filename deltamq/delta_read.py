@@ -353,7 +353,7 @@ class FileSnapshot:
             return self.read([], names)
         layout = self._grouped(f)
         if layout is None:
-            return self.whole(f).select(names).take(pa.array(rows, pa.int64()))
+            return picked(self.whole(f).select(names), rows)
         groups = np.searchsorted(layout.starts, rows, side="right") - 1
         wanted = np.unique(groups)
         tables = [self._group(f, layout, int(g)).select(names) for g in wanted]
@@ -361,7 +361,7 @@ class FileSnapshot:
         first = np.zeros(len(layout.starts), dtype=np.int64)  # where each wanted group begins
         first[wanted] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         at = first[groups] + (rows - layout.starts[groups])
-        return pa.concat_tables(tables).take(pa.array(at, pa.int64()))
+        return picked(pa.concat_tables(tables), at)
 
     def _grouped(self, f: DataFile) -> _Layout | None:
         """The row groups :meth:`taken` reads file ``f`` by: those of a local file of
@@ -438,6 +438,27 @@ def _filter(table: pa.Table, where: pc.Expression) -> pa.Table:
 
 
 _POSITIONS: list[pa.Array] = [pa.array([], pa.int64())]
+
+
+RUN_ROWS = 1024
+"""Rows per run, on average, from which :func:`picked` slices instead of copying."""
+
+
+def picked(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    """``table``'s rows at ``rows`` (in that order). Rows that come as a few ascending runs
+    (a queue's rows in a file ordered by queue: a handful of runs for thousands of rows)
+    are slices of ``table``, shared rather than copied; others are taken."""
+    n = len(rows)
+    if n == 0:
+        return table.slice(0, 0)
+    cuts = np.flatnonzero(np.diff(rows) != 1) + 1
+    if (len(cuts) + 1) * RUN_ROWS > n:
+        return table.take(pa.array(rows, pa.int64()))
+    starts = np.concatenate([[0], cuts])
+    ends = np.append(cuts, n)
+    return pa.concat_tables(
+        [table.slice(int(rows[a]), int(b - a)) for a, b in zip(starts, ends, strict=True)]
+    )
 
 
 def positions(n: int) -> pa.Array:

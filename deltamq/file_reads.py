@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from deltamq import ids
 from deltamq.config import Subscription
 from deltamq.constants import DISPATCH_GROUP, SCHEDULE_TOPIC, TIMER_TOPIC
-from deltamq.delta_read import DataFile, FileSnapshot, positions
+from deltamq.delta_read import DataFile, FileSnapshot, picked, positions
 from deltamq.filters import parse_tag_expression
 from deltamq.pull_log import LOG_COLUMNS, LogRow
 
@@ -211,12 +211,12 @@ def _placed(
         if len(at) == 0:
             continue
         stored = snap.taken(f, rows[at], names)
-        same = (
-            pc.equal(stored.column("msg_id"), wanted.take(at)).fill_null(False).to_numpy(zero_copy_only=False)
-        )
-        at = at[same]
+        expected = picked(pa.table({"m": wanted}), at).column("m")
+        same = pc.equal(stored.column("msg_id"), expected).fill_null(False).to_numpy(zero_copy_only=False)
+        if not same.all():
+            at, stored = at[same], stored.filter(same)
         done[at] = True
-        out.append(_with(index.take(at), stored.filter(same).select(list(columns))))
+        out.append(_with(picked(index, at), stored.select(list(columns))))
     if not out:
         return _with(index.slice(0, 0), snap.read([], list(columns)))
     return pa.concat_tables(out)

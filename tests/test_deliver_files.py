@@ -120,6 +120,34 @@ def test_a_pass_is_split_into_whole_queues_for_the_cores():
     assert len(deliver_files.partitions(rows, 8)) == 4  # never more than the queues
 
 
+def test_queues_interleaved_and_several_groups_and_instances_are_split_whole():
+    """Rows of queues interleaved row by row (an engine's send), two groups, an instance
+    and none (null): each (group, instance, topic, queue) lands whole in one part, every
+    row once, in its order within the part."""
+    import pyarrow as pa
+
+    n = 300
+    rows = pa.table(
+        {
+            "consumer_group": ["a" if i % 3 else "b" for i in range(n)],
+            "client_id": [None if (i // 4) % 2 else "c1" for i in range(n)],
+            "topic": ["t"] * n,
+            "queue_id": [i % 4 for i in range(n)],
+            "queue_offset": list(range(n)),
+        }
+    )
+    parts = deliver_files.partitions(rows, 3)
+    assert len(parts) == 3
+    homes: dict[tuple, int] = {}
+    for k, p in enumerate(parts):
+        offsets = p.column("queue_offset").to_pylist()
+        assert offsets == sorted(offsets)
+        for r in p.select(["consumer_group", "client_id", "topic", "queue_id"]).to_pylist():
+            assert homes.setdefault(tuple(r.values()), k) == k
+    assert len(homes) == 2 * 2 * 4
+    assert sorted(o for p in parts for o in p.column("queue_offset").to_pylist()) == list(range(n))
+
+
 def test_groups_taking_overlapping_ranges_of_a_queue_get_each_message_once(
     broker, clock, warehouse_with, spied
 ):

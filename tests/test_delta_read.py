@@ -410,3 +410,20 @@ def test_bodies_located_by_position_are_taken_once_and_only_with_their_msg_id(tm
     nothing = np.zeros(3, dtype=bool), np.zeros(3, dtype=np.int64)
     none = _placed(index, snap, files[:1], [nothing], ["body"])
     assert none.num_rows == 0 and "body" in none.column_names
+
+
+def test_picked_rows_are_the_takes_rows_shared_when_they_come_in_runs():
+    """``picked`` gives what ``take`` gives, in the order asked: rows in a few long runs as
+    slices of the table (no copy), scattered rows taken."""
+    from deltamq.delta_read import RUN_ROWS, picked
+
+    n = 6 * RUN_ROWS
+    table = pa.table({"i": np.arange(n), "b": [bytes([i % 251]) * 3 for i in range(n)]})
+    runs = np.concatenate([np.arange(4 * RUN_ROWS, 5 * RUN_ROWS), np.arange(0, 2 * RUN_ROWS), [7]])
+    scattered = np.random.default_rng(3).permutation(n)[: 2 * RUN_ROWS]
+    for rows in (runs, scattered, np.arange(n), np.array([5]), np.zeros(0, np.int64)):
+        got = picked(table, rows)
+        assert got.equals(table.take(pa.array(rows, pa.int64()))), rows[:5]
+    shared = picked(table, runs).column("b")
+    assert shared.num_chunks == 3  # three slices of the table: nothing copied
+    assert picked(table, scattered).column("b").num_chunks == 1

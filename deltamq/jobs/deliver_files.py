@@ -23,10 +23,12 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from deltamq import file_reads
+from deltamq.delta_read import picked
 from deltamq.jobs import consume_partition
 from deltamq.jobs.deliver_plan import QueueTake
 
@@ -72,19 +74,19 @@ def taken_rows(wh: Snapshots, takes: Sequence[QueueTake]) -> pa.Table | None:
         )
         n = rows.num_rows
         if t.tags is None:
-            matched = pa.array([True] * n, pa.bool_())
+            matched = pa.repeat(pa.scalar(True, pa.bool_()), n)
         else:
             matched = pc.fill_null(pc.is_in(rows.column("tags"), pa.array(list(t.tags), pa.string())), False)
         head = pc.equal(rows.column("queue_offset"), t.lo)
         suspends = pc.if_else(head, pa.scalar(t.suspends, pa.int32()), pa.scalar(0, pa.int32()))
         columns = {
-            "consumer_group": pa.array([t.group] * n, pa.string()),
-            "client_id": pa.array([t.client] * n, pa.string()),
+            "consumer_group": pa.repeat(pa.scalar(t.group, pa.string()), n),
+            "client_id": pa.repeat(pa.scalar(t.client, pa.string()), n),
             **{c: rows.column(c) for c in rows.column_names},
             "matched": matched,
-            "poison": pa.array([t.poison] * n, pa.bool_()),
-            "dup": pa.array([False] * n, pa.bool_()),
-            "later": pa.array([False] * n, pa.bool_()),
+            "poison": pa.repeat(pa.scalar(t.poison, pa.bool_()), n),
+            "dup": pa.repeat(pa.scalar(False, pa.bool_()), n),
+            "later": pa.repeat(pa.scalar(False, pa.bool_()), n),
             "suspends": suspends,
             "dkey": pa.nulls(n, pa.string()),
         }
@@ -135,23 +137,26 @@ def consume(
 
 def partitions(rows: pa.Table, most: int) -> list[pa.Table]:
     """``rows`` split into at most ``most`` tables of whole queues (group, instance, topic,
-    queue), the queues dealt out largest first to the emptiest table."""
-    keys = list(
-        zip(
-            *(rows.column(c).to_pylist() for c in ("consumer_group", "client_id", "topic", "queue_id")),
-            strict=True,
-        )
-    )
-    sizes: dict[tuple[Any, ...], int] = {}
-    for k in keys:
-        sizes[k] = sizes.get(k, 0) + 1
-    if most <= 1 or len(sizes) <= 1:
+    queue), the queues dealt out largest first to the emptiest table (rows of a queue
+    that lie together are shared, not copied: ``delta_read.picked``)."""
+    if most <= 1 or rows.num_rows == 0:
         return [rows]
-    loads = [0] * min(most, len(sizes))
-    home: dict[tuple[Any, ...], int] = {}
-    for k, n in sorted(sizes.items(), key=lambda kv: -kv[1]):
+    key = np.zeros(rows.num_rows, dtype=np.int64)
+    for c in ("consumer_group", "client_id", "topic", "queue_id"):
+        codes = pc.dictionary_encode(rows.column(c), null_encoding="encode").combine_chunks()
+        if (int(key.max()) + 1) * len(codes.dictionary) >= 1 << 62:
+            key = np.unique(key, return_inverse=True)[1].astype(
+                np.int64
+            )  # dense again: below the rows' count
+        key = key * len(codes.dictionary) + codes.indices.to_numpy().astype(np.int64)
+    queues, first, home_of, sizes = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
+    if len(queues) <= 1:
+        return [rows]
+    loads = [0] * min(most, len(queues))
+    homes = np.zeros(len(queues), dtype=np.int64)
+    for q in sorted(range(len(queues)), key=lambda q: (-sizes[q], first[q])):  # largest first, then as met
         i = loads.index(min(loads))
-        home[k] = i
-        loads[i] += n
-    place = [home[k] for k in keys]
-    return [rows.filter(pa.array([p == i for p in place], pa.bool_())) for i in range(len(loads))]
+        homes[q] = i
+        loads[i] += int(sizes[q])
+    place = homes[home_of]
+    return [picked(rows, np.flatnonzero(place == i)) for i in range(len(loads))]
