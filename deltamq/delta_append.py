@@ -122,8 +122,9 @@ class BlindAppender:
     these columns, in row groups of one value each (at most :data:`GROUP_ROWS` rows;
     values with fewer than :data:`GROUP_MIN_ROWS` rows share a group), so a reader of
     one value decodes its groups only (``FileSnapshot.taken``): the producers'
-    ``commit_log`` files by topic and queue, for pull clients of a few queues. Readers
-    never depend on the rows' order in a file."""
+    ``commit_log`` files by topic and queue, for pull clients of a few queues. Such a
+    file's ``add`` carries :data:`ORDERED_BY_TAG`. Readers never depend on the rows'
+    order for their results; dispatch takes the tag as a hint of its cost only."""
 
     def __init__(
         self,

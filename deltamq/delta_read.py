@@ -447,12 +447,15 @@ RUN_ROWS = 1024
 def picked(table: pa.Table, rows: np.ndarray) -> pa.Table:
     """``table``'s rows at ``rows`` (in that order). Rows that come as a few ascending runs
     (a queue's rows in a file ordered by queue: a handful of runs for thousands of rows)
-    are slices of ``table``, shared rather than copied; others are taken."""
+    and make a large share of ``table`` (a slice keeps the whole table's buffers alive)
+    are slices of it, shared rather than copied; others are taken."""
     n = len(rows)
     if n == 0:
         return table.slice(0, 0)
+    if rows.min() < 0 or rows.max() >= table.num_rows:
+        raise IndexError(f"rows {rows.min()}..{rows.max()} of a table of {table.num_rows}")
     cuts = np.flatnonzero(np.diff(rows) != 1) + 1
-    if (len(cuts) + 1) * RUN_ROWS > n:
+    if (len(cuts) + 1) * RUN_ROWS > n or n * 4 < table.num_rows:
         return table.take(pa.array(rows, pa.int64()))
     starts = np.concatenate([[0], cuts])
     ends = np.append(cuts, n)

@@ -427,3 +427,11 @@ def test_picked_rows_are_the_takes_rows_shared_when_they_come_in_runs():
     shared = picked(table, runs).column("b")
     assert shared.num_chunks == 3  # three slices of the table: nothing copied
     assert picked(table, scattered).column("b").num_chunks == 1
+    few = np.arange(RUN_ROWS, 2 * RUN_ROWS)  # one run, but a sixth of the table: copied, not kept alive
+    assert picked(table, few).equals(table.slice(RUN_ROWS, RUN_ROWS))
+    assert (
+        picked(table, few).column("b").chunk(0).buffers()[2].size
+        < table.column("b").chunk(0).buffers()[2].size
+    )
+    with pytest.raises(IndexError):
+        picked(table, np.arange(n - 2, n + 1))

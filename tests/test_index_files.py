@@ -238,13 +238,13 @@ def test_offsets_follow_queue_then_commit_batch_and_position_whatever_order_rows
             "cl_batch_pos": p,
             "msg_id": f"{t}{q}{v}{b}{p}",
         }
-        for t in ("b", "a", "日本")
-        for q in (0, 3)
+        for t in ("b", "a", "日本", "ａ")
+        for q in (-1, 0, 3)
         for v in (5, 6)
         for b in (1, 2)
         for p in (0, 7, 9)
     ]
-    heads = {("a", 3): 100, ("日本", 0): 7}
+    heads = {("a", 3): 100, ("日本", 0): 7, ("b", -1): 4}
 
     def expected(given):
         ordered = sorted(
@@ -266,7 +266,9 @@ def test_offsets_follow_queue_then_commit_batch_and_position_whatever_order_rows
 
     in_order = sorted(rows, key=lambda r: (r["topic"].encode(), r["queue_id"]))
     for given in (rows, in_order, rng.sample(rows, len(rows))):
-        got = index_files._with_offsets(pa.Table.from_pylist(given), heads)
+        half = len(given) // 2  # two chunks, as rows of two files come
+        table = pa.concat_tables([pa.Table.from_pylist(given[:half]), pa.Table.from_pylist(given[half:])])
+        got = index_files._with_offsets(table, heads)
         assert list(
             zip(got.column("msg_id").to_pylist(), got.column("queue_offset").to_pylist(), strict=True)
         ) == (expected(given))

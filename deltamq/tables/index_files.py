@@ -327,17 +327,21 @@ def _routed_props(
 ) -> pa.Array:
     """Properties as the index keeps them: a plain row's as stored; a routed row's without
     any ``REAL_TOPIC`` / ``REAL_QID`` it had, then those two naming its real queue."""
+    props = props.combine_chunks()
     if pc.all(plain).as_py():
-        return props.combine_chunks()
-    flags = plain.to_pylist()
-    values = props.to_pylist()
-    topics, qids = topic.to_pylist(), qid.to_pylist()
+        return props
+    routed = np.flatnonzero(~pc.fill_null(plain, True).to_numpy(zero_copy_only=False))
+    at = pa.array(routed, pa.int64())
+    values = props.take(at).to_pylist()  # only the routed rows go through Python
+    topics, qids = topic.take(at).to_pylist(), qid.take(at).to_pylist()
     drop = (Prop.REAL_TOPIC, Prop.REAL_QID)
-    for i, is_plain in enumerate(flags):
-        if not is_plain:
-            kept = [(k, v) for k, v in (values[i] or []) if k not in drop]
-            values[i] = [*kept, (Prop.REAL_TOPIC, topics[i]), (Prop.REAL_QID, str(qids[i]))]
-    return pa.array(values, _PROPS)
+    for i, value in enumerate(values):
+        kept = [(k, v) for k, v in (value or []) if k not in drop]
+        values[i] = [*kept, (Prop.REAL_TOPIC, topics[i]), (Prop.REAL_QID, str(qids[i]))]
+    n = len(props)
+    order = np.arange(n, dtype=np.int64)
+    order[routed] = n + np.arange(len(routed), dtype=np.int64)  # each routed row from the rebuilt ones
+    return pa.concat_arrays([props, pa.array(values, _PROPS)]).take(pa.array(order))
 
 
 def _with_offsets(table: pa.Table, heads: Mapping[Queue, int]) -> pa.Table:
@@ -351,11 +355,14 @@ def _with_offsets(table: pa.Table, heads: Mapping[Queue, int]) -> pa.Table:
     at = table.column_names.index("msg_id")
     if n == 0:
         return table.add_column(at, "queue_offset", pa.array([], pa.int64()))
-    topics = pc.dictionary_encode(table.column("topic")).combine_chunks()
+    topics = pc.dictionary_encode(table.column("topic"), null_encoding="encode").combine_chunks()
     names = topics.dictionary.to_pylist()
-    rank = np.empty(len(names), dtype=np.int64)
-    rank[np.argsort(np.array(names, dtype=object), kind="stable")] = np.arange(len(names))
-    queue = (rank[topics.indices.to_numpy()] << 32) + table.column("queue_id").to_numpy().astype(np.int64)
+    rank = np.empty(len(names), dtype=np.int64)  # Arrow's order: UTF-8 bytes, nulls last
+    rank[sorted(range(len(names)), key=lambda i: (names[i] is None, (names[i] or "").encode()))] = np.arange(
+        len(names)
+    )
+    qid = table.column("queue_id").to_numpy().astype(np.int64) + (1 << 31)  # an int32, made non-negative
+    queue = (rank[topics.indices.to_numpy()] << 32) + qid
     later = [
         table.column(c).to_numpy().astype(np.int64) for c in ("cl_version", "cl_batch_id", "cl_batch_pos")
     ]
@@ -366,9 +373,9 @@ def _with_offsets(table: pa.Table, heads: Mapping[Queue, int]) -> pa.Table:
         table, queue = table.take(pa.array(order)), queue[order]
     starts = np.concatenate([[0], np.flatnonzero(queue[1:] != queue[:-1]) + 1])
     lengths = np.diff(np.append(starts, n))
-    topic_of = {int(r): name for r, name in zip(rank, names, strict=True)}
+    firsts = table.select(["topic", "queue_id"]).take(pa.array(starts)).to_pylist()  # each run's queue
     base = np.array(
-        [heads.get((topic_of[int(queue[s] >> 32)], int(queue[s] & 0xFFFFFFFF)), 0) - s for s in starts],
+        [heads.get((r["topic"], r["queue_id"]), 0) - s for r, s in zip(firsts, starts, strict=True)],
         dtype=np.int64,
     )
     offsets = np.repeat(base, lengths) + np.arange(n, dtype=np.int64)
