@@ -37,6 +37,7 @@ def main() -> None:
                 e = run.end_to_end(root, args.messages, listener, idle_ticks=0, send=send)
                 row = {"round": r, "listener": listener, "send": send, **{k: e[k] for k in keys}}
                 row["arrow_read_s"] = e["arrow_read_s"]
+                row["parquet_floor_writes_s"] = e["parquet_floor_writes_s"]
                 print(json.dumps(row), flush=True)
                 runs.append(row)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
