@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from deltamq.constants import ENDED, INFLIGHT, NACK_REQUESTED, REVOKED, TAKEN
+from deltamq.constants import ACKED, ENDED, EXPIRED, INFLIGHT, NACK_REQUESTED, NACKED, REVOKED, TAKEN
 from deltamq.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -167,10 +167,20 @@ class QueueLog:
 _KEY = ["consumer_group", "topic", "queue_id"]
 
 
+ENDS_ONLY = (ACKED, NACKED, EXPIRED)
+"""A handle whose every row is one of these is an orphan: it ended a handout the log does
+not hold (an ack a client of a deleted group appended after the group was created again,
+whose handouts went with the delete; a late ack after the fold removed its handout). It
+counts for nothing but the log's extent: a handout's end moves a queue's position only
+with the handout in the log."""
+
+
 def _handles(log: pa.Table) -> pa.Table:
     """Per handle of the log's rows (group, topic, queue, handle): whether any row is in
     each state (``t``, ``r``, ``d``, ``n``, ``i``: TAKEN, REVOKED, ended, NACK_REQUESTED,
-    INFLIGHT; a null state is in none), the earliest due time, offset and delivery time."""
+    INFLIGHT; a null state is in none), whether every row is an ack, nack or expiry
+    (``e_all``: an orphan, :data:`ENDS_ONLY`), the earliest due time, offset and
+    delivery time."""
     state = log["state"]
 
     def of(states: Any) -> Any:
@@ -186,13 +196,15 @@ def _handles(log: pa.Table) -> pa.Table:
             "d": of(list(ENDED)),
             "n": nacked,
             "i": inflight,
+            "e": of(list(ENDS_ONLY)),
             "due": pc.if_else(
                 inflight, log["invisible_until"], pc.if_else(nacked, log["delivered_ts"], no_time)
             ),
         }
     )
     return rows.group_by([*_KEY, "receipt_handle"], use_threads=False).aggregate(
-        [(c, "any") for c in "trdni"] + [("due", "min"), ("queue_offset", "min"), ("delivered_ts", "min")]
+        [(c, "any") for c in "trdni"]
+        + [("e", "all"), ("due", "min"), ("queue_offset", "min"), ("delivered_ts", "min")]
     )
 
 
@@ -211,6 +223,7 @@ def summarise(log: pa.Table) -> dict[tuple[str, str, int], QueueLog]:
         return {}
     handles = _handles(log)
     t, r, d, n, i = (handles[f"{c}_any"] for c in "trdni")
+    orphan = handles["e_all"]
     revoked = pc.and_not(r, t)
     ended = pc.and_(pc.and_not(pc.invert(t), r), pc.or_(d, pc.invert(pc.or_(n, i))))
     open_ = pc.and_(pc.invert(pc.or_(pc.or_(t, r), ended)), pc.or_(n, i))
@@ -234,8 +247,8 @@ def summarise(log: pa.Table) -> dict[tuple[str, str, int], QueueLog]:
     ).join(taken, _KEY, join_type="left outer", use_threads=False)
     old = pc.fill_null(pc.less(per["ts"], per["taken_ts"]), False)
     none = pa.scalar(None, off.type)
-    per = per.append_column("old_off", pc.if_else(old, per["off"], none)).append_column(
-        "new_off", pc.if_else(pc.or_(old, per["revoked"]), none, per["off"])
+    per = per.append_column("old_off", pc.if_else(pc.and_not(old, orphan), per["off"], none)).append_column(
+        "new_off", pc.if_else(pc.or_(pc.or_(old, per["revoked"]), orphan), none, per["off"])
     )
     sums = per.group_by(_KEY, use_threads=False).aggregate(
         [
@@ -260,7 +273,7 @@ def sum_up(rows: Iterable[Any]) -> dict[tuple[str, str, int], QueueLog]:
     """{(group, topic, queue): QueueLog} from the log's handles, grouped, as the engine
     computes them (deltamq/tables/deliveries.py; rows of handles of one class and time
     may be merged): ``cls``, ``ts``, ``lo``, ``hi`` and ``due`` as :func:`summarise`
-    says."""
+    says (``O``: an orphan, :data:`ENDS_ONLY`)."""
     listed = list(rows)
     out: dict[tuple[str, str, int], QueueLog] = defaultdict(QueueLog)
     for r in listed:
@@ -276,6 +289,8 @@ def sum_up(rows: Iterable[Any]) -> dict[tuple[str, str, int], QueueLog]:
             s.inflight_lo = r["lo"] if s.inflight_lo is None else min(s.inflight_lo, r["lo"])
             if r["due"] is not None:
                 s.due = r["due"] if s.due is None else min(s.due, r["due"])
+        if r["cls"] == "O":  # an orphan: the log's extent only (ENDS_ONLY)
+            continue
         if s.taken_ts is not None and r["ts"] < s.taken_ts:
             s.old_hi = r["hi"] if s.old_hi is None else max(s.old_hi, r["hi"])
         elif r["cls"] != "R":

@@ -896,3 +896,24 @@ def test_a_client_of_a_group_created_again_stops_instead_of_acking_into_the_new_
         a.ack([m.receipt_handle for m in got], later)
     fresh = broker.pull_consumer("workers", "b").pull(50, later)
     assert sorted(bodies(fresh)) == sorted(f"q{q}m{i}" for q in range(4) for i in range(5))
+
+
+def test_acks_a_late_client_appends_after_its_group_was_created_again_move_nothing(pulled, clock):
+    """A client of the deleted group acks before it next reads its group (within a quarter
+    of ``client_timeout_ms``): its ack rows land in the log under the name, for handouts
+    the new group never made (create_group dropped them). Those acks moved the new
+    group's position past the messages they named, which its clients never got. An ack
+    of a handle the log holds no handout of now counts for nothing."""
+    broker = pulled
+    t = clock.now_ms()
+    a = broker.pull_consumer("workers", "a")
+    got = a.pull(20, t)
+    _created_again(broker, clock)
+    a.ack([m.receipt_handle for m in got], clock.now_ms())  # appended to the new group's log
+    consumed = (
+        "SELECT count(*) AS n FROM message_groups WHERE consumer_group = 'workers' AND state = 'consumed'"
+    )
+    assert broker.sql(consumed).collect()[0]["n"] == 0  # the view does not count them either
+    broker.tick(clock.now_ms())
+    fresh = broker.pull_consumer("workers", "b").pull(50, clock.now_ms())
+    assert sorted(bodies(fresh)) == sorted(f"q{q}m{i}" for q in range(4) for i in range(5))

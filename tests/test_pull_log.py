@@ -58,6 +58,8 @@ def by_rule(rows: list[LogRow]) -> dict[tuple[str, str, int], QueueLog]:
             cls = "T"
         elif REVOKED in states:
             cls = "R"
+        elif states <= {ACKED, NACKED, EXPIRED}:
+            cls = "O"  # an orphan: an end of a handout the log does not hold
         elif states & {ACKED, NACKED, EXPIRED, REVOKED}:
             cls = "D"
         elif NACK_REQUESTED in states:
@@ -89,6 +91,10 @@ def test_summarise_of_no_rows_and_of_one_handle():
     ended = (*row[:8], None, ACKED)
     assert summarise(log_table([row, ended])) == {
         ("g", "t", 0): QueueLog(None, None, None, 7, None, 7, 1_000)
+    }
+    orphan = (*ended[:4], 9, "m9", "h9", 1_001, None, ACKED)  # an ack of a handout not in the log
+    assert summarise(log_table([row, ended, orphan])) == {
+        ("g", "t", 0): QueueLog(None, None, None, 7, None, 7, 1_001)
     }
 
 

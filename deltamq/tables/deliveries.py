@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 from deltamq import file_reads as files
 from deltamq.constants import ENDED, INFLIGHT, NACK_REQUESTED, REVOKED, TAKEN
 from deltamq.pull_log import (
+    ENDS_ONLY,
     LOCK_COLUMNS,
     LockEntry,
     LogRow,
@@ -239,6 +240,7 @@ def _summary_by_engine(
     if queues is not None:
         where.append(sql_queues(queues))
     ended_states = ", ".join(sql_str(s) for s in ENDED)
+    ends_only = ", ".join(sql_str(s) for s in ENDS_ONLY)
     statement = (
         "SELECT consumer_group, topic, queue_id, ts, cls, min(off) AS lo, max(off) AS hi, "
         "min(due) AS due FROM (SELECT consumer_group, topic, queue_id, "
@@ -247,6 +249,7 @@ def _summary_by_engine(
         f"WHEN state = {sql_str(NACK_REQUESTED)} THEN delivered_ts END) AS due, "
         f"CASE WHEN max(CASE WHEN state = {sql_str(TAKEN)} THEN 1 ELSE 0 END) = 1 THEN 'T' "
         f"WHEN max(CASE WHEN state = {sql_str(REVOKED)} THEN 1 ELSE 0 END) = 1 THEN 'R' "
+        f"WHEN min(CASE WHEN state IN ({ends_only}) THEN 1 ELSE 0 END) = 1 THEN 'O' "
         f"WHEN max(CASE WHEN state IN ({ended_states}) THEN 1 ELSE 0 END) = 1 THEN 'D' "
         f"WHEN max(CASE WHEN state = {sql_str(NACK_REQUESTED)} THEN 1 ELSE 0 END) = 1 THEN 'N' "
         f"WHEN max(CASE WHEN state = {sql_str(INFLIGHT)} THEN 1 ELSE 0 END) = 1 THEN 'I' "

@@ -157,9 +157,12 @@ def message_groups_sql(name: Name) -> str:
         f"FROM {name('deliveries')} d LEFT JOIN (SELECT DISTINCT receipt_handle FROM {name('deliveries')} "
         f"WHERE state IN {sql_in(ENDED)}) e ON e.receipt_handle = d.receipt_handle "
         f"WHERE d.state = {sql_str(INFLIGHT)} AND e.receipt_handle IS NULL), "
-        # acked by a pull client: consumed, though the tick has not moved the offset yet
-        "acked AS (SELECT DISTINCT consumer_group, topic, queue_id, queue_offset "
-        f"FROM {name('deliveries')} WHERE state = {sql_str(ACKED)}) "
+        # acked by a pull client: consumed, though the tick has not moved the offset yet (an
+        # ack of a handout the log does not hold counts for nothing: pull_log.ENDS_ONLY)
+        "acked AS (SELECT DISTINCT a.consumer_group, a.topic, a.queue_id, a.queue_offset "
+        f"FROM {name('deliveries')} a JOIN (SELECT DISTINCT receipt_handle FROM {name('deliveries')} "
+        f"WHERE state = {sql_str(INFLIGHT)}) h ON h.receipt_handle = a.receipt_handle "
+        f"WHERE a.state = {sql_str(ACKED)}) "
         "SELECT s.msg_id, s.topic, g.consumer_group, "
         "CASE WHEN d.id IS NOT NULL THEN 'dead-lettered' "
         "WHEN r.sent_back > r.read THEN 'in retry' "
