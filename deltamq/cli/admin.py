@@ -183,6 +183,13 @@ def catalog(broker, args: argparse.Namespace) -> int:
             "sc://host:port (or DELTAMQ_SPARK_REMOTE) for a Spark Connect server's catalog, or "
             "call deltamq.register(spark, warehouse) in the session that queries them"
         )
+    if broker.engine.flavor == "sail":  # Sail keeps databases and tables per session (docs/engines.md)
+        raise UsageError(
+            "catalog register on a Sail server would name the tables in this command's own "
+            "session: Sail keeps its catalog per session, so no other session would see them "
+            "and nothing would remain. Call deltamq.register(spark, warehouse) in the session "
+            "that queries them, or give --remote an Apache Spark Connect server"
+        )
     names = broker.register(args.database)
     return emit(
         args,

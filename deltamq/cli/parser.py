@@ -278,7 +278,8 @@ def _admin_commands(sub, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser(
         "catalog",
         parents=[common],
-        help="name the tables and views DATABASE.<name> in a Spark Connect server's catalog (needs --remote)",
+        help="name the tables and views DATABASE.<name> in an Apache Spark Connect server's catalog "
+        "(needs --remote)",
     )
     s.add_argument("action", choices=["register"], help="register them")
     s.add_argument("--database", default="deltamq", help="the database to register them in (default deltamq)")
