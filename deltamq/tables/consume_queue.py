@@ -419,8 +419,9 @@ def index_new(
     of them). ``fence`` is called before the index commit (lease check); ``job`` names the
     caller's fault points (``<job>.before_index_commit`` / ``.after_index_commit``). The
     caller commits (``Context.commit``: a conflict re-runs the whole pass). A pass of up
-    to ``index_files.MAX_ROWS`` rows is planned and appended from the tables' files
-    (deltamq/tables/index_files.py), a larger one through the engine."""
+    to ``index_files.MAX_ROWS`` rows (``MAX_ORDERED_ROWS`` of files ordered by queue) is
+    planned and appended from the tables' files (deltamq/tables/index_files.py), a
+    larger one through the engine."""
     fs, state = _indexing_state(wh)
     commits = deltalog.commits_after(wh.storage, wh.uri("commit_log"), state.version, max_versions)
     if not commits:
