@@ -243,12 +243,15 @@ def summarise(log: pa.Table) -> dict[tuple[str, str, int], QueueLog]:
             "open_off": pc.if_else(open_, off, pa.scalar(None, off.type)),
             "open_due": pc.if_else(open_, handles["due_min"], pa.scalar(None, handles["due_min"].type)),
             "revoked": revoked,
+            "orphan": orphan,
         }
-    ).join(taken, _KEY, join_type="left outer", use_threads=False)
-    old = pc.fill_null(pc.less(per["ts"], per["taken_ts"]), False)
+    ).join(taken, _KEY, join_type="left outer", use_threads=False)  # rows come back in any order:
+    old = pc.fill_null(pc.less(per["ts"], per["taken_ts"]), False)  # only per's own columns below
     none = pa.scalar(None, off.type)
-    per = per.append_column("old_off", pc.if_else(pc.and_not(old, orphan), per["off"], none)).append_column(
-        "new_off", pc.if_else(pc.or_(pc.or_(old, per["revoked"]), orphan), none, per["off"])
+    per = per.append_column(
+        "old_off", pc.if_else(pc.and_not(old, per["orphan"]), per["off"], none)
+    ).append_column(
+        "new_off", pc.if_else(pc.or_(pc.or_(old, per["revoked"]), per["orphan"]), none, per["off"])
     )
     sums = per.group_by(_KEY, use_threads=False).aggregate(
         [

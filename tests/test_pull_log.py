@@ -77,10 +77,26 @@ def by_rule(rows: list[LogRow]) -> dict[tuple[str, str, int], QueueLog]:
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", range(120))
 def test_summarise_agrees_with_the_rule(seed):
     rows = random_log(seed)
     assert summarise(log_table(rows)) == by_rule(rows)
+
+
+@pytest.mark.unit
+def test_orphan_acks_beside_a_takeover_count_for_nothing_on_their_own_queue():
+    """A TAKEN mark on one queue (its summary joins the takeovers back per handle) and acks
+    of handouts the log does not hold on another: the orphans stay on their queue and move
+    nothing there, as the rule says (the join's row order once mixed the two up)."""
+    rows = [("g", "c", "t", 0, 0, "mt", "ht", 1_000, None, TAKEN)]
+    for h in range(50):
+        rows.append(("g", "c", "t", 0, h, f"m{h}", f"a{h}", 1_001 + h, 9_000, INFLIGHT))
+        rows.append(("g", "c", "t", 0, h, f"m{h}", f"a{h}", 1_001 + h, None, ACKED))
+        rows.append(("g", "c", "t", 1, h, f"n{h}", f"o{h}", 900 + h, None, ACKED))  # orphans
+    random.Random(3).shuffle(rows)
+    got = summarise(log_table(rows))
+    assert got == by_rule(rows)
+    assert got[("g", "t", 1)].last is None and got[("g", "t", 0)].last == 49
 
 
 @pytest.mark.unit
