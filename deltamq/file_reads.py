@@ -211,8 +211,9 @@ def _placed(
         if len(at) == 0:
             continue
         stored = snap.taken(f, rows[at], names)
-        expected = picked(pa.table({"m": wanted}), at).column("m")
-        same = pc.equal(stored.column("msg_id"), expected).fill_null(False).to_numpy(zero_copy_only=False)
+        same = (
+            pc.equal(stored.column("msg_id"), wanted.take(at)).fill_null(False).to_numpy(zero_copy_only=False)
+        )
         if not same.all():
             at, stored = at[same], stored.filter(same)
         done[at] = True

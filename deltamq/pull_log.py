@@ -223,7 +223,6 @@ def summarise(log: pa.Table) -> dict[tuple[str, str, int], QueueLog]:
         return {}
     handles = _handles(log)
     t, r, d, n, i = (handles[f"{c}_any"] for c in "trdni")
-    orphan = handles["e_all"]
     revoked = pc.and_not(r, t)
     ended = pc.and_(pc.and_not(pc.invert(t), r), pc.or_(d, pc.invert(pc.or_(n, i))))
     open_ = pc.and_(pc.invert(pc.or_(pc.or_(t, r), ended)), pc.or_(n, i))
@@ -243,7 +242,7 @@ def summarise(log: pa.Table) -> dict[tuple[str, str, int], QueueLog]:
             "open_off": pc.if_else(open_, off, pa.scalar(None, off.type)),
             "open_due": pc.if_else(open_, handles["due_min"], pa.scalar(None, handles["due_min"].type)),
             "revoked": revoked,
-            "orphan": orphan,
+            "orphan": handles["e_all"],
         }
     ).join(taken, _KEY, join_type="left outer", use_threads=False)  # rows come back in any order:
     old = pc.fill_null(pc.less(per["ts"], per["taken_ts"]), False)  # only per's own columns below

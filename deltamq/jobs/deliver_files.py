@@ -144,10 +144,8 @@ def partitions(rows: pa.Table, most: int) -> list[pa.Table]:
     key = np.zeros(rows.num_rows, dtype=np.int64)
     for c in ("consumer_group", "client_id", "topic", "queue_id"):
         codes = pc.dictionary_encode(rows.column(c), null_encoding="encode").combine_chunks()
-        if (int(key.max()) + 1) * len(codes.dictionary) >= 1 << 62:
-            key = np.unique(key, return_inverse=True)[1].astype(
-                np.int64
-            )  # dense again: below the rows' count
+        if (int(key.max()) + 1) * len(codes.dictionary) >= 1 << 62:  # made dense again: below the rows' count
+            key = np.unique(key, return_inverse=True)[1].astype(np.int64)
         key = key * len(codes.dictionary) + codes.indices.to_numpy().astype(np.int64)
     queues, first, home_of, sizes = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
     if len(queues) <= 1:
