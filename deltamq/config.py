@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from deltamq.arrow_memory import MemoryPool, check_pool
 from deltamq.constants import DEFAULT_LEVELS, DEFAULT_QUEUES, MAX_BODY_BYTES
 from deltamq.consumer import validate_retry_policy
 from deltamq.errors import ConfigError
@@ -146,6 +147,10 @@ class BrokerConfig:
     # ends (docs/engines.md): a tick or pull finding it above this many MiB replaces it
     # first (0: never).
     embedded_max_rss_mb: int = 4096
+    # The allocator of a Spark-free pull client's Arrow buffers (deltamq.lite.PullConsumer;
+    # deltamq/arrow_memory.py): auto = jemalloc unless ARROW_DEFAULT_MEMORY_POOL is set;
+    # default = pyarrow's own choice; or jemalloc, mimalloc, system by name.
+    pull_memory_pool: MemoryPool = "auto"
     # Object-store settings of the warehouse (deltamq/storage.py, docs/storage.md), named
     # like the standard environment variables they override: AWS_REGION,
     # AWS_ENDPOINT_URL, AZURE_STORAGE_ACCOUNT_NAME, GOOGLE_SERVICE_ACCOUNT, ... Kept out
@@ -200,6 +205,7 @@ class BrokerConfig:
             isinstance(k, str) and isinstance(v, str | int | bool) for k, v in self.storage_options.items()
         ):
             raise ConfigError("storage_options must map option names (e.g. 'AWS_REGION') to string values")
+        check_pool(self.pull_memory_pool)
         if self.embedded_max_rss_mb < 0:
             raise ConfigError(
                 f"embedded_max_rss_mb={self.embedded_max_rss_mb!r} must be zero (never replace "

@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "deltamq.pipes",
             "deltamq.ids",
             "deltamq.faults",
+            "deltamq.arrow_memory",
             "deltamq._sail_child",
             "deltamq.config",
             "deltamq.schemas",

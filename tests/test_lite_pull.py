@@ -372,3 +372,22 @@ def test_a_pull_group_stays_a_pull_group_once_its_clients_left(pulled, clock):
     assert pulled.sql("SELECT count(*) AS n FROM clients").collect()[0]["n"] == 0
     kinds = {g["group"]: g["kind"] for g in pulled.status()["groups"]}
     assert kinds["workers"] == "pull"
+
+
+def test_the_spark_free_client_takes_its_arrow_pool_from_the_config(pulled, clock):
+    """deltamq/arrow_memory.py: the client switches its process's Arrow allocator as its
+    config says (restored afterwards: the pool is process-wide)."""
+    import dataclasses
+
+    import pyarrow as pa
+
+    before = pa.default_memory_pool()
+    try:
+        config = dataclasses.replace(pulled.config, pull_memory_pool="system")
+        client = PullConsumer(pulled.warehouse.location, "workers", "pooled", config=config, clock=clock)
+        assert pa.default_memory_pool().backend_name == "system"
+        got = client.pull(100, now=clock.now_ms())
+        assert len(got) == 20 and got[0].body.startswith(b"q")
+        client.close()
+    finally:
+        pa.set_memory_pool(before)
