@@ -212,7 +212,8 @@ def group_lag(
 def _group_summaries(ctx: Context, lag: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every consumer group, subscribed or not, with or without offset rows: its kind
     (push, sink, pull — a group with no stored listener whose clients have pulled —
-    or ``no listener stored``: a pull group nobody has pulled from yet), the topics it
+    or ``pull (no client yet)``: one nobody has pulled from yet, which ``group list``
+    also shows as a pull group), the topics it
     subscribed to (its own
     ``%RETRY%`` topic, which it always reads, not listed) and its lag (retries included)."""
     pulling = deliveries.pulled_groups(ctx.warehouse)
@@ -227,7 +228,7 @@ def _group_summaries(ctx: Context, lag: list[dict[str, Any]]) -> list[dict[str, 
         elif cfg.listener or name in ctx.catalog.listeners:
             kind = "push"
         else:
-            kind = "pull" if name in pulling else "no listener stored"
+            kind = "pull" if name in pulling else "pull (no client yet)"
         mine = [x for x in lag if x["group"] == name]
         out.append(
             {

@@ -293,7 +293,7 @@ def _kind(cfg: Any, registered: bool, pulling: bool) -> str:
         return "sink"
     if cfg.listener or registered:
         return "push"
-    return "pull" if pulling else "no listener stored"
+    return "pull" if pulling else "pull (no client yet)"
 
 
 def _groups(

@@ -412,7 +412,7 @@ def test_status_shows_every_group_and_folds_empty_delay_levels(broker, clock, ca
     st = json.loads(out)
     groups = {g["group"]: g for g in st["groups"]}
     assert set(groups) == {"idle", "puller", "pusher"}
-    assert groups["puller"]["lag"] == 3 and groups["puller"]["kind"] == "no listener stored"
+    assert groups["puller"]["lag"] == 3 and groups["puller"]["kind"] == "pull (no client yet)"
     assert groups["pusher"]["lag"] == 0 and groups["pusher"]["kind"] == "push"
     assert groups["idle"] == {**groups["idle"], "topics": [], "lag": 0}
     heads = {(q["topic"], q["queue_id"]): q["max_offset"] for q in st["queues"] if q["topic"] == "orders"}
@@ -422,8 +422,8 @@ def test_status_shows_every_group_and_folds_empty_delay_levels(broker, clock, ca
     )
     code, out, _ = _run(capsys, "status", "--warehouse", wh)
     assert code == 0
-    assert re.search(r"^puller +no listener stored +CLUSTERING +orders +3 ", out, re.M)
-    assert re.search(r"^idle +no listener stored +CLUSTERING +- \(not subscribed\) +0 ", out, re.M)
+    assert re.search(r"^puller +pull \(no client yet\) +CLUSTERING +orders +3 ", out, re.M)
+    assert re.search(r"^idle +pull \(no client yet\) +CLUSTERING +- \(not subscribed\) +0 ", out, re.M)
     levels = out[out.index("delay levels") : out.index("timers pending")]
     assert re.search(r"^3 +10s +0 +1 ", levels, re.M)
     assert "(17 of 18 levels have nothing pending: not shown)" in levels
@@ -590,6 +590,7 @@ def test_a_job_that_is_not_due_says_why_on_its_line(broker, clock, capsys):
     assert code == 0 and "retain: skipped (not due" in out, out
     code, out, _ = _run(capsys, "job", "dispatch", "--warehouse", wh, "--now", str(clock.now_ms()))
     assert code == 0 and "dispatch: nothing to do; redispatch: skipped (" in out, out
+    assert out.startswith("job "), out  # one job's run, not a tick's line
     code, out, _ = _run(capsys, "tick", "--warehouse", wh, "--now", str(clock.now_ms() + 1))
     assert code == 0 and "skipped (" not in out, out  # a tick's line stays one short line
 

@@ -80,9 +80,11 @@ class TickResult:
     def summary(self, *, skips: bool = False) -> str:
         """One line: each job that did something (or failed) with its rows in/out, then
         each push group's counts; jobs with nothing to do are only counted (with ``skips``,
-        as ``deltamq job`` prints one job's run, each is named, one skipped with the reason)."""
+        as ``deltamq job`` prints one job's run, each is named, one skipped with the reason;
+        that line then begins ``job``, not ``tick``)."""
+        label = "job" if skips else "tick"
         if self.idle:
-            return f"tick {ms_to_iso(self.now)} — idle: no table changed and nothing fell due, no job ran"
+            return f"{label} {ms_to_iso(self.now)} — idle: no table changed and nothing fell due, no job ran"
         busy = [j for j in self.jobs if j.rows_in or j.rows_out or j.status == "FAILED" or j.error]
         parts = [f"{j.job}: {j.status} in={j.rows_in} out={j.rows_out}" for j in busy]
         idle = len(self.jobs) - len(busy)
@@ -100,7 +102,7 @@ class TickResult:
         elif idle:
             parts.append(f"{idle} more with nothing to do")
         return (
-            f"tick {ms_to_iso(self.now)} — "
+            f"{label} {ms_to_iso(self.now)} — "
             + "; ".join(parts)
             + "".join(f" | {g}: {text}" for g, text in self.group_lines())
         )
