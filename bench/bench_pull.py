@@ -79,7 +79,9 @@ while idle is None or time.time() - idle < 3.0:  # drained: nothing for 3 s
 consumer.close()
 commits = broker.engine.stats.commits if kind != "lite" else None
 retried = broker.engine.stats.conflicts_retried if kind != "lite" else None
+import pyarrow as pa
 report = {"client": me, "messages": got, "pulls": pulls, "unacked": unacked, "first": first, "last": last,
+          "arrow_pool": pa.default_memory_pool().backend_name,
           "commits": commits, "conflicts_retried": retried, "handed": handed}
 print(json.dumps(report), flush=True)
 """
@@ -202,7 +204,18 @@ def measure(
         "seconds": round(end - start, 2),
         "msgs_per_s": round(n / (end - start)),
         "per_client": [
-            {k: r[k] for k in ("client", "messages", "pulls", "unacked", "commits", "conflicts_retried")}
+            {
+                k: r[k]
+                for k in (
+                    "client",
+                    "messages",
+                    "pulls",
+                    "unacked",
+                    "commits",
+                    "conflicts_retried",
+                    "arrow_pool",
+                )
+            }
             for r in reports
         ],
     }

@@ -535,7 +535,11 @@ class Storage:
 
         if self.is_local:
             try:
-                table = columns(path)
+                # opened here, not by path: pyarrow's own open of a path reads the file into
+                # buffers of Arrow's C++ default pool, whatever pa.set_memory_pool chose
+                # (deltamq/arrow_memory.py); an OSFile's come from the chosen pool
+                with pa.OSFile(path) as source:
+                    table = columns(source)
             except OSError as e:
                 raise self.error("read", path, e) from e
         else:

@@ -175,6 +175,18 @@ def _spark_source(request):
 
 
 @pytest.fixture(autouse=True)
+def _arrow_pool_put_back():
+    """A Spark-free pull client switches its process's Arrow pool (deltamq/arrow_memory.py):
+    each test's is put back, so the broker code of later tests in this worker runs on the
+    pool it runs on in production."""
+    import pyarrow as pa
+
+    before = pa.default_memory_pool()
+    yield
+    pa.set_memory_pool(before)
+
+
+@pytest.fixture(autouse=True)
 def _stop_listener_workers():
     """Each test's listeners get their own worker processes; stop them after the test."""
     yield
