@@ -520,10 +520,10 @@ class Storage:
 
     def read_parquet(self, path: str, schema: Any, group: tuple[Any, int] | None = None) -> Any:
         """The Parquet file at ``path`` as a pyarrow Table of ``schema``'s columns, in its
-        types (a file written by another engine may spell a type differently); a column
-        the file lacks (added to the table after the file was written) is all null.
-        ``group`` (local files): (the file's footer, :meth:`parquet_metadata`; a row group
-        index) reads that row group only."""
+        types (another engine's file may spell a type differently); a column the file
+        lacks is all null. ``group`` (local files): (its footer, :meth:`parquet_metadata`;
+        a row group index) reads that row group only. A local file is opened here: pyarrow
+        opening a path reads it into Arrow's C++ pool, not pa.set_memory_pool's."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -535,9 +535,6 @@ class Storage:
 
         if self.is_local:
             try:
-                # opened here, not by path: pyarrow's own open of a path reads the file into
-                # buffers of Arrow's C++ default pool, whatever pa.set_memory_pool chose
-                # (deltamq/arrow_memory.py); an OSFile's come from the chosen pool
                 with pa.OSFile(path) as source:
                     table = columns(source)
             except OSError as e:
@@ -608,9 +605,7 @@ class Storage:
         return StorageError(f"cannot {action} {path}: {describe_cause(cause)} ({detail})")
 
 
-_SECRET_OPTION = re.compile(
-    r"KEY|SECRET|TOKEN|PASSWORD|CREDENTIAL|SAS|SIGNATURE|CONNECTION|AUTH", re.IGNORECASE
-)
+_SECRET_OPTION = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|CREDENTIAL|SAS|SIGNATURE|CONNECTION|AUTH", re.I)
 """Storage options whose values an error must not show (a region or an endpoint is shown:
 it says where the store was looked for)."""
 
