@@ -1,19 +1,21 @@
-"""Which allocator a Spark-free pull client's Arrow buffers come from.
+"""Which allocator a pull client's Arrow buffers come from.
 
 pyarrow allocates from mimalloc by default. A pull client decodes whole Parquet files
 of bodies and drops them again as its queues move on. Four such clients on two cores
 spent more time in the kernel than in their own code with mimalloc (its arenas are
 committed up front and faulted in as transparent huge pages), and drained a queue about
-half as fast as with jemalloc or the C library's allocator (bench/README.md, "Session 4
-of 2026-11-29"). The broker's own passes were measured the other way round (dispatch
-from the files ~20 % faster with mimalloc), so only the pull client switches, and only
-when its process has not chosen: under ``auto`` a process whose pool is not mimalloc
-(``pa.set_memory_pool`` called, or ``ARROW_DEFAULT_MEMORY_POOL`` naming another
-allocator) keeps it, and so does one whose ``ARROW_DEFAULT_MEMORY_POOL`` names mimalloc.
+half as fast as with jemalloc or the C library's allocator, the Spark-free client
+(``deltamq.lite.PullConsumer``) and the broker's (``Broker.pull_consumer``) alike
+(bench/README.md, "Session 4 of 2026-11-29"). The broker's own passes were measured the
+other way round (dispatch from the files ~20 % faster with mimalloc), so a process
+switches when it creates a pull client, not before, and only when it has not chosen:
+under ``auto`` a process whose pool is not mimalloc (``pa.set_memory_pool`` called, or
+``ARROW_DEFAULT_MEMORY_POOL`` naming another allocator) keeps it, and so does one whose
+``ARROW_DEFAULT_MEMORY_POOL`` names mimalloc.
 
-The pool is a process-wide setting of pyarrow, so a process that holds a broker and a
-Spark-free pull client runs the broker's work on the client's pool too. Buffers
-allocated before the switch stay with the allocator that made them. pyarrow's own
+The pool is a process-wide setting of pyarrow, so a process that runs ticks and pull
+clients runs its ticks on the clients' pool too. Buffers allocated before the switch
+stay with the allocator that made them. pyarrow's own
 allocations below its Python bindings (a Parquet writer's internals, a filter by
 expression, delta-rs) keep Arrow's C++ default; the decoded files, the bulk of a
 client's memory, come from the chosen pool (``Storage.read_parquet`` opens local files

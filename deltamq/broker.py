@@ -488,10 +488,13 @@ class Broker:
     # --- consuming --------------------------------------------------------------------------
     def pull_consumer(self, group: str, client_id: str) -> PullConsumer:
         """A pull client of a CLUSTERING group without a push listener (docs/behaviour.md §6): its share
-        of the group's queues, guarded by the queue access lock."""
+        of the group's queues, guarded by the queue access lock. Its process's Arrow
+        buffers come from ``pull_memory_pool`` from then on (deltamq/arrow_memory.py)."""
+        from deltamq.arrow_memory import use_pool
         from deltamq.pull import PullConsumer
         from deltamq.pull_engine import EngineStore
 
+        use_pool(self.config.pull_memory_pool)
         return PullConsumer(EngineStore(self.context), group, client_id)
 
     def sink_to_table(

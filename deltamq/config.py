@@ -147,9 +147,10 @@ class BrokerConfig:
     # ends (docs/engines.md): a tick or pull finding it above this many MiB replaces it
     # first (0: never).
     embedded_max_rss_mb: int = 4096
-    # The allocator of a Spark-free pull client's Arrow buffers (deltamq.lite.PullConsumer;
-    # deltamq/arrow_memory.py): auto = jemalloc unless ARROW_DEFAULT_MEMORY_POOL is set;
-    # default = pyarrow's own choice; or jemalloc, mimalloc, system by name.
+    # The allocator of a pull client's process (deltamq.lite.PullConsumer and
+    # Broker.pull_consumer switch it when created; deltamq/arrow_memory.py): auto =
+    # jemalloc unless the process chose its pool; default = leave it; or jemalloc,
+    # mimalloc, system by name.
     pull_memory_pool: MemoryPool = "auto"
     # Object-store settings of the warehouse (deltamq/storage.py, docs/storage.md), named
     # like the standard environment variables they override: AWS_REGION,

@@ -1,4 +1,4 @@
-"""The allocator of a Spark-free pull client's Arrow buffers (deltamq/arrow_memory.py):
+"""The allocator of a pull client's Arrow buffers (deltamq/arrow_memory.py):
 jemalloc by default, a process's own choice kept, a bad name refused by name. The
 environment cases run in a fresh interpreter: pyarrow reads ARROW_DEFAULT_MEMORY_POOL
 once, when it starts."""

@@ -393,3 +393,17 @@ def test_the_spark_free_client_takes_its_arrow_pool_from_the_config(pulled, cloc
         assert system.total_bytes_allocated() > before  # the files it decoded
     finally:
         client.close()
+
+
+def test_the_broker_s_pull_client_switches_its_process_pool_too(pulled, clock):
+    """Broker.pull_consumer applies ``pull_memory_pool`` (``auto``) as the Spark-free
+    client does: from pyarrow's mimalloc to jemalloc (the conftest puts the pool back)."""
+    import pyarrow as pa
+
+    pa.set_memory_pool(pa.mimalloc_memory_pool())
+    client = pulled.pull_consumer("workers", "spark-pooled")
+    try:
+        assert pa.default_memory_pool().backend_name in ("jemalloc", "system")  # system: no jemalloc built
+        assert len(client.pull(100, now=clock.now_ms())) == 20
+    finally:
+        client.close()
