@@ -11,7 +11,10 @@ alike (vacuum 60 s, log 1 s: a few ticks, as the defaults of 24 h and 60 s are a
 ticks). A tick over 5 s or one that fails is recorded with each job's time and the
 engine's counters (a failed tick is counted and the run goes on, as ``deltamq run``
 does); deltamq's log goes to <root>/bench.log. ``--compare`` runs the same without
-compaction and log cleanup. Writes bench/results/ticks-<timestamp>.json. A benchmark, not a test.
+compaction and log cleanup. With ``--pull`` the client lives in the ticking process,
+which then allocates from the pull client's pool (jemalloc since 2026-11-29,
+deltamq/arrow_memory.py): earlier ``--pull`` results ran their ticks on mimalloc.
+Writes bench/results/ticks-<timestamp>.json. A benchmark, not a test.
 
     python bench/bench_ticks.py [--ticks 10000] [--block 1000] [--pull] [--compare]
 """

@@ -4,9 +4,10 @@ pyarrow allocates from mimalloc by default. A pull client decodes whole Parquet 
 of bodies and drops them again as its queues move on. Four such clients on two cores
 spent more time in the kernel than in their own code with mimalloc (its arenas are
 committed up front and faulted in as transparent huge pages), and drained a queue about
-half as fast as with jemalloc or the C library's allocator, the Spark-free client
-(``deltamq.lite.PullConsumer``) and the broker's (``Broker.pull_consumer``) alike
-(bench/README.md, "Session 4 of 2026-11-29"). The broker's own passes were measured the
+half as fast as with jemalloc or the C library's allocator (the Spark-free client,
+``deltamq.lite.PullConsumer``; the broker's, ``Broker.pull_consumer``, drained 1.8-2.4 x
+faster with four clients on jemalloc, its system time not measured; bench/README.md,
+"Session 4 of 2026-11-29"). The broker's own passes were measured the
 other way round (dispatch from the files ~20 % faster with mimalloc), so a process
 switches when it creates a pull client, not before, and only when it has not chosen:
 under ``auto`` a process whose pool is not mimalloc (``pa.set_memory_pool`` called, or

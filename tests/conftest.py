@@ -176,7 +176,7 @@ def _spark_source(request):
 
 @pytest.fixture(autouse=True)
 def _arrow_pool_put_back():
-    """A Spark-free pull client switches its process's Arrow pool (deltamq/arrow_memory.py):
+    """A pull client switches its process's Arrow pool (deltamq/arrow_memory.py):
     each test's is put back, so the broker code of later tests in this worker runs on the
     pool it runs on in production."""
     import pyarrow as pa
