@@ -494,8 +494,9 @@ class Broker:
         from deltamq.pull import PullConsumer
         from deltamq.pull_engine import EngineStore
 
-        use_pool(self.config.pull_memory_pool)
-        return PullConsumer(EngineStore(self.context), group, client_id)
+        client = PullConsumer(EngineStore(self.context), group, client_id)
+        use_pool(self.config.pull_memory_pool)  # once the group is found
+        return client
 
     def sink_to_table(
         self,

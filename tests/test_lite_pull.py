@@ -401,6 +401,11 @@ def test_the_broker_s_pull_client_switches_its_process_pool_too(pulled, clock):
     import pyarrow as pa
 
     pa.set_memory_pool(pa.mimalloc_memory_pool())
+    with pytest.raises(UnknownGroup):  # a client refused changes nothing in its process
+        pulled.pull_consumer("nope", "spark-pooled")
+    with pytest.raises(UnknownGroup):
+        PullConsumer(pulled.warehouse.location, "nope", "lite-pooled", config=pulled.config, clock=clock)
+    assert pa.default_memory_pool().backend_name == "mimalloc"
     client = pulled.pull_consumer("workers", "spark-pooled")
     try:
         assert pa.default_memory_pool().backend_name in ("jemalloc", "system")  # system: no jemalloc built
