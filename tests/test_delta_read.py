@@ -355,6 +355,43 @@ def test_a_large_producer_file_is_written_in_row_groups_by_queue_and_read_a_grou
     assert empty.num_rows == 0 and empty.column_names == ["batch_pos", "body"]
 
 
+def test_a_large_append_is_written_as_one_file_per_writer_cut_between_row_groups(tmp_path, monkeypatch):
+    import json
+
+    from deltamq import delta_append
+    from deltamq.delta_append import GROUP_ROWS
+
+    monkeypatch.setattr(delta_append, "SPLIT_FROM", 1)  # every grouped append counts as large
+    monkeypatch.setattr(delta_append, "WRITERS", 2)
+    rows = 5 * GROUP_ROWS + 10
+    storage, uri = _commit_log_like(tmp_path, rows, queues=2)
+    snap = FileSnapshot(storage, uri)
+    snap.refresh()
+    files = snap.files()
+    assert len(files) == 2
+    assert sorted(_delta_rs_rows(uri)) == list(range(rows))  # every row once, across the two
+    entry = sorted((tmp_path / "cl" / "_delta_log").glob("*.json"))[-1]
+    adds = [json.loads(line)["add"] for line in entry.read_text().splitlines() if '"add"' in line]
+    assert len(adds) == 2 and all(a["tags"] == {"deltamq.orderedBy": "topic,queue_id"} for a in adds)
+    counts = [json.loads(a["stats"])["numRecords"] for a in adds]
+    assert sum(counts) == rows and min(counts) >= 2 * GROUP_ROWS  # about even, whole row groups
+    for f in files:
+        pf = pq.ParquetFile(f.path)
+        groups = [pf.read_row_group(i, columns=["queue_id"]) for i in range(pf.metadata.num_row_groups)]
+        assert all(len(set(g.column("queue_id").to_pylist())) == 1 for g in groups)
+        body = pf.metadata.row_group(0).column(pf.schema_arrow.get_field_index("body"))
+        # the bodies: no dictionary tried, no min/max kept; the narrow columns keep both
+        assert not body.has_dictionary_page and not body.is_stats_set
+        assert pf.metadata.row_group(0).column(pf.schema_arrow.get_field_index("msg_id")).is_stats_set
+
+
+def test_a_small_append_stays_one_file(tmp_path):
+    storage, uri = _commit_log_like(tmp_path, 100, queues=2)
+    snap = FileSnapshot(storage, uri)
+    snap.refresh()
+    assert len(snap.files()) == 1
+
+
 @pytest.mark.parametrize(
     ("values", "least", "most", "expected"),
     [
