@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from deltamq import ids
+from deltamq.body_reads import FILE, ROW, BodyFiles
 from deltamq.config import Subscription
 from deltamq.constants import DISPATCH_GROUP, SCHEDULE_TOPIC, TIMER_TOPIC
 from deltamq.delta_read import DataFile, FileSnapshot, picked, positions
@@ -78,39 +79,69 @@ def all_rows(wh: Snapshots, table: str, columns: Sequence[str] | None = None) ->
 
 
 def index_rows(wh: Snapshots, ranges: Sequence[Range], columns: Sequence[str]) -> pa.Table | None:
-    """``consume_queue`` rows within ``ranges``, ``columns`` only, in no set order."""
+    """``consume_queue`` rows within ``ranges``, ``columns`` only, in no set order (a
+    row within two ranges once)."""
+    merged: list[list[Any]] = []
+    for topic, q, lo, hi in sorted(ranges):  # overlapping ranges of a queue as one
+        if merged and merged[-1][:2] == [topic, q] and lo <= merged[-1][3]:
+            merged[-1][3] = max(merged[-1][3], hi)
+        else:
+            merged.append([topic, q, lo, hi])
+    found = index_by_range(wh, [(t, q, lo, hi) for t, q, lo, hi in merged], columns)
+    if found is None:
+        return None
+    return pa.concat_tables(found) if found else _empty(wh, columns)
+
+
+def index_by_range(wh: Snapshots, ranges: Sequence[Range], columns: Sequence[str]) -> list[pa.Table] | None:
+    """``consume_queue`` rows of each of ``ranges`` ((topic, queue, first offset, end)),
+    ``columns`` only: one table per range, in the order given (a row within two ranges
+    is in both); None when the table must be read with the engine."""
     snap = wh.snapshot("consume_queue")
     if snap is None:
         return None
-    spans: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
-    for topic, qid, lo, hi in ranges:
-        spans[topic].append((qid, lo, hi - 1))
+    out: list[list[pa.Table]] = [[] for _ in ranges]
+    by_topic: dict[str, list[int]] = defaultdict(list)
+    for k, (topic, _, _, _) in enumerate(ranges):
+        by_topic[topic].append(k)
 
-    def keep(f: DataFile) -> bool:
-        return any(
-            f.overlaps("queue_id", q, q) and f.overlaps("queue_offset", lo, hi)
-            for q, lo, hi in spans.get(f.partition.get("topic") or "", ())
-        )
+    def within(f: DataFile, k: int) -> bool:
+        _, q, lo, hi = ranges[k]
+        return f.overlaps("queue_id", q, q) and f.overlaps("queue_offset", lo, hi - 1)
 
-    where = _any(
-        (pc.field("topic") == topic) & (pc.field("queue_id") == qid) & _between("queue_offset", lo, hi - 1)
-        for topic, qid, lo, hi in ranges
-    )
-    parts = []
-    for f in snap.files(keep):
+    for f in snap.files(
+        lambda f: any(within(f, k) for k in by_topic.get(f.partition.get("topic") or "", ()))
+    ):
+        mine = [k for k in by_topic.get(f.partition.get("topic") or "", ()) if within(f, k)]
         keyed = snap.sorted_keys(f, "queue", _queue_keys, ["queue_id", "queue_offset"])
         if keyed is None:
-            parts.append(snap.read([f], list(columns), where))
+            for k in mine:
+                t, q, lo, hi = ranges[k]
+                where = (
+                    (pc.field("topic") == t)
+                    & (pc.field("queue_id") == q)
+                    & _between("queue_offset", lo, hi - 1)
+                )
+                out[k].append(snap.read([f], list(columns), where))
             continue
         top = 1 << QUEUE_SHIFT  # a range's end past the key's offsets would reach the next queue
         found = [
-            keyed.rows_between((q << QUEUE_SHIFT) + min(lo, top), (q << QUEUE_SHIFT) + min(hi + 1, top))
-            for q, lo, hi in spans.get(f.partition.get("topic") or "", ())
+            keyed.rows_between((q << QUEUE_SHIFT) + min(lo, top), (q << QUEUE_SHIFT) + min(hi, top))
+            for _, q, lo, hi in (ranges[k] for k in mine)
         ]
-        # ranges may overlap (two groups' takes of one queue): each row once, as a filter gives
-        rows = np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
-        parts.append(snap.taken(f, rows, list(columns)))
-    return pa.concat_tables(parts) if parts else snap.read([], list(columns))
+        # one read of the file for all its ranges, then each range's rows sliced from it
+        rows = snap.taken(f, np.concatenate(found), list(columns))
+        at = 0
+        for k, r in zip(mine, found, strict=True):
+            out[k].append(rows.slice(at, len(r)))
+            at += len(r)
+    return [pa.concat_tables(parts) if parts else _empty(wh, columns) for parts in out]
+
+
+def _empty(wh: Snapshots, columns: Sequence[str]) -> pa.Table:
+    snap = wh.snapshot("consume_queue")
+    assert snap is not None
+    return snap.read([], list(columns))
 
 
 QUEUE_SHIFT = 40
@@ -163,6 +194,52 @@ def bodies(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> pa.Table |
         return _placed(index, snap, chosen, located, columns)
     picks = [None if places is None else np.unique(places[1][places[0]]) for places in found]
     return join_bodies(index, [snap.whole(f) for f in chosen], columns, where, picks)
+
+
+def located(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> tuple[pa.Table, BodyFiles] | None:
+    """``index`` (consume_queue rows, as for :func:`bodies`) with where each row's
+    ``commit_log`` row lies instead of its ``columns``: ``body_reads.FILE`` (an index
+    into the returned files' paths) and ``body_reads.ROW``, for a listener worker to read
+    them itself. Rows whose body is gone are left out, and of a message stored twice the
+    first file's row is taken, as :func:`bodies` does; only the ``msg_id`` column of a
+    file is read here. None unless the warehouse is local and every file holding
+    wanted rows holds one batch (its rows found by position)."""
+    snap = wh.snapshot("commit_log")
+    if snap is None or not snap.storage.is_local or index.num_rows == 0:
+        return None
+    ids, pos = index.column("cl_batch_id").to_numpy(), index.column("cl_batch_pos").to_numpy()
+    dates = {d.isoformat() for d in index.column("cl_date").unique().to_pylist()}
+    batches = merge_ranges(pc.unique(index.column("cl_batch_id")).to_pylist())
+    low, high = int(pos.min()), int(pos.max())
+
+    def keep(f: DataFile) -> bool:
+        if f.partition.get("store_date") not in dates or not f.overlaps("batch_pos", low, high):
+            return False
+        return any(f.overlaps("batch_id", lo, hi) for lo, hi in batches)
+
+    chosen = snap.files(keep)
+    found = [_located(snap, f, ids, pos) for f in chosen]
+    if any(places is None for places in found):
+        return None
+    wanted = index.column("msg_id")
+    file_of = np.full(index.num_rows, -1, dtype=np.int32)
+    row_of = np.zeros(index.num_rows, dtype=np.int64)
+    for k, (f, places) in enumerate(zip(chosen, found, strict=True)):
+        assert places is not None  # every file was located (above)
+        hit, rows = places
+        at = np.flatnonzero(hit & (file_of < 0))
+        if len(at) == 0:
+            continue
+        stored = snap.columns(f, ["msg_id"]).column("msg_id").take(pa.array(rows[at], pa.int64()))
+        same = pc.equal(stored, wanted.take(pa.array(at, pa.int64()))).fill_null(False)
+        at = at[same.to_numpy(zero_copy_only=False)]
+        file_of[at], row_of[at] = k, rows[at]
+    kept = np.flatnonzero(file_of >= 0)
+    out = picked(index, kept)
+    out = out.append_column(FILE, pa.array(file_of[kept], pa.int32()))
+    out = out.append_column(ROW, pa.array(row_of[kept], pa.int64()))
+    schema = snap.read([], list(columns)).schema
+    return out, BodyFiles(snap.storage.location, tuple(f.path for f in chosen), schema)
 
 
 def _positions(data: pa.Table) -> np.ndarray | None:

@@ -46,6 +46,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "deltamq.storage",
             "deltamq.delta_append",
             "deltamq.delta_read",
+            "deltamq.body_reads",
             "deltamq.file_reads",
             "deltamq.engine",
         ),

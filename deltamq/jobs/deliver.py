@@ -76,6 +76,7 @@ from deltamq.tables.ranges import queue_ranges
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from deltamq.body_reads import BodyFiles
     from deltamq.config import GroupConfig
     from deltamq.context import Context
     from deltamq.engine import Views
@@ -356,7 +357,8 @@ def take(ctx: Context, views: Views, work: Pass, now: int) -> Taken:
 def _from_files(ctx: Context, work: Pass) -> tuple[Taken, Consumed] | None:
     """The take and the listener calls of a small pass from the tables' files
     (deliver_files); None when the pass is the engine's."""
-    if not deliver_files.eligible(work.groups, work.takes, ctx.engine.mode == "embedded"):
+    local = ctx.warehouse.storage.is_local
+    if not deliver_files.eligible(work.groups, work.takes, ctx.engine.mode == "embedded", local):
         return None
     table = deliver_files.taken_rows(ctx.warehouse, work.takes)
     if table is None:
@@ -364,7 +366,9 @@ def _from_files(ctx: Context, work: Pass) -> tuple[Taken, Consumed] | None:
     taken = taken_of("", deliver_files.summary(table), table)
     if not taken.deliverable:
         return taken, Consumed()
-    rows = deliver_files.consume(ctx.warehouse, table, _consumer(ctx, work, None), os.cpu_count() or 1)
+    rows = deliver_files.consume(
+        ctx.warehouse, table, lambda files: _consumer(ctx, work, None, files), os.cpu_count() or 1
+    )
     if rows is None:
         return None
     return taken, outcomes(rows, sum(r["n"] for r in taken.deliverable))
@@ -413,9 +417,10 @@ def consume(ctx: Context, work: Pass, taken: Taken) -> Consumed:
     return outcomes(msgs.mapInArrow(consumer, consume_partition.OUT_SCHEMA).collect(), n_deliverable)
 
 
-def _consumer(ctx: Context, work: Pass, home: Home | None) -> Any:
+def _consumer(ctx: Context, work: Pass, home: Home | None, files: BodyFiles | None = None) -> Any:
     """The partition function of the pass's groups (``consume_partition``), its listeners
-    run in worker processes with ``home``'s environment (None: this process's)."""
+    run in worker processes with ``home``'s environment (None: this process's), reading
+    their bodies from ``files`` when given."""
     groups = work.groups
     return consume_partition.make_consumer(
         {g: work.listeners[g] for g in groups},
@@ -424,6 +429,7 @@ def _consumer(ctx: Context, work: Pass, home: Home | None) -> Any:
         POISON_TRIES,
         frozenset(g for g, cfg in groups.items() if cfg.orderly),
         home,
+        files,
     )
 
 

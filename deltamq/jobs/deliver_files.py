@@ -19,7 +19,7 @@ reader can read. Otherwise None, and deliver goes through the engine.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from deltamq import file_reads
+from deltamq.body_reads import FILE, ROW, BodyFiles
 from deltamq.delta_read import picked
 from deltamq.jobs import consume_partition
 from deltamq.jobs.deliver_plan import QueueTake
@@ -37,20 +38,24 @@ if TYPE_CHECKING:
     from deltamq.file_reads import Snapshots
 
 MAX_MESSAGES = 10_000
-"""Messages a pass may take and still be delivered here (larger passes are the engine's:
-its partitions call the listeners on every core)."""
+"""Messages a pass may take and still have their bodies read here; a larger pass is
+delivered here only on a local disk, each listener worker reading its chunks' bodies
+itself (elsewhere it is the engine's)."""
 _INDEX = file_reads.HANDOUT_INDEX_COLUMNS
 _BODY = file_reads.HANDOUT_BODY_COLUMNS
 
 
-def eligible(groups: dict[str, GroupConfig], takes: Sequence[QueueTake], embedded: bool) -> bool:
-    """Whether a pass may be delivered from the files (module docstring)."""
+def eligible(
+    groups: dict[str, GroupConfig], takes: Sequence[QueueTake], embedded: bool, local: bool = False
+) -> bool:
+    """Whether a pass may be delivered from the files (module docstring); ``local``: the
+    warehouse is on a local disk, where a large pass's workers read their bodies."""
     return (
         embedded
         and bool(takes)
         and all(t.sql92 is None for t in takes)
         and not any(cfg.dedup_key for cfg in groups.values())
-        and sum(t.hi - t.lo for t in takes) <= MAX_MESSAGES
+        and (local or sum(t.hi - t.lo for t in takes) <= MAX_MESSAGES)
     )
 
 
@@ -60,18 +65,11 @@ def taken_rows(wh: Snapshots, takes: Sequence[QueueTake]) -> pa.Table | None:
     outcome), ``dup`` and ``later`` (False: no de-duplication here), ``suspends`` (the orderly head's
     count) and ``dkey`` (null), as ``deliver.take`` leaves them in its view; None when
     ``consume_queue`` must be read with the engine."""
-    ranges = sorted({(t.topic, t.queue_id, t.lo, t.hi) for t in takes})
-    index = file_reads.index_rows(wh, ranges, _INDEX)
-    if index is None:
+    found = file_reads.index_by_range(wh, [(t.topic, t.queue_id, t.lo, t.hi) for t in takes], _INDEX)
+    if found is None:
         return None
     parts = []
-    for t in takes:
-        rows = index.filter(
-            (pc.field("topic") == t.topic)
-            & (pc.field("queue_id") == t.queue_id)
-            & (pc.field("queue_offset") >= t.lo)
-            & (pc.field("queue_offset") < t.hi)
-        )
+    for t, rows in zip(takes, found, strict=True):
         n = rows.num_rows
         if t.tags is None:
             matched = pa.repeat(pa.scalar(True, pa.bool_()), n)
@@ -108,23 +106,38 @@ def summary(taken: pa.Table) -> list[dict[str, Any]]:
 def consume(
     wh: Snapshots,
     taken: pa.Table,
-    consumer: Any,
+    consumer_for: Callable[[BodyFiles | None], Any],
     parallel: int = 1,
 ) -> list[dict[str, Any]] | None:
-    """The deliverable rows of ``taken`` with their bodies, through ``consumer`` (the
-    partition function), whole queues split into at most ``parallel`` partitions called
-    at once (threads: the listeners run in worker processes, as the engine's partitions
-    call them on every core); its output rows, as the engine's ``collect`` gives them
-    (rows whose body is gone are left out, as the engine's join leaves them); None when
-    ``commit_log`` must be read with the engine."""
-    rows = taken.filter(pc.field("matched") & ~pc.field("poison") & ~pc.field("dup"))
-    joined = file_reads.bodies(wh, rows, _BODY)  # the index rows carry none of the body columns
-    if joined is None:
-        return None
+    """The deliverable rows of ``taken`` with their bodies, through the partition
+    function ``consumer_for`` gives, whole queues split into at most ``parallel``
+    partitions called at once (threads: the listeners run in worker processes, as the
+    engine's partitions call them on every core); its output rows, as the engine's
+    ``collect`` gives them (rows whose body is gone are left out, as the engine's join
+    leaves them); None when ``commit_log`` must be read with the engine. More than
+    :data:`MAX_MESSAGES` rows go with where their bodies lie, and the listener workers
+    read them (``file_reads.located``, deltamq/body_reads.py): a million bodies are
+    never in this process, nor in a pipe."""
+    wanted = pc.and_(taken.column("matched"), pc.invert(pc.or_(taken.column("poison"), taken.column("dup"))))
+    rows = taken if pc.all(wanted).as_py() is not False else taken.filter(wanted)
+    files: BodyFiles | None = None
+    if rows.num_rows > MAX_MESSAGES:
+        placed = file_reads.located(wh, rows, _BODY)
+        if placed is None:
+            return None
+        joined, files = placed
+    else:
+        found = file_reads.bodies(wh, rows, _BODY)  # the index rows carry none of the body columns
+        if found is None:
+            return None
+        joined = found
     if joined.num_rows == 0:
         return []
     names = ["consumer_group", "client_id", *consume_partition.MESSAGE_COLUMNS]
+    if files is not None:
+        names = [*(n for n in names if n in joined.column_names), FILE, ROW]
     msgs = joined.select([*names, "cl_date", "cl_batch_id", "cl_batch_pos", "dkey"])
+    consumer = consumer_for(files)
     parts = partitions(msgs, parallel)
     if len(parts) == 1:
         out = list(consumer(iter(msgs.to_batches())))

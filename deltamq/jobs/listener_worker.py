@@ -17,13 +17,14 @@ pickling), and the worker builds the ``StoredMessage`` objects the listener sees
 reply is one small tuple per chunk. ``consume`` answers with *spans* — runs of messages
 sharing one outcome — so a million consumed messages are a handful of Python objects.
 
-This module imports only the standard library, pyarrow and ``deltamq.message`` so that
-workers start fast.
+This module imports only the standard library, pyarrow, ``deltamq.message`` and
+``deltamq.body_reads`` (numpy, pyarrow) so that workers start fast.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import operator
 import os
 import pickle
@@ -32,10 +33,13 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from deltamq.constants import FailReason
 from deltamq.pipes import readable
+
+if TYPE_CHECKING:
+    from deltamq.body_reads import BodyFiles
 
 try:
     import fcntl
@@ -63,10 +67,12 @@ class Outcome:
     level: int = 0
     reason: FailReason | None = None
     error: str | None = None
+    nbytes: int = 0  # bodies a worker read itself (body_reads) and handed over, on a call's first span
 
 
-Reply = tuple[bool, int, int, "str | None", bool]
-"""A worker's answer to one chunk: (ok, ack index, requested level, error, setup failed)."""
+Reply = tuple[bool, int, int, "str | None", bool, int]
+"""A worker's answer to one chunk: (ok, ack index, requested level, error, setup failed,
+bytes of the bodies it read itself)."""
 
 
 def _send(stream: IO[bytes], obj: Any) -> None:
@@ -80,14 +86,27 @@ def _send_raw(stream: IO[bytes], data: bytes) -> None:
 
 
 def _recv_raw(stream: IO[bytes]) -> bytes:
-    head = stream.read(8)
+    head = _read(stream, 8)
     if len(head) < 8:
         raise EOFError("worker stream closed")
     (size,) = struct.unpack(">Q", head)
-    data = stream.read(size)
+    data = _read(stream, size)
     if len(data) < size:
         raise EOFError("worker stream closed mid-frame")
-    return bytes(data)
+    return data
+
+
+def _read(stream: IO[bytes], n: int) -> bytes:
+    """``n`` bytes of ``stream``, or fewer where it ends (an unbuffered pipe returns what
+    has arrived, so it is read until ``n`` are in)."""
+    parts, got = [], 0
+    while got < n:
+        part = stream.read(n - got)
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _recv(stream: IO[bytes]) -> Any:
@@ -153,6 +172,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
         _send(proto_out, ("not loaded", f"{type(e).__name__}: {e}"))
         return
 
+    from deltamq.body_reads import BodyReader
     from deltamq.constants import MAX_ERROR_CHARS
     from deltamq.consumer import (
         SUCCESS_STATUSES,
@@ -163,6 +183,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
     )
     from deltamq.errors import ListenerUnavailable
 
+    reader = BodyReader()
     _send(proto_out, "ready")  # start-up is not part of any call's timeout
 
     while True:
@@ -172,12 +193,20 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
             return
         if request is None:
             return
-        group, instance = request
+        group, instance, files = request
         try:
             chunk = read_chunk(_recv_raw(proto_in))
         except EOFError:
             return
         n = chunk.num_rows
+        nbytes = 0
+        if files is not None:  # the bodies are read here, from the files (body_reads)
+            try:
+                chunk, nbytes = _with_bodies(reader, chunk, files)
+            except Exception as e:  # noqa: BLE001 - not the messages' fault: held, and told
+                why = f"the messages' bodies could not be read: {type(e).__name__}: {e}"
+                _send(proto_out, (False, -1, 0, why[:MAX_ERROR_CHARS], True, 0))
+                continue
         ctx = ConsumeContext(group=group, ack_index=n - 1, instance=instance)
         error = None
         setup = False
@@ -198,7 +227,17 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
             ok, ack, error = False, -1, bad_ack[:MAX_ERROR_CHARS]
         elif not ok and bad_level:
             error = f"{error}; {bad_level}"[:MAX_ERROR_CHARS]
-        _send(proto_out, (ok, max(-1, min(ack, n - 1)), level, error, setup))
+        _send(proto_out, (ok, max(-1, min(ack, n - 1)), level, error, setup, nbytes))
+
+
+def _with_bodies(reader: Any, chunk: Any, files: Any) -> tuple[Any, int]:
+    """``chunk`` with its bodies read from ``files`` (body_reads), and their bytes."""
+    import pyarrow.compute as pc
+
+    from deltamq.consumer import COLUMNAR_COLUMNS
+
+    chunk = reader.resolve(chunk, files, COLUMNAR_COLUMNS)
+    return chunk, int(pc.sum(pc.binary_length(chunk.column("body"))).as_py() or 0)
 
 
 def _integer(value: Any, name: str) -> tuple[int, str | None]:
@@ -228,9 +267,12 @@ class _Worker:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
+            # the replies unbuffered: with chunks sent ahead, a buffer could hold the next
+            # reply read ahead while poll() waits on the pipe for it
+            bufsize=0,
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None  # PIPE above
-        self.stdin: IO[bytes] = self.proc.stdin
+        self.stdin: IO[bytes] = io.BufferedWriter(self.proc.stdin, PIPE_BYTES)
         self.stdout: IO[bytes] = self.proc.stdout
         _widen(self.stdin)
         _send(self.stdin, list(home.sys_path))
@@ -246,17 +288,34 @@ class _Worker:
             why = said[1] if isinstance(said, tuple) else "it ended or did not answer; see its stderr"
             raise WorkerNotStarted(f"listener worker did not start: the listener cannot be loaded: {why}")
 
-    def call(self, group: str, instance: str | None, ipc: Any, timeout_s: float) -> Reply | str:
-        """The worker's reply to one chunk, or "poison" (it died) or "timeout" (it was killed)."""
+    def call(
+        self, group: str, instance: str | None, ipc: Any, timeout_s: float, files: BodyFiles | None = None
+    ) -> Reply | str:
+        """The worker's reply to one chunk (its bodies read from ``files`` when given), or
+        "poison" (it died) or "timeout" (it was killed)."""
+        self.send(group, instance, ipc, files)
+        return self.receive(timeout_s)
+
+    def send(self, group: str, instance: str | None, ipc: Any, files: BodyFiles | None = None) -> None:
+        """Hand the worker a chunk; :meth:`receive` reads its reply, replies come in the
+        order the chunks were sent. A worker that is gone answers the next receive with
+        "poison" (once any reply it wrote before has been read)."""
         try:
-            _send(self.stdin, (group, instance))
+            _send(self.stdin, (group, instance, files))
             _send_raw(self.stdin, ipc)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            pass
+
+    def receive(self, timeout_s: float) -> Reply | str:
+        """The reply to the oldest chunk sent and not answered yet, or "poison" (the
+        worker died) or "timeout" (it ran past ``timeout_s`` and was killed)."""
+        try:
             if not readable(self.stdout, timeout_s):
                 self.kill()
                 return "timeout"
             reply: Reply = _recv(self.stdout)
             return reply
-        except (EOFError, BrokenPipeError, ConnectionResetError, OSError, pickle.UnpicklingError):
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError, ValueError, pickle.UnpicklingError):
             self.kill()
             return "poison"
 
@@ -344,6 +403,7 @@ def consume(
     home: Home | None = None,
     *,
     in_order: bool = False,
+    files: BodyFiles | None = None,
 ) -> list[Span]:
     """Hand ``messages`` (a pyarrow Table of consume_queue + commit_log columns) to the
     listener in chunks of ``batch_size``; the outcomes as spans covering every message
@@ -356,54 +416,107 @@ def consume(
     consumed too long) and the rest of the call is ``DEFERRED`` (``NOT_DELIVERED`` in
     order), so a listener that hangs on everything (a dependency down) costs two
     timeouts per call, not two per message. Workers run with ``home``'s environment and
-    path (default: this process's); workers of another home are not reused."""
+    path (default: this process's); workers of another home are not reused. With
+    ``files``, ``messages`` carry where their bodies lie instead of the bodies, and the
+    worker reads them (body_reads); the bytes it read are on each call's first span."""
     home = home or Home.here()
     key = hashlib.sha256(listener_bytes).hexdigest() + home.digest()
     try:
-        worker = _take(key, listener_bytes, home)
+        to = _Caller(
+            key, listener_bytes, home, group, instance, timeout_s, files, _take(key, listener_bytes, home)
+        )
     except WorkerNotStarted as e:  # not the messages' fault: nothing consumed, nothing retried
         return [(0, messages.num_rows, Outcome(False, reason=FailReason.SETUP, error=str(e)))]
     spans: list[Span] = []
+    starts = range(0, messages.num_rows, batch_size)
+    sent = -1  # the last chunk handed to the current worker
     try:
-        for start in range(0, messages.num_rows, batch_size):
+        for k, start in enumerate(starts):
             chunk = messages.slice(start, batch_size)
-            reply = worker.call(group, instance, to_ipc(chunk), timeout_s)
+            if sent < k:
+                to.send(to_ipc(chunk))
+            # the next chunk goes to the worker before this one's reply is read (it starts on
+            # it as soon as it answers); not in order: no message there reaches the listener
+            # before the ones ahead of it have succeeded
+            sent = k
+            if not in_order and k + 1 < len(starts):
+                to.send(to_ipc(messages.slice(starts[k + 1], batch_size)))
+                sent = k + 1
+            reply = to.worker.receive(timeout_s)
             if isinstance(reply, tuple):
                 spans.extend(_apply(reply, start, chunk.num_rows))
                 continue
+            sent = k  # the worker that had the next chunk is gone: it goes again, to the next
             if reply == FailReason.TIMEOUT and chunk.num_rows == 1:  # the worker was stopped
                 return spans + _timed_out(start, 1, messages.num_rows, in_order)
             # a chunk of several that died or timed out: its messages one at a time, so one
             # that hangs does not take the others with it (up to the first that times out alone)
-            worker = _take(key, listener_bytes, home)
-            tries_left = poison_tries - 1  # the chunk's call was the first try of each message
-            for i in range(chunk.num_rows):
-                one = to_ipc(chunk.slice(i, 1))
-                result: Reply | str = reply
-                for _ in range(tries_left):
-                    result = worker.call(group, instance, one, timeout_s)
-                    if isinstance(result, tuple) or result == FailReason.TIMEOUT:
-                        break
-                    worker = _take(key, listener_bytes, home)
-                if isinstance(result, tuple):
-                    spans.extend(_apply(result, start + i, 1))
-                elif result == FailReason.TIMEOUT:
-                    return spans + _timed_out(start + i, 1, messages.num_rows, in_order)
-                else:
-                    error = f"listener ended without an outcome ({result})"
-                    spans.append((start + i, 1, Outcome(False, reason=FailReason(result), error=error)))
-                if in_order and not spans[-1][2].ok:
-                    left = messages.num_rows - (start + i + 1)
-                    if left:
-                        spans.append((start + i + 1, left, Outcome(False, reason=FailReason.NOT_DELIVERED)))
-                    return spans
+            to.fresh()
+            alone, ended = _one_at_a_time(to, chunk, start, reply, poison_tries, messages.num_rows, in_order)
+            spans += alone
+            if ended:
+                return spans
     except WorkerNotStarted as e:  # a restart after a crash failed: the rest is not consumed
         done = sum(n for _, n, _ in spans)
         spans.append((done, messages.num_rows - done, Outcome(False, reason=FailReason.SETUP, error=str(e))))
         return spans
     finally:
-        _give_back(worker)
+        _give_back(to.worker)
     return spans
+
+
+@dataclass
+class _Caller:
+    """One :func:`consume`'s way to its listener's workers: the worker in use (another
+    taken when it dies) and what every chunk is sent with."""
+
+    key: str
+    listener_bytes: bytes
+    home: Home
+    group: str
+    instance: str | None
+    timeout_s: float
+    files: BodyFiles | None
+    worker: _Worker
+
+    def fresh(self) -> None:
+        self.worker = _take(self.key, self.listener_bytes, self.home)
+
+    def send(self, ipc: Any) -> None:
+        self.worker.send(self.group, self.instance, ipc, self.files)
+
+    def call(self, ipc: Any) -> Reply | str:
+        return self.worker.call(self.group, self.instance, ipc, self.timeout_s, self.files)
+
+
+def _one_at_a_time(
+    to: _Caller, chunk: Any, start: int, reply: str, poison_tries: int, total: int, in_order: bool
+) -> tuple[list[Span], bool]:
+    """A chunk's messages tried alone after the chunk's call (the first try of each)
+    ended with ``reply`` ("poison" or "timeout"); their spans, and whether the call ends
+    here (a message timed out alone, or one failed in order)."""
+    spans: list[Span] = []
+    for i in range(chunk.num_rows):
+        one = to_ipc(chunk.slice(i, 1))
+        result: Reply | str = reply
+        for _ in range(poison_tries - 1):
+            result = to.call(one)
+            if isinstance(result, tuple) or result == FailReason.TIMEOUT:
+                break
+            to.fresh()
+        if isinstance(result, tuple):
+            spans.extend(_apply(result, start + i, 1))
+        elif result == FailReason.TIMEOUT:
+            return spans + _timed_out(start + i, 1, total, in_order), True
+        else:
+            error = f"listener ended without an outcome ({result})"
+            spans.append((start + i, 1, Outcome(False, reason=FailReason(result), error=error)))
+        if in_order and not spans[-1][2].ok:
+            left = total - (start + i + 1)
+            if left:
+                spans.append((start + i + 1, left, Outcome(False, reason=FailReason.NOT_DELIVERED)))
+            return spans, True
+    return spans, False
 
 
 def _timed_out(start: int, n: int, total: int, in_order: bool) -> list[Span]:
@@ -418,14 +531,15 @@ def _timed_out(start: int, n: int, total: int, in_order: bool) -> list[Span]:
 
 
 def _apply(reply: Reply, start: int, n: int) -> list[Span]:
-    ok, ack, level, error, setup = reply
+    ok, ack, level, error, setup, nbytes = reply
     if setup:  # the listener could not even be loaded: no message was consumed
         return [(start, n, Outcome(False, reason=FailReason.SETUP, error=error))]
     if not ok:
-        return [(start, n, Outcome(False, level=level, error=error))]
-    spans: list[Span] = [(start, ack + 1, Outcome(True))] if ack >= 0 else []
+        return [(start, n, Outcome(False, level=level, error=error, nbytes=nbytes))]
+    spans: list[Span] = [(start, ack + 1, Outcome(True, nbytes=nbytes))] if ack >= 0 else []
     if ack + 1 < n:
-        spans.append((start + ack + 1, n - ack - 1, Outcome(False, level=level, error="after ack_index")))
+        left = Outcome(False, level=level, error="after ack_index", nbytes=0 if spans else nbytes)
+        spans.append((start + ack + 1, n - ack - 1, left))
     return spans
 
 

@@ -1,0 +1,123 @@
+"""Bodies read where they lie: a listener worker decodes the ``commit_log`` rows of its
+own chunks from the Parquet files, so a large deliver pass moves no body through the
+broker or a pipe.
+
+Deliver (``deliver_files``) hands a worker each chunk's small columns (the index's:
+ids, queue, offset, tags, ...) with two more, :data:`FILE` and :data:`ROW`: which file
+of :class:`BodyFiles` holds the message and at which row. The worker reads the body
+columns of the row groups holding those rows, a row group once for all the chunks it
+serves (:class:`BodyReader` keeps the last few decoded), and builds the chunk its
+listener gets, the same columns in the same order as a chunk sent whole.
+
+Only for local warehouses: a row group is read with one seek on a disk, but would cost
+a ranged GET per group (and per worker) on an object store, where one GET of the whole
+file is cheaper (``delta_read.FileSnapshot`` reads them whole there too).
+
+Imports only the standard library, numpy and pyarrow at module level (workers start fast);
+the storage seam is imported by the first chunk that needs it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from deltamq.storage import Storage
+
+FILE = "_body_file"
+"""A chunk's column: the index in :attr:`BodyFiles.paths` of the file holding the row."""
+ROW = "_body_row"
+"""A chunk's column: the row's position in its file."""
+KEEP_BYTES = 64 << 20
+"""Decoded row groups a worker keeps (least recently used out first): a chunk of 1 000
+takes an eighth of a producer's row group of 8 192, so the next chunks find it decoded."""
+
+
+@dataclass(frozen=True)
+class BodyFiles:
+    """Where a pass's bodies lie: the warehouse (a local path), the ``commit_log`` files
+    (paths) a chunk's :data:`FILE` column points into, and the columns to read with their
+    types."""
+
+    location: str
+    paths: tuple[str, ...]
+    schema: pa.Schema
+
+
+class BodyReader:
+    """A worker's reads of row groups, kept between chunks and calls (files never change:
+    a Delta data file is written once)."""
+
+    def __init__(self, keep_bytes: int = KEEP_BYTES) -> None:
+        self.keep_bytes = keep_bytes
+        self._storage: Storage | None = None
+        self._starts: dict[str, tuple[Any, np.ndarray]] = {}
+        self._groups: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
+        self._held = 0
+
+    def resolve(self, chunk: pa.RecordBatch, files: BodyFiles, order: tuple[str, ...]) -> pa.RecordBatch:
+        """``chunk`` with its bodies: the :data:`FILE` / :data:`ROW` columns replaced by
+        ``files``' columns at those rows, the columns in ``order``."""
+        which = chunk.column(FILE).to_numpy(zero_copy_only=False).astype(np.int64)
+        rows = chunk.column(ROW).to_numpy(zero_copy_only=False).astype(np.int64)
+        group = np.zeros(len(rows), dtype=np.int64)
+        for f in np.unique(which):
+            mine = which == f
+            _, starts = self._layout(files, files.paths[f])
+            group[mine] = np.searchsorted(starts, rows[mine], side="right") - 1
+        # segments of rows in one row group of one file: a slice where the rows are
+        # consecutive (a producer's file, ordered by queue), else the rows taken
+        cuts = np.flatnonzero((np.diff(which) != 0) | (np.diff(group) != 0)) + 1
+        pieces = []
+        for lo, hi in zip(np.concatenate([[0], cuts]), np.append(cuts, len(rows)), strict=True):
+            path = files.paths[which[lo]]
+            meta, starts = self._layout(files, path)
+            g = int(group[lo])
+            data = self._group(files, path, meta, g)
+            at = rows[lo:hi] - starts[g]
+            if at[-1] - at[0] == hi - lo - 1 and (hi - lo == 1 or bool(np.all(np.diff(at) == 1))):
+                pieces.append(data.slice(int(at[0]), int(hi - lo)))
+            else:
+                pieces.append(data.take(pa.array(at, pa.int64())))
+        # one piece (a chunk within one row group) is used as it is: slices, not copies
+        bodies = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces).combine_chunks()
+        columns = {name: chunk.column(name) for name in chunk.schema.names}
+        for name in bodies.column_names:
+            column = bodies.column(name)
+            columns[name] = column.chunk(0) if column.num_chunks else pa.array([], column.type)
+        return pa.RecordBatch.from_arrays([columns[n] for n in order], names=list(order))
+
+    def _store(self, files: BodyFiles) -> Storage:
+        if self._storage is None or self._storage.location != files.location:
+            from deltamq.storage import Storage
+
+            self._storage = Storage(files.location)
+        return self._storage
+
+    def _layout(self, files: BodyFiles, path: str) -> tuple[Any, np.ndarray]:
+        found = self._starts.get(path)
+        if found is None:
+            meta = self._store(files).parquet_metadata(path)
+            counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+            starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+            found = self._starts[path] = (meta, starts)
+        return found
+
+    def _group(self, files: BodyFiles, path: str, meta: Any, index: int) -> pa.Table:
+        key = (path, index)
+        data = self._groups.get(key)
+        if data is not None:
+            self._groups.move_to_end(key)
+            return data
+        data = self._store(files).read_parquet(path, files.schema, (meta, index))
+        self._groups[key] = data
+        self._held += data.nbytes
+        while self._held > self.keep_bytes and len(self._groups) > 1:
+            _, old = self._groups.popitem(last=False)
+            self._held -= old.nbytes
+        return data

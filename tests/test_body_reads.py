@@ -1,0 +1,170 @@
+"""A large deliver pass whose listener workers read the bodies themselves
+(deltamq/body_reads.py, ``file_reads.located``, ``deliver_files.consume``): the same
+outcomes as through the engine, a worker that dies or hangs with the next chunk already
+sent to it, a body file that cannot be read, and the reader's row groups."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from support.listeners import Recorder, read_log
+from test_deliver_files import _scenario
+
+from deltamq import Message
+from deltamq.body_reads import FILE, ROW, BodyFiles, BodyReader
+from deltamq.constants import Prop
+from deltamq.jobs import deliver_files
+
+
+@pytest.fixture
+def by_workers(monkeypatch):
+    """Every pass the files' way takes goes with where its bodies lie (none is below the
+    limit); counts the passes that did, and fails any that read the bodies here."""
+    from deltamq import file_reads
+
+    located = []
+    real = file_reads.located
+
+    def spy(*args, **kwargs):
+        got = real(*args, **kwargs)
+        located.append(got is not None)
+        return got
+
+    def refused(*args, **kwargs):
+        raise AssertionError("bodies read in the broker's process")
+
+    monkeypatch.setattr(deliver_files, "MAX_MESSAGES", 0)
+    monkeypatch.setattr(file_reads, "located", spy)
+    monkeypatch.setattr(file_reads, "bodies", refused)
+    return located
+
+
+def test_a_pass_read_by_the_workers_gives_the_engines_outcomes(
+    broker, clock, warehouse_with, monkeypatch, by_workers
+):
+    by_files = _scenario(broker, clock, warehouse_with, "viaWorkers", "workers.jsonl")
+    assert by_workers and all(by_workers)
+    monkeypatch.setattr(deliver_files, "eligible", lambda *a: False)
+    by_workers.clear()
+    by_engine = _scenario(broker, clock, warehouse_with, "viaEngine", "engine.jsonl")
+    assert not by_workers
+    assert by_files == by_engine
+
+
+def test_bodies_properties_and_bytes_arrive_as_sent(broker, clock, warehouse_with, by_workers):
+    setup = warehouse_with("orders", queues=2, group="g", consume_message_batch_max_size=3)
+    bodies = [f"body-{i}" * (i + 1) for i in range(20)]
+    sent = [
+        Message("orders", b, tags="t", keys=f"k{i}", properties={"color": "red"} if i < 5 else None)
+        for i, b in enumerate(bodies)
+    ]
+    broker.producer("p").send_batch(sent[:10])
+    broker.producer("p").send_batch(sent[10:])  # a second file
+    r = broker.tick(clock.now_ms()).delivered
+    assert all(by_workers) and r.consumed == 20
+    seen = {c["body"]: c for c in read_log(setup.log)}
+    assert set(seen) == set(bodies)
+    assert {b for b, c in seen.items() if c["props"].get("color") == "red"} == set(bodies[:5])
+    assert r.body_bytes == sum(len(b) for b in bodies)  # counted by the workers
+
+
+@pytest.mark.parametrize("where", ["engine", "workers"])
+def test_a_worker_that_dies_or_hangs_with_the_next_chunk_sent(
+    broker, clock, warehouse_with, monkeypatch, where
+):
+    """Chunks of two, each led by the message the listener acts on: the first dies (its
+    worker exits) while the second is already in the worker's pipe; the second hangs.
+    The dying message is dead-lettered after three tries, the hanging one retried once,
+    what follows it waits for the next pass, nothing lost or twice consumed."""
+    if where == "workers":
+        monkeypatch.setattr(deliver_files, "MAX_MESSAGES", 0)
+    else:
+        monkeypatch.setattr(deliver_files, "eligible", lambda *a: False)
+    setup = warehouse_with("orders", queues=1)
+    log = setup.log
+    broker.create_group(
+        "g",
+        Recorder(log, "hostile"),
+        consume_from="FIRST_OFFSET",
+        consume_timeout_ms=4000,
+        consume_message_batch_max_size=2,
+    )
+    broker.subscribe("g", "orders")
+    bodies = ["exit", "ok1", "sleep", "ok2", "ok3"]
+    broker.producer("p").send_batch([Message("orders", b) for b in bodies])
+    t = clock.now_ms()
+    started = time.monotonic()
+    result = broker.tick(t).job("deliver").result
+    assert time.monotonic() - started < 4 * 3  # the hanging chunk's timeout and its message's
+    assert (result.consumed, result.retried, result.dead_lettered, result.poison) == (1, 1, 1, 1)
+    calls = [c["body"] for c in read_log(log)]
+    assert calls.count("exit") == 3 and calls.count("sleep") == 2 and "ok3" not in calls
+    dlq = broker.sql("SELECT CAST(body AS STRING) AS b, properties FROM commit_log WHERE topic = '%DLQ%g'")
+    assert [(r["b"], r["properties"][Prop.DLQ_REASON]) for r in dlq.collect()] == [("exit", "poison")]
+    assert broker.tick(t + 1).job("deliver").result.consumed == 2
+    assert [c["body"] for c in read_log(log)][-2:] == ["ok2", "ok3"]
+
+
+def test_bodies_a_worker_cannot_read_hold_the_queue_and_say_why(broker, clock, warehouse_with, monkeypatch):
+    """The files named to the workers cannot be read (gone under them): nothing is
+    consumed, retried or dead-lettered, the pass says why, and the next pass, with the
+    files readable, delivers everything once."""
+    from deltamq import file_reads
+
+    monkeypatch.setattr(deliver_files, "MAX_MESSAGES", 0)
+    real = file_reads.located
+
+    def gone(*args, **kwargs):
+        rows, files = real(*args, **kwargs)
+        missing = tuple(f"{p}.gone" for p in files.paths)
+        return rows, BodyFiles(files.location, missing, files.schema)
+
+    setup = warehouse_with("orders", queues=2, group="g")
+    broker.producer("p").send_batch([Message("orders", f"m{i}") for i in range(6)])
+    monkeypatch.setattr(file_reads, "located", gone)
+    t = clock.now_ms()
+    r = broker.tick(t).delivered
+    assert (r.consumed, r.retried, r.dead_lettered) == (0, 0, 0)
+    assert r.setup_errors and "bodies could not be read" in r.setup_errors[0][1]
+    assert ".gone" in r.setup_errors[0][1]  # names the file
+    assert read_log(setup.log) == []
+    monkeypatch.setattr(file_reads, "located", real)
+    assert broker.tick(t + 1).delivered.consumed == 6
+    assert sorted(c["body"] for c in read_log(setup.log)) == [f"m{i}" for i in range(6)]
+
+
+@pytest.mark.unit
+def test_the_reader_takes_rows_across_row_groups_and_files_in_the_order_asked(tmp_path: Path):
+    schema = pa.schema([("body", pa.binary()), ("born_ts", pa.int64())])
+    paths = []
+    for f in range(2):
+        rows = pa.table(
+            {"body": [b"f%d-r%d" % (f, i) for i in range(10)], "born_ts": list(range(10))}, schema
+        )
+        path = tmp_path / f"part-{f}.parquet"
+        pq.write_table(rows, path, row_group_size=3)  # groups of rows 0-2, 3-5, 6-8, 9
+        paths.append(str(path))
+    files = BodyFiles(str(tmp_path), tuple(paths), schema)
+    wanted = [(0, 1), (0, 2), (0, 3), (0, 4), (1, 9), (1, 0), (0, 8), (0, 6), (1, 5)]
+    chunk = pa.record_batch(
+        {
+            "msg_id": [f"m{k}" for k in range(len(wanted))],
+            FILE: pa.array([f for f, _ in wanted], pa.int32()),
+            ROW: pa.array([r for _, r in wanted], pa.int64()),
+        }
+    )
+    reader = BodyReader(keep_bytes=1)  # keeps one group: the rest are read again
+    got = reader.resolve(chunk, files, ("msg_id", "body", "born_ts"))
+    assert got.schema.names == ["msg_id", "body", "born_ts"]
+    assert got.column("body").to_pylist() == [b"f%d-r%d" % w for w in wanted]
+    assert got.column("born_ts").to_pylist() == [r for _, r in wanted]
+    assert got.column("msg_id").to_pylist() == chunk.column("msg_id").to_pylist()
+    # consecutive rows of one group come as a slice of it (no copy of the bodies)
+    kept = BodyReader()
+    again = kept.resolve(chunk.slice(0, 2), files, ("body",))
+    group = kept._groups[(paths[0], 0)].column("body").chunk(0)
+    assert again.column("body").buffers()[2].address == group.buffers()[2].address
