@@ -62,7 +62,8 @@ class BodyReader:
 
     def resolve(self, chunk: pa.RecordBatch, files: BodyFiles, order: tuple[str, ...]) -> pa.RecordBatch:
         """``chunk`` with its bodies: the :data:`FILE` / :data:`ROW` columns replaced by
-        ``files``' columns at those rows, the columns in ``order``."""
+        ``files``' columns at those rows, the columns in ``order``; ValueError where a
+        row holds another message than the chunk's (its ``msg_id``, when both have one)."""
         which = chunk.column(FILE).to_numpy(zero_copy_only=False).astype(np.int64)
         rows = chunk.column(ROW).to_numpy(zero_copy_only=False).astype(np.int64)
         group = np.zeros(len(rows), dtype=np.int64)
@@ -86,6 +87,9 @@ class BodyReader:
                 pieces.append(data.take(pa.array(at, pa.int64())))
         # one piece (a chunk within one row group) is used as it is: slices, not copies
         bodies = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces).combine_chunks()
+        if "msg_id" in bodies.column_names and "msg_id" in chunk.schema.names:
+            _same_messages(bodies.column("msg_id"), chunk.column("msg_id"), files, which, rows)
+            bodies = bodies.drop_columns(["msg_id"])
         columns = {name: chunk.column(name) for name in chunk.schema.names}
         for name in bodies.column_names:
             column = bodies.column(name)
@@ -121,3 +125,19 @@ class BodyReader:
             _, old = self._groups.popitem(last=False)
             self._held -= old.nbytes
         return data
+
+
+def _same_messages(stored: Any, wanted: Any, files: BodyFiles, which: np.ndarray, rows: np.ndarray) -> None:
+    """Raises ValueError, naming the file and row, where a row found by its batch id and
+    position holds another message than the index row (never expected: batch ids are
+    unique; the engine's join would have left such a row out)."""
+    import pyarrow.compute as pc
+
+    same = pc.equal(stored, wanted).fill_null(False)
+    if pc.all(same).as_py():
+        return
+    k = pc.index(same, False).as_py()
+    raise ValueError(
+        f"{files.paths[which[k]]} row {rows[k]} holds message {stored[k].as_py()}, "
+        f"not {wanted[k].as_py()} as the index says"
+    )

@@ -110,11 +110,11 @@ GROUP_MIN_ROWS = 1024
 """A row group written by ``group_by`` takes the next value's rows too while it holds
 fewer than this many (a send over thousands of queues writes groups of several queues,
 not thousands of tiny groups)."""
-SPLIT_FROM = 128 << 20
-"""A partition's rows of at least this many bytes are written as several files at once,
-one per writer (:data:`WRITERS`), cut between row groups: the send of 1M x 1 KiB
-wrote its one file in 0.50-0.58 s, two files in two threads in 0.26-0.36 s
-(bench/README.md)."""
+SPLIT_FROM = 64 << 20
+"""A partition's rows of at least this many bytes in memory are written as several
+files at once, one per writer (:data:`WRITERS`), cut between row groups: the send of
+1M x 1 KiB wrote its one file in 0.50-0.58 s, two files in two threads in 0.26-0.36 s;
+dispatch's index of those 1M rows (about 100 MB) is split too (bench/README.md)."""
 WRITERS = max(1, min(4, os.cpu_count() or 1))
 """Files a large partition is written as, at once."""
 STREAM_FROM = 16 << 20
@@ -368,7 +368,11 @@ class BlindAppender:
             if not _in_order(order):  # rows a producer built in order are not copied again
                 data = data.take(order)
             runs = _runs(data, grouped, GROUP_MIN_ROWS, GROUP_ROWS)
-        pieces = _pieces(data.num_rows, data.nbytes, runs or [(0, data.num_rows)], WRITERS)
+        # where a large file may be cut: between its row groups, or anywhere (even shares)
+        cuts = runs or [
+            (i * data.num_rows // WRITERS, (i + 1) * data.num_rows // WRITERS) for i in range(WRITERS)
+        ]
+        pieces = _pieces(data.num_rows, data.nbytes, [c for c in cuts if c[1] > c[0]], WRITERS)
         if len(pieces) == 1:
             return [self._write_file(data, runs, grouped, values)]
         # pyarrow's encoder releases the GIL: the pieces are encoded on every core at once

@@ -201,9 +201,10 @@ def located(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> tuple[pa.
     ``commit_log`` row lies instead of its ``columns``: ``body_reads.FILE`` (an index
     into the returned files' paths) and ``body_reads.ROW``, for a listener worker to read
     them itself. Rows whose body is gone are left out, and of a message stored twice the
-    first file's row is taken, as :func:`bodies` does; only the ``msg_id`` column of a
-    file is read here. None unless the warehouse is local and every file holding
-    wanted rows holds one batch (its rows found by position)."""
+    first file's row is taken, as :func:`bodies` does; nothing of the files but their
+    positions is read here (the worker checks the row's ``msg_id`` is the index row's:
+    ``body_reads``). None unless the warehouse is local and every file holding wanted
+    rows holds one batch (its rows found by position)."""
     snap = wh.snapshot("commit_log")
     if snap is None or not snap.storage.is_local or index.num_rows == 0:
         return None
@@ -221,24 +222,18 @@ def located(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> tuple[pa.
     found = [_located(snap, f, ids, pos) for f in chosen]
     if any(places is None for places in found):
         return None
-    wanted = index.column("msg_id")
     file_of = np.full(index.num_rows, -1, dtype=np.int32)
     row_of = np.zeros(index.num_rows, dtype=np.int64)
-    for k, (f, places) in enumerate(zip(chosen, found, strict=True)):
+    for k, places in enumerate(found):
         assert places is not None  # every file was located (above)
         hit, rows = places
         at = np.flatnonzero(hit & (file_of < 0))
-        if len(at) == 0:
-            continue
-        stored = snap.columns(f, ["msg_id"]).column("msg_id").take(pa.array(rows[at], pa.int64()))
-        same = pc.equal(stored, wanted.take(pa.array(at, pa.int64()))).fill_null(False)
-        at = at[same.to_numpy(zero_copy_only=False)]
         file_of[at], row_of[at] = k, rows[at]
     kept = np.flatnonzero(file_of >= 0)
     out = picked(index, kept)
     out = out.append_column(FILE, pa.array(file_of[kept], pa.int32()))
     out = out.append_column(ROW, pa.array(row_of[kept], pa.int64()))
-    schema = snap.read([], list(columns)).schema
+    schema = snap.read([], [*dict.fromkeys([*columns, "msg_id"])]).schema
     return out, BodyFiles(snap.storage.location, tuple(f.path for f in chosen), schema)
 
 

@@ -168,3 +168,21 @@ def test_the_reader_takes_rows_across_row_groups_and_files_in_the_order_asked(tm
     again = kept.resolve(chunk.slice(0, 2), files, ("body",))
     group = kept._groups[(paths[0], 0)].column("body").chunk(0)
     assert again.column("body").buffers()[2].address == group.buffers()[2].address
+
+
+@pytest.mark.unit
+def test_a_row_holding_another_message_than_the_index_says_is_refused_by_name(tmp_path: Path):
+    schema = pa.schema([("body", pa.binary()), ("msg_id", pa.string())])
+    path = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"body": [b"a", b"b"], "msg_id": ["m0", "m1"]}, schema), path)
+    files = BodyFiles(str(tmp_path), (str(path),), schema)
+
+    def chunk(ids: list[str]) -> pa.RecordBatch:
+        return pa.record_batch(
+            {"msg_id": ids, FILE: pa.array([0, 0], pa.int32()), ROW: pa.array([0, 1], pa.int64())}
+        )
+
+    got = BodyReader().resolve(chunk(["m0", "m1"]), files, ("msg_id", "body"))
+    assert got.column("body").to_pylist() == [b"a", b"b"]
+    with pytest.raises(ValueError, match=r"part-0.parquet row 1 holds message m1, not mX"):
+        BodyReader().resolve(chunk(["m0", "mX"]), files, ("msg_id", "body"))

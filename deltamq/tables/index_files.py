@@ -207,6 +207,8 @@ def drop_repeated(fs: FilesState, rows: pa.Table, commits: Sequence[deltalog.Com
 def _int_prop(props: pa.ChunkedArray, key: str, digits: int) -> pa.Array:
     """A property as an int64 when it is 1..``digits`` decimal digits, else null
     (``consume_queue.int_prop``)."""
+    if all(pc.index(chunk.keys, key).as_py() < 0 for chunk in props.chunks):  # no row has it
+        return pa.nulls(len(props), pa.int64())
     raw = pc.map_lookup(props, key, "first")
     ok = pc.fill_null(pc.match_substring_regex(raw, f"^[0-9]{{1,{digits}}}$"), False)
     return pc.cast(pc.if_else(ok, raw, pa.scalar(None, pa.string())), pa.int64())
