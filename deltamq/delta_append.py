@@ -34,7 +34,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -123,9 +123,18 @@ STREAM_FROM = 16 << 20
 a buffer, one write (0.15-0.2 ms less per small file than pyarrow's writes to a path)."""
 
 
+Written = tuple[str, pa.Table, dict[str, "str | None"]]
+"""A file an append wrote: its path as the log names it, its rows as stored (no partition
+columns) and its partition values."""
+
+
 class BlindAppender:
     """Appends Arrow tables to the Delta table at ``uri`` (under ``storage``); keeps what
     it knows of the table (version, schema, partitioning) between appends.
+
+    ``on_written``: told each append's files once it is committed (their log paths,
+    rows as stored and partition values), so a reader in this process may keep them
+    decoded (``delta_read.FileSnapshot.seed``).
 
     ``group_by``: a file of :data:`GROUPED_FROM` rows or more holds its rows ordered by
     these columns, in row groups of one value each (at most :data:`GROUP_ROWS` rows;
@@ -142,8 +151,11 @@ class BlindAppender:
         *,
         engine_info: str = "deltamq",
         group_by: tuple[str, ...] = (),
+        on_written: Callable[[list[Written]], None] | None = None,
     ) -> None:
         self.storage = storage
+        self.on_written = on_written
+        self._written: list[Written] = []
         self.uri = uri.rstrip("/")
         self.engine_info = engine_info
         self.group_by = group_by
@@ -193,7 +205,18 @@ class BlindAppender:
         when another writer has it, :class:`VersionTaken` (a commit conflict: the caller
         planned ``rows`` from the table as of ``at - 1`` and plans again). Such a commit
         is not a blind append (its ``readVersion`` is ``at - 1``), and the table's
-        metadata is read again first when a commit since the last one known changed it."""
+        metadata is read again first when a commit since the last one known changed it.
+        Once committed, the files go to ``on_written``, when given."""
+        self._written = []
+        try:
+            version = self._append(rows, at)
+            if self.on_written is not None:
+                self.on_written(self._written)
+        finally:
+            self._written = []
+        return version
+
+    def _append(self, rows: pa.Table, at: int | None) -> int:
         state = self._current() if at is None else self._known_at(at - 1)
         txn = str(uuid.uuid4())
         adds = self._write_files(state, rows)
@@ -423,8 +446,11 @@ class BlindAppender:
             size = self.storage.put(f"{self.uri}/{rel}", buf.getvalue())
         else:
             size = self.storage.put(f"{self.uri}/{rel}", write)
+        path = quote(rel, safe="/=:@!$&'()*+,;")  # a URI path: RFC 3986's pchar kept
+        if self.on_written is not None:
+            self._written.append((path, data, values))
         return {
-            "path": quote(rel, safe="/=:@!$&'()*+,;"),  # a URI path: RFC 3986's pchar kept
+            "path": path,
             "partitionValues": values,
             "size": size,
             "modificationTime": int(time.time() * 1000),

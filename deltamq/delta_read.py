@@ -328,6 +328,30 @@ class FileSnapshot:
         with self._lock:
             return cast(SortedKeys, self._cache.keep(cache_key, found, found.keys.nbytes + found.rows.nbytes))
 
+    def seed(self, written: Iterable[tuple[str, pa.Table, dict[str, str | None]]]) -> None:
+        """Files this process has just appended (``delta_append.Written``: the log's path,
+        the rows as stored, the partition values), kept decoded as :meth:`whole` would
+        decode them, so the next reader of them (deliver, after dispatch wrote the index)
+        decodes nothing. Within the cache's budget only; rows of another schema are not kept."""
+        with self._lock:
+            schema, parts = self._schema, self._partition_by
+        if schema is None:
+            return
+        stored = [f for f in schema if f.name not in parts]
+        for path, data, values in written:
+            if data.nbytes > self._cache.budget or [f.name for f in stored] != data.column_names:
+                continue
+            try:
+                table = pa.table([data.column(f.name).cast(f.type) for f in stored], schema=pa.schema(stored))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                continue
+            for name in parts:
+                field = schema.field(name)
+                value = pa.scalar(_typed(values.get(name), field.type), field.type)
+                table = table.append_column(field, pa.repeat(value, table.num_rows))
+            with self._lock:
+                self._cache.keep(self.storage.absolute(self.uri, path), table, table.nbytes)
+
     def whole(self, f: DataFile) -> pa.Table:
         """Every row of file ``f``, partition columns filled in; kept (data files never
         change) in a cache of at most ``cache_bytes``, least recently used out first: the

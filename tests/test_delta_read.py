@@ -472,3 +472,46 @@ def test_picked_rows_are_the_takes_rows_shared_when_they_come_in_runs():
     )
     with pytest.raises(IndexError):
         picked(table, np.arange(n - 2, n + 1))
+
+
+def test_files_this_process_appended_are_kept_decoded_as_a_read_would_decode_them(tmp_path, monkeypatch):
+    """An appender's files handed to the snapshot (``on_written`` → ``seed``): the next
+    read of them decodes nothing, and gives what decoding them gives (partition columns,
+    types, column order)."""
+    from deltamq import delta_read
+
+    uri = str(tmp_path / "idx")
+    schema = pa.schema(
+        [("topic", pa.string()), ("slot", pa.int32()), ("queue_offset", pa.int64()), ("msg_id", pa.string())]
+    )
+    write_deltalake(uri, schema.empty_table(), partition_by=["topic", "slot"])
+    storage = Storage(str(tmp_path))
+    seeded = FileSnapshot(storage, uri)
+    seeded.refresh()
+    appender = BlindAppender(storage, uri, on_written=seeded.seed)
+    rows = pa.table(
+        {
+            "topic": ["a", "a", "b"],
+            "slot": pa.array([0, 0, 3], pa.int32()),
+            "queue_offset": [5, 6, 7],
+            "msg_id": ["m5", "m6", "m7"],
+        },
+        schema,
+    )
+    appender.append(rows)
+    seeded.refresh()
+    decoded = []
+    real = FileSnapshot._decode
+
+    def counted(self, *args, **kwargs):
+        decoded.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(delta_read.FileSnapshot, "_decode", counted)
+    kept = {f.path: seeded.whole(f) for f in seeded.files()}
+    assert len(kept) == 2 and not decoded  # both files from the seed
+    fresh = FileSnapshot(storage, uri)
+    fresh.refresh()
+    for f in fresh.files():
+        assert fresh.whole(f).equals(kept[f.path])  # the same table a decode gives
+    assert len(decoded) == 2

@@ -32,6 +32,7 @@ import struct
 import subprocess
 import sys
 import threading
+from collections import deque
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
@@ -113,6 +114,9 @@ def _recv(stream: IO[bytes]) -> Any:
     return pickle.loads(_recv_raw(stream))
 
 
+SEGMENT_CHUNKS = 8
+"""Chunks a request to a worker holds (concurrent groups): one request, eight replies
+(the worker's and the broker's cost per request is paid once for eight chunks)."""
 PIPE_BYTES = 1 << 20
 """The pipe buffer a chunk travels through (Linux: up to ``/proc/sys/fs/pipe-max-size``,
 1 MiB by default). With the default 64 KiB a chunk of 1 000 × 1 KiB took 16 hand-overs
@@ -186,18 +190,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
     reader = BodyReader()
     _send(proto_out, "ready")  # start-up is not part of any call's timeout
 
-    while True:
-        try:
-            request = _recv(proto_in)
-        except EOFError:
-            return
-        if request is None:
-            return
-        group, instance, files = request
-        try:
-            chunk = read_chunk(_recv_raw(proto_in))
-        except EOFError:
-            return
+    def answer(group: str, instance: str | None, chunk: Any, files: Any) -> Reply:
         n = chunk.num_rows
         nbytes = 0
         if files is not None:  # the bodies are read here, from the files (body_reads)
@@ -205,8 +198,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
                 chunk, nbytes = _with_bodies(reader, chunk, files)
             except Exception as e:  # noqa: BLE001 - not the messages' fault: held, and told
                 why = f"the messages' bodies could not be read: {type(e).__name__}: {e}"
-                _send(proto_out, (False, -1, 0, why[:MAX_ERROR_CHARS], True, 0))
-                continue
+                return (False, -1, 0, why[:MAX_ERROR_CHARS], True, 0)
         ctx = ConsumeContext(group=group, ack_index=n - 1, instance=instance)
         error = None
         setup = False
@@ -227,7 +219,23 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
             ok, ack, error = False, -1, bad_ack[:MAX_ERROR_CHARS]
         elif not ok and bad_level:
             error = f"{error}; {bad_level}"[:MAX_ERROR_CHARS]
-        _send(proto_out, (ok, max(-1, min(ack, n - 1)), level, error, setup, nbytes))
+        return (ok, max(-1, min(ack, n - 1)), level, error, setup, nbytes)
+
+    while True:
+        try:
+            request = _recv(proto_in)
+        except EOFError:
+            return
+        if request is None:
+            return
+        group, instance, files, size = request
+        try:
+            rows = read_chunk(_recv_raw(proto_in))
+        except EOFError:
+            return
+        # a request holds one chunk or several in a row (``size`` each): one reply per chunk
+        for lo in range(0, max(rows.num_rows, 1), size):
+            _send(proto_out, answer(group, instance, rows.slice(lo, size), files))
 
 
 def _with_bodies(reader: Any, chunk: Any, files: Any) -> tuple[Any, int]:
@@ -296,12 +304,14 @@ class _Worker:
         self.send(group, instance, ipc, files)
         return self.receive(timeout_s)
 
-    def send(self, group: str, instance: str | None, ipc: Any, files: BodyFiles | None = None) -> None:
-        """Hand the worker a chunk; :meth:`receive` reads its reply, replies come in the
-        order the chunks were sent. A worker that is gone answers the next receive with
-        "poison" (once any reply it wrote before has been read)."""
+    def send(
+        self, group: str, instance: str | None, ipc: Any, files: BodyFiles | None = None, size: int = 0
+    ) -> None:
+        """Hand the worker a chunk, or chunks of ``size`` rows in a row; :meth:`receive`
+        reads a reply per chunk, in the order sent. A worker that is gone answers the next
+        receive with "poison" (once any reply it wrote before has been read)."""
         try:
-            _send(self.stdin, (group, instance, files))
+            _send(self.stdin, (group, instance, files, size or 1 << 62))
             _send_raw(self.stdin, ipc)
         except (BrokenPipeError, ConnectionResetError, OSError):
             pass
@@ -429,24 +439,28 @@ def consume(
         return [(0, messages.num_rows, Outcome(False, reason=FailReason.SETUP, error=str(e)))]
     spans: list[Span] = []
     starts = range(0, messages.num_rows, batch_size)
-    sent = -1  # the last chunk handed to the current worker
+    pending = deque(range(len(starts)))  # chunks not handed to the current worker
+    sent: deque[int] = deque()  # chunks handed to it, not answered yet
+    # several chunks per request, and the next request sent before the replies to this
+    # one are read, so a worker never waits for the broker between chunks; in order, one
+    # chunk at a time: no message there reaches the listener before the ones ahead of it
+    # have succeeded
+    per, ahead = (1, 1) if in_order else (SEGMENT_CHUNKS, 2 * SEGMENT_CHUNKS)
     try:
-        for k, start in enumerate(starts):
-            chunk = messages.slice(start, batch_size)
-            if sent < k:
-                to.send(to_ipc(chunk))
-            # the next chunk goes to the worker before this one's reply is read (it starts on
-            # it as soon as it answers); not in order: no message there reaches the listener
-            # before the ones ahead of it have succeeded
-            sent = k
-            if not in_order and k + 1 < len(starts):
-                to.send(to_ipc(messages.slice(starts[k + 1], batch_size)))
-                sent = k + 1
+        while pending or sent:
+            while pending and len(sent) < ahead:
+                segment = [pending.popleft() for _ in range(min(per, len(pending)))]
+                rows = messages.slice(starts[segment[0]], len(segment) * batch_size)
+                to.send(to_ipc(rows), batch_size)
+                sent.extend(segment)
+            k = sent.popleft()
+            start, chunk = starts[k], messages.slice(starts[k], batch_size)
             reply = to.worker.receive(timeout_s)
             if isinstance(reply, tuple):
                 spans.extend(_apply(reply, start, chunk.num_rows))
                 continue
-            sent = k  # the worker that had the next chunk is gone: it goes again, to the next
+            pending.extendleft(reversed(sent))  # what the gone worker had goes to the next
+            sent.clear()
             if reply == FailReason.TIMEOUT and chunk.num_rows == 1:  # the worker was stopped
                 return spans + _timed_out(start, 1, messages.num_rows, in_order)
             # a chunk of several that died or timed out: its messages one at a time, so one
@@ -482,8 +496,8 @@ class _Caller:
     def fresh(self) -> None:
         self.worker = _take(self.key, self.listener_bytes, self.home)
 
-    def send(self, ipc: Any) -> None:
-        self.worker.send(self.group, self.instance, ipc, self.files)
+    def send(self, ipc: Any, size: int) -> None:
+        self.worker.send(self.group, self.instance, ipc, self.files, size)
 
     def call(self, ipc: Any) -> Reply | str:
         return self.worker.call(self.group, self.instance, ipc, self.timeout_s, self.files)

@@ -21,7 +21,7 @@ import pyarrow as pa
 from deltamq import file_reads
 from deltamq.config import TOMBSTONE_RETENTION, BrokerConfig, CommitPolicy, parse_levels, tombstone_retention
 from deltamq.constants import COMMIT_LOG_GROUPS
-from deltamq.delta_append import BlindAppender, Unsupported, plain_writer
+from deltamq.delta_append import BlindAppender, Unsupported, Written, plain_writer
 from deltamq.delta_read import FileSnapshot
 from deltamq.errors import ConfigError, SchemaVersionError, WarehouseNotFound
 from deltamq.schemas import SCHEMA_VERSION, TABLES, TableSpec
@@ -52,6 +52,10 @@ retention deletes and compaction rewrites, through deltamq's appender and delta-
 commits are atomic for every writer), so Spark's check-then-rename commit has no other
 writer's entry to overwrite (docs/engines.md). A busy tick on Apache Spark saves a ~0.5 s
 commit. ``init``'s schema upgrades go through the engine: tick runners stopped."""
+
+SEEDED = frozenset({"consume_queue"})
+"""Tables whose appends this process makes are kept decoded in its snapshot of them: the
+index dispatch writes is the one deliver takes next (1M rows: 0.1 s of decoding saved)."""
 
 
 class Warehouse:
@@ -139,6 +143,14 @@ class Warehouse:
                 self._appenders[table] = None  # from now on through the engine
         self.append(table, self.engine.spark.createDataFrame(rows))
 
+    def _seeder(self, table: str) -> Callable[[list[Written]], None]:
+        def seed(written: list[Written]) -> None:
+            snap = self._snapshots.get(table)
+            if snap is not None:
+                snap.seed(written)
+
+        return seed
+
     def arrow_appender(self, table: str) -> BlindAppender | None:
         """The table's writer of rows built in Python (deltamq/delta_append.py), its table
         read once; None when the engine must write the table (Apache Spark on a local
@@ -146,7 +158,14 @@ class Warehouse:
         if table not in self._appenders:
             groups = COMMIT_LOG_GROUPS if table == "commit_log" else ()
             self._appenders[table] = (
-                BlindAppender(self.storage, self.uri(table), engine_info="deltamq", group_by=groups)
+                BlindAppender(
+                    self.storage,
+                    self.uri(table),
+                    engine_info="deltamq",
+                    group_by=groups,
+                    # the index dispatch writes is what deliver reads next: kept decoded
+                    on_written=self._seeder(table) if table in SEEDED else None,
+                )
                 if self._appends_outside or table in OUTSIDE_THE_ENGINE
                 else None
             )
