@@ -387,6 +387,17 @@ class FileSnapshot:
         at = first[groups] + (rows - layout.starts[groups])
         return picked(pa.concat_tables(tables), at)
 
+    def largest_group(self, f: DataFile) -> int | None:
+        """Rows in the largest row group of local file ``f`` (its footer, read once); None
+        off a local disk."""
+        layout = self._layout(f)
+        if layout is None:
+            return None
+        ends = np.append(
+            layout.starts[1:], f.num_records if f.num_records is not None else layout.meta.num_rows
+        )
+        return int(np.max(ends - layout.starts)) if len(ends) else 0
+
     def _grouped(self, f: DataFile) -> _Layout | None:
         """The row groups :meth:`taken` reads file ``f`` by: those of a local file of
         several row groups not decoded whole already, else None."""

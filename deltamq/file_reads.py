@@ -196,6 +196,11 @@ def bodies(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> pa.Table |
     return join_bodies(index, [snap.whole(f) for f in chosen], columns, where, picks)
 
 
+LOCATED_GROUP_ROWS = 65_536
+"""Rows a row group of a file :func:`located` hands to listener workers may hold (the
+producers write groups of 8 192, ``delta_append.GROUP_ROWS``)."""
+
+
 def located(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> tuple[pa.Table, BodyFiles] | None:
     """``index`` (consume_queue rows, as for :func:`bodies`) with where each row's
     ``commit_log`` row lies instead of its ``columns``: ``body_reads.FILE`` (an index
@@ -204,7 +209,8 @@ def located(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> tuple[pa.
     first file's row is taken, as :func:`bodies` does; nothing of the files but their
     positions is read here (the worker checks the row's ``msg_id`` is the index row's:
     ``body_reads``). None unless the warehouse is local and every file holding wanted
-    rows holds one batch (its rows found by position)."""
+    rows holds one batch (its rows found by position), in row groups of at most
+    :data:`LOCATED_GROUP_ROWS`."""
     snap = wh.snapshot("commit_log")
     if snap is None or not snap.storage.is_local or index.num_rows == 0:
         return None
@@ -219,6 +225,10 @@ def located(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> tuple[pa.
         return any(f.overlaps("batch_id", lo, hi) for lo, hi in batches)
 
     chosen = snap.files(keep)
+    # a worker decodes whole row groups: an engine's file of one group of half a million
+    # rows would be decoded by every worker that has one of its queues
+    if any((snap.largest_group(f) or 0) > LOCATED_GROUP_ROWS for f in chosen):
+        return None
     found = [_located(snap, f, ids, pos) for f in chosen]
     if any(places is None for places in found):
         return None

@@ -186,3 +186,19 @@ def test_a_row_holding_another_message_than_the_index_says_is_refused_by_name(tm
     assert got.column("body").to_pylist() == [b"a", b"b"]
     with pytest.raises(ValueError, match=r"part-0.parquet row 1 holds message m1, not mX"):
         BodyReader().resolve(chunk(["m0", "mX"]), files, ("msg_id", "body"))
+
+
+def test_files_of_large_row_groups_leave_a_large_pass_to_the_engine(
+    broker, clock, warehouse_with, monkeypatch, by_workers
+):
+    """Each worker decodes whole row groups: files whose groups are larger than a
+    producer's (an engine's send) are not handed to the workers, and the engine
+    delivers the pass instead."""
+    from deltamq import file_reads
+
+    monkeypatch.setattr(file_reads, "LOCATED_GROUP_ROWS", 3)
+    setup = warehouse_with("orders", queues=1, group="g")
+    broker.producer("p").send_batch([Message("orders", f"m{i}") for i in range(5)])  # one group of 5
+    r = broker.tick(clock.now_ms()).delivered
+    assert by_workers == [False]  # not located: the engine's pass
+    assert r.consumed == 5 and sorted(c["body"] for c in read_log(setup.log)) == [f"m{i}" for i in range(5)]
