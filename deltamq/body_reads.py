@@ -33,6 +33,8 @@ FILE = "_body_file"
 """A chunk's column: the index in :attr:`BodyFiles.paths` of the file holding the row."""
 ROW = "_body_row"
 """A chunk's column: the row's position in its file."""
+KEEP_FOOTERS = 256
+"""Files whose footers a worker keeps (read again when needed past that)."""
 KEEP_BYTES = 64 << 20
 """Decoded row groups a worker keeps (least recently used out first): a chunk of 1 000
 takes an eighth of a producer's row group of 8 192, so the next chunks find it decoded."""
@@ -92,8 +94,8 @@ class BodyReader:
             bodies = bodies.drop_columns(["msg_id"])
         columns = {name: chunk.column(name) for name in chunk.schema.names}
         for name in bodies.column_names:
-            column = bodies.column(name)
-            columns[name] = column.chunk(0) if column.num_chunks else pa.array([], column.type)
+            column = bodies.column(name)  # (a group of over 2 GiB of bodies comes in chunks)
+            columns[name] = column.chunk(0) if column.num_chunks == 1 else pa.concat_arrays(column.chunks)
         return pa.RecordBatch.from_arrays([columns[n] for n in order], names=list(order))
 
     def _store(self, files: BodyFiles) -> Storage:
@@ -106,6 +108,8 @@ class BodyReader:
     def _layout(self, files: BodyFiles, path: str) -> tuple[Any, np.ndarray]:
         found = self._starts.get(path)
         if found is None:
+            if len(self._starts) >= KEEP_FOOTERS:  # a long-lived worker meets ever more files
+                self._starts.clear()
             meta = self._store(files).parquet_metadata(path)
             counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
             starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)

@@ -116,7 +116,7 @@ files at once, one per writer (:data:`WRITERS`), cut between row groups: the sen
 1M x 1 KiB wrote its one file in 0.50-0.58 s, two files in two threads in 0.26-0.36 s;
 dispatch's index of those 1M rows (about 100 MB) is split too (bench/README.md)."""
 WRITERS = max(1, min(4, os.cpu_count() or 1))
-"""Files a large partition is written as, at once."""
+"""Files a large partition is written as, at once: one per core, at most four."""
 STREAM_FROM = 16 << 20
 """Rows of at least this many bytes in memory are written through a temporary file (a
 1 GB Parquet file built in a buffer cost its copy and a 2.5 s write); smaller ones from
@@ -156,6 +156,7 @@ class BlindAppender:
         self.storage = storage
         self.on_written = on_written
         self._written: list[Written] = []
+        self._collect = False
         self.uri = uri.rstrip("/")
         self.engine_info = engine_info
         self.group_by = group_by
@@ -208,12 +209,13 @@ class BlindAppender:
         metadata is read again first when a commit since the last one known changed it.
         Once committed, the files go to ``on_written``, when given."""
         self._written = []
+        self._collect = self.on_written is not None
         try:
             version = self._append(rows, at)
             if self.on_written is not None:
                 self.on_written(self._written)
         finally:
-            self._written = []
+            self._written, self._collect = [], False
         return version
 
     def _append(self, rows: pa.Table, at: int | None) -> int:
@@ -447,7 +449,7 @@ class BlindAppender:
         else:
             size = self.storage.put(f"{self.uri}/{rel}", write)
         path = quote(rel, safe="/=:@!$&'()*+,;")  # a URI path: RFC 3986's pchar kept
-        if self.on_written is not None:
+        if self._collect:  # an append's files, not a replace's
             self._written.append((path, data, values))
         return {
             "path": path,
@@ -552,7 +554,7 @@ def _in_order(order: pa.Array) -> bool:
 def _pieces(rows: int, nbytes: int, runs: list[tuple[int, int]], most: int) -> list[list[tuple[int, int]]]:
     """``runs`` (row groups) dealt into at most ``most`` pieces of consecutive runs, about
     even in rows, each of at least :data:`SPLIT_FROM` bytes (one piece below that)."""
-    k = min(most, len(runs), max(1, nbytes // SPLIT_FROM))
+    k = min(most, len(runs)) if nbytes >= SPLIT_FROM else 1
     if k <= 1:
         return [runs]
     pieces: list[list[tuple[int, int]]] = [[]]

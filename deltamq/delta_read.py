@@ -304,13 +304,15 @@ class FileSnapshot:
         name: str,
         key: Callable[[pa.Table], np.ndarray | None],
         needs: list[str],
+        narrow: bool = False,
     ) -> SortedKeys | None:
         """File ``f``'s rows ordered by ``key`` (an int64 per row, computed from the file's
         ``needs`` columns; None: the file cannot be keyed so), kept under ``name`` in the
         snapshot's cache: a reader of a few rows of a large file finds them by binary
         search instead of a filter over every row. The key columns are read alone from a
         file read by row groups (:meth:`taken`), else from the whole file, decoded once
-        and kept (on S3 one GET serves both)."""
+        and kept (on S3 one GET serves both), or with ``narrow`` read alone in any case
+        (a reader that wants no other column of the file)."""
         cache_key = (f.path, name)
         with self._lock:
             found = self._cache.use(cache_key)
@@ -318,7 +320,7 @@ class FileSnapshot:
                 return cast(SortedKeys, found)
             if cache_key in self._unkeyed:
                 return None
-        keys = key(self.columns(f, needs) if self._grouped(f) is not None else self.whole(f))
+        keys = key(self.columns(f, needs) if narrow or self._grouped(f) is not None else self.whole(f))
         if keys is None:
             with self._lock:
                 self._unkeyed.add(cache_key)

@@ -229,7 +229,7 @@ def located(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> tuple[pa.
     # rows would be decoded by every worker that has one of its queues
     if any((snap.largest_group(f) or 0) > LOCATED_GROUP_ROWS for f in chosen):
         return None
-    found = [_located(snap, f, ids, pos) for f in chosen]
+    found = [_located(snap, f, ids, pos, narrow=True) for f in chosen]  # only their positions read
     if any(places is None for places in found):
         return None
     file_of = np.full(index.num_rows, -1, dtype=np.int32)
@@ -253,7 +253,7 @@ def _positions(data: pa.Table) -> np.ndarray | None:
 
 
 def _located(
-    snap: FileSnapshot, f: DataFile, ids: np.ndarray, pos: np.ndarray
+    snap: FileSnapshot, f: DataFile, ids: np.ndarray, pos: np.ndarray, narrow: bool = False
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """Where file ``f`` holds each index row's (batch id, position): a mask over the
     index rows and, where it is set, the file's row, found by binary search over its
@@ -263,7 +263,7 @@ def _located(
     batch = f.min_values.get("batch_id")
     if batch is None or batch != f.max_values.get("batch_id"):
         return None
-    keyed = snap.sorted_keys(f, "batch_pos", _positions, ["batch_pos"])
+    keyed = snap.sorted_keys(f, "batch_pos", _positions, ["batch_pos"], narrow)
     if keyed is None:
         return None
     mine = np.nonzero(ids == batch)[0]

@@ -190,9 +190,11 @@ def orderly_spans(call: Call, table: pa.Table, start: int, length: int, batch: i
 
 
 def outputs(
-    table: pa.Table, messages: pa.Table, spans: list[Span], start: int, length: int
+    table: pa.Table, messages: pa.Table, spans: list[Span], start: int, length: int, read_bytes: int = 0
 ) -> list[pa.Table]:
-    """The output rows of one group's spans: failures, de-duplication keys, its count."""
+    """The output rows of one group's spans: failures, de-duplication keys, its count
+    (with the bytes handed over: of the bodies, or ``read_bytes``, what the workers
+    said they read, when the messages carry no body)."""
     import pyarrow.compute as pc
 
     out = []
@@ -216,7 +218,7 @@ def outputs(
             if o.reason not in NOT_HANDED_OVER
         )
     else:  # the workers read the bodies (body_reads) and said how many bytes
-        body_bytes = sum(o.nbytes for _, _, o in spans)
+        body_bytes = read_bytes
     out.append(out_rows(table.slice(start, 1), "count", n=consumed, nbytes=body_bytes))
     return out
 
@@ -299,8 +301,11 @@ def make_consumer(
         messages = table.select(message_columns(table, files))
         out = []
         for start, length, (group, client) in runs(table, ["consumer_group", "client_id"]):
+            read = [0]  # bytes the workers read for this group's calls
 
-            def call(lo: int, n: int, size: int, group: str = group, client: str = client) -> list[Span]:
+            def call(
+                lo: int, n: int, size: int, group: str = group, client: str = client, read: list[int] = read
+            ) -> list[Span]:
                 spans = consume(
                     listeners[group],
                     group,
@@ -313,6 +318,7 @@ def make_consumer(
                     in_order=group in orderly,
                     files=files,
                 )
+                read[0] += sum(o.nbytes for _, _, o in spans)
                 return [(lo + i, k, o) for i, k, o in spans]
 
             guarded = until_timeout(call, stopped, (group, client), group in orderly)
@@ -321,7 +327,7 @@ def make_consumer(
                 spans = orderly_spans(guarded, table, start, length, batch[group])
             else:
                 spans = guarded(start, length, batch[group])
-            out += outputs(table, messages, spans, start, length)
+            out += outputs(table, messages, spans, start, length, read[0])
         return out
 
     return consume_partition

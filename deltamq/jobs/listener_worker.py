@@ -115,24 +115,32 @@ def _recv(stream: IO[bytes]) -> Any:
 
 
 SEGMENT_CHUNKS = 8
-"""Chunks a request to a worker holds (concurrent groups): one request, eight replies
-(the worker's and the broker's cost per request is paid once for eight chunks)."""
+"""Chunks a request to a worker holds at most (concurrent groups; fewer when eight would
+not fit twice in its pipe): one request, a reply per chunk, the costs of a request paid
+once for them all."""
 PIPE_BYTES = 1 << 20
 """The pipe buffer a chunk travels through (Linux: up to ``/proc/sys/fs/pipe-max-size``,
 1 MiB by default). With the default 64 KiB a chunk of 1 000 × 1 KiB took 16 hand-overs
 between the two processes: 2.4 s per million messages against 1.0 s."""
 
 
-def _widen(stream: IO[bytes]) -> None:
+def _widen(stream: IO[bytes]) -> int:
     """Give a pipe :data:`PIPE_BYTES` of buffer where the system allows (best effort:
-    elsewhere, or above the system's limit, the pipe keeps its size)."""
+    elsewhere, or above the system's limit, the pipe keeps its size); the size it has
+    (64 KiB, Linux's default, where it cannot be read)."""
     set_size = getattr(fcntl, "F_SETPIPE_SZ", None) if fcntl is not None else None
-    if set_size is None:
-        return
-    try:
-        fcntl.fcntl(stream.fileno(), set_size, PIPE_BYTES)
-    except OSError:
-        pass
+    get_size = getattr(fcntl, "F_GETPIPE_SZ", None) if fcntl is not None else None
+    if set_size is not None:
+        try:
+            fcntl.fcntl(stream.fileno(), set_size, PIPE_BYTES)
+        except OSError:
+            pass
+    if get_size is not None:
+        try:
+            return int(fcntl.fcntl(stream.fileno(), get_size))
+        except OSError:
+            pass
+    return 64 << 10
 
 
 def to_ipc(messages: Any) -> Any:
@@ -282,7 +290,8 @@ class _Worker:
         assert self.proc.stdin is not None and self.proc.stdout is not None  # PIPE above
         self.stdin: IO[bytes] = io.BufferedWriter(self.proc.stdin, PIPE_BYTES)
         self.stdout: IO[bytes] = self.proc.stdout
-        _widen(self.stdin)
+        self.pipe_bytes = _widen(self.stdin)
+        _widen(self.stdout)
         _send(self.stdin, list(home.sys_path))
         _send_raw(self.stdin, listener_bytes)
         ready = readable(self.stdout, _START_TIMEOUT_S)
@@ -438,45 +447,86 @@ def consume(
     except WorkerNotStarted as e:  # not the messages' fault: nothing consumed, nothing retried
         return [(0, messages.num_rows, Outcome(False, reason=FailReason.SETUP, error=str(e)))]
     spans: list[Span] = []
-    starts = range(0, messages.num_rows, batch_size)
-    pending = deque(range(len(starts)))  # chunks not handed to the current worker
-    sent: deque[int] = deque()  # chunks handed to it, not answered yet
-    # several chunks per request, and the next request sent before the replies to this
-    # one are read, so a worker never waits for the broker between chunks; in order, one
-    # chunk at a time: no message there reaches the listener before the ones ahead of it
-    # have succeeded
-    per, ahead = (1, 1) if in_order else (SEGMENT_CHUNKS, 2 * SEGMENT_CHUNKS)
+    flow = _Flow(messages, batch_size, in_order, to.worker.pipe_bytes)
     try:
-        while pending or sent:
-            while pending and len(sent) < ahead:
-                segment = [pending.popleft() for _ in range(min(per, len(pending)))]
-                rows = messages.slice(starts[segment[0]], len(segment) * batch_size)
-                to.send(to_ipc(rows), batch_size)
-                sent.extend(segment)
-            k = sent.popleft()
-            start, chunk = starts[k], messages.slice(starts[k], batch_size)
+        while flow.pending or flow.sent:
+            flow.fill(to)
+            k = flow.answered()
+            start, chunk = flow.starts[k], messages.slice(flow.starts[k], batch_size)
             reply = to.worker.receive(timeout_s)
             if isinstance(reply, tuple):
                 spans.extend(_apply(reply, start, chunk.num_rows))
                 continue
-            pending.extendleft(reversed(sent))  # what the gone worker had goes to the next
-            sent.clear()
+            flow.lost()  # what the gone worker had not answered goes to the next one
             if reply == FailReason.TIMEOUT and chunk.num_rows == 1:  # the worker was stopped
                 return spans + _timed_out(start, 1, messages.num_rows, in_order)
             # a chunk of several that died or timed out: its messages one at a time, so one
             # that hangs does not take the others with it (up to the first that times out alone)
             to.fresh()
-            alone, ended = _one_at_a_time(to, chunk, start, reply, poison_tries, messages.num_rows, in_order)
-            spans += alone
-            if ended:
+            if _one_at_a_time(to, chunk, start, reply, poison_tries, messages.num_rows, in_order, spans):
                 return spans
     except WorkerNotStarted as e:  # a restart after a crash failed: the rest is not consumed
         done = sum(n for _, n, _ in spans)
         spans.append((done, messages.num_rows - done, Outcome(False, reason=FailReason.SETUP, error=str(e))))
         return spans
     finally:
+        if flow.sent:  # left with chunks it has not answered (an error here): not reused
+            to.worker.kill()
         _give_back(to.worker)
     return spans
+
+
+class _Flow:
+    """The chunks of one :func:`consume` on their way to the current worker: several
+    chunks per request, and the next request sent before the replies to the last one
+    are read, so a worker never waits for the broker between chunks. A request goes
+    ahead only when it fits in the worker's pipe beside the one the worker is on (a
+    write that blocked would keep the broker from its timeouts, and from reading the
+    replies the worker is blocked writing). In order (an orderly group), one chunk at a
+    time: no message there reaches the listener before the ones ahead of it succeeded."""
+
+    def __init__(self, messages: Any, batch_size: int, in_order: bool, pipe_bytes: int) -> None:
+        self.messages, self.batch_size, self.in_order = messages, batch_size, in_order
+        self.starts = range(0, messages.num_rows, batch_size)
+        self.pending = deque(range(len(self.starts)))  # chunks not handed to the worker
+        self.sent: deque[tuple[deque[int], int]] = deque()  # requests: chunks unanswered, bytes
+        self.cap = pipe_bytes - 4096  # the request's own header beside its rows
+        per_chunk = messages.nbytes / max(1, messages.num_rows) * batch_size
+        self.per = 1 if in_order else max(1, min(SEGMENT_CHUNKS, int(self.cap // 2 // max(1.0, per_chunk))))
+        self._ready: tuple[list[int], Any] | None = None  # the next request, built
+
+    def fill(self, to: _Caller) -> None:
+        """Send what may go now (nothing while the worker has a request and another may
+        not go beside it)."""
+        while self.pending or self._ready is not None:
+            if self.sent and (self.in_order or len(self.sent) > 1):
+                return
+            if self._ready is None:
+                segment = [self.pending.popleft() for _ in range(min(self.per, len(self.pending)))]
+                rows = self.messages.slice(self.starts[segment[0]], len(segment) * self.batch_size)
+                self._ready = (segment, to_ipc(rows))
+            segment, ipc = self._ready
+            if self.sent and self.sent[0][1] + ipc.size > self.cap:
+                return  # it would not fit beside the worker's request: sent once that is answered
+            to.send(ipc, self.batch_size)
+            self.sent.append((deque(segment), ipc.size))
+            self._ready = None
+
+    def answered(self) -> int:
+        """The chunk the next reply is for."""
+        chunks, _ = self.sent[0]
+        k = chunks.popleft()
+        if not chunks:
+            self.sent.popleft()
+        return k
+
+    def lost(self) -> None:
+        """The worker is gone: the chunks it had not answered, and the request built for
+        it, go back ahead of the rest, in order."""
+        back = [k for chunks, _ in self.sent for k in chunks] + (self._ready[0] if self._ready else [])
+        self.pending.extendleft(reversed(back))
+        self.sent.clear()
+        self._ready = None
 
 
 @dataclass
@@ -504,12 +554,19 @@ class _Caller:
 
 
 def _one_at_a_time(
-    to: _Caller, chunk: Any, start: int, reply: str, poison_tries: int, total: int, in_order: bool
-) -> tuple[list[Span], bool]:
+    to: _Caller,
+    chunk: Any,
+    start: int,
+    reply: str,
+    poison_tries: int,
+    total: int,
+    in_order: bool,
+    spans: list[Span],
+) -> bool:
     """A chunk's messages tried alone after the chunk's call (the first try of each)
-    ended with ``reply`` ("poison" or "timeout"); their spans, and whether the call ends
-    here (a message timed out alone, or one failed in order)."""
-    spans: list[Span] = []
+    ended with ``reply`` ("poison" or "timeout"), their spans added to ``spans`` as they
+    come (a worker that cannot be restarted midway leaves those in place); whether the
+    call ends here (a message timed out alone, or one failed in order)."""
     for i in range(chunk.num_rows):
         one = to_ipc(chunk.slice(i, 1))
         result: Reply | str = reply
@@ -521,7 +578,8 @@ def _one_at_a_time(
         if isinstance(result, tuple):
             spans.extend(_apply(result, start + i, 1))
         elif result == FailReason.TIMEOUT:
-            return spans + _timed_out(start + i, 1, total, in_order), True
+            spans += _timed_out(start + i, 1, total, in_order)
+            return True
         else:
             error = f"listener ended without an outcome ({result})"
             spans.append((start + i, 1, Outcome(False, reason=FailReason(result), error=error)))
@@ -529,8 +587,8 @@ def _one_at_a_time(
             left = total - (start + i + 1)
             if left:
                 spans.append((start + i + 1, left, Outcome(False, reason=FailReason.NOT_DELIVERED)))
-            return spans, True
-    return spans, False
+            return True
+    return False
 
 
 def _timed_out(start: int, n: int, total: int, in_order: bool) -> list[Span]:

@@ -118,6 +118,10 @@ class Recorder:
     def _raise(self, messages, context):
         raise ValueError(f"cannot handle {messages[0].body!r}")
 
+    def _raise_long(self, messages, context):
+        """Fails at once with an error of 4 000 characters of 3 bytes each in UTF-8."""
+        raise ValueError("订单" * 2000)
+
     def _garbage(self, messages, context):
         return {"status": "maybe"}
 
