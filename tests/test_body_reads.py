@@ -202,3 +202,31 @@ def test_files_of_large_row_groups_leave_a_large_pass_to_the_engine(
     r = broker.tick(clock.now_ms()).delivered
     assert by_workers == [False]  # not located: the engine's pass
     assert r.consumed == 5 and sorted(c["body"] for c in read_log(setup.log)) == [f"m{i}" for i in range(5)]
+
+
+def test_the_index_dispatch_appends_is_read_by_deliver_without_decoding(
+    broker, clock, warehouse_with, monkeypatch
+):
+    """Dispatch hands the index files it wrote to the broker's snapshot of consume_queue
+    (Warehouse.arrow_appender's on_written): deliver's take then decodes none of them."""
+    from deltamq import delta_read, file_reads
+    from deltamq.jobs import dispatch
+
+    warehouse_with("orders", queues=2)
+    broker.producer("p").send_batch([Message("orders", f"m{i}") for i in range(8)])
+    wh = broker.context.warehouse
+    wh.snapshot("consume_queue")  # known before the append (a tick's runner has it)
+    assert dispatch.run(broker.context, clock.now_ms()).rows_out == 8
+    decoded = []
+    real = delta_read.FileSnapshot._decode
+
+    def counted(self, f, *args, **kwargs):
+        decoded.append(f.path)
+        return real(self, f, *args, **kwargs)
+
+    monkeypatch.setattr(delta_read.FileSnapshot, "_decode", counted)
+    found = file_reads.index_by_range(
+        wh, [("orders", 0, 0, 100), ("orders", 1, 0, 100)], ["msg_id", "queue_offset"]
+    )
+    assert found is not None and sum(t.num_rows for t in found) == 8
+    assert not [p for p in decoded if "consume_queue" in p]
