@@ -99,3 +99,15 @@ def test_several_chunks_a_request_answer_each_chunk_in_order(tmp_path):
     calls = read_log(log)
     assert [c["body"] for c in calls] == [f"m{i}" for i in range(50)]
     assert [c["batch"] for c in calls][::4] == [4] * 12 + [2]
+
+
+def test_chunks_too_large_to_go_ahead_are_all_answered(tmp_path):
+    """Chunks of 600 KiB: two do not fit in a worker's pipe, so each waits for the one
+    before it to be answered; every one is handed over and answered once."""
+    from support.listeners import read_log
+
+    log = tmp_path / "calls.jsonl"
+    bodies = [b"%d" % i + b"x" * (600 * 1024) for i in range(5)]
+    spans = consume(pickle.dumps(Recorder(log, "ok")), "g", _messages(bodies), 1, 10.0, 3)
+    assert spans == [(i, 1, Outcome(True)) for i in range(5)]
+    assert [c["body"][:1] for c in read_log(log)] == [str(i) for i in range(5)]

@@ -449,7 +449,7 @@ def consume(
     spans: list[Span] = []
     flow = _Flow(messages, batch_size, in_order, to.worker.pipe_bytes)
     try:
-        while flow.pending or flow.sent:
+        while flow.left:
             flow.fill(to)
             k = flow.answered()
             start, chunk = flow.starts[k], messages.slice(flow.starts[k], batch_size)
@@ -494,6 +494,11 @@ class _Flow:
         per_chunk = messages.nbytes / max(1, messages.num_rows) * batch_size
         self.per = 1 if in_order else max(1, min(SEGMENT_CHUNKS, int(self.cap // 2 // max(1.0, per_chunk))))
         self._ready: tuple[list[int], Any] | None = None  # the next request, built
+
+    @property
+    def left(self) -> bool:
+        """Whether any chunk is still to be answered (sent or not, a request built)."""
+        return bool(self.pending or self.sent or self._ready is not None)
 
     def fill(self, to: _Caller) -> None:
         """Send what may go now (nothing while the worker has a request and another may
