@@ -25,6 +25,7 @@ from deltamq import ids
 from deltamq.body_reads import FILE, ROW, BodyFiles
 from deltamq.config import Subscription
 from deltamq.constants import DISPATCH_GROUP, SCHEDULE_TOPIC, TIMER_TOPIC
+from deltamq.delta_append import GROUPED_FROM
 from deltamq.delta_read import DataFile, FileSnapshot, picked, positions
 from deltamq.filters import parse_tag_expression
 from deltamq.pull_log import LOG_COLUMNS, LogRow
@@ -209,7 +210,8 @@ def located(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> tuple[pa.
     first file's row is taken, as :func:`bodies` does; nothing of the files but their
     positions is read here (the worker checks the row's ``msg_id`` is the index row's:
     ``body_reads``). None unless the warehouse is local and every file holding wanted
-    rows holds one batch (its rows found by position), in row groups of at most
+    rows holds one batch (its rows found by position) of at least
+    ``delta_append.GROUPED_FROM`` rows, in row groups of at most
     :data:`LOCATED_GROUP_ROWS`."""
     snap = wh.snapshot("commit_log")
     if snap is None or not snap.storage.is_local or index.num_rows == 0:
@@ -226,7 +228,11 @@ def located(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> tuple[pa.
 
     chosen = snap.files(keep)
     # a worker decodes whole row groups: an engine's file of one group of half a million
-    # rows would be decoded by every worker that has one of its queues
+    # rows would be decoded by every worker that has one of its queues, and so would a
+    # small producer file (under GROUPED_FROM rows its queues are not in groups of their
+    # own) by each worker, for each of its queues
+    if any((f.num_records or 0) < GROUPED_FROM for f in chosen):
+        return None
     if any((snap.largest_group(f) or 0) > LOCATED_GROUP_ROWS for f in chosen):
         return None
     found = [_located(snap, f, ids, pos, narrow=True) for f in chosen]  # only their positions read

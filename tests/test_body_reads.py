@@ -23,7 +23,8 @@ from deltamq.jobs import deliver_files
 @pytest.fixture
 def by_workers(monkeypatch):
     """Every pass the files' way takes goes with where its bodies lie (none is below the
-    limit); counts the passes that did, and fails any that read the bodies here."""
+    limit, and the tests' small files count as a producer's large ones); counts the
+    passes that did, and fails any that read the bodies here."""
     from deltamq import file_reads
 
     located = []
@@ -38,6 +39,7 @@ def by_workers(monkeypatch):
         raise AssertionError("bodies read in the broker's process")
 
     monkeypatch.setattr(deliver_files, "MAX_MESSAGES", 0)
+    monkeypatch.setattr(file_reads, "GROUPED_FROM", 1)  # the tests' small files count as grouped
     monkeypatch.setattr(file_reads, "located", spy)
     monkeypatch.setattr(file_reads, "bodies", refused)
     return located
@@ -81,7 +83,10 @@ def test_a_worker_that_dies_or_hangs_with_the_next_chunk_sent(
     The dying message is dead-lettered after three tries, the hanging one retried once,
     what follows it waits for the next pass, nothing lost or twice consumed."""
     if where == "workers":
+        from deltamq import file_reads
+
         monkeypatch.setattr(deliver_files, "MAX_MESSAGES", 0)
+        monkeypatch.setattr(file_reads, "GROUPED_FROM", 1)
     else:
         monkeypatch.setattr(deliver_files, "eligible", lambda *a: False)
     setup = warehouse_with("orders", queues=1)
@@ -116,6 +121,7 @@ def test_bodies_a_worker_cannot_read_hold_the_queue_and_say_why(broker, clock, w
     from deltamq import file_reads
 
     monkeypatch.setattr(deliver_files, "MAX_MESSAGES", 0)
+    monkeypatch.setattr(file_reads, "GROUPED_FROM", 1)
     real = file_reads.located
 
     def gone(*args, **kwargs):
@@ -230,3 +236,23 @@ def test_the_index_dispatch_appends_is_read_by_deliver_without_decoding(
     )
     assert found is not None and sum(t.num_rows for t in found) == 8
     assert not [p for p in decoded if "consume_queue" in p]
+
+
+def test_small_producer_files_leave_a_large_pass_to_the_engine(broker, clock, warehouse_with, monkeypatch):
+    """Files under GROUPED_FROM rows hold their queues' rows mixed: every worker would
+    decode all of them, once for each of its queues; such a pass is the engine's."""
+    from deltamq import file_reads
+
+    monkeypatch.setattr(deliver_files, "MAX_MESSAGES", 0)
+    results = []
+    real = file_reads.located
+
+    def spy(*args, **kwargs):
+        results.append(real(*args, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(file_reads, "located", spy)
+    setup = warehouse_with("orders", queues=2, group="g")
+    broker.producer("p").send_batch([Message("orders", f"m{i}") for i in range(6)])
+    assert broker.tick(clock.now_ms()).delivered.consumed == 6
+    assert results == [None] and len(read_log(setup.log)) == 6
