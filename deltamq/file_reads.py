@@ -226,7 +226,10 @@ def located(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> tuple[pa.
             return False
         return any(f.overlaps("batch_id", lo, hi) for lo, hi in batches)
 
-    chosen = snap.files(keep)
+    wanted = set(pc.unique(index.column("cl_batch_id")).to_pylist())
+    # files of one batch not taken here (another send within the batch-id ranges) are not
+    # the pass's: they neither hold its rows nor decide its way
+    chosen = [f for f in snap.files(keep) if _batch_of(f) is None or _batch_of(f) in wanted]
     # a worker decodes whole row groups: an engine's file of one group of half a million
     # rows would be decoded by every worker that has one of its queues, and so would a
     # small producer file (under GROUPED_FROM rows its queues are not in groups of their
@@ -251,6 +254,12 @@ def located(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> tuple[pa.
     out = out.append_column(ROW, pa.array(row_of[kept], pa.int64()))
     schema = snap.read([], [*dict.fromkeys([*columns, "msg_id"])]).schema
     return out, BodyFiles(snap.storage.location, tuple(f.path for f in chosen), schema)
+
+
+def _batch_of(f: DataFile) -> int | None:
+    """The one batch id a file holds, per its statistics (None: several, or unknown)."""
+    lo = f.min_values.get("batch_id")
+    return int(lo) if lo is not None and lo == f.max_values.get("batch_id") else None
 
 
 def _positions(data: pa.Table) -> np.ndarray | None:

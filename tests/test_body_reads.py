@@ -256,3 +256,32 @@ def test_small_producer_files_leave_a_large_pass_to_the_engine(broker, clock, wa
     broker.producer("p").send_batch([Message("orders", f"m{i}") for i in range(6)])
     assert broker.tick(clock.now_ms()).delivered.consumed == 6
     assert results == [None] and len(read_log(setup.log)) == 6
+
+
+def test_a_small_send_beside_a_large_one_leaves_the_large_ones_pass_to_the_workers(
+    broker, clock, warehouse_with, monkeypatch
+):
+    """Another send's small file, close in batch id and position (the same second), is
+    not the pass's and does not decide its way."""
+    from deltamq import file_reads
+    from deltamq.delta_append import GROUPED_FROM
+
+    monkeypatch.setattr(deliver_files, "MAX_MESSAGES", 0)
+    results = []
+    real = file_reads.located
+
+    def spy(*args, **kwargs):
+        results.append(real(*args, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(file_reads, "located", spy)
+    warehouse_with("big", queues=2, group="g", consume_message_batch_max_size=1000)
+    broker.create_topic("other", queues=1)
+    p = broker.producer("p")
+    p.send_batch([Message("big", f"m{i}") for i in range(GROUPED_FROM)])
+    clock.advance(seconds=1)  # batch ids in send order: the small one's between the others
+    p.send_batch([Message("other", "x")])  # a file under GROUPED_FROM rows, not taken,
+    clock.advance(seconds=1)
+    p.send_batch([Message("big", f"n{i}") for i in range(GROUPED_FROM)])  # between two that are
+    assert broker.tick(clock.now_ms()).delivered.consumed == 2 * GROUPED_FROM
+    assert results and all(r is not None for r in results)

@@ -447,7 +447,8 @@ def consume(
     except WorkerNotStarted as e:  # not the messages' fault: nothing consumed, nothing retried
         return [(0, messages.num_rows, Outcome(False, reason=FailReason.SETUP, error=str(e)))]
     spans: list[Span] = []
-    flow = _Flow(messages, batch_size, in_order, to.worker.pipe_bytes)
+    header = len(pickle.dumps((group, instance, files, batch_size), protocol=pickle.HIGHEST_PROTOCOL))
+    flow = _Flow(messages, batch_size, in_order, to.worker.pipe_bytes, header)
     try:
         while flow.left:
             flow.fill(to)
@@ -485,14 +486,17 @@ class _Flow:
     replies the worker is blocked writing). In order (an orderly group), one chunk at a
     time: no message there reaches the listener before the ones ahead of it succeeded."""
 
-    def __init__(self, messages: Any, batch_size: int, in_order: bool, pipe_bytes: int) -> None:
+    def __init__(
+        self, messages: Any, batch_size: int, in_order: bool, pipe_bytes: int, header_bytes: int
+    ) -> None:
         self.messages, self.batch_size, self.in_order = messages, batch_size, in_order
         self.starts = range(0, messages.num_rows, batch_size)
         self.pending = deque(range(len(self.starts)))  # chunks not handed to the worker
         self.sent: deque[tuple[deque[int], int]] = deque()  # requests: chunks unanswered, bytes
-        self.cap = pipe_bytes - 4096  # the request's own header beside its rows
+        self.header = header_bytes + 64  # a request's own frame beside its rows
         per_chunk = messages.nbytes / max(1, messages.num_rows) * batch_size
-        self.per = 1 if in_order else max(1, min(SEGMENT_CHUNKS, int(self.cap // 2 // max(1.0, per_chunk))))
+        half = (pipe_bytes - self.header) // 2
+        self.per = 1 if in_order else max(1, min(SEGMENT_CHUNKS, int(half // max(1.0, per_chunk))))
         self._ready: tuple[list[int], Any] | None = None  # the next request, built
 
     @property
@@ -511,7 +515,8 @@ class _Flow:
                 rows = self.messages.slice(self.starts[segment[0]], len(segment) * self.batch_size)
                 self._ready = (segment, to_ipc(rows))
             segment, ipc = self._ready
-            if self.sent and self.sent[0][1] + ipc.size > self.cap:
+            # the current worker's pipe (a worker taken after one died may have a smaller one)
+            if self.sent and self.sent[0][1] + ipc.size > to.worker.pipe_bytes - self.header:
                 return  # it would not fit beside the worker's request: sent once that is answered
             to.send(ipc, self.batch_size)
             self.sent.append((deque(segment), ipc.size))
