@@ -14,12 +14,11 @@ a ranged GET per group (and per worker) on an object store, where one GET of the
 file is cheaper (``delta_read.FileSnapshot`` reads them whole there too).
 
 Imports only the standard library, numpy and pyarrow at module level (workers start fast);
-the storage seam is imported by the first chunk that needs it.
+the storage seam and the snapshot reader's pool are imported when first needed.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,11 +55,11 @@ class BodyReader:
     a Delta data file is written once)."""
 
     def __init__(self, keep_bytes: int = KEEP_BYTES) -> None:
-        self.keep_bytes = keep_bytes
+        from deltamq.delta_read import BytePool
+
         self._storage: Storage | None = None
         self._starts: dict[str, tuple[Any, np.ndarray]] = {}
-        self._groups: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
-        self._held = 0
+        self._groups = BytePool(keep_bytes)
 
     def resolve(self, chunk: pa.RecordBatch, files: BodyFiles, order: tuple[str, ...]) -> pa.RecordBatch:
         """``chunk`` with its bodies: the :data:`FILE` / :data:`ROW` columns replaced by
@@ -110,24 +109,18 @@ class BodyReader:
         if found is None:
             if len(self._starts) >= KEEP_FOOTERS:  # a long-lived worker meets ever more files
                 self._starts.clear()
+            from deltamq.delta_read import group_starts
+
             meta = self._store(files).parquet_metadata(path)
-            counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-            starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-            found = self._starts[path] = (meta, starts)
+            found = self._starts[path] = (meta, group_starts(meta))
         return found
 
     def _group(self, files: BodyFiles, path: str, meta: Any, index: int) -> pa.Table:
         key = (path, index)
-        data = self._groups.get(key)
-        if data is not None:
-            self._groups.move_to_end(key)
-            return data
-        data = self._store(files).read_parquet(path, files.schema, (meta, index))
-        self._groups[key] = data
-        self._held += data.nbytes
-        while self._held > self.keep_bytes and len(self._groups) > 1:
-            _, old = self._groups.popitem(last=False)
-            self._held -= old.nbytes
+        data = self._groups.use(key)
+        if data is None:
+            data = self._store(files).read_parquet(path, files.schema, (meta, index))
+            self._groups.keep(key, data, data.nbytes)
         return data
 
 

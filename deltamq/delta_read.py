@@ -101,9 +101,9 @@ class SortedKeys:
         return self.rows[np.searchsorted(self.keys, lo) : np.searchsorted(self.keys, hi)]
 
 
-class _Pool(OrderedDict[Hashable, Any]):
-    """Decoded data kept under a byte budget, least recently used first (the caller holds
-    the snapshot's lock)."""
+class BytePool(OrderedDict[Hashable, Any]):
+    """Decoded data kept under a byte budget, least recently used first (a snapshot's
+    caller holds its lock; a listener worker's reader, ``body_reads``, has one thread)."""
 
     def __init__(self, budget: int) -> None:
         super().__init__()
@@ -162,8 +162,8 @@ class FileSnapshot:
         self.storage = storage
         # decoded files (by path) and sorted keys ((path, name)); row groups ((path, index))
         # apart, with a budget of theirs
-        self._cache = _Pool(cache_bytes)
-        self._groups = _Pool(group_cache_bytes)
+        self._cache = BytePool(cache_bytes)
+        self._groups = BytePool(group_cache_bytes)
         self._layouts: dict[str, _Layout] = {}  # per file read by row groups
         self.uri = uri.rstrip("/")
         self.recheck_s = recheck_s
@@ -416,8 +416,7 @@ class FileSnapshot:
             layout = self._layouts.get(f.path)
         if layout is None:
             meta = self.storage.parquet_metadata(f.path)
-            counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-            layout = _Layout(meta, np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64))
+            layout = _Layout(meta, group_starts(meta))
             with self._lock:
                 self._layouts[f.path] = layout
         return layout
@@ -460,6 +459,12 @@ class FileSnapshot:
             value = _typed(f.partition.get(name), field.type)
             data = data.append_column(field, pa.array([value] * data.num_rows, field.type))
         return data
+
+
+def group_starts(meta: Any) -> np.ndarray:
+    """The first row of each row group of a Parquet file (its footer, ``meta``)."""
+    counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
 
 def _filter(table: pa.Table, where: pc.Expression) -> pa.Table:

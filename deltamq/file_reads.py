@@ -173,11 +173,25 @@ def bodies(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> pa.Table |
         return None
     if index.num_rows == 0:
         return _with(index, snap.read([], list(columns)))
-    batch_ids = index.column("cl_batch_id").to_pylist()
-    places = index.column("cl_batch_pos").to_pylist()
+    chosen, where, _ = _body_files(snap, index)
+    ids, pos = index.column("cl_batch_id").to_numpy(), index.column("cl_batch_pos").to_numpy()
+    found = [_located(snap, f, ids, pos) for f in chosen]
+    located = [places for places in found if places is not None]
+    if chosen and len(located) == len(found):
+        return _placed(index, snap, chosen, located, columns)
+    picks = [None if places is None else np.unique(places[1][places[0]]) for places in found]
+    return join_bodies(index, [snap.whole(f) for f in chosen], columns, where, picks)
+
+
+def _body_files(snap: FileSnapshot, index: pa.Table) -> tuple[list[DataFile], pc.Expression, set[int]]:
+    """The ``commit_log`` files that may hold the rows of ``index`` (not empty), picked by
+    date, batch id and position statistics; the filter of their rows to those ranges; and
+    the batch ids ``index`` wants."""
+    wanted = pc.unique(index.column("cl_batch_id")).to_pylist()
     dates = {d.isoformat() for d in index.column("cl_date").unique().to_pylist()}
-    batches = merge_ranges(batch_ids)
-    low, high = min(places), max(places)
+    batches = merge_ranges(wanted)
+    span = pc.min_max(index.column("cl_batch_pos"))
+    low, high = span["min"].as_py(), span["max"].as_py()
 
     def keep(f: DataFile) -> bool:
         # positions too: an engine's write of one large send spreads one batch over many
@@ -187,14 +201,7 @@ def bodies(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> pa.Table |
         return any(f.overlaps("batch_id", lo, hi) for lo, hi in batches)
 
     where = _any(_between("batch_id", lo, hi) for lo, hi in batches) & _between("batch_pos", low, high)
-    chosen = snap.files(keep)
-    ids, pos = index.column("cl_batch_id").to_numpy(), index.column("cl_batch_pos").to_numpy()
-    found = [_located(snap, f, ids, pos) for f in chosen]
-    located = [places for places in found if places is not None]
-    if chosen and len(located) == len(found):
-        return _placed(index, snap, chosen, located, columns)
-    picks = [None if places is None else np.unique(places[1][places[0]]) for places in found]
-    return join_bodies(index, [snap.whole(f) for f in chosen], columns, where, picks)
+    return snap.files(keep), where, set(wanted)
 
 
 LOCATED_GROUP_ROWS = 65_536
@@ -217,19 +224,10 @@ def located(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> tuple[pa.
     if snap is None or not snap.storage.is_local or index.num_rows == 0:
         return None
     ids, pos = index.column("cl_batch_id").to_numpy(), index.column("cl_batch_pos").to_numpy()
-    dates = {d.isoformat() for d in index.column("cl_date").unique().to_pylist()}
-    batches = merge_ranges(pc.unique(index.column("cl_batch_id")).to_pylist())
-    low, high = int(pos.min()), int(pos.max())
-
-    def keep(f: DataFile) -> bool:
-        if f.partition.get("store_date") not in dates or not f.overlaps("batch_pos", low, high):
-            return False
-        return any(f.overlaps("batch_id", lo, hi) for lo, hi in batches)
-
-    wanted = set(pc.unique(index.column("cl_batch_id")).to_pylist())
+    candidates, _, wanted = _body_files(snap, index)
     # files of one batch not taken here (another send within the batch-id ranges) are not
     # the pass's: they neither hold its rows nor decide its way
-    chosen = [f for f in snap.files(keep) if _batch_of(f) is None or _batch_of(f) in wanted]
+    chosen = [f for f in candidates if _batch_of(f) is None or _batch_of(f) in wanted]
     # a worker decodes whole row groups: an engine's file of one group of half a million
     # rows would be decoded by every worker that has one of its queues, and so would a
     # small producer file (under GROUPED_FROM rows its queues are not in groups of their
@@ -275,8 +273,8 @@ def _located(
     positions when it holds one batch (a large send spreads one batch over few large
     files: a filter over every row cost a pull most of its read); None to filter the
     file instead."""
-    batch = f.min_values.get("batch_id")
-    if batch is None or batch != f.max_values.get("batch_id"):
+    batch = _batch_of(f)
+    if batch is None:
         return None
     keyed = snap.sorted_keys(f, "batch_pos", _positions, ["batch_pos"], narrow)
     if keyed is None:

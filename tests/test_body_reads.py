@@ -238,9 +238,10 @@ def test_the_index_dispatch_appends_is_read_by_deliver_without_decoding(
     assert not [p for p in decoded if "consume_queue" in p]
 
 
-def test_small_producer_files_leave_a_large_pass_to_the_engine(broker, clock, warehouse_with, monkeypatch):
-    """Files under GROUPED_FROM rows hold their queues' rows mixed: every worker would
-    decode all of them, once for each of its queues; such a pass is the engine's."""
+@pytest.fixture
+def located_results(monkeypatch):
+    """Every pass the files' way takes above no limit; what ``file_reads.located`` gave
+    each (None: the pass went to the engine)."""
     from deltamq import file_reads
 
     monkeypatch.setattr(deliver_files, "MAX_MESSAGES", 0)
@@ -252,6 +253,15 @@ def test_small_producer_files_leave_a_large_pass_to_the_engine(broker, clock, wa
         return results[-1]
 
     monkeypatch.setattr(file_reads, "located", spy)
+    return results
+
+
+def test_small_producer_files_leave_a_large_pass_to_the_engine(
+    broker, clock, warehouse_with, located_results
+):
+    """Files under GROUPED_FROM rows hold their queues' rows mixed: every worker would
+    decode all of them, once for each of its queues; such a pass is the engine's."""
+    results = located_results
     setup = warehouse_with("orders", queues=2, group="g")
     broker.producer("p").send_batch([Message("orders", f"m{i}") for i in range(6)])
     assert broker.tick(clock.now_ms()).delivered.consumed == 6
@@ -259,22 +269,13 @@ def test_small_producer_files_leave_a_large_pass_to_the_engine(broker, clock, wa
 
 
 def test_a_small_send_beside_a_large_one_leaves_the_large_ones_pass_to_the_workers(
-    broker, clock, warehouse_with, monkeypatch
+    broker, clock, warehouse_with, located_results
 ):
     """Another send's small file, close in batch id and position (the same second), is
     not the pass's and does not decide its way."""
-    from deltamq import file_reads
     from deltamq.delta_append import GROUPED_FROM
 
-    monkeypatch.setattr(deliver_files, "MAX_MESSAGES", 0)
-    results = []
-    real = file_reads.located
-
-    def spy(*args, **kwargs):
-        results.append(real(*args, **kwargs))
-        return results[-1]
-
-    monkeypatch.setattr(file_reads, "located", spy)
+    results = located_results
     warehouse_with("big", queues=2, group="g", consume_message_batch_max_size=1000)
     broker.create_topic("other", queues=1)
     p = broker.producer("p")

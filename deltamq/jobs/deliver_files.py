@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from deltamq import file_reads
-from deltamq.body_reads import FILE, ROW, BodyFiles
+from deltamq.body_reads import BodyFiles
 from deltamq.delta_read import picked
 from deltamq.jobs import consume_partition
 from deltamq.jobs.deliver_plan import QueueTake
@@ -133,9 +133,7 @@ def consume(
         joined = found
     if joined.num_rows == 0:
         return []
-    names = ["consumer_group", "client_id", *consume_partition.MESSAGE_COLUMNS]
-    if files is not None:
-        names = [*(n for n in names if n in joined.column_names), FILE, ROW]
+    names = ["consumer_group", "client_id", *consume_partition.message_columns(joined, files)]
     msgs = joined.select([*names, "cl_date", "cl_batch_id", "cl_batch_pos", "dkey"])
     consumer = consumer_for(files)
     parts = partitions(msgs, parallel)
