@@ -209,7 +209,9 @@ LOCATED_GROUP_ROWS = 65_536
 producers write groups of 8 192, ``delta_append.GROUP_ROWS``)."""
 
 
-def located(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> tuple[pa.Table, BodyFiles] | None:
+def located(
+    wh: Snapshots, index: pa.Table, columns: Sequence[str], by_place: bool = False
+) -> tuple[pa.Table, BodyFiles] | None:
     """``index`` (consume_queue rows, as for :func:`bodies`) with where each row's
     ``commit_log`` row lies instead of its ``columns``: ``body_reads.FILE`` (an index
     into the returned files' paths) and ``body_reads.ROW``, for a listener worker to read
@@ -219,7 +221,9 @@ def located(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> tuple[pa.
     ``body_reads``). None unless the warehouse is local and every file holding wanted
     rows holds one batch (its rows found by position) of at least
     ``delta_append.GROUPED_FROM`` rows, in row groups of at most
-    :data:`LOCATED_GROUP_ROWS`."""
+    :data:`LOCATED_GROUP_ROWS` unless ``by_place``: the rows go to the workers by where
+    they lie (``deliver_files.by_place``), so a worker decodes a large group once, not
+    once per queue."""
     snap = wh.snapshot("commit_log")
     if snap is None or not snap.storage.is_local or index.num_rows == 0:
         return None
@@ -234,7 +238,7 @@ def located(wh: Snapshots, index: pa.Table, columns: Sequence[str]) -> tuple[pa.
     # own) by each worker, for each of its queues
     if any((f.num_records or 0) < GROUPED_FROM for f in chosen):
         return None
-    if any((snap.largest_group(f) or 0) > LOCATED_GROUP_ROWS for f in chosen):
+    if not by_place and any((snap.largest_group(f) or 0) > LOCATED_GROUP_ROWS for f in chosen):
         return None
     found = [_located(snap, f, ids, pos, narrow=True) for f in chosen]  # only their positions read
     if any(places is None for places in found):

@@ -40,7 +40,7 @@ import os
 import random
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, TypeVar
@@ -544,10 +544,38 @@ class Storage:
             if data is None:
                 raise self.error("read", path, FileNotFoundError(path))
             table = columns(pa.BufferReader(data))
-        for i, field in enumerate(schema):
-            if field.name not in table.column_names:
-                table = table.add_column(i, field.name, pa.nulls(table.num_rows, field.type))
-        return table if table.schema.equals(schema) else table.cast(schema)
+        return _conformed(table, schema)
+
+    def parquet_batches(self, path: str, schema: Any, group: tuple[Any, int], rows: int) -> Iterator[Any]:
+        """One row group of the local Parquet file at ``path`` (``group`` as for
+        :meth:`read_parquet`) as pyarrow Tables of ``schema``'s columns, ``rows`` at a
+        time, front to back: a large group decoded whole is a fresh allocation of its full
+        size, faulted in page by page, where small batches reuse the same memory. The
+        file stays open until the iterator ends or is closed."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not self.is_local:
+            raise ValueError(f"{path}: row groups are read from local files only")
+        try:
+            source = pa.OSFile(path)
+        except OSError as e:
+            raise self.error("read", path, e) from e
+        with source:
+            file = pq.ParquetFile(source, metadata=group[0])
+            present = set(file.schema_arrow.names)
+            wanted = [n for n in schema.names if n in present]
+            batches = file.iter_batches(
+                batch_size=rows, row_groups=[group[1]], columns=wanted, use_threads=False
+            )
+            while True:
+                try:
+                    batch = next(batches, None)
+                except OSError as e:
+                    raise self.error("read", path, e) from e
+                if batch is None:
+                    return
+                yield _conformed(pa.Table.from_batches([batch]), schema)
 
     def parquet_metadata(self, path: str) -> Any:
         """The footer of the local Parquet file at ``path`` (its row groups), for
@@ -702,6 +730,16 @@ _CLIENT_OPTIONS = (
     "POOL_IDLE_TIMEOUT",
     "POOL_MAX_IDLE_PER_HOST",
 )
+
+
+def _conformed(table: Any, schema: Any) -> Any:
+    """``table`` with ``schema``'s columns in its types, a missing column all null."""
+    import pyarrow as pa
+
+    for i, field in enumerate(schema):
+        if field.name not in table.column_names:
+            table = table.add_column(i, field.name, pa.nulls(table.num_rows, field.type))
+    return table if table.schema.equals(schema) else table.cast(schema)
 
 
 def _object_store_options(kind: Kind, options: Mapping[str, str]) -> tuple[dict[str, str], dict[str, Any]]:

@@ -177,6 +177,115 @@ def test_the_reader_takes_rows_across_row_groups_and_files_in_the_order_asked(tm
 
 
 @pytest.mark.unit
+def test_a_large_row_group_is_streamed_front_to_back_and_again_when_asked_behind(tmp_path: Path, monkeypatch):
+    """Groups above STREAM_FROM rows are decoded STREAM_BATCH rows at a time: chunks
+    asked in the files' order read each group once, holding only the rows from the
+    current chunk on; a chunk behind the stream (a retry) starts it again; a chunk may
+    span batches, skip rows, and take rows out of order within its span."""
+    from deltamq import body_reads
+
+    monkeypatch.setattr(body_reads, "STREAM_FROM", 4)
+    monkeypatch.setattr(body_reads, "STREAM_BATCH", 3)
+    schema = pa.schema([("body", pa.binary()), ("born_ts", pa.int64())])
+    path = tmp_path / "part-0.parquet"
+    pq.write_table(
+        pa.table({"body": [b"r%d" % i for i in range(20)], "born_ts": list(range(20))}, schema), path
+    )
+    files = BodyFiles(str(tmp_path), (str(path),), schema)
+    opened = []
+    real = body_reads._Stream
+
+    class Counted(real):  # type: ignore[misc,valid-type]
+        def __init__(self, batches):
+            opened.append(1)
+            super().__init__(batches)
+
+    monkeypatch.setattr(body_reads, "_Stream", Counted)
+    reader = BodyReader()
+
+    def read(rows: list[int]) -> list[bytes]:
+        chunk = pa.record_batch(
+            {FILE: pa.array([0] * len(rows), pa.int32()), ROW: pa.array(rows, pa.int64())}
+        )
+        got = reader.resolve(chunk, files, ("body", "born_ts"))
+        assert got.column("born_ts").to_pylist() == rows
+        return got.column("body").to_pylist()
+
+    assert read([0, 1, 2, 3, 4]) == [b"r%d" % i for i in range(5)]  # across two batches
+    assert read([5, 6]) == [b"r5", b"r6"]
+    held = reader._streams[(str(path), 0)]._held
+    assert sum(b.num_rows for b in held) <= 6  # rows before the current batch are gone
+    assert read([12, 9, 15]) == [b"r12", b"r9", b"r15"]  # rows skipped, out of order within
+    assert len(opened) == 1
+    assert read([1, 2]) == [b"r1", b"r2"]  # behind the stream: from the start again
+    assert len(opened) == 2
+    assert read([19]) == [b"r19"]
+    with pytest.raises(IndexError):
+        BodyReader().resolve(
+            pa.record_batch({FILE: pa.array([0], pa.int32()), ROW: pa.array([25], pa.int64())}),
+            files,
+            ("body",),
+        )
+
+
+@pytest.mark.unit
+def test_a_stream_of_a_file_gone_names_it(tmp_path: Path, monkeypatch):
+    from deltamq import body_reads
+    from deltamq.errors import StorageError
+
+    monkeypatch.setattr(body_reads, "STREAM_FROM", 2)
+    schema = pa.schema([("body", pa.binary())])
+    path = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"body": [b"a", b"b", b"c"]}, schema), path)
+    files = BodyFiles(str(tmp_path), (str(path),), schema)
+    reader = BodyReader()
+    chunk = pa.record_batch({FILE: pa.array([0], pa.int32()), ROW: pa.array([2], pa.int64())})
+    reader._layout(files, str(path))  # the footer known, then the file gone
+    path.unlink()
+    with pytest.raises(StorageError, match="part-0.parquet"):
+        reader.resolve(chunk, files, ("body",))
+
+
+@pytest.mark.unit
+def test_rows_go_by_place_each_file_to_one_table_in_group_file_and_row_order():
+    """deliver_files.by_place: whole files dealt largest first to the emptiest table, each
+    table's rows by group and instance, then file and row; a lone large file is cut into
+    row ranges, a small one is not."""
+    from deltamq.jobs.deliver_files import PLACE_ROWS, by_place
+
+    def rows(places: list[tuple[str, int, int]]) -> pa.Table:
+        return pa.table(
+            {
+                "consumer_group": [g for g, _, _ in places],
+                "client_id": [""] * len(places),
+                FILE: pa.array([f for _, f, _ in places], pa.int32()),
+                ROW: pa.array([r for _, _, r in places], pa.int64()),
+            }
+        )
+
+    # queue by queue, as a take gives them: queues interleaved in every file
+    places = [("g", f, r) for q in range(2) for f in range(3) for r in range(q, 10 * (f + 1), 2)]
+    places += [("a", 1, r) for r in range(5)]
+    parts = by_place(rows(places), 2)
+    assert sum(p.num_rows for p in parts) == len(places)
+    seen_files = [set(p.column(FILE).to_pylist()) for p in parts]
+    assert seen_files[0].isdisjoint(seen_files[1]) and set().union(*seen_files) == {0, 1, 2}
+    assert seen_files[0] == {2}  # the largest file first, to the emptiest table
+    for p in parts:
+        groups = p.column("consumer_group").to_pylist()
+        runs = [g for k, g in enumerate(groups) if k == 0 or groups[k - 1] != g]
+        assert len(runs) == len(set(runs))  # each group's rows together
+        for g in runs:
+            places_of = zip(p.column(FILE).to_pylist(), p.column(ROW).to_pylist(), groups, strict=True)
+            got = [(f, r) for f, r, h in places_of if h == g]
+            assert got == sorted(got)
+    one_large = by_place(rows([("g", 0, r) for r in range(2 * PLACE_ROWS)]), 2)
+    assert [p.num_rows for p in one_large] == [PLACE_ROWS, PLACE_ROWS]
+    assert one_large[0].column(ROW)[-1].as_py() < one_large[1].column(ROW)[0].as_py()
+    assert [p.num_rows for p in by_place(rows([("g", 0, r) for r in range(100)]), 2)] == [100]
+
+
+@pytest.mark.unit
 def test_a_row_holding_another_message_than_the_index_says_is_refused_by_name(tmp_path: Path):
     schema = pa.schema([("body", pa.binary()), ("msg_id", pa.string())])
     path = tmp_path / "part-0.parquet"
@@ -194,20 +303,24 @@ def test_a_row_holding_another_message_than_the_index_says_is_refused_by_name(tm
         BodyReader().resolve(chunk(["m0", "mX"]), files, ("msg_id", "body"))
 
 
-def test_files_of_large_row_groups_leave_a_large_pass_to_the_engine(
-    broker, clock, warehouse_with, monkeypatch, by_workers
+@pytest.mark.parametrize("orderly", [True, False])
+def test_files_of_large_row_groups_go_by_place_or_to_the_engine(
+    broker, clock, warehouse_with, monkeypatch, by_workers, orderly
 ):
     """Each worker decodes whole row groups: files whose groups are larger than a
-    producer's (an engine's send) are not handed to the workers, and the engine
-    delivers the pass instead."""
+    producer's (an engine's send) are handed to the workers only when the rows can go
+    by where they lie (concurrent groups: one worker per group, deliver_files.by_place);
+    an orderly group's pass, whose partitions hold whole queues, is the engine's."""
     from deltamq import file_reads
 
     monkeypatch.setattr(file_reads, "LOCATED_GROUP_ROWS", 3)
-    setup = warehouse_with("orders", queues=1, group="g")
-    broker.producer("p").send_batch([Message("orders", f"m{i}") for i in range(5)])  # one group of 5
+    setup = warehouse_with("orders", queues=2)
+    broker.create_group("g", Recorder(setup.log), consume_from="FIRST_OFFSET", orderly=orderly)
+    broker.subscribe("g", "orders")
+    broker.producer("p").send_batch([Message("orders", f"m{i}") for i in range(6)])  # one group of 6
     r = broker.tick(clock.now_ms()).delivered
-    assert by_workers == [False]  # not located: the engine's pass
-    assert r.consumed == 5 and sorted(c["body"] for c in read_log(setup.log)) == [f"m{i}" for i in range(5)]
+    assert by_workers == [not orderly]  # located (by place), or the engine's pass
+    assert r.consumed == 6 and sorted(c["body"] for c in read_log(setup.log)) == [f"m{i}" for i in range(6)]
 
 
 def test_the_index_dispatch_appends_is_read_by_deliver_without_decoding(

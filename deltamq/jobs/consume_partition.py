@@ -282,9 +282,13 @@ def make_consumer(
     group's chunks are larger), so the listeners start on the first rows while the
     engine produces the rest, and a partition never holds all its bodies at once."""
     stream_rows = max(STREAM_ROWS, *batch.values()) if batch else STREAM_ROWS
+    # located rows of concurrent groups come arranged by group, instance and place
+    # (deliver_files.by_place), bodies not among them: whole, in that order, so one
+    # worker meets a row group's rows together
+    arranged = files is not None and not orderly
 
     def consume_partition(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        pieces = _pieces(batches, None if orderly else stream_rows)
+        pieces = _pieces(batches, None if orderly or arranged else stream_rows)
         out: list[pa.Table] = []
         stopped: set[tuple[str, str]] = set()  # (group, instance) whose listener timed out
         for piece in pieces:
@@ -297,7 +301,7 @@ def make_consumer(
 
         if table.num_rows == 0:
             return []
-        table = in_order(table, orderly)
+        table = table if arranged else in_order(table, orderly)
         messages = table.select(message_columns(table, files))
         out = []
         for start, length, (group, client) in runs(table, ["consumer_group", "client_id"]):

@@ -366,8 +366,9 @@ def _from_files(ctx: Context, work: Pass) -> tuple[Taken, Consumed] | None:
     taken = taken_of("", deliver_files.summary(table), table)
     if not taken.deliverable:
         return taken, Consumed()
+    orderly = any(cfg.orderly for cfg in work.groups.values())
     rows = deliver_files.consume(
-        ctx.warehouse, table, lambda files: _consumer(ctx, work, None, files), os.cpu_count() or 1
+        ctx.warehouse, table, lambda files: _consumer(ctx, work, None, files), os.cpu_count() or 1, orderly
     )
     if rows is None:
         return None

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from deltamq import file_reads
-from deltamq.body_reads import BodyFiles
+from deltamq.body_reads import FILE, ROW, BodyFiles
 from deltamq.delta_read import picked
 from deltamq.jobs import consume_partition
 from deltamq.jobs.deliver_plan import QueueTake
@@ -41,6 +41,9 @@ MAX_MESSAGES = 10_000
 """Messages a pass may take and still have their bodies read here; a larger pass is
 delivered here only on a local disk, each listener worker reading its chunks' bodies
 itself (elsewhere it is the engine's)."""
+PLACE_ROWS = 65_536
+"""Rows of a file below which :func:`by_place` does not cut it between tables (a few
+row groups: one worker decodes them faster than two start on them)."""
 _INDEX = file_reads.HANDOUT_INDEX_COLUMNS
 _BODY = file_reads.HANDOUT_BODY_COLUMNS
 
@@ -108,6 +111,7 @@ def consume(
     taken: pa.Table,
     consumer_for: Callable[[BodyFiles | None], Any],
     parallel: int = 1,
+    orderly: bool = True,
 ) -> list[dict[str, Any]] | None:
     """The deliverable rows of ``taken`` with their bodies, through the partition
     function ``consumer_for`` gives, whole queues split into at most ``parallel``
@@ -117,12 +121,14 @@ def consume(
     leaves them); None when ``commit_log`` must be read with the engine. More than
     :data:`MAX_MESSAGES` rows go with where their bodies lie, and the listener workers
     read them (``file_reads.located``, deltamq/body_reads.py): a million bodies are
-    never in this process, nor in a pipe."""
+    never in this process, nor in a pipe. Unless the pass has an ``orderly`` group (whose
+    partitions hold whole queues), such rows are split by where they lie
+    (:func:`by_place`), so each row group is decoded by one worker, once."""
     wanted = pc.and_(taken.column("matched"), pc.invert(pc.or_(taken.column("poison"), taken.column("dup"))))
     rows = taken if pc.all(wanted).as_py() is not False else taken.filter(wanted)
     files: BodyFiles | None = None
     if rows.num_rows > MAX_MESSAGES:
-        placed = file_reads.located(wh, rows, _BODY)
+        placed = file_reads.located(wh, rows, _BODY, by_place=not orderly)
         if placed is None:
             return None
         joined, files = placed
@@ -136,7 +142,7 @@ def consume(
     names = ["consumer_group", "client_id", *consume_partition.message_columns(joined, files)]
     msgs = joined.select([*names, "cl_date", "cl_batch_id", "cl_batch_pos", "dkey"])
     consumer = consumer_for(files)
-    parts = partitions(msgs, parallel)
+    parts = by_place(msgs, parallel) if files is not None and not orderly else partitions(msgs, parallel)
     if len(parts) == 1:
         out = list(consumer(iter(msgs.to_batches())))
     else:
@@ -169,3 +175,42 @@ def partitions(rows: pa.Table, most: int) -> list[pa.Table]:
         loads[i] += int(sizes[q])
     place = homes[home_of]
     return [picked(rows, np.flatnonzero(place == i)) for i in range(len(loads))]
+
+
+def by_place(rows: pa.Table, most: int) -> list[pa.Table]:
+    """Located ``rows`` (``body_reads.FILE`` / ``ROW`` columns) of concurrent groups split
+    into at most ``most`` tables by where their bodies lie: whole files (cut into row
+    ranges of at least :data:`PLACE_ROWS` when there are fewer files than tables) dealt
+    out largest first to the emptiest table, each table's rows by group and instance,
+    then file and row. A worker then meets a row group's rows together and decodes it
+    once, where a split by queue had every worker decode every group of a file whose
+    rows mix the queues (an engine's ``send_dataframe``). Concurrent groups need no
+    whole queues (the engine's pass spreads them evenly too)."""
+    n = rows.num_rows
+    file = rows.column(FILE).to_numpy().astype(np.int64)
+    row = rows.column(ROW).to_numpy().astype(np.int64)
+    files = int(file.max()) + 1 if n else 0
+    cuts = 1 if files >= most else -(-most // max(files, 1))  # ranges per file
+    span = max(int(row.max()) // cuts + 1 if n else 1, PLACE_ROWS)
+    unit = file * cuts + row // span
+    sizes = np.bincount(unit, minlength=files * cuts)
+    homes = np.zeros(len(sizes), dtype=np.int64)
+    loads = [0] * max(1, min(most, int(np.count_nonzero(sizes))))
+    for u in sorted(np.flatnonzero(sizes).tolist(), key=lambda u: (-sizes[u], u)):
+        i = loads.index(min(loads))
+        homes[u] = i
+        loads[i] += int(sizes[u])
+    group = np.zeros(n, dtype=np.int64)
+    for c in ("consumer_group", "client_id"):
+        codes = pc.dictionary_encode(rows.column(c), null_encoding="encode").combine_chunks()
+        group = group * len(codes.dictionary) + codes.indices.to_numpy().astype(np.int64)
+    key = ((group * max(files, 1) + file) << 40) | row  # positions in a file are below 2**40
+    place = homes[unit]
+    out = []
+    for i in range(len(loads)):
+        mine = np.flatnonzero(place == i)
+        k = key[mine]
+        if len(k) > 1 and bool(np.any(k[1:] < k[:-1])):
+            mine = mine[np.argsort(k, kind="stable")]
+        out.append(picked(rows, mine))
+    return out
