@@ -44,6 +44,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "deltamq.spark_connect",
             "deltamq.sail",
             "deltamq.storage",
+            "deltamq.store_faults",
             "deltamq.delta_append",
             "deltamq.delta_read",
             "deltamq.body_reads",
