@@ -41,16 +41,20 @@ KEEP_BYTES = 64 << 20
 takes an eighth of a producer's row group of 8 192, so the next chunks find it decoded."""
 STREAM_FROM = 16_384
 """Rows of a row group above which a worker reads it as a stream (:class:`_Stream`),
-front to back in batches of :data:`STREAM_BATCH`, holding only the rows from its current
-chunk on. An engine's file holds one group of ~100 000 1 KiB bodies: decoded whole it
-is a fresh 100 MB allocation faulted in page by page, 0.1-0.6 s; streamed, 0.03 s
-(measured on 2 cores, mimalloc and jemalloc alike). Deliver hands such rows over in
-the files' order (``deliver_files.by_place``), so each group is streamed once."""
+front to back in batches of :data:`STREAM_BATCH`, decoded rows held from its current
+chunk on, when the pass's rows come in the files' order (:attr:`BodyFiles.stream_from`:
+``deliver_files.by_place``), so that each group is streamed once per consumer group. An
+engine's file holds one group of ~100 000 1 KiB bodies: decoded whole it is a fresh
+100 MB allocation faulted in page by page, 0.1-0.6 s; streamed, 0.03 s (measured on 2
+cores, mimalloc and jemalloc alike). Rows in queue order (an orderly pass) would restart
+the stream for every queue: their groups are decoded whole and kept."""
 STREAM_BATCH = 2_048
 """Rows a stream decodes at a time (4 096 and more made jemalloc map fresh memory for
 each batch again: 0.07-0.1 s per group)."""
-KEEP_STREAMS = 4
-"""Streams a worker keeps open (least recently used closed first)."""
+KEEP_STREAMS = 2
+"""Streams a worker keeps open (least recently used closed first). A stream not read to
+its group's end holds the group's column chunks as read from the file (pyarrow's reader
+reads a column chunk whole): up to a group's size each, in an idle worker too."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,10 @@ class BodyFiles:
     location: str
     paths: tuple[str, ...]
     schema: pa.Schema
+    stream_from: int | None = None
+    """Set when the rows come in each file's row order, a file's rows together (per
+    consumer group): row groups of more rows are streamed (:data:`STREAM_FROM`, chosen
+    by the broker); None: none is."""
 
 
 class BodyReader:
@@ -96,11 +104,10 @@ class BodyReader:
             meta, starts = self._layout(files, path)
             g = int(group[lo])
             at = rows[lo:hi] - starts[g]
-            if meta.row_group(g).num_rows > STREAM_FROM:
-                data, first = self._streamed(files, path, meta, g, int(at.min()), int(at.max()) + 1)
-                at = at - first
-            else:
-                data = self._group(files, path, meta, g)
+            if files.stream_from is not None and meta.row_group(g).num_rows > files.stream_from:
+                pieces.append(self._streamed(files, path, meta, g, at))
+                continue
+            data = self._group(files, path, meta, g)
             if at[-1] - at[0] == hi - lo - 1 and (hi - lo == 1 or bool(np.all(np.diff(at) == 1))):
                 pieces.append(data.slice(int(at[0]), int(hi - lo)))
             else:
@@ -147,62 +154,78 @@ class BodyReader:
             self._groups.keep(key, data, data.nbytes)
         return data
 
-    def _streamed(
-        self, files: BodyFiles, path: str, meta: Any, index: int, lo: int, hi: int
-    ) -> tuple[pa.Table, int]:
-        """Rows ``lo``..``hi - 1`` of a large row group (and maybe more around them), with
-        the group row the returned table starts at; the group streamed again from its
-        start when ``lo`` lies behind its stream."""
+    def _streamed(self, files: BodyFiles, path: str, meta: Any, index: int, at: np.ndarray) -> pa.Table:
+        """Rows ``at`` (in that order) of a large row group, from its stream; the group
+        streamed again from its start when a row lies behind the stream."""
         key = (path, index)
         stream = self._streams.pop(key, None)
-        found = stream.covering(lo, hi) if stream is not None else None
-        if stream is None or found is None:
+        lo = int(at.min())
+        if stream is None or stream.passed(lo):
             if stream is not None:
                 stream.close()
             batches = self._store(files).parquet_batches(path, files.schema, (meta, index), STREAM_BATCH)
-            stream = _Stream(batches)
-            found = stream.covering(lo, hi)
-            assert found is not None  # a fresh stream starts at row 0
+            stream = _Stream(batches, meta.row_group(index).num_rows)
         self._streams[key] = stream  # most recently used last
         while len(self._streams) > KEEP_STREAMS:
             self._streams.popitem(last=False)[1].close()
-        return found
+        return stream.rows(at)
 
 
 class _Stream:
     """One row group read front to back, holding its decoded batches from the lowest row
-    still wanted on (rows behind it are gone: asking for them again starts a new one)."""
+    still wanted on (rows behind it are gone: asking for them again starts a new one).
+    Read to the group's end, it closes its file."""
 
-    def __init__(self, batches: Iterator[pa.Table]) -> None:
-        self._batches = batches
+    def __init__(self, batches: Iterator[pa.Table], rows: int) -> None:
+        self._batches: Iterator[pa.Table] | None = batches
+        self._rows = rows
         self._held: list[pa.Table] = []
         self._first = 0  # the group row the first held batch starts at
         self._end = 0  # the group row after the last one decoded
 
-    def covering(self, lo: int, hi: int) -> tuple[pa.Table, int] | None:
-        """The held rows from ``lo``'s batch on, through row ``hi - 1`` (or the group's
-        end), and the group row they start at; None when ``lo`` was passed."""
-        if lo < self._first:
-            return None
+    def passed(self, lo: int) -> bool:
+        """Whether row ``lo`` lies behind what the stream still holds."""
+        return lo < self._first
+
+    def rows(self, at: np.ndarray) -> pa.Table:
+        """The group's rows ``at`` (none behind the stream: :meth:`passed`), in that
+        order: rows of one batch in a run, a slice where they are consecutive, else
+        taken; the held batches before the lowest row dropped."""
+        lo, hi = int(at.min()), int(at.max()) + 1
         while self._held and self._first + self._held[0].num_rows <= lo:
             self._first += self._held.pop(0).num_rows
-        while self._end < hi:
+        while self._end < hi and self._batches is not None:
             batch = next(self._batches, None)
-            if batch is None:
-                break
-            self._end += batch.num_rows
-            if self._end <= lo:  # wholly before the rows wanted: not kept
-                self._first = self._end
-                continue
-            self._held.append(batch)
-        if not self._held:
-            raise IndexError(f"rows from {lo} asked of a row group of {self._end}")
-        return pa.concat_tables(self._held), self._first
+            if batch is not None:
+                self._end += batch.num_rows
+                if self._end <= lo:  # wholly before the rows wanted: not kept
+                    self._first = self._end
+                else:
+                    self._held.append(batch)
+            if batch is None or self._end >= self._rows:
+                self.close()
+        if hi > self._end:
+            raise IndexError(f"row {hi - 1} asked of a row group of {self._end}")
+        starts = self._first + np.cumsum([0] + [b.num_rows for b in self._held[:-1]])
+        which = np.searchsorted(starts, at, side="right") - 1
+        cuts = np.flatnonzero(np.diff(which) != 0) + 1
+        pieces = []
+        for a, b in zip(np.concatenate([[0], cuts]), np.append(cuts, len(at)), strict=True):
+            k = int(which[a])
+            rows = at[a:b] - starts[k]
+            if rows[-1] - rows[0] == b - a - 1 and (b - a == 1 or bool(np.all(np.diff(rows) == 1))):
+                pieces.append(self._held[k].slice(int(rows[0]), int(b - a)))
+            else:
+                pieces.append(self._held[k].take(pa.array(rows, pa.int64())))
+        return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
 
     def close(self) -> None:
-        close = getattr(self._batches, "close", None)
-        if close is not None:
-            close()
+        """Closes the file (the decoded batches held stay)."""
+        if self._batches is not None:
+            close = getattr(self._batches, "close", None)
+            if close is not None:
+                close()
+            self._batches = None
 
 
 def _same_messages(stored: Any, wanted: Any, files: BodyFiles, which: np.ndarray, rows: np.ndarray) -> None:

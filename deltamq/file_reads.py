@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from deltamq import ids
+from deltamq import body_reads, ids
 from deltamq.body_reads import FILE, ROW, BodyFiles
 from deltamq.config import Subscription
 from deltamq.constants import DISPATCH_GROUP, SCHEDULE_TOPIC, TIMER_TOPIC
@@ -255,7 +255,12 @@ def located(
     out = out.append_column(FILE, pa.array(file_of[kept], pa.int32()))
     out = out.append_column(ROW, pa.array(row_of[kept], pa.int64()))
     schema = snap.read([], [*dict.fromkeys([*columns, "msg_id"])]).schema
-    return out, BodyFiles(snap.storage.location, tuple(f.path for f in chosen), schema)
+    return out, BodyFiles(
+        snap.storage.location,
+        tuple(f.path for f in chosen),
+        schema,
+        body_reads.STREAM_FROM if by_place else None,
+    )
 
 
 def _batch_of(f: DataFile) -> int | None:

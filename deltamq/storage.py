@@ -563,7 +563,10 @@ class Storage:
         except OSError as e:
             raise self.error("read", path, e) from e
         with source:
-            file = pq.ParquetFile(source, metadata=group[0])
+            try:
+                file = pq.ParquetFile(source, metadata=group[0])
+            except OSError as e:
+                raise self.error("read", path, e) from e
             present = set(file.schema_arrow.names)
             wanted = [n for n in schema.names if n in present]
             batches = file.iter_batches(

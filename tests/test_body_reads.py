@@ -193,14 +193,14 @@ def test_a_large_row_group_is_streamed_front_to_back_and_again_when_asked_behind
     pq.write_table(
         pa.table({"body": [b"r%d" % i for i in range(20)], "born_ts": list(range(20))}, schema), path
     )
-    files = BodyFiles(str(tmp_path), (str(path),), schema)
+    files = BodyFiles(str(tmp_path), (str(path),), schema, stream_from=body_reads.STREAM_FROM)
     opened = []
     real = body_reads._Stream
 
     class Counted(real):  # type: ignore[misc,valid-type]
-        def __init__(self, batches):
+        def __init__(self, batches, rows):
             opened.append(1)
-            super().__init__(batches)
+            super().__init__(batches, rows)
 
     monkeypatch.setattr(body_reads, "_Stream", Counted)
     reader = BodyReader()
@@ -222,6 +222,13 @@ def test_a_large_row_group_is_streamed_front_to_back_and_again_when_asked_behind
     assert read([1, 2]) == [b"r1", b"r2"]  # behind the stream: from the start again
     assert len(opened) == 2
     assert read([19]) == [b"r19"]
+    assert reader._streams[(str(path), 0)]._batches is None  # read to the end: its file closed
+    assert BodyReader().resolve(  # rows not in the files' order: the group decoded whole
+        pa.record_batch({FILE: pa.array([0, 0], pa.int32()), ROW: pa.array([7, 2], pa.int64())}),
+        BodyFiles(str(tmp_path), (str(path),), schema),
+        ("body",),
+    ).column("body").to_pylist() == [b"r7", b"r2"]
+    assert len(opened) == 2
     with pytest.raises(IndexError):
         BodyReader().resolve(
             pa.record_batch({FILE: pa.array([0], pa.int32()), ROW: pa.array([25], pa.int64())}),
@@ -239,7 +246,7 @@ def test_a_stream_of_a_file_gone_names_it(tmp_path: Path, monkeypatch):
     schema = pa.schema([("body", pa.binary())])
     path = tmp_path / "part-0.parquet"
     pq.write_table(pa.table({"body": [b"a", b"b", b"c"]}, schema), path)
-    files = BodyFiles(str(tmp_path), (str(path),), schema)
+    files = BodyFiles(str(tmp_path), (str(path),), schema, stream_from=body_reads.STREAM_FROM)
     reader = BodyReader()
     chunk = pa.record_batch({FILE: pa.array([0], pa.int32()), ROW: pa.array([2], pa.int64())})
     reader._layout(files, str(path))  # the footer known, then the file gone
@@ -285,6 +292,8 @@ def test_rows_go_by_place_each_file_to_one_table_in_group_file_and_row_order():
     assert [p.num_rows for p in one_large] == [PLACE_ROWS, PLACE_ROWS]
     assert one_large[0].column(ROW)[-1].as_py() < one_large[1].column(ROW)[0].as_py()
     assert [p.num_rows for p in by_place(rows([("g", 0, r) for r in range(100)]), 2)] == [100]
+    tail = PLACE_ROWS + 10  # a second range would hold 10 rows: not cut
+    assert [p.num_rows for p in by_place(rows([("g", 0, r) for r in range(tail)]), 2)] == [tail]
 
 
 @pytest.mark.unit
@@ -323,6 +332,53 @@ def test_files_of_large_row_groups_go_by_place_or_to_the_engine(
     r = broker.tick(clock.now_ms()).delivered
     assert by_workers == [not orderly]  # located (by place), or the engine's pass
     assert r.consumed == 6 and sorted(c["body"] for c in read_log(setup.log)) == [f"m{i}" for i in range(6)]
+
+
+def test_instances_of_a_broadcast_group_each_get_every_message_once_by_place(
+    broker, clock, warehouse_with, by_workers
+):
+    """A concurrent pass of two instances over two topics whose messages lie in one file:
+    the rows go by place in one table, each instance's rows together (the take lists
+    them instance by instance within each topic), and each instance gets each message
+    once, as itself."""
+    setup = warehouse_with("A", queues=1)
+    broker.create_topic("B", queues=1)
+    broker.create_group(
+        "g", Recorder(setup.log), mode="BROADCASTING", instances=["c1", "c2"], consume_from="FIRST_OFFSET"
+    )
+    broker.subscribe("g", "A")
+    broker.subscribe("g", "B")
+    broker.producer("p").send_batch([Message(t, f"{t}{i}") for t in ("A", "B") for i in range(4)])  # one file
+    r = broker.tick(clock.now_ms()).delivered
+    assert all(by_workers) and r.consumed == 16
+    calls = [(c["instance"], c["body"]) for c in read_log(setup.log)]
+    assert sorted(calls) == sorted((i, f"{t}{k}") for i in ("c1", "c2") for t in ("A", "B") for k in range(4))
+
+
+def test_an_engines_large_row_groups_are_streamed_by_the_workers_each_message_once(
+    broker, clock, warehouse_with, by_workers, monkeypatch
+):
+    """An engine's send writes large row groups with the queues interleaved: the listener
+    workers stream those above STREAM_FROM rows (in their own processes: the broker
+    tells them the threshold), and every message reaches the listener once with its own
+    body."""
+    import glob
+
+    from deltamq import body_reads
+
+    monkeypatch.setattr(body_reads, "STREAM_FROM", 4_096)  # Sail's groups of short rows are smaller
+    n = 20_000
+    setup = warehouse_with("orders", queues=3, group="g", consume_message_batch_max_size=500)
+    rows = broker.engine.spark.range(n).selectExpr("'orders' AS topic", "CAST(id AS STRING) AS body")
+    broker.producer("p").send_dataframe(rows.coalesce(1))
+    groups = [
+        pq.ParquetFile(f).metadata.row_group(0).num_rows
+        for f in glob.glob(f"{broker.context.warehouse.uri('commit_log')}/**/*.parquet", recursive=True)
+    ]
+    assert max(groups) > body_reads.STREAM_FROM  # the pass meets a group it must stream
+    r = broker.tick(clock.now_ms()).delivered
+    assert all(by_workers) and r.consumed == n
+    assert sorted(int(c["body"]) for c in read_log(setup.log)) == list(range(n))
 
 
 def test_the_index_dispatch_appends_is_read_by_deliver_without_decoding(

@@ -143,8 +143,8 @@ def consume(
     msgs = joined.select([*names, "cl_date", "cl_batch_id", "cl_batch_pos", "dkey"])
     consumer = consumer_for(files)
     parts = by_place(msgs, parallel) if files is not None and not orderly else partitions(msgs, parallel)
-    if len(parts) == 1:
-        out = list(consumer(iter(msgs.to_batches())))
+    if len(parts) == 1:  # (by place, the one table is the rows arranged)
+        out = list(consumer(iter(parts[0].to_batches())))
     else:
         with ThreadPoolExecutor(len(parts), thread_name_prefix="deltamq-deliver") as pool:
             done = list(pool.map(lambda part: list(consumer(iter(part.to_batches()))), parts))
@@ -190,8 +190,10 @@ def by_place(rows: pa.Table, most: int) -> list[pa.Table]:
     file = rows.column(FILE).to_numpy().astype(np.int64)
     row = rows.column(ROW).to_numpy().astype(np.int64)
     files = int(file.max()) + 1 if n else 0
-    cuts = 1 if files >= most else -(-most // max(files, 1))  # ranges per file
-    span = max(int(row.max()) // cuts + 1 if n else 1, PLACE_ROWS)
+    last = int(row.max()) if n else 0
+    # ranges per file: as many as tables per file, each of at least PLACE_ROWS rows
+    cuts = 1 if files >= most else max(1, min(-(-most // max(files, 1)), (last + 1) // PLACE_ROWS))
+    span = last // cuts + 1
     unit = file * cuts + row // span
     sizes = np.bincount(unit, minlength=files * cuts)
     homes = np.zeros(len(sizes), dtype=np.int64)
@@ -204,13 +206,15 @@ def by_place(rows: pa.Table, most: int) -> list[pa.Table]:
     for c in ("consumer_group", "client_id"):
         codes = pc.dictionary_encode(rows.column(c), null_encoding="encode").combine_chunks()
         group = group * len(codes.dictionary) + codes.indices.to_numpy().astype(np.int64)
-    key = ((group * max(files, 1) + file) << 40) | row  # positions in a file are below 2**40
+    packed = (int(group.max()) + 1 if n else 1) * max(files, 1) < 1 << 23 and last < 1 << 40
+    key = ((group * max(files, 1) + file) << 40) | row if packed else None
     place = homes[unit]
     out = []
     for i in range(len(loads)):
         mine = np.flatnonzero(place == i)
-        k = key[mine]
-        if len(k) > 1 and bool(np.any(k[1:] < k[:-1])):
-            mine = mine[np.argsort(k, kind="stable")]
+        if key is None:  # (more groups and files than one int64 holds with the rows)
+            mine = mine[np.lexsort((row[mine], file[mine], group[mine]))]
+        elif len(mine) > 1 and bool(np.any(key[mine][1:] < key[mine][:-1])):
+            mine = mine[np.argsort(key[mine], kind="stable")]
         out.append(picked(rows, mine))
     return out
