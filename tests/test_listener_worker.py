@@ -111,3 +111,16 @@ def test_chunks_too_large_to_go_ahead_are_all_answered(tmp_path):
     spans = consume(pickle.dumps(Recorder(log, "ok")), "g", _messages(bodies), 1, 10.0, 3)
     assert spans == [(i, 1, Outcome(True)) for i in range(5)]
     assert [c["body"][:1] for c in read_log(log)] == [str(i) for i in range(5)]
+
+
+def test_a_listener_reading_stdin_finds_it_empty_and_the_requests_intact(tmp_path):
+    """The protocol's requests come on the worker's original stdin: a listener reading
+    its stdin gets an empty file, not the next chunks (several chunks to a request, the
+    next request ahead)."""
+    from support.listeners import read_log
+
+    listener = pickle.dumps(Recorder(tmp_path / "calls.jsonl", "read_stdin"))
+    bodies = [f"m{i}".encode() for i in range(9)]
+    spans = consume(listener, "g", _messages(bodies), 2, 10.0, 3)
+    assert [(lo, n, o.ok) for lo, n, o in spans] == [(lo, min(2, 9 - lo), True) for lo in range(0, 9, 2)]
+    assert sorted(c["body"] for c in read_log(tmp_path / "calls.jsonl")) == [b.decode() for b in bodies]

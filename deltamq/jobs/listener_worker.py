@@ -173,10 +173,14 @@ def stored_messages(chunk: Any) -> list[Any]:
 
 
 def _worker_main() -> None:  # pragma: no cover - runs in the worker process
-    # The protocol owns the original stdout; whatever the listener prints goes to stderr.
+    # The protocol owns the original stdout and stdin: whatever the listener prints goes
+    # to stderr, and what it reads from stdin is an empty file (a listener reading stdin
+    # would otherwise take the protocol's next request)
     proto_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    proto_in = sys.stdin.buffer
+    proto_in = os.fdopen(os.dup(0), "rb")
+    with open(os.devnull, "rb") as null:
+        os.dup2(null.fileno(), 0)
     sys.path[:] = _recv(proto_in)
     try:
         listener = _recv(proto_in)
