@@ -94,23 +94,28 @@ def out_rows(
     return pa.Table.from_arrays(arrays, schema=OUT_ARROW)
 
 
-def deferred_rows(rows: pa.Table, reason: FailReason = FailReason.DEFERRED) -> pa.Table:
+def deferred_rows(
+    rows: pa.Table, reason: FailReason = FailReason.DEFERRED, error: str | None = None
+) -> pa.Table:
     """Output rows for ``rows`` a listener left untried (``DEFERRED``: it timed out; or,
-    ``NOT_DELIVERED``, behind an orderly queue's stop): one per queue, with its lowest
-    offset, how many, and for ``DEFERRED`` the offsets (kind "deferred"; "held" for the
+    ``NOT_DELIVERED``, behind an orderly queue's stop) or could not take (``SETUP``: it
+    cannot be loaded, ``error`` says why): one per queue, with its lowest offset, how
+    many, and for ``DEFERRED`` the offsets (kind "deferred"; "setup"; "held" for the
     others, which only hold their queue). Not a row per message: a hanging listener
-    leaves the whole rest of a partition."""
+    leaves the whole rest of a partition, and one that cannot load all of it."""
     keys = ["consumer_group", "client_id", "topic", "queue_id"]
     listed = reason == FailReason.DEFERRED
+    kind = "deferred" if listed else "setup" if reason == FailReason.SETUP else "held"
     grouped = rows.group_by(keys, use_threads=False).aggregate(
         [("queue_offset", "min"), ("queue_offset", "count")] + ([("queue_offset", "list")] if listed else [])
     )
     k = grouped.num_rows
     given = {
         **{c: grouped.column(c) for c in keys},
-        "kind": pa.repeat(pa.scalar("deferred" if listed else "held"), k),
+        "kind": pa.repeat(pa.scalar(kind), k),
         "queue_offset": grouped.column("queue_offset_min"),
         "reason": pa.repeat(pa.scalar(reason.value), k),
+        "error": pa.repeat(pa.scalar(error, pa.string()), k),
         "ok": pa.repeat(pa.scalar(False), k),
         "n": grouped.column("queue_offset_count"),
         **({"offsets": grouped.column("queue_offset_list")} if listed else {}),
@@ -208,6 +213,8 @@ def outputs(
                 out.append(out_rows(keyed, "key"))
         elif o.reason in NOT_HANDED_OVER:
             out.append(deferred_rows(rows, o.reason))
+        elif o.reason == FailReason.SETUP:  # nothing consumed, nothing to send back: held
+            out.append(deferred_rows(rows, o.reason, o.error))
         else:
             out.append(out_rows(rows, "fail", o))
     if "body" in messages.column_names:

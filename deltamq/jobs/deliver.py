@@ -488,7 +488,11 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
     def hold(o: Failed) -> None:
         hold_at(o.queue, o.delivered.queue_offset)
 
-    for o in consumed.failures:
+    for q, (offset, n, why) in consumed.setup.items():  # one row per queue, not per message
+        hold_at(q, offset)
+        counted.append((q.group, "setup_failed", n))
+        setup_errors.setdefault(q.group, why)
+    for o in consumed.failures:  # (a failure row said SETUP: held all the same)
         if o.reason == FailReason.SETUP:
             hold(o)
             counted.append((o.group, "setup_failed", 1))

@@ -100,6 +100,9 @@ class Consumed:
     """Per queue, the offsets a timed-out listener left untried (``DEFERRED``)."""
     held: Mapping[QueueKey, int] = field(default_factory=dict)
     """Per orderly queue, its lowest offset not handed over (``NOT_DELIVERED``)."""
+    setup: Mapping[QueueKey, tuple[int, int, str]] = field(default_factory=dict)
+    """Per queue of a group whose listener could not be loaded (``SETUP``): its lowest
+    offset, how many messages, and why (nothing consumed: the queue is held)."""
 
 
 def taken_of(view: str, summary: list[Any], table: pa.Table | None = None) -> Taken:
@@ -129,7 +132,8 @@ def outcomes(rows: Iterable[Any], n_deliverable: int) -> Consumed:
     by_group: dict[str, int] = {}
     deferred: dict[QueueKey, list[int]] = defaultdict(list)
     held: dict[QueueKey, int] = {}
-    consumed = body_bytes = untried = 0
+    setup: dict[QueueKey, tuple[int, int, str]] = {}
+    consumed = body_bytes = untried = not_loaded = 0
     for r in rows:
         if r["kind"] == "fail":
             failures.append(Failed.of(r))
@@ -142,14 +146,19 @@ def outcomes(rows: Iterable[Any], n_deliverable: int) -> Consumed:
             q = _queue_of(r)
             held[q] = min(held.get(q, r["queue_offset"]), r["queue_offset"])
             untried += r["n"]
+        elif r["kind"] == "setup":
+            q = _queue_of(r)
+            at, n, why = setup.get(q, (r["queue_offset"], 0, r["error"] or ""))
+            setup[q] = (min(at, r["queue_offset"]), n + r["n"], why)
+            not_loaded += r["n"]
         else:
             consumed += r["n"]
             body_bytes += r["nbytes"] or 0
             by_group[r["consumer_group"]] = by_group.get(r["consumer_group"], 0) + r["n"]
-    if consumed + len(failures) + untried != n_deliverable:
+    if consumed + len(failures) + not_loaded + untried != n_deliverable:
         raise RuntimeError(
-            f"deliver: {n_deliverable} messages taken but {consumed + len(failures) + untried} outcomes; "
-            "bodies missing?"
+            f"deliver: {n_deliverable} messages taken but {consumed + len(failures) + not_loaded + untried} "
+            "outcomes; bodies missing?"
         )
     return Consumed(
         tuple(failures),
@@ -159,6 +168,7 @@ def outcomes(rows: Iterable[Any], n_deliverable: int) -> Consumed:
         by_group,
         {q: tuple(v) for q, v in deferred.items()},
         held,
+        setup,
     )
 
 

@@ -135,6 +135,12 @@ class Recorder:
             os._exit(3)
         return ConsumeStatus.CONSUME_SUCCESS
 
+    def _unavailable(self, messages, context):
+        """As a listener whose code cannot be loaded says so (deltamq.errors)."""
+        from deltamq.errors import ListenerUnavailable
+
+        raise ListenerUnavailable("listener 'gone:fn' cannot be imported: No module named 'gone'")
+
     def _read_stdin(self, messages, context):
         """Reads what it can from stdin (a worker's stdin is empty to its listener)."""
         import sys
