@@ -52,6 +52,8 @@ def test_a_listener_that_cannot_load_leaves_a_row_per_queue_held_with_why():
         QueueKey("g", "", "orders", 0): (12, 3, "ListenerUnavailable: gone"),
         QueueKey("g", "", "orders", 1): (11, 2, "ListenerUnavailable: gone"),
     }
-    assert consumed.handed_over == 6  # tried: the listener was asked, it could not load
+    assert consumed.handed_over == 1 and consumed.body_bytes == 1  # what a listener dealt with
     with pytest.raises(RuntimeError, match="6 messages taken but 5 outcomes"):
         outcomes([r for r in rows if r["kind"] != "count"], 6)  # the consumed one missing
+    with pytest.raises(RuntimeError, match="unknown kind 'later'"):
+        outcomes([*rows, {**rows[0], "kind": "later"}], 6)

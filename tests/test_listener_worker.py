@@ -126,15 +126,20 @@ def test_a_listener_reading_stdin_finds_it_empty_and_the_requests_intact(tmp_pat
     assert sorted(c["body"] for c in read_log(tmp_path / "calls.jsonl")) == [b.decode() for b in bodies]
 
 
-def test_a_listener_that_cannot_load_ends_the_call_at_its_first_chunk(tmp_path):
-    """The first chunk's answer says the listener cannot be loaded: the rest of the call
-    is not handed over (it could not be taken either) and is held the same way, one span,
-    not a round trip per chunk."""
+def test_a_listener_that_cannot_load_is_sent_nothing_more_after_its_first_answer(tmp_path):
+    """The first chunk's answer says the listener cannot be loaded: the chunks already sent
+    are answered (the worker ran them), nothing more is sent, the rest is held the same
+    way in one span, and the worker goes back to the pool."""
     from support.listeners import read_log
 
     listener = pickle.dumps(Recorder(tmp_path / "calls.jsonl", "unavailable"))
     spans = consume(listener, "g", _messages([f"m{i}".encode() for i in range(50)]), 1, 10.0, 3)
-    assert [(lo, n, o.reason) for lo, n, o in spans] == [(0, 1, FailReason.SETUP), (1, 49, FailReason.SETUP)]
-    assert all("cannot be imported" in (o.error or "") for _, _, o in spans)
-    # at most the chunks already sent: a request of SEGMENT_CHUNKS and one ahead of it
-    assert len(read_log(tmp_path / "calls.jsonl")) <= 2 * listener_worker.SEGMENT_CHUNKS
+    *sent, (lo, n, rest) = spans
+    assert [(a, k) for a, k, _ in sent] == [(a, 1) for a in range(len(sent))] and (lo, n) == (
+        len(sent),
+        50 - lo,
+    )
+    assert 1 <= len(sent) <= 2 * listener_worker.SEGMENT_CHUNKS  # a request and one ahead of it
+    assert all(o.reason == FailReason.SETUP and "cannot be imported" in (o.error or "") for _, _, o in spans)
+    assert len(read_log(tmp_path / "calls.jsonl")) == len(sent)  # every chunk sent was run, no other
+    assert sum(len(pool) for pool in listener_worker._IDLE.values()) == 1  # reused, not killed

@@ -222,7 +222,7 @@ def outputs(
         body_bytes = sum(
             pc.sum(pc.binary_length(body.slice(lo, n))).as_py() or 0
             for lo, n, o in spans
-            if o.reason not in NOT_HANDED_OVER
+            if o.reason not in NOT_HANDED_OVER and o.reason != FailReason.SETUP
         )
     else:  # the workers read the bodies (body_reads) and said how many bytes
         body_bytes = read_bytes

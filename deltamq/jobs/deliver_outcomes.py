@@ -93,7 +93,7 @@ class Consumed:
 
     failures: tuple[Failed, ...] = ()
     keys: tuple[tuple[str, str, str], ...] = ()
-    handed_over: int = 0  # messages the listeners dealt with (not what a timeout left)
+    handed_over: int = 0  # messages the listeners dealt with (not what a timeout left, nor SETUP)
     body_bytes: int = 0  # their bodies' bytes
     consumed: Mapping[str, int] = field(default_factory=dict)  # per group
     deferred: Mapping[QueueKey, tuple[int, ...]] = field(default_factory=dict)
@@ -151,10 +151,12 @@ def outcomes(rows: Iterable[Any], n_deliverable: int) -> Consumed:
             at, n, why = setup.get(q, (r["queue_offset"], 0, r["error"] or ""))
             setup[q] = (min(at, r["queue_offset"]), n + r["n"], why)
             not_loaded += r["n"]
-        else:
+        elif r["kind"] == "count":
             consumed += r["n"]
             body_bytes += r["nbytes"] or 0
             by_group[r["consumer_group"]] = by_group.get(r["consumer_group"], 0) + r["n"]
+        else:  # (a worker of another version, say): never counted as consumed
+            raise RuntimeError(f"deliver: an outcome of unknown kind {r['kind']!r}")
     if consumed + len(failures) + not_loaded + untried != n_deliverable:
         raise RuntimeError(
             f"deliver: {n_deliverable} messages taken but {consumed + len(failures) + not_loaded + untried} "
@@ -163,7 +165,7 @@ def outcomes(rows: Iterable[Any], n_deliverable: int) -> Consumed:
     return Consumed(
         tuple(failures),
         tuple(keys),
-        n_deliverable - untried,  # what never reached a listener comes as "deferred" / "held"
+        n_deliverable - untried - not_loaded,  # not "deferred" / "held", nor for a listener that cannot load
         body_bytes,
         by_group,
         {q: tuple(v) for q, v in deferred.items()},

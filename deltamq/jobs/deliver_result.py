@@ -14,8 +14,9 @@ the pass began (``backlog`` is their total)."""
 @dataclass(frozen=True, kw_only=True)
 class DeliverResult:
     taken: int = 0
-    # messages the listeners dealt with: taken less filtered, duplicate, poison, and what a
-    # timed-out listener left for the next pass
+    # messages the listeners dealt with: taken less filtered, duplicate, poison, what a
+    # timed-out listener left for the next pass, and what a listener that cannot be
+    # loaded could not take (setup_failed)
     handed_over: int = 0
     body_bytes: int = 0  # their bodies' bytes (sizes the automatic takes: Memory)
     consumed: int = 0

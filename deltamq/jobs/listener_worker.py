@@ -71,7 +71,14 @@ class Outcome:
     nbytes: int = 0  # bodies a worker read itself (body_reads) and handed over, on a call's first span
 
 
-Reply = tuple[bool, int, int, "str | None", bool, int]
+Reply = tuple[bool, int, int, "str | None", int, int]
+"""A chunk's answer: ok, ack index, delay level, error, :data:`NOT_LOADED` or
+:data:`NOT_READ` (the chunk was not taken: ``SETUP``) or 0, the body bytes read."""
+NOT_LOADED = 1
+"""A reply's fifth field: the listener cannot be loaded (nor will it for the call's other
+chunks)."""
+NOT_READ = 2
+"""A reply's fifth field: the chunk's bodies could not be read from their files."""
 """A worker's answer to one chunk: (ok, ack index, requested level, error, setup failed,
 bytes of the bodies it read itself)."""
 
@@ -210,16 +217,17 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
                 chunk, nbytes = _with_bodies(reader, chunk, files)
             except Exception as e:  # noqa: BLE001 - not the messages' fault: held, and told
                 why = f"the messages' bodies could not be read: {type(e).__name__}: {e}"
-                return (False, -1, 0, why[:MAX_ERROR_CHARS], True, 0)
+                return (False, -1, 0, why[:MAX_ERROR_CHARS], NOT_READ, 0)
         ctx = ConsumeContext(group=group, ack_index=n - 1, instance=instance)
         error = None
-        setup = False
+        setup = 0
         try:
             fn = listener.target() if isinstance(listener, ImportPathListener) else listener
             status = fn(chunk if is_columnar(fn) else stored_messages(chunk), ctx)
         except BaseException as e:  # noqa: BLE001 - any failure of the listener is RECONSUME_LATER
             status, error = None, f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]
-            setup = isinstance(e, ListenerUnavailable)  # not the message's fault: nothing consumed
+            if isinstance(e, ListenerUnavailable):  # not the message's fault: nothing consumed
+                setup = NOT_LOADED
         ok = isinstance(status, str) and status in SUCCESS_STATUSES
         if not ok and error is None:
             error = failed_status_text(status)[:MAX_ERROR_CHARS]
@@ -442,10 +450,11 @@ def consume(
     path (default: this process's); workers of another home are not reused. With
     ``files``, ``messages`` carry where their bodies lie instead of the bodies, and the
     worker reads them (body_reads); the bytes it read are on each call's first span. A
-    chunk the worker could not take (the listener cannot be loaded, the bodies cannot be
-    read: ``SETUP``) ends the call: the rest is ``SETUP`` too, untried (a pass of a
-    million messages for a listener that cannot load took 1.9 s per 10 000 in chunks of
-    one)."""
+    listener that cannot be loaded (``SETUP``, :data:`NOT_LOADED`) is sent nothing more:
+    the chunks already sent are answered, the rest is ``SETUP`` too, untried (a pass of
+    300 000 messages for such a listener took 95 s in chunks of one). A chunk whose
+    bodies cannot be read (:data:`NOT_READ`) is ``SETUP`` alone: the next chunks' files
+    may be readable."""
     home = home or Home.here()
     key = hashlib.sha256(listener_bytes).hexdigest() + home.digest()
     try:
@@ -457,6 +466,7 @@ def consume(
     spans: list[Span] = []
     header = len(pickle.dumps((group, instance, files, batch_size), protocol=pickle.HIGHEST_PROTOCOL))
     flow = _Flow(messages, batch_size, in_order, to.worker.pipe_bytes, header)
+    unsent: tuple[int, str | None] | None = None  # from where, and why, the rest was not sent
     try:
         while flow.left:
             flow.fill(to)
@@ -465,10 +475,8 @@ def consume(
             reply = to.worker.receive(timeout_s)
             if isinstance(reply, tuple):
                 spans.extend(_apply(reply, start, chunk.num_rows))
-                done = start + chunk.num_rows
-                if reply[4] and done < messages.num_rows:  # cannot load (or read): nor will the rest
-                    rest = Outcome(False, reason=FailReason.SETUP, error=reply[3])
-                    return [*spans, (done, messages.num_rows - done, rest)]
+                if reply[4] == NOT_LOADED and unsent is None:  # nor will it for the chunks not sent
+                    unsent = (flow.stop(), reply[3])  # (those sent are answered: the worker ran them)
                 continue
             flow.lost()  # what the gone worker had not answered goes to the next one
             if reply == FailReason.TIMEOUT and chunk.num_rows == 1:  # the worker was stopped
@@ -478,6 +486,9 @@ def consume(
             to.fresh()
             if _one_at_a_time(to, chunk, start, reply, poison_tries, messages.num_rows, in_order, spans):
                 return spans
+        if unsent is not None and unsent[0] < messages.num_rows:
+            rest = Outcome(False, reason=FailReason.SETUP, error=unsent[1])
+            spans.append((unsent[0], messages.num_rows - unsent[0], rest))
     except WorkerNotStarted as e:  # a restart after a crash failed: the rest is not consumed
         done = sum(n for _, n, _ in spans)
         spans.append((done, messages.num_rows - done, Outcome(False, reason=FailReason.SETUP, error=str(e))))
@@ -541,6 +552,14 @@ class _Flow:
         if not chunks:
             self.sent.popleft()
         return k
+
+    def stop(self) -> int:
+        """Nothing more is sent (what was sent is still answered): the first row of the
+        chunks not sent (the rows' count when every chunk was)."""
+        left = ([*self._ready[0]] if self._ready else []) + list(self.pending)
+        self.pending.clear()
+        self._ready = None
+        return self.starts[min(left)] if left else self.messages.num_rows
 
     def lost(self) -> None:
         """The worker is gone: the chunks it had not answered, and the request built for
