@@ -120,10 +120,10 @@ def test_a_listener_reading_stdin_finds_it_empty_and_the_requests_intact(tmp_pat
     from support.listeners import read_log
 
     listener = pickle.dumps(Recorder(tmp_path / "calls.jsonl", "read_stdin"))
-    bodies = [f"m{i}".encode() for i in range(9)]
+    bodies = [f"m{i}".encode() for i in range(41)]  # 21 chunks: three requests, one ahead
     spans = consume(listener, "g", _messages(bodies), 2, 10.0, 3)
-    assert [(lo, n, o.ok) for lo, n, o in spans] == [(lo, min(2, 9 - lo), True) for lo in range(0, 9, 2)]
-    assert sorted(c["body"] for c in read_log(tmp_path / "calls.jsonl")) == [b.decode() for b in bodies]
+    assert [(lo, n, o.ok) for lo, n, o in spans] == [(lo, min(2, 41 - lo), True) for lo in range(0, 41, 2)]
+    assert sorted(c["body"] for c in read_log(tmp_path / "calls.jsonl")) == sorted(b.decode() for b in bodies)
 
 
 def test_a_listener_that_cannot_load_is_sent_nothing_more_after_its_first_answer(tmp_path):
