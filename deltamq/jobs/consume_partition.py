@@ -5,10 +5,11 @@ Per consumer group and instance in a partition, the rows are handed to the group
 listener in chunks (``listener_worker.consume``: an isolated worker process per call).
 What comes back is small: a row per message that was not consumed ("fail": its outcome
 and what the send-back needs), a row per consumed message whose group de-duplicates
-("key"), one row per group and instance with the number consumed ("count"), and one row
-per queue with the offsets a listener left untried ("deferred", "held"). A pass that
-consumes everything returns a handful of rows, whatever its size, and so does one whose
-listener hangs.
+("key"), one row per group and instance with the number consumed ("count"), one row
+per queue with the offsets a listener left untried ("deferred", "held"), and one per
+queue a listener that cannot be loaded could not take ("setup"). A pass that consumes
+everything returns a handful of rows, whatever its size, and so does one whose listener
+hangs or cannot be loaded.
 
 Orderly groups' partitions hold whole queues (deliver partitions the input by queue)
 and are called queue by queue in offset order; the first failing chunk suspends, and
