@@ -106,12 +106,8 @@ class BodyReader:
             at = rows[lo:hi] - starts[g]
             if files.stream_from is not None and meta.row_group(g).num_rows > files.stream_from:
                 pieces.append(self._streamed(files, path, meta, g, at))
-                continue
-            data = self._group(files, path, meta, g)
-            if at[-1] - at[0] == hi - lo - 1 and (hi - lo == 1 or bool(np.all(np.diff(at) == 1))):
-                pieces.append(data.slice(int(at[0]), int(hi - lo)))
             else:
-                pieces.append(data.take(pa.array(at, pa.int64())))
+                pieces.append(_rows_at(self._group(files, path, meta, g), at))
         # one piece (a chunk within one row group) is used as it is: slices, not copies
         bodies = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces).combine_chunks()
         if "msg_id" in bodies.column_names and "msg_id" in chunk.schema.names:
@@ -209,14 +205,10 @@ class _Stream:
         starts = self._first + np.cumsum([0] + [b.num_rows for b in self._held[:-1]])
         which = np.searchsorted(starts, at, side="right") - 1
         cuts = np.flatnonzero(np.diff(which) != 0) + 1
-        pieces = []
-        for a, b in zip(np.concatenate([[0], cuts]), np.append(cuts, len(at)), strict=True):
-            k = int(which[a])
-            rows = at[a:b] - starts[k]
-            if rows[-1] - rows[0] == b - a - 1 and (b - a == 1 or bool(np.all(np.diff(rows) == 1))):
-                pieces.append(self._held[k].slice(int(rows[0]), int(b - a)))
-            else:
-                pieces.append(self._held[k].take(pa.array(rows, pa.int64())))
+        pieces = [
+            _rows_at(self._held[int(which[a])], at[a:b] - starts[which[a]])
+            for a, b in zip(np.concatenate([[0], cuts]), np.append(cuts, len(at)), strict=True)
+        ]
         return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
 
     def close(self) -> None:
@@ -226,6 +218,15 @@ class _Stream:
             if close is not None:
                 close()
             self._batches = None
+
+
+def _rows_at(data: pa.Table, at: np.ndarray) -> pa.Table:
+    """``data``'s rows ``at`` (not empty), in that order: a slice where they are
+    consecutive (no copy of the bodies), else taken."""
+    n = len(at)
+    if at[-1] - at[0] == n - 1 and (n == 1 or bool(np.all(np.diff(at) == 1))):
+        return data.slice(int(at[0]), n)
+    return data.take(pa.array(at, pa.int64()))
 
 
 def _same_messages(stored: Any, wanted: Any, files: BodyFiles, which: np.ndarray, rows: np.ndarray) -> None:

@@ -530,8 +530,7 @@ class Storage:
 
         def columns(source: Any) -> Any:
             file = pq.ParquetFile(source, metadata=group[0] if group else None)
-            present = set(file.schema_arrow.names)
-            wanted = [n for n in schema.names if n in present]
+            wanted = _present(file, schema)
             return file.read_row_group(group[1], columns=wanted) if group else file.read(columns=wanted)
 
         if self.is_local:
@@ -567,10 +566,8 @@ class Storage:
                 file = pq.ParquetFile(source, metadata=group[0])
             except OSError as e:
                 raise self.error("read", path, e) from e
-            present = set(file.schema_arrow.names)
-            wanted = [n for n in schema.names if n in present]
             batches = file.iter_batches(
-                batch_size=rows, row_groups=[group[1]], columns=wanted, use_threads=False
+                batch_size=rows, row_groups=[group[1]], columns=_present(file, schema), use_threads=False
             )
             while True:
                 try:
@@ -710,6 +707,12 @@ _CLIENT_OPTIONS = (
     "POOL_IDLE_TIMEOUT",
     "POOL_MAX_IDLE_PER_HOST",
 )
+
+
+def _present(file: Any, schema: Any) -> list[str]:
+    """``schema``'s columns a Parquet file (a ``pq.ParquetFile``) has, in its order."""
+    present = set(file.schema_arrow.names)
+    return [n for n in schema.names if n in present]
 
 
 def _conformed(table: Any, schema: Any) -> Any:

@@ -158,12 +158,7 @@ def partitions(rows: pa.Table, most: int) -> list[pa.Table]:
     that lie together are shared, not copied: ``delta_read.picked``)."""
     if most <= 1 or rows.num_rows == 0:
         return [rows]
-    key = np.zeros(rows.num_rows, dtype=np.int64)
-    for c in ("consumer_group", "client_id", "topic", "queue_id"):
-        codes = pc.dictionary_encode(rows.column(c), null_encoding="encode").combine_chunks()
-        if (int(key.max()) + 1) * len(codes.dictionary) >= 1 << 62:  # made dense again: below the rows' count
-            key = np.unique(key, return_inverse=True)[1].astype(np.int64)
-        key = key * len(codes.dictionary) + codes.indices.to_numpy().astype(np.int64)
+    key = _codes(rows, ("consumer_group", "client_id", "topic", "queue_id"))
     queues, first, home_of, sizes = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
     if len(queues) <= 1:
         return [rows]
@@ -202,10 +197,7 @@ def by_place(rows: pa.Table, most: int) -> list[pa.Table]:
         i = loads.index(min(loads))
         homes[u] = i
         loads[i] += int(sizes[u])
-    group = np.zeros(n, dtype=np.int64)
-    for c in ("consumer_group", "client_id"):
-        codes = pc.dictionary_encode(rows.column(c), null_encoding="encode").combine_chunks()
-        group = group * len(codes.dictionary) + codes.indices.to_numpy().astype(np.int64)
+    group = _codes(rows, ("consumer_group", "client_id"))
     packed = (int(group.max()) + 1 if n else 1) * max(files, 1) < 1 << 23 and last < 1 << 40
     key = ((group * max(files, 1) + file) << 40) | row if packed else None
     place = homes[unit]
@@ -218,3 +210,15 @@ def by_place(rows: pa.Table, most: int) -> list[pa.Table]:
             mine = mine[np.argsort(key[mine], kind="stable")]
         out.append(picked(rows, mine))
     return out
+
+
+def _codes(rows: pa.Table, columns: Sequence[str]) -> np.ndarray:
+    """Each row's code of its values in ``columns``: equal values, equal codes (int64,
+    made dense again where the product of the columns' distinct values would not fit)."""
+    key = np.zeros(rows.num_rows, dtype=np.int64)
+    for c in columns:
+        codes = pc.dictionary_encode(rows.column(c), null_encoding="encode").combine_chunks()
+        if (int(key.max(initial=0)) + 1) * len(codes.dictionary) >= 1 << 62:  # below the rows' count
+            key = np.unique(key, return_inverse=True)[1].astype(np.int64)
+        key = key * len(codes.dictionary) + codes.indices.to_numpy().astype(np.int64)
+    return key

@@ -72,15 +72,14 @@ class Outcome:
 
 
 Reply = tuple[bool, int, int, "str | None", int, int]
-"""A chunk's answer: ok, ack index, delay level, error, :data:`NOT_LOADED` or
-:data:`NOT_READ` (the chunk was not taken: ``SETUP``) or 0, the body bytes read."""
+"""A worker's answer to one chunk: (ok, ack index, requested level, error, why the chunk
+was not taken (:data:`NOT_LOADED`, :data:`NOT_READ`: ``SETUP``; else 0), bytes of the
+bodies it read itself)."""
 NOT_LOADED = 1
 """A reply's fifth field: the listener cannot be loaded (nor will it for the call's other
 chunks)."""
 NOT_READ = 2
 """A reply's fifth field: the chunk's bodies could not be read from their files."""
-"""A worker's answer to one chunk: (ok, ack index, requested level, error, setup failed,
-bytes of the bodies it read itself)."""
 
 
 def _send(stream: IO[bytes], obj: Any) -> None:
