@@ -21,11 +21,13 @@
   ``deltamq tick --loop`` on the real clock, measured at the listener: p50/p99 of (call −
   due), waking at due times and the old interval-only loop (``bench_promote.lateness_both``).
 - **Pull** (``--pull``): pull + ack of 100 000 1 KiB messages at batch 1 000 by one and by
-  four client processes (``bench_pull.run``), each message handed out once.
+  four client processes, each ack a commit, each message handed out once: the Spark-free
+  client and the broker's (``bench_pull.measure``), beside PGMQ's read + delete in the
+  same run (``bench_pgmq.measure``, when PostgreSQL is installed).
 
 Targets (2 cores): end to end ≥ 200k msgs/s and ≥ 30 % of the Parquet floor (one pass
 and through the loop); idle tick ≤ 0.3 s; 10M / 1M tick cost ≤ 1.2; lateness p99 ≤ 0.6 s;
-pull ≥ 10k msgs/s with one client, more with four. Writes
+pull with one client ≥ PGMQ's in the same run, more with four. Writes
 ``bench/results/run-<timestamp>.json`` and the table between the ``run.py`` markers in
 bench/README.md, each figure beside its target and their ratio. A benchmark, not a test.
 
@@ -525,16 +527,7 @@ def _table(result: dict) -> str:
                 "",
             ),
         ]
-    for pr in result.get("pull", []):
-        rows.append(
-            (
-                f"pull + ack, batch {pr['batch']:,}, {pr['clients']} client "
-                f"process{'es' if pr['clients'] > 1 else ''}",
-                f"{pr['msgs_per_s']:,} msgs/s",
-                "≥ 10 000" if pr["clients"] == 1 else "more than 1 client",
-                _x(pr["msgs_per_s"], 10_000) if pr["clients"] == 1 else "",
-            )
-        )
+    rows += _pull_rows(result.get("pull", []), result.get("pgmq") or [])
     rows.append(("peak driver RSS", f"{result['peak_rss_mib']:,} MiB", "", ""))
     if result.get("peak_server_rss_mib"):
         rows.append(
@@ -584,13 +577,100 @@ def _table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def peak_server_rss_mib() -> int:
-    """The embedded Sail server's peak resident memory: it runs in a child process, so
-    stop it and read the children's peak (getrusage counts waited-for children)."""
-    from deltamq.engine import Engine
+_CLIENTS = {"lite": "Spark-free client (`deltamq.lite`)", "spark": "the broker's client"}
 
-    Engine.shutdown_embedded()
-    return round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
+
+def pulls(root: Path) -> tuple[list[dict], list[dict]]:
+    """Pull + ack of 100 000 at batch 1 000 with 1 and 4 client processes, each ack a
+    commit: PGMQ's read + delete first (bench_pgmq.py; [] when PostgreSQL is not
+    installed), then the Spark-free client, then the broker's."""
+    import bench_pgmq
+    import bench_pull
+
+    pull, pgmq = [], []
+    for clients in (1, 4):
+        try:
+            pgmq.append(bench_pgmq.measure(root, 100_000, 1000, clients))
+        except SystemExit as e:  # no PostgreSQL server here: the rows say so
+            print(f"PGMQ not run: {e}", file=sys.stderr)
+        pull += [bench_pull.measure(root, 100_000, 1000, clients, kind) for kind in _CLIENTS]
+    return pull, pgmq
+
+
+def _pull_rows(pull: list[dict], pgmq: list[dict]) -> list[tuple[str, str, str, str]]:
+    """Issue 33's pull targets: one client at least PGMQ's read + delete in the same run,
+    four clients faster than one."""
+    vs = {r["clients"]: r["msgs_per_s"] for r in pgmq}
+    one = {r.get("kind", "spark"): r["msgs_per_s"] for r in pull if r["clients"] == 1}
+    rows = [
+        (
+            f"PGMQ {r['pgmq']} read + delete, batch {r['batch']:,}, {r['clients']} client(s)",
+            f"{r['msgs_per_s']:,} msgs/s",
+            "",
+            "",
+        )
+        for r in pgmq
+    ]
+    for pr in pull:
+        kind, n = pr.get("kind", "spark"), pr["clients"]
+        name = (
+            f"pull + ack, batch {pr['batch']:,}, {_CLIENTS[kind]}, {n} client process{'es' if n > 1 else ''}"
+        )
+        done = f"{pr['msgs_per_s']:,} msgs/s" + (
+            "" if pr.get("handed_out_once", True) else " (NOT handed out once)"
+        )
+        if n == 1:
+            target = "≥ PGMQ, 1 client" if 1 in vs else "≥ PGMQ (not run here)"
+            rows.append((name, done, target, _x(pr["msgs_per_s"], vs[1]) if 1 in vs else ""))
+        else:
+            rows.append((name, done, "> 1 client", _x(pr["msgs_per_s"], one[kind]) if kind in one else ""))
+    return rows
+
+
+class ServerPeak:
+    """The embedded Sail server's peak resident memory (``VmHWM``), read every half second
+    from its own process while the run goes on (the server may be replaced mid-run; the
+    children's ``getrusage`` figure is not it: a child started by fork carries the
+    parent's peak)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.mib = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        from deltamq.sail import EmbeddedServer
+
+        while not self._stop.wait(0.5):
+            self.mib = max(self.mib, EmbeddedServer.peak_rss_mb() or 0.0)
+
+    def stop(self) -> int:
+        from deltamq.sail import EmbeddedServer
+
+        self._stop.set()
+        self._thread.join()
+        return round(max(self.mib, EmbeddedServer.peak_rss_mb() or 0.0))
+
+
+_SERVER_PEAK: ServerPeak | None = None
+
+
+def peak_server_rss_mib() -> int:
+    """The embedded Sail server's peak resident memory in MiB since :func:`watch_server`
+    (or, without it, the running server's own peak)."""
+    from deltamq.sail import EmbeddedServer
+
+    if _SERVER_PEAK is not None:
+        return _SERVER_PEAK.stop()
+    return round(EmbeddedServer.peak_rss_mb() or 0)
+
+
+def watch_server() -> None:
+    global _SERVER_PEAK
+    _SERVER_PEAK = ServerPeak()
 
 
 def main() -> None:
@@ -621,6 +701,7 @@ def main() -> None:
         if args.s3_emulator:
             emulator = start_s3_emulator(WAREHOUSE_ROOT)
     _time_the_seam()
+    watch_server()
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -654,9 +735,7 @@ def main() -> None:
 
         result["lateness"] = bench_promote.lateness_both(root, 10_000)
     if args.pull:
-        import bench_pull
-
-        result["pull"] = [bench_pull.run(root, 100_000, clients, 1000) for clients in (1, 4)]
+        result["pull"], result["pgmq"] = pulls(root)
     if args.history:
         result["history"] = history(root, args.history_step, args.history_steps)
     result["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)

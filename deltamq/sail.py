@@ -118,6 +118,15 @@ class EmbeddedServer:
         return resident_mb(proc.pid)
 
     @classmethod
+    def peak_rss_mb(cls) -> float | None:
+        """The running server's peak resident memory so far in MiB (its ``VmHWM``; None:
+        not running or unknown). A replaced server's peak goes with it."""
+        proc = cls._proc
+        if proc is None or proc.poll() is not None:
+            return None
+        return resident_mb(proc.pid, "VmHWM")
+
+    @classmethod
     def recycle(cls, reason: str) -> None:
         """Replace the server by a fresh one; engines reconnect on next use."""
         with cls._lock:
@@ -156,13 +165,14 @@ class EmbeddedServer:
         return cls._url is not None and cls.alive()
 
 
-def resident_mb(pid: int | str = "self") -> float | None:
-    """A process's resident memory in MiB (None: unknown, e.g. not Linux, which then
-    never replaces its embedded server by size)."""
+def resident_mb(pid: int | str = "self", field: str = "VmRSS") -> float | None:
+    """A process's resident memory in MiB (``VmHWM``: its peak so far) from
+    ``/proc/<pid>/status`` (None: unknown, e.g. not Linux, which then never replaces its
+    embedded server by size)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) / 1024.0
     except OSError:
         return None
