@@ -350,3 +350,18 @@ def test_a_late_result_release_after_a_close_raises_nothing():
         it.__del__()  # deltamq's: nothing raised
     finally:
         It._release_thread_pool_instance = saved
+
+
+def test_the_embedded_server_reports_its_own_peak_memory(broker):
+    """bench/run.py's "peak Sail server RSS" row: the server process's own high-water
+    mark, at least what it holds now, and not this process's."""
+    import os
+
+    from deltamq.sail import EmbeddedServer, resident_mb
+
+    broker.sql("SELECT count(*) FROM commit_log").collect()  # the server is up
+    now, peak = EmbeddedServer.rss_mb(), EmbeddedServer.peak_rss_mb()
+    assert now is not None and peak is not None and peak >= now > 0
+    assert EmbeddedServer._proc is not None and EmbeddedServer._proc.pid != os.getpid()
+    assert resident_mb("self", "VmHWM") >= (resident_mb("self") or 0) > 0
+    assert resident_mb(2**22 + 12345) is None  # no such process: unknown, not an error
