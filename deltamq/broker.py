@@ -243,9 +243,9 @@ class Broker:
         if subscribers:
             raise InUse(
                 f"topic {name!r} has subscriptions that deleting it drops: {_not_consumed(subscribers)}; "
-                f"{sum(subscribers.values())} messages unconsumed in all. Unsubscribe them first "
-                f"(unsubscribe(group, {name!r}); CLI: deltamq unsubscribe GROUP {name}), or delete with "
-                "force=True (CLI: --force)"
+                f"{sum(subscribers.values())} not consumed in all, counted once per group. "
+                f"Unsubscribe them first (unsubscribe(group, {name!r}); CLI: deltamq unsubscribe GROUP "
+                f"{name}), or delete with force=True (CLI: --force)"
             )
         self.catalog.delete_topic(name)
 

@@ -3,8 +3,9 @@
 (a) Every SQL statement the engine issued during this test session is parsed by
 Apache Spark's own parser; (b) the pure plan-function tests (marker ``plan``) run
 again on a classic local Apache Spark session. Both in subprocesses: one engine kind
-per process (docs/design.md, measured facts). Delta cannot run on classic Spark here (no Maven Central),
-so this keeps the Apache Spark + delta-spark path honest as far as it can be checked.
+per process (docs/design.md, measured facts). It needs no Delta jars, so it runs in the slow
+tier on every machine; the Spark tiers (``--engine spark``) run every job on Apache Spark
+with Delta itself.
 """
 
 from __future__ import annotations

@@ -168,7 +168,8 @@ def run_demo(warehouse: str | None = None) -> None:
         broker.close()
     _say(
         f"\ndone in {time.monotonic() - started:.1f}s. Query it yourself:\n"
-        f'  deltamq sql "SELECT * FROM consume_queue" --warehouse {location}'
+        f'  deltamq sql "SELECT * FROM consume_queue" --warehouse {location}\n'
+        + ("" if warehouse else f"(the warehouse stays until you delete it: rm -r {location})")
     )
 
 
@@ -267,7 +268,8 @@ QUERIES = [
         "AND t.topic = 'order-timeout' WHERE w.topic = 'rmq_sys_wheel_timer'",
     ),
     (
-        "order-3's check failed once: retried from %RETRY%order-canceller 10 s later (level 3)",
+        "order-3's check failed once: sent back to %RETRY%order-canceller at level 3 (10 s), stored "
+        "there by the next tick, ten minutes on (the demo's ticks are ten minutes apart)",
         "SELECT topic, queue_id, queue_offset, reconsume_times, properties['RETRY_TOPIC'] AS retry_topic, "
         "from_unixtime(store_ts DIV 1000, 'HH:mm:ss') AS stored FROM consume_queue "
         "WHERE keys = 'order-3' AND topic LIKE '%order-canceller' ORDER BY store_ts",
