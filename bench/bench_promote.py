@@ -7,12 +7,16 @@
     settings. Lateness = the wall time the listener was called with a message − its due
     time (:func:`lateness`); with ``--lateness-only``, the default loop and the
     interval-only loop (``--no-wake``) one after the other (:func:`lateness_both`).
+(c) With ``--ahead-ms``, lateness for each ``promote_ahead_ms`` given, in turn
+    (:func:`ahead`), on Sail or (``--engine spark``) on Apache Spark.
 
 Writes bench/results/promote-<timestamp>.json (lateness-<timestamp>.json with
-``--lateness-only``). A benchmark, not a test.
+``--lateness-only``, promote-ahead-<timestamp>.json with ``--ahead-ms``). A benchmark,
+not a test.
 
     python bench/bench_promote.py [--held 1000000] [--lateness 100000]
     python bench/bench_promote.py --lateness-only [--lateness 10000]
+    python bench/bench_promote.py --ahead-ms 1000 8000 --lateness 1000 --engine spark
 """
 
 from __future__ import annotations
@@ -192,16 +196,63 @@ def lateness_both(root: Path, n: int = 10_000) -> dict:
     return {"wake_at_due": lateness(root, n, wake=True), "interval_only": lateness(root, n, wake=False)}
 
 
+def ahead(root: Path, values: list[int], n: int, spread_s: float, rounds: int, engine: str) -> None:
+    """Timer lateness at the listener for each ``promote_ahead_ms`` in ``values``
+    (``DELTAMQ_PROMOTE_AHEAD_MS`` for the tick loop), alternated for ``rounds``; on
+    ``engine="spark"`` against Apache Spark's Connect server with Delta (bench/run.py
+    starts it, local[2]). Writes ``results/promote-ahead-<stamp>.json``."""
+    import run
+
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    doc: dict = {
+        "bench": "bench_promote.ahead",
+        "engine": engine,
+        "messages": n,
+        "spread_s": spread_s,
+        "runs": [],
+    }
+    server = None
+    if engine == "spark":
+        # the listener runs in the server's Python workers: where it writes is set first
+        os.environ[bench_listeners.DUE_LOG_ENV] = str(root / "lateness-listener.log")
+        server = run._start_spark_server(root)
+    try:
+        for r in range(rounds):
+            for ms in values:
+                os.environ["DELTAMQ_PROMOTE_AHEAD_MS"] = str(ms)
+                row = {"round": r, "promote_ahead_ms": ms} | lateness(root, n, spread_s=spread_s)
+                print(json.dumps(row), flush=True)
+                doc["runs"].append(row)
+    finally:
+        os.environ.pop("DELTAMQ_PROMOTE_AHEAD_MS", None)
+        if server is not None:
+            server.terminate()
+            server.wait()
+        (HERE / "results" / f"promote-ahead-{stamp}.json").write_text(json.dumps(doc, indent=2) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--held", type=int, default=1_000_000)
     ap.add_argument("--small", type=int, default=10_000)
     ap.add_argument("--lateness", type=int, default=100_000)
     ap.add_argument("--lateness-only", action="store_true", help="only lateness, waking and interval-only")
+    ap.add_argument(
+        "--ahead-ms",
+        type=int,
+        nargs="+",
+        help="only lateness (--lateness timers across --spread-s), once per promote_ahead_ms given, in turn",
+    )
+    ap.add_argument("--spread-s", type=float, default=20.0, help="with --ahead-ms: seconds the timers span")
+    ap.add_argument("--rounds", type=int, default=2, help="with --ahead-ms: rounds of the values in turn")
+    ap.add_argument("--engine", choices=("embedded", "spark"), default="embedded", help="with --ahead-ms")
     ap.add_argument("--dir", default="/tmp/deltamq-bench-promote")
     args = ap.parse_args()
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
+    if args.ahead_ms:
+        ahead(root, args.ahead_ms, args.lateness, args.spread_s, args.rounds, args.engine)
+        return
     if args.lateness_only:
         both = lateness_both(root, args.lateness)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from deltamq.catalog import Catalog
 from deltamq.clock import Clock
-from deltamq.config import OPEN_TIME_SETTINGS, BrokerConfig
+from deltamq.config import OPEN_TIME_SETTINGS, PROMOTE_AHEAD_BY_ENGINE_MS, BrokerConfig
 from deltamq.engine import Engine
 from deltamq.errors import ConfigError
 from deltamq.tables.warehouse import Warehouse
@@ -64,6 +64,14 @@ class Context:
         config = replace(self.config, **changes)
         catalog = Catalog(self.warehouse, self.clock, config, registered=self.catalog)
         return replace(self, config=config, catalog=catalog)
+
+    @property
+    def promote_ahead_ms(self) -> int:
+        """How far ahead promote writes copies: the configuration's ``promote_ahead_ms``,
+        or, when it is None, the engine's (``PROMOTE_AHEAD_BY_ENGINE_MS``)."""
+        if self.config.promote_ahead_ms is not None:
+            return self.config.promote_ahead_ms
+        return PROMOTE_AHEAD_BY_ENGINE_MS[self.engine.flavor]
 
     def commit(self, attempt: Callable[[], R], *, what: str) -> R:
         """``attempt`` committed by the engine, retried on conflicts as this context's

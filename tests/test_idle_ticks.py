@@ -73,7 +73,7 @@ def test_held_messages_are_delivered_at_their_due_time_never_before(broker, cloc
     t0 = clock.now_ms()
     broker.producer("p").send(Message("orders", b"timer", delay=timedelta(seconds=10)))
     _quiet(broker, t0)
-    ahead = broker.config.promote_ahead_ms
+    ahead = broker.context.promote_ahead_ms
     assert broker.runner.quiet.until == t0 + 10_000 - ahead  # promoted ahead of its due time
     for at in (t0 + 1_000, t0 + 9_999 - ahead):
         assert broker.tick(at).idle

@@ -35,7 +35,7 @@ def _index(broker) -> list[tuple[int, int | None]]:
 
 def test_a_timer_is_indexed_ahead_and_handed_out_at_its_due_time_never_before(shop, clock):
     b = shop.broker
-    ahead = b.config.promote_ahead_ms
+    ahead = b.context.promote_ahead_ms
     assert ahead == 1000  # the default
     t0 = clock.now_ms()
     b.producer("p").send(Message("orders", b"timer", delay=timedelta(seconds=10)))
@@ -148,6 +148,31 @@ def test_a_delayed_message_stored_while_a_tick_runs_keeps_its_delay(shop, clock,
 def test_a_horizon_out_of_range_is_refused_naming_it(value):
     with pytest.raises(ConfigError, match=rf"promote_ahead_ms={value}.*between 0 .* and 60000"):
         BrokerConfig(promote_ahead_ms=value)
+
+
+@pytest.mark.unit
+def test_the_horizon_left_unset_is_the_engine_s():
+    """None (the default, DELTAMQ_PROMOTE_AHEAD_MS=auto): about two busy ticks of the
+    engine, 1 s on Sail and 8 s on Apache Spark, whose ticks take seconds; a value given
+    is used on either."""
+    from types import SimpleNamespace
+
+    from deltamq.context import Context
+
+    def ahead(flavor: str, config: BrokerConfig) -> int:
+        engine = SimpleNamespace(flavor=flavor)
+        return Context(engine, None, None, config, None).promote_ahead_ms  # type: ignore[arg-type]
+
+    assert BrokerConfig().promote_ahead_ms is None
+    assert (ahead("sail", BrokerConfig()), ahead("spark", BrokerConfig())) == (1_000, 8_000)
+    assert ahead("spark", BrokerConfig(promote_ahead_ms=0)) == 0
+    assert ahead("sail", BrokerConfig(promote_ahead_ms=2_500)) == 2_500
+    assert BrokerConfig.from_env({"DELTAMQ_PROMOTE_AHEAD_MS": "auto"}).promote_ahead_ms is None
+    assert BrokerConfig.from_env({"DELTAMQ_PROMOTE_AHEAD_MS": "8000"}).promote_ahead_ms == 8_000
+    with pytest.raises(ConfigError, match=r"DELTAMQ_PROMOTE_AHEAD_MS='soon' is not an integer or auto"):
+        BrokerConfig.from_env({"DELTAMQ_PROMOTE_AHEAD_MS": "soon"})
+    with pytest.raises(ConfigError, match=r"promote_ahead_ms=True .* or None"):
+        BrokerConfig(promote_ahead_ms=True)
 
 
 def test_a_copy_is_held_to_its_due_time_whatever_pass_indexes_it(shop, clock):

@@ -110,6 +110,7 @@ def test_an_s3_warehouse_is_refused_on_apache_spark_naming_the_way_out(s3_locati
 def test_the_engine_reports_apache_spark_and_works_in_utc(broker):
     assert broker.engine.flavor == "spark" and broker.engine.hadoop_paths
     assert broker.spark.conf.get("spark.sql.session.timeZone") == "UTC"
+    assert broker.config.promote_ahead_ms is None and broker.context.promote_ahead_ms == 8_000
     assert (
         broker.sql("SELECT CAST(from_unixtime(0) AS STRING) AS d").collect()[0]["d"] == "1970-01-01 00:00:00"
     )

@@ -53,7 +53,7 @@ def test_next_due_sees_levels_timers_and_suspended_queues(broker, clock):
     shop.send(Message("orders", b"t", delay=timedelta(hours=3)))
     shop.send(Message("orders", b"d", delay_level=4))  # 30 s
     dispatch.run(broker.context, t0)
-    ahead = broker.config.promote_ahead_ms  # held entries are promoted this long before due
+    ahead = broker.context.promote_ahead_ms  # held entries are promoted this long before due
     assert wake.next_due(ctx, t0) == t0 + 30_000 - ahead
     assert wake.next_due(ctx, t0 + 30_000) == t0 + 3 * 3_600_000 - ahead  # past the head: the timer
 

@@ -377,7 +377,7 @@ def run(
     wh = ctx.warehouse
     levels = wh.levels()
     state = (memory.take() if memory is not None else None) or load_state(wh)
-    until = now + ctx.config.promote_ahead_ms
+    until = now + ctx.promote_ahead_ms
     # the due entries from the tables' files (promote_files), or through the engine
     found = promote_files.due_entries(
         wh, state.level_offsets, state.timer_watermark, state.timer_next_offset, levels, now, until

@@ -46,7 +46,7 @@ def next_due(
         f"SELECT false AS held, min(invisible_until) AS d FROM {wh.ref('deliveries')} "
         f"WHERE invisible_until > {sql_long(after)}",
     ]
-    ahead = ctx.config.promote_ahead_ms
+    ahead = ctx.promote_ahead_ms
     found = [
         max(r["d"] - ahead, after + 1) if r["held"] else r["d"]
         for r in ctx.engine.rows(" UNION ALL ".join(parts))
