@@ -24,7 +24,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from run import peak_server_rss_mib
+from run import peak_server_rss_mib, watch_server
 
 from deltamq import Broker, FakeClock
 from deltamq.dq import suites
@@ -39,6 +39,7 @@ def _timed(fn) -> tuple[float, object]:
 
 
 def run(root: Path, n: int) -> dict:
+    watch_server()  # this run's peak (peak_server_rss_mib below ends it)
     wh = root / f"dq-{n}"
     shutil.rmtree(wh, ignore_errors=True)
     clock = FakeClock()
