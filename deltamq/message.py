@@ -141,7 +141,10 @@ def _messages_of(table: Any, cls: type[M], more: Mapping[str, Sequence[Any]]) ->
     names = set(table.schema.names)
 
     def col(name: str) -> list[Any]:
-        return table.column(name).to_pylist() if name in names else [None] * n
+        if name not in names:
+            return [None] * n
+        column = table.column(name)  # all null (keys, often): no conversion
+        return [None] * n if column.null_count == n else column.to_pylist()
 
     topics, qids, offsets, ids_ = col("topic"), col("queue_id"), col("queue_offset"), col("msg_id")
     bodies, tags, keys = col("body"), col("tags"), col("keys")
@@ -194,6 +197,10 @@ def map_dicts(column: Any) -> list[dict[Any, Any]]:
         span = (at[-1] - first) if at else 0
         names = arr.keys.slice(first, span).to_pylist()  # a slice's entries only
         values = arr.items.slice(first, span).to_pylist()
+        if span == len(arr) and not arr.null_count and at == list(range(first, first + span + 1)):
+            # one entry each (the usual message: its id alone): a dict per pair
+            out += [{k: v} for k, v in zip(names, values, strict=True)]
+            continue
         at = [a - first for a in at]
         valid = arr.is_valid().to_pylist() if arr.null_count else None
         for i in range(len(arr)):

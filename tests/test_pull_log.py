@@ -139,3 +139,45 @@ def test_map_dicts_reads_every_kind_of_map_row():
     column = pa.chunked_array([arr, arr.slice(1, 3), arr.slice(0, 0), arr.slice(3)])
     assert map_dicts(column) == [dict(x or ()) for x in column.to_pylist()]
     assert map_dicts(arr.slice(2)) == [{}, {"b": "2", "c": "3"}, {"d": None}]
+    # as many entries as rows, but not one each (an empty map beside a pair): not the
+    # one-entry-each way; and that way itself, whole and sliced
+    two = pa.array([[("a", "1"), ("b", "2")], []], pa.map_(pa.string(), pa.string()))
+    assert map_dicts(two) == [{"a": "1", "b": "2"}, {}]
+    ones = pa.array([[("UNIQ_KEY", f"id{i}")] for i in range(5)], pa.map_(pa.string(), pa.string()))
+    assert map_dicts(pa.chunked_array([ones, ones.slice(2), two])) == [
+        *({"UNIQ_KEY": f"id{i}"} for i in range(5)),
+        *({"UNIQ_KEY": f"id{i}"} for i in range(2, 5)),
+        {"a": "1", "b": "2"},
+        {},
+    ]
+    with_null = pa.array([[("a", "1")], None], pa.map_(pa.string(), pa.string()))
+    assert map_dicts(with_null) == [{"a": "1"}, {}]
+
+
+@pytest.mark.unit
+def test_messages_of_a_column_of_nulls_reads_none():
+    """A column that is all null (``keys``, often) reads as None without converting it, and
+    one with values keeps them."""
+    import pyarrow as pa
+
+    from deltamq.message import StoredMessage, messages_of
+
+    rows = pa.table(
+        {
+            "topic": ["t", "t"],
+            "queue_id": pa.array([0, 0], pa.int32()),
+            "queue_offset": pa.array([0, 1], pa.int64()),
+            "msg_id": ["m0", "m1"],
+            "body": [b"a", b"b"],
+            "tags": pa.array([None, "x"], pa.string()),
+            "keys": pa.array([None, None], pa.string()),
+            "properties": pa.array(
+                [[("UNIQ_KEY", "u0")], [("UNIQ_KEY", "u1")]], pa.map_(pa.string(), pa.string())
+            ),
+        }
+    )
+    got = messages_of(rows, StoredMessage)
+    assert [(m.msg_id, m.keys, m.tags, m.body) for m in got] == [
+        ("u0", None, None, b"a"),
+        ("u1", None, "x", b"b"),
+    ]
