@@ -14,8 +14,8 @@ folded the deliveries log into ``offsets``, every acked offset at its queue's en
 nothing in flight. ``--vs-pgmq`` runs PGMQ's read + delete (bench_pgmq.py: a PostgreSQL
 server started for it) just before each client count's runs, for ratios from one run.
 
-``measure(root, n, batch, clients)`` runs one configuration and returns its figures (the
-test suite and bench/run.py call it); ``profile(root, n, batch)`` times each Spark
+``measure(root, n, batch, clients, kind)`` runs one configuration and returns its figures
+(bench/run.py calls it); ``profile(root, n, batch)`` times each Spark
 statement of an in-process pull + ack cycle. Writes bench/results/pull-<timestamp>.json.
 A benchmark, not a test.
 
@@ -219,11 +219,6 @@ def measure(
             for r in reports
         ],
     }
-
-
-def run(root: Path, n: int, clients: int, batch: int) -> dict:
-    """:func:`measure` under its former name and argument order (bench/run.py calls it)."""
-    return measure(root, n, batch, clients)
 
 
 def profile(root: Path, n: int = 20_000, batch: int = 1000) -> dict:

@@ -87,6 +87,10 @@ PROMOTE_AHEAD_BY_ENGINE_MS = {"sail": 1_000, "spark": 8_000}
 Sail's busy tick takes tens of ms; Apache Spark's seconds (each Delta commit ~1 s on two
 cores), so with 1 s ahead a timer waited a tick to be promoted and another to be handed
 over: lateness p99 13-21 s against 7.6-8.6 s with 8 s ahead (docs/engines.md)."""
+_BY_ENGINE = (
+    f"None (by the engine: {PROMOTE_AHEAD_BY_ENGINE_MS['sail']} on Sail, "
+    f"{PROMOTE_AHEAD_BY_ENGINE_MS['spark']} on Apache Spark)"
+)
 
 
 @dataclass(frozen=True)
@@ -205,13 +209,12 @@ class BrokerConfig:
         ahead = self.promote_ahead_ms
         if ahead is not None and (isinstance(ahead, bool) or not isinstance(ahead, int)):
             raise ConfigError(
-                f"promote_ahead_ms={ahead!r} must be an integer of milliseconds, or None (by the "
-                "engine: 1000 on Sail, 8000 on Apache Spark)"
+                f"promote_ahead_ms={ahead!r} must be an integer of milliseconds, or {_BY_ENGINE}"
             )
         if ahead is not None and not 0 <= ahead <= MAX_PROMOTE_AHEAD_MS:
             raise ConfigError(
                 f"promote_ahead_ms={ahead!r} must be between 0 (promote only what is due) and "
-                f"{MAX_PROMOTE_AHEAD_MS}, or None (by the engine: 1000 on Sail, 8000 on Apache Spark)"
+                f"{MAX_PROMOTE_AHEAD_MS}, or {_BY_ENGINE}"
             )
         if self.commit_retries < 0 or self.commit_backoff_ms < 0:
             raise ConfigError("commit_retries and commit_backoff_ms must be zero or more")

@@ -57,3 +57,12 @@ def test_a_listener_that_cannot_load_leaves_a_row_per_queue_held_with_why():
         outcomes([r for r in rows if r["kind"] != "count"], 6)  # the consumed one missing
     with pytest.raises(RuntimeError, match="unknown kind 'later'"):
         outcomes([*rows, {**rows[0], "kind": "later"}], 6)
+    # a SETUP failure row per message (an older partition function's way) sums up the same
+    fail = pa.concat_tables(outputs(table, table, [(0, 6, Outcome(False, level=0, error="e"))], 0, 6))
+    per_message = [{**r, "reason": FailReason.SETUP.value, "error": "gone"} for r in fail.to_pylist()]
+    folded = outcomes(per_message, 6)
+    assert folded.failures == () and folded.handed_over == 0
+    assert dict(folded.setup) == {
+        QueueKey("g", "", "orders", 0): (10, 4, "gone"),
+        QueueKey("g", "", "orders", 1): (11, 2, "gone"),
+    }

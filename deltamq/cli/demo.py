@@ -168,8 +168,8 @@ def run_demo(warehouse: str | None = None) -> None:
         broker.close()
     _say(
         f"\ndone in {time.monotonic() - started:.1f}s. Query it yourself:\n"
-        f'  deltamq sql "SELECT * FROM consume_queue" --warehouse {location}\n'
-        + ("" if warehouse else f"(the warehouse stays until you delete it: rm -r {location})")
+        f'  deltamq sql "SELECT * FROM consume_queue" --warehouse {location}'
+        + ("" if warehouse else f"\n(the warehouse stays until you delete it: rm -r {location})")
     )
 
 

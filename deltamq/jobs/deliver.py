@@ -434,11 +434,6 @@ def _consumer(ctx: Context, work: Pass, home: Home | None, files: BodyFiles | No
     )
 
 
-# failures that hold their queue instead of going the send-back way (what was not handed
-# over holds it too, reported apart: Consumed.held)
-_HOLDING = (FailReason.SUSPEND, FailReason.SETUP)
-
-
 def _suspend(
     work: Pass,
     takes: Mapping[QueueKey, QueueTake],
@@ -488,15 +483,10 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
     def hold(o: Failed) -> None:
         hold_at(o.queue, o.delivered.queue_offset)
 
-    for q, (offset, n, why) in consumed.setup.items():  # one row per queue, not per message
+    for q, (offset, n, why) in consumed.setup.items():  # per queue (deliver_outcomes.outcomes)
         hold_at(q, offset)
         counted.append((q.group, "setup_failed", n))
         setup_errors.setdefault(q.group, why)
-    for o in consumed.failures:  # (a failure row said SETUP: held all the same)
-        if o.reason == FailReason.SETUP:
-            hold(o)
-            counted.append((o.group, "setup_failed", 1))
-            setup_errors.setdefault(o.group, o.error or "")
     # not handed over (a suspended queue's position comes below), or left by a listener
     # that timed out: held, or sent back untried below messages the pass handled
     holds, untried = deferred(ctx, taken, consumed.deferred)
@@ -521,9 +511,9 @@ def decide(ctx: Context, work: Pass, taken: Taken, consumed: Consumed, now: int)
     errors: list[tuple[str, str, str]] = []
     for o in [*consumed.failures, *untried, *to_dlq, *poisoned(ctx, taken), *later]:
         # a suspended orderly chunk's error too (a listener that cannot load is in setup_errors)
-        if o.error and len(errors) < 20 and o.reason not in (FailReason.LATER_COPY, FailReason.SETUP):
+        if o.error and len(errors) < 20 and o.reason != FailReason.LATER_COPY:
             errors.append((o.group, o.delivered.msg_id, o.error))
-        if o.reason in _HOLDING:
+        if o.reason == FailReason.SUSPEND:  # holds its queue (_suspend), not sent back
             continue
         g = o.group
         cfg = groups[g]

@@ -91,7 +91,7 @@ class Consumed:
     """The listeners' outcomes, materialised once: failures (one each), the keys of the
     messages consumed by de-duplicating groups, and messages consumed per group."""
 
-    failures: tuple[Failed, ...] = ()
+    failures: tuple[Failed, ...] = ()  # (never SETUP: those are in ``setup``)
     keys: tuple[tuple[str, str, str], ...] = ()
     handed_over: int = 0  # messages the listeners dealt with (not what a timeout left, nor SETUP)
     body_bytes: int = 0  # their bodies' bytes
@@ -135,7 +135,8 @@ def outcomes(rows: Iterable[Any], n_deliverable: int) -> Consumed:
     setup: dict[QueueKey, tuple[int, int, str]] = {}
     consumed = body_bytes = untried = not_loaded = 0
     for r in rows:
-        if r["kind"] == "fail":
+        setup_failure = r["kind"] == "fail" and r["reason"] == FailReason.SETUP.value
+        if r["kind"] == "fail" and not setup_failure:
             failures.append(Failed.of(r))
         elif r["kind"] == "key":
             keys.append((r["consumer_group"], r["dkey"], r["msg_id"]))
@@ -146,11 +147,11 @@ def outcomes(rows: Iterable[Any], n_deliverable: int) -> Consumed:
             q = _queue_of(r)
             held[q] = min(held.get(q, r["queue_offset"]), r["queue_offset"])
             untried += r["n"]
-        elif r["kind"] == "setup":
-            q = _queue_of(r)
+        elif r["kind"] == "setup" or setup_failure:  # (a row per message, or per queue)
+            q, count = _queue_of(r), 1 if setup_failure else r["n"]
             at, n, why = setup.get(q, (r["queue_offset"], 0, r["error"] or ""))
-            setup[q] = (min(at, r["queue_offset"]), n + r["n"], why)
-            not_loaded += r["n"]
+            setup[q] = (min(at, r["queue_offset"]), n + count, why)
+            not_loaded += count
         elif r["kind"] == "count":
             consumed += r["n"]
             body_bytes += r["nbytes"] or 0
